@@ -1,0 +1,95 @@
+package kvevents
+
+import "strconv"
+
+// SeqHash is a router-side sequence hash: the XXH3 chain over a block and
+// every block before it, so one value names a whole prefix.
+type SeqHash uint64
+
+// EngineHash is the engine's own opaque block id. The router never derives
+// anything from it; it only links parents and resolves removals per worker.
+type EngineHash uint64
+
+// Tier is the storage medium that holds a block.
+type Tier uint8
+
+const (
+	TierDevice   Tier = iota // GPU memory; the only tier the prefix index scores by default
+	TierHost                 // CPU (pinned) memory
+	TierDisk                 // local disk
+	TierExternal             // remote or shared storage
+)
+
+var tierNames = [...]string{"device", "host", "disk", "external"}
+
+func (t Tier) String() string {
+	if int(t) < len(tierNames) {
+		return tierNames[t]
+	}
+	return "tier(" + strconv.Itoa(int(t)) + ")"
+}
+
+// EventKind says what an Event reports.
+type EventKind uint8
+
+const (
+	KindStored  EventKind = iota + 1 // blocks entered the cache
+	KindRemoved                      // blocks left the cache
+	KindCleared                      // every block of the worker's rank left the cache
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case KindStored:
+		return "stored"
+	case KindRemoved:
+		return "removed"
+	case KindCleared:
+		return "cleared"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// StoredBlock is one full block that entered a worker's cache.
+type StoredBlock struct {
+	Engine EngineHash // the engine's id, used by later parents and removals
+	Seq    SeqHash    // the router-side sequence hash of the prefix ending here
+}
+
+// Event is one cache change on one (worker, rank). Only the fields of its
+// Kind are meaningful.
+type Event struct {
+	Kind EventKind
+	Tier Tier
+
+	// Stored: the engine hash of the block before Blocks[0], when there is one.
+	Parent    EngineHash
+	HasParent bool
+	Blocks    []StoredBlock
+
+	// Removed: engine hashes of the blocks that left.
+	Removed []EngineHash
+}
+
+// WorkerKey names one data-parallel rank of one worker: the unit that owns a
+// KV cache. Rank is 0 for workers without data parallelism.
+type WorkerKey struct {
+	Worker string
+	Rank   uint32
+}
+
+func (k WorkerKey) String() string { return k.Worker + "/" + strconv.FormatUint(uint64(k.Rank), 10) }
+
+// Batch is what one publisher sends in one message: consecutive events of
+// one (worker, rank), numbered from FirstEventID with no holes.
+type Batch struct {
+	Model        string
+	Worker       string
+	Rank         uint32
+	Epoch        uint64 // random at each worker process start; a change means an empty cache
+	FirstEventID uint64 // ids are per (worker, rank), start at 1, consecutive
+	Events       []Event
+}
+
+// Key returns the (worker, rank) the batch belongs to.
+func (b *Batch) Key() WorkerKey { return WorkerKey{Worker: b.Worker, Rank: b.Rank} }
