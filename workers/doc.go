@@ -1,0 +1,32 @@
+// Package workers tells routers which workers exist, what each can hold,
+// whether it is still alive, and how loaded it is.
+//
+// It owns three things:
+//
+//   - The registry (registry.go): one JetStream KV key per worker id in the
+//     bucket "kvr-workers" (History 1, LimitMarkerTTL so per-key TTLs work).
+//     Register creates the key with a per-key TTL (3 s) and a heartbeat
+//     (1 s) renews it with a raw compare-and-set publish that carries a
+//     fresh message TTL, because kv.Update would drop the TTL. Register,
+//     Registration.SetDraining, Deregister, Stop, and Drain (graceful stop,
+//     drain.go) are the worker side.
+//   - The membership view (membership.go): the router side. WatchMembership
+//     follows the bucket and calls OnJoin, OnUpdate and OnDepart; a worker
+//     whose key is deleted or expires departs, and a new epoch under the
+//     same id is reported as OnDepart(old) then OnJoin(new).
+//   - Load reports (load.go): JSON on core NATS subject
+//     <prefix>.load.<model>.<worker>, published by a LoadReporter and read
+//     with SubscribeLoad.
+//
+// The value format is Info (info.go), validated on both encode and decode;
+// a malformed entry is counted and ignored by the view. Names are escaped
+// into keys and subject tokens by escapeToken (escape.go).
+//
+// It does not own: the simulated engine (workers/sim), KV-cache events
+// (kvevents), what routers do on a departure (the router drops the worker
+// from its index and scheduler; bindings ask Membership.Live), or load
+// prediction (the scheduler). It must not import router/... or bindings.
+//
+// Start reading at Register in registry.go, then apply in membership.go.
+// docs/parts/protocol-workers.md describes the keys, values and subjects.
+package workers
