@@ -1,0 +1,378 @@
+package metrics
+
+import (
+	"math"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Outcome is how a request ended.
+type Outcome uint8
+
+const (
+	Done     Outcome = iota // served to the last token
+	Rejected                // the router refused it (overloaded, no eligible worker, pin conflict...)
+	Failed                  // routing or serving failed for another reason
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Done:
+		return "done"
+	case Rejected:
+		return "rejected"
+	case Failed:
+		return "failed"
+	}
+	return "unknown"
+}
+
+// Record is what the replay learned about one request.
+type Record struct {
+	ID      string
+	Session string
+	Worker  string // "" when never routed
+	Replica int    // which router replica answered
+	Outcome Outcome
+	Code    string // error code for Rejected/Failed
+
+	Arrival      time.Duration // workload time the request was due
+	PromptTokens int
+	PromptBlocks int // full engine blocks of the prompt
+	CachedBlocks int // of which the engine found in its cache (engine truth)
+	RouterBlocks int // overlap the router predicted
+
+	OutputTokens int
+	TTFT         time.Duration // arrival to first token, workload time
+	ITL          time.Duration // mean inter-token latency, workload time
+	E2E          time.Duration // arrival to last token, workload time
+	Finish       time.Duration // workload time of the last token
+	Route        time.Duration // routing decision, wall clock
+}
+
+// Recorder collects records concurrently.
+type Recorder struct {
+	mu   sync.Mutex
+	recs []Record
+}
+
+// NewRecorder returns a recorder with room for n records.
+func NewRecorder(n int) *Recorder { return &Recorder{recs: make([]Record, 0, n)} }
+
+// Add stores one record.
+func (r *Recorder) Add(rec Record) {
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+}
+
+// Records returns a copy of what was recorded.
+func (r *Recorder) Records() []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Record(nil), r.recs...)
+}
+
+// Len is the number of records so far.
+func (r *Recorder) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.recs)
+}
+
+// Dist summarises a latency distribution in milliseconds.
+type Dist struct {
+	N    int     `json:"n"`
+	Mean float64 `json:"mean_ms"`
+	P50  float64 `json:"p50_ms"`
+	P90  float64 `json:"p90_ms"`
+	P99  float64 `json:"p99_ms"`
+	Max  float64 `json:"max_ms"`
+}
+
+// CDFPoints is the number of quantiles kept per distribution for charts.
+const CDFPoints = 101
+
+// WorkerLoad is what one worker served under one policy.
+type WorkerLoad struct {
+	Worker        string `json:"worker"`
+	Requests      int    `json:"requests"`
+	PrefillTokens int64  `json:"prefill_tokens"` // uncached prompt tokens it computed
+	CachedBlocks  int64  `json:"cached_blocks"`
+}
+
+// Spread measures imbalance across workers: max over mean and the
+// coefficient of variation (stddev / mean); 1 and 0 are perfectly even.
+type Spread struct {
+	MaxOverMean float64 `json:"max_over_mean"`
+	CV          float64 `json:"cv"`
+}
+
+// Summary is one policy's result.
+type Summary struct {
+	Policy   string `json:"policy"`
+	Requests int    `json:"requests"`
+	Done     int    `json:"done"`
+	Rejected int    `json:"rejected"`
+	Failed   int    `json:"failed"`
+	// Codes counts rejection and failure codes.
+	Codes map[string]int `json:"codes,omitempty"`
+
+	PromptBlocks int64   `json:"prompt_blocks"`
+	CachedBlocks int64   `json:"cached_blocks"`
+	HitRatio     float64 `json:"hit_ratio"`            // cached / prompt blocks, served requests
+	UpperBound   float64 `json:"upper_bound"`          // infinite-cache ratio of the workload
+	OfUpperBound float64 `json:"hit_of_upper_bound"`   // HitRatio / UpperBound
+	RouterHit    float64 `json:"router_predicted_hit"` // router-predicted overlap / prompt blocks
+
+	TTFT  Dist `json:"ttft"`
+	ITL   Dist `json:"itl"`
+	E2E   Dist `json:"e2e"`
+	Route Dist `json:"route_decision"` // wall clock
+
+	// TTFTCDF holds CDFPoints quantiles (0, 1 %, ..., 100 %) of TTFT in ms.
+	TTFTCDF []float64 `json:"ttft_cdf_ms"`
+
+	MakespanSeconds  float64 `json:"makespan_s"` // workload time from first arrival to last token
+	RequestsPerSec   float64 `json:"requests_per_s"`
+	OutputTokPerSec  float64 `json:"output_tokens_per_s"`
+	PrefillTokPerSec float64 `json:"prefill_tokens_per_s"`
+
+	Workers       []WorkerLoad `json:"workers"`
+	RequestSpread Spread       `json:"request_spread"`
+	PrefillSpread Spread       `json:"prefill_spread"`
+
+	Sessions      int `json:"sessions"`
+	SessionsMoved int `json:"sessions_moved"` // sessions served by more than one worker
+	SessionMoves  int `json:"session_moves"`  // consecutive requests of a session on different workers
+
+	WallSeconds float64 `json:"wall_s"` // how long the replay of this policy took
+}
+
+// Options completes a Summary with what records do not carry.
+type Options struct {
+	Policy     string
+	UpperBound float64
+	BlockSize  int      // tokens per engine block, for prefill token counts
+	Workers    []string // every worker of the fleet, so idle ones show in the spread
+	Wall       time.Duration
+}
+
+// Summarize aggregates records. Latency and hit figures cover the requests
+// that were served (Done); counts cover all.
+func Summarize(recs []Record, opt Options) Summary {
+	s := Summary{Policy: opt.Policy, Requests: len(recs), UpperBound: opt.UpperBound, WallSeconds: opt.Wall.Seconds()}
+	var ttft, itl, e2e, route []float64
+	loads := make(map[string]*WorkerLoad)
+	for _, w := range opt.Workers {
+		loads[w] = &WorkerLoad{Worker: w}
+	}
+	var routerBlocks, outTok, prefillTok int64
+	var first, last time.Duration = -1, 0
+	sorted := append([]Record(nil), recs...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Arrival < sorted[j].Arrival })
+	sessionWorkers := make(map[string]map[string]struct{})
+	sessionLast := make(map[string]string)
+	for i := range sorted {
+		r := &sorted[i]
+		if r.Route > 0 {
+			route = append(route, ms(r.Route))
+		}
+		switch r.Outcome {
+		case Rejected:
+			s.Rejected++
+		case Failed:
+			s.Failed++
+		}
+		if r.Outcome != Done {
+			if s.Codes == nil {
+				s.Codes = make(map[string]int)
+			}
+			code := r.Code
+			if code == "" {
+				code = r.Outcome.String()
+			}
+			s.Codes[code]++
+			continue
+		}
+		s.Done++
+		s.PromptBlocks += int64(r.PromptBlocks)
+		s.CachedBlocks += int64(min(r.CachedBlocks, r.PromptBlocks))
+		routerBlocks += int64(min(r.RouterBlocks, r.PromptBlocks))
+		outTok += int64(r.OutputTokens)
+		prefill := int64(r.PromptTokens - r.CachedBlocks*opt.BlockSize)
+		prefill = max(prefill, 0)
+		prefillTok += prefill
+		ttft = append(ttft, ms(r.TTFT))
+		if r.OutputTokens > 1 {
+			itl = append(itl, ms(r.ITL))
+		}
+		e2e = append(e2e, ms(r.E2E))
+		if first < 0 || r.Arrival < first {
+			first = r.Arrival
+		}
+		last = max(last, r.Finish, r.Arrival+r.E2E)
+		if r.Worker != "" {
+			l := loads[r.Worker]
+			if l == nil {
+				l = &WorkerLoad{Worker: r.Worker}
+				loads[r.Worker] = l
+			}
+			l.Requests++
+			l.PrefillTokens += prefill
+			l.CachedBlocks += int64(r.CachedBlocks)
+		}
+		if r.Session != "" && r.Worker != "" {
+			ws := sessionWorkers[r.Session]
+			if ws == nil {
+				ws = make(map[string]struct{})
+				sessionWorkers[r.Session] = ws
+			}
+			ws[r.Worker] = struct{}{}
+			if prev, ok := sessionLast[r.Session]; ok && prev != r.Worker {
+				s.SessionMoves++
+			}
+			sessionLast[r.Session] = r.Worker
+		}
+	}
+	if s.PromptBlocks > 0 {
+		s.HitRatio = float64(s.CachedBlocks) / float64(s.PromptBlocks)
+		s.RouterHit = float64(routerBlocks) / float64(s.PromptBlocks)
+	}
+	if s.UpperBound > 0 {
+		s.OfUpperBound = s.HitRatio / s.UpperBound
+	}
+	s.TTFT, s.TTFTCDF = dist(ttft, true)
+	s.ITL, _ = dist(itl, false)
+	s.E2E, _ = dist(e2e, false)
+	s.Route, _ = dist(route, false)
+	if first >= 0 && last > first {
+		span := (last - first).Seconds()
+		s.MakespanSeconds = span
+		s.RequestsPerSec = float64(s.Done) / span
+		s.OutputTokPerSec = float64(outTok) / span
+		s.PrefillTokPerSec = float64(prefillTok) / span
+	}
+	for _, l := range loads {
+		s.Workers = append(s.Workers, *l)
+	}
+	sort.Slice(s.Workers, func(i, j int) bool { return naturalLess(s.Workers[i].Worker, s.Workers[j].Worker) })
+	reqs := make([]float64, len(s.Workers))
+	pre := make([]float64, len(s.Workers))
+	for i, l := range s.Workers {
+		reqs[i], pre[i] = float64(l.Requests), float64(l.PrefillTokens)
+	}
+	s.RequestSpread, s.PrefillSpread = spread(reqs), spread(pre)
+	s.Sessions = len(sessionWorkers)
+	for _, ws := range sessionWorkers {
+		if len(ws) > 1 {
+			s.SessionsMoved++
+		}
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func dist(v []float64, cdf bool) (Dist, []float64) {
+	d := Dist{N: len(v)}
+	if len(v) == 0 {
+		return d, nil
+	}
+	sort.Float64s(v)
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+	d.Mean = sum / float64(len(v))
+	d.P50, d.P90, d.P99 = Quantile(v, 0.50), Quantile(v, 0.90), Quantile(v, 0.99)
+	d.Max = v[len(v)-1]
+	var pts []float64
+	if cdf {
+		pts = make([]float64, CDFPoints)
+		for i := range pts {
+			pts[i] = Quantile(v, float64(i)/float64(CDFPoints-1))
+		}
+	}
+	return d, pts
+}
+
+// Quantile of sorted values by linear interpolation between closest ranks.
+func Quantile(sorted []float64, q float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return math.NaN()
+	}
+	if q <= 0 {
+		return sorted[0]
+	}
+	if q >= 1 {
+		return sorted[n-1]
+	}
+	pos := q * float64(n-1)
+	i := int(pos)
+	frac := pos - float64(i)
+	if i+1 >= n {
+		return sorted[n-1]
+	}
+	return sorted[i] + frac*(sorted[i+1]-sorted[i])
+}
+
+func spread(v []float64) Spread {
+	if len(v) == 0 {
+		return Spread{}
+	}
+	var sum, mx float64
+	for _, x := range v {
+		sum += x
+		mx = max(mx, x)
+	}
+	mean := sum / float64(len(v))
+	if mean == 0 {
+		return Spread{}
+	}
+	var ss float64
+	for _, x := range v {
+		ss += (x - mean) * (x - mean)
+	}
+	return Spread{MaxOverMean: mx / mean, CV: math.Sqrt(ss/float64(len(v))) / mean}
+}
+
+// naturalLess orders "w2" before "w10".
+func naturalLess(a, b string) bool {
+	for a != "" && b != "" {
+		da, db := digitPrefix(a), digitPrefix(b)
+		if da > 0 && db > 0 {
+			na, nb := trimZeros(a[:da]), trimZeros(b[:db])
+			if len(na) != len(nb) {
+				return len(na) < len(nb)
+			}
+			if na != nb {
+				return na < nb
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return a[0] < b[0]
+		}
+		a, b = a[1:], b[1:]
+	}
+	return len(a) < len(b)
+}
+
+func digitPrefix(s string) int {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+func trimZeros(s string) string {
+	for len(s) > 1 && s[0] == '0' {
+		s = s[1:]
+	}
+	return s
+}

@@ -1,0 +1,88 @@
+package metrics
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestQuantile(t *testing.T) {
+	v := []float64{1, 2, 3, 4, 5}
+	for _, c := range []struct{ q, want float64 }{{0, 1}, {0.5, 3}, {1, 5}, {0.25, 2}, {0.9, 4.6}} {
+		if got := Quantile(v, c.q); math.Abs(got-c.want) > 1e-9 {
+			t.Fatalf("q%.2f = %v want %v", c.q, got, c.want)
+		}
+	}
+	if !math.IsNaN(Quantile(nil, 0.5)) {
+		t.Fatal("empty")
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	ms := time.Millisecond
+	recs := []Record{
+		{ID: "a", Session: "s1", Worker: "w1", Arrival: 0, PromptTokens: 64, PromptBlocks: 4, CachedBlocks: 0, RouterBlocks: 0, OutputTokens: 10, TTFT: 100 * ms, ITL: 10 * ms, E2E: 200 * ms, Route: 50 * time.Microsecond},
+		{ID: "b", Session: "s1", Worker: "w1", Arrival: 100 * ms, PromptTokens: 64, PromptBlocks: 4, CachedBlocks: 4, RouterBlocks: 4, OutputTokens: 10, TTFT: 20 * ms, ITL: 10 * ms, E2E: 120 * ms},
+		{ID: "c", Session: "s1", Worker: "w2", Arrival: 200 * ms, PromptTokens: 64, PromptBlocks: 4, CachedBlocks: 2, RouterBlocks: 3, OutputTokens: 10, TTFT: 60 * ms, ITL: 10 * ms, E2E: 800 * ms},
+		{ID: "d", Session: "s2", Outcome: Rejected, Code: "overloaded", Arrival: 300 * ms},
+		{ID: "e", Outcome: Failed, Arrival: 400 * ms},
+	}
+	s := Summarize(recs, Options{Policy: "p", UpperBound: 0.75, BlockSize: 16, Workers: []string{"w1", "w2", "w10"}})
+	if s.Requests != 5 || s.Done != 3 || s.Rejected != 1 || s.Failed != 1 || s.Codes["overloaded"] != 1 || s.Codes["failed"] != 1 {
+		t.Fatalf("counts %+v", s)
+	}
+	if s.HitRatio != 0.5 || s.OfUpperBound != 0.5/0.75 || math.Abs(s.RouterHit-7.0/12) > 1e-12 {
+		t.Fatalf("hit %v of %v router %v", s.HitRatio, s.OfUpperBound, s.RouterHit)
+	}
+	if s.TTFT.P50 != 60 || s.TTFT.Max != 100 || len(s.TTFTCDF) != CDFPoints || s.TTFTCDF[0] != 20 || s.TTFTCDF[100] != 100 {
+		t.Fatalf("ttft %+v %v", s.TTFT, s.TTFTCDF)
+	}
+	if s.Route.N != 1 || s.Route.P50 != 0.05 {
+		t.Fatalf("route %+v", s.Route)
+	}
+	if s.MakespanSeconds != 1.0 || s.RequestsPerSec != 3 {
+		t.Fatalf("makespan %v rps %v", s.MakespanSeconds, s.RequestsPerSec)
+	}
+	if len(s.Workers) != 3 || s.Workers[0].Worker != "w1" || s.Workers[2].Worker != "w10" || s.Workers[0].Requests != 2 || s.Workers[0].PrefillTokens != 64 || s.Workers[1].PrefillTokens != 32 {
+		t.Fatalf("workers %+v", s.Workers)
+	}
+	if math.Abs(s.RequestSpread.MaxOverMean-2) > 1e-12 || s.RequestSpread.CV <= 0 {
+		t.Fatalf("spread %+v", s.RequestSpread)
+	}
+	if s.Sessions != 1 || s.SessionsMoved != 1 || s.SessionMoves != 1 {
+		t.Fatalf("sessions %d moved %d moves %d", s.Sessions, s.SessionsMoved, s.SessionMoves)
+	}
+	if e := Summarize(nil, Options{}); e.HitRatio != 0 || e.TTFT.N != 0 {
+		t.Fatalf("empty %+v", e)
+	}
+}
+
+func TestRecorderConcurrent(t *testing.T) {
+	r := NewRecorder(0)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 100; j++ {
+				r.Add(Record{})
+			}
+		}()
+	}
+	wg.Wait()
+	if r.Len() != 800 || len(r.Records()) != 800 {
+		t.Fatal(r.Len())
+	}
+}
+
+func TestNaturalLess(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{{"w2", "w10", true}, {"w10", "w2", false}, {"a", "b", true}, {"w01", "w1", false}, {"sim-3", "sim-03x", true}} {
+		if naturalLess(c.a, c.b) != c.want {
+			t.Fatalf("%q < %q", c.a, c.b)
+		}
+	}
+}
