@@ -1,0 +1,268 @@
+package report
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/bench/workload"
+)
+
+// Version of the JSON layout; bump on incompatible changes.
+const Version = 1
+
+// ErrReport wraps failures to write or read a report.
+var ErrReport = errors.New("report")
+
+// Report is one comparison run.
+type Report struct {
+	Version  int       `json:"version"`
+	Title    string    `json:"title"`
+	Created  time.Time `json:"created"`
+	Workload Workload  `json:"workload"`
+	Setup    Setup     `json:"setup"`
+	// Unloaded is round-robin's TTFT with one request at a time, the
+	// reference the load level is judged against (optional).
+	Unloaded *metrics.Dist     `json:"unloaded_ttft,omitempty"`
+	Policies []metrics.Summary `json:"policies"`
+	Checks   []Check           `json:"checks,omitempty"`
+	Notes    []string          `json:"notes,omitempty"`
+}
+
+// Workload describes what was replayed.
+type Workload struct {
+	Name       string          `json:"name"`
+	Stats      workload.Stats  `json:"stats"`
+	LoadScale  float64         `json:"load_scale"`
+	UpperBound workload.Bound  `json:"upper_bound"`           // at the engine block size
+	TraceBound *workload.Bound `json:"trace_bound,omitempty"` // in trace blocks, for traces
+}
+
+// Setup describes the stack it was replayed on.
+type Setup struct {
+	Workers     int     `json:"workers"`
+	Replicas    int     `json:"replicas"`
+	KVBlocks    int     `json:"kv_blocks"`
+	BlockSize   int     `json:"block_size"`
+	Speedup     float64 `json:"speedup"`
+	SessionMode string  `json:"session_mode"`
+	Seed        uint64  `json:"seed"`
+	Machine     string  `json:"machine,omitempty"`
+	GoVersion   string  `json:"go_version,omitempty"`
+}
+
+// Check is one target of the issue evaluated on this run.
+type Check struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Pass bool   `json:"pass"`
+}
+
+// Policy returns the summary of the named policy, or nil.
+func (r *Report) Policy(name string) *metrics.Summary {
+	for i := range r.Policies {
+		if r.Policies[i].Policy == name {
+			return &r.Policies[i]
+		}
+	}
+	return nil
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("%w: encode json: %w", ErrReport, err)
+	}
+	return nil
+}
+
+// ReadJSON reads a report written by WriteJSON.
+func ReadJSON(rd io.Reader) (*Report, error) {
+	var r Report
+	if err := json.NewDecoder(rd).Decode(&r); err != nil {
+		return nil, fmt.Errorf("%w: decode json: %w", ErrReport, err)
+	}
+	if r.Version != Version {
+		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrReport, r.Version, Version)
+	}
+	return &r, nil
+}
+
+// Files names what WriteAll produced.
+type Files struct {
+	Markdown string
+	JSON     string
+	Charts   []string
+}
+
+// WriteAll writes report.json, report.md and the PNG charts into dir.
+func (r *Report) WriteAll(dir string) (Files, error) {
+	var f Files
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return f, fmt.Errorf("%w: create %s: %w", ErrReport, dir, err)
+	}
+	charts, err := r.Charts(dir)
+	if err != nil {
+		return f, err
+	}
+	f.Charts = charts
+	f.JSON = filepath.Join(dir, "report.json")
+	if err := writeFile(f.JSON, r.WriteJSON); err != nil {
+		return f, err
+	}
+	f.Markdown = filepath.Join(dir, "report.md")
+	rel := make([]string, len(charts))
+	for i, c := range charts {
+		rel[i] = filepath.Base(c)
+	}
+	if err := writeFile(f.Markdown, func(w io.Writer) error { return r.Markdown(w, rel) }); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+func writeFile(path string, fill func(io.Writer) error) error {
+	tmp := path + ".tmp"
+	fh, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("%w: create %s: %w", ErrReport, tmp, err)
+	}
+	if err := fill(fh); err != nil {
+		fh.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := fh.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("%w: write %s: %w", ErrReport, tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("%w: rename to %s: %w", ErrReport, path, err)
+	}
+	return nil
+}
+
+// Table writes the per-policy comparison as aligned columns.
+func (r *Report) Table(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tdone\trejected\thit %\tof bound\tTTFT p50\tp90\tp99 ms\tITL p50\tE2E p50\tp99 ms\treq/s\tload max/mean\tCV\tsessions moved\troute p50\tp99 µs\t")
+	for _, s := range r.Policies {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%.0f\t%.0f\t\n",
+			s.Policy, s.Done, s.Rejected+s.Failed, 100*s.HitRatio, 100*s.OfUpperBound,
+			num(s.TTFT.P50), num(s.TTFT.P90), num(s.TTFT.P99), num(s.ITL.P50), num(s.E2E.P50), num(s.E2E.P99),
+			s.RequestsPerSec, s.RequestSpread.MaxOverMean, s.RequestSpread.CV, moved(s),
+			1000*s.Route.P50, 1000*s.Route.P99)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("%w: table: %w", ErrReport, err)
+	}
+	for _, c := range r.Checks {
+		mark := "PASS"
+		if !c.Pass {
+			mark = "MISS"
+		}
+		if _, err := fmt.Fprintf(w, "%s  %s: want %s, got %s\n", mark, c.Name, c.Want, c.Got); err != nil {
+			return fmt.Errorf("%w: table: %w", ErrReport, err)
+		}
+	}
+	return nil
+}
+
+func moved(s metrics.Summary) string {
+	if s.Sessions == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", s.SessionsMoved, s.Sessions)
+}
+
+// num prints a millisecond figure with sensible precision.
+func num(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+// Markdown writes the report; charts are image paths relative to it.
+func (r *Report) Markdown(w io.Writer, charts []string) error {
+	var b strings.Builder
+	title := r.Title
+	if title == "" {
+		title = "kvrouter replay: " + r.Workload.Name
+	}
+	fmt.Fprintf(&b, "# %s\n\n", title)
+	st := r.Workload.Stats
+	fmt.Fprintf(&b, "Generated by `kvrouter bench replay` on %s.\n\n", r.Created.UTC().Format("2006-01-02 15:04 MST"))
+	b.WriteString("## Setup\n\n| | |\n|---|---|\n")
+	fmt.Fprintf(&b, "| workload | %s: %d requests, %d sessions, %.0f s span (%.2f req/s), mean input %.0f / output %.0f tokens |\n",
+		r.Workload.Name, st.Requests, st.Sessions, st.SpanSeconds, st.RatePerSecond, st.MeanInput, st.MeanOutput)
+	fmt.Fprintf(&b, "| load scale | %gx the workload's arrival rate |\n", r.Workload.LoadScale)
+	ub := r.Workload.UpperBound
+	fmt.Fprintf(&b, "| infinite-cache upper bound | %.1f %% of %d-token blocks (%d of %d)", 100*ub.Ratio, ub.BlockSize, ub.ReusableBlocks, ub.PromptBlocks)
+	if tb := r.Workload.TraceBound; tb != nil {
+		fmt.Fprintf(&b, "; %.1f %% of trace blocks", 100*tb.Ratio)
+	}
+	b.WriteString(" |\n")
+	s := r.Setup
+	fmt.Fprintf(&b, "| fleet | %d simulated workers, %d KV blocks of %d tokens each |\n", s.Workers, s.KVBlocks, s.BlockSize)
+	fmt.Fprintf(&b, "| routers | %d replica(s), session mode %s |\n", s.Replicas, s.SessionMode)
+	fmt.Fprintf(&b, "| clock | %gx real time (all latencies below are in workload time, except routing decisions: wall clock) |\n", s.Speedup)
+	if s.Machine != "" {
+		fmt.Fprintf(&b, "| machine | %s, %s |\n", s.Machine, s.GoVersion)
+	}
+	if r.Unloaded != nil {
+		fmt.Fprintf(&b, "| unloaded TTFT | p50 %s ms, p99 %s ms (one request at a time) |\n", num(r.Unloaded.P50), num(r.Unloaded.P99))
+	}
+	b.WriteString("\n## Results\n\n")
+	b.WriteString("| policy | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Policies {
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f µs | %.0f µs |\n",
+			p.Policy, p.Done, p.Rejected+p.Failed, 100*p.HitRatio, 100*p.OfUpperBound,
+			num(p.TTFT.P50), num(p.TTFT.P90), num(p.TTFT.P99), num(p.ITL.P50), num(p.E2E.P50), num(p.E2E.P99),
+			p.RequestsPerSec, p.OutputTokPerSec, p.RequestSpread.MaxOverMean, p.RequestSpread.CV, p.PrefillSpread.MaxOverMean,
+			moved(p), 1000*p.Route.P50, 1000*p.Route.P99)
+	}
+	if len(r.Checks) > 0 {
+		b.WriteString("\n## Targets\n\n| target | want | got | |\n|---|---|---|---|\n")
+		for _, c := range r.Checks {
+			mark := "met"
+			if !c.Pass {
+				mark = "**missed**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Want, c.Got, mark)
+		}
+	}
+	if len(r.Notes) > 0 {
+		b.WriteString("\n## Notes\n\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	if len(charts) > 0 {
+		b.WriteString("\n## Charts\n\n")
+		for _, c := range charts {
+			fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
+		}
+	}
+	b.WriteString("\nHit ratio = prompt blocks the engine found cached / prompt blocks (full blocks of the served requests), " +
+		"as reported by the simulated engines. The upper bound is the same ratio for one infinite cache shared by the whole fleet.\n")
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("%w: markdown: %w", ErrReport, err)
+	}
+	return nil
+}

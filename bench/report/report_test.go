@@ -1,0 +1,110 @@
+package report
+
+import (
+	"bytes"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/bench/workload"
+)
+
+func sample() *Report {
+	var pols []metrics.Summary
+	for i, name := range []string{"kvrouter", "round-robin", "oracle"} {
+		var recs []metrics.Record
+		for j := 0; j < 50; j++ {
+			recs = append(recs, metrics.Record{
+				ID: "r", Worker: "w" + string(rune('0'+j%4)), Arrival: time.Duration(j) * time.Millisecond,
+				PromptTokens: 160, PromptBlocks: 10, CachedBlocks: (j + i) % 10, OutputTokens: 5,
+				TTFT: time.Duration(j*(i+1)+1) * time.Millisecond, ITL: time.Millisecond, E2E: time.Duration(j+10) * time.Millisecond,
+				Route: time.Duration(j) * time.Microsecond,
+			})
+		}
+		pols = append(pols, metrics.Summarize(recs, metrics.Options{Policy: name, UpperBound: 0.6, BlockSize: 16}))
+	}
+	return &Report{
+		Version: Version, Title: "test", Created: time.Unix(0, 0),
+		Workload: Workload{Name: "w", LoadScale: 1, UpperBound: workload.Bound{BlockSize: 16, PromptBlocks: 10, ReusableBlocks: 6, Ratio: 0.6}},
+		Setup:    Setup{Workers: 4, Replicas: 1, BlockSize: 16, Speedup: 10, SessionMode: "none"},
+		Policies: pols,
+		Checks:   []Check{{Name: "x", Want: "≥ 1", Got: "2", Pass: true}, {Name: "y", Want: "≥ 3", Got: "2"}},
+		Notes:    []string{"a note"},
+	}
+}
+
+func TestWriteAll(t *testing.T) {
+	dir := t.TempDir()
+	r := sample()
+	f, err := r.WriteAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh, err := os.Open(f.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	back, err := ReadJSON(fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Policies) != 3 || back.Policy("oracle") == nil || back.Policy("oracle").TTFT != r.Policy("oracle").TTFT {
+		t.Fatalf("round trip: %+v", back.Policies)
+	}
+	if len(f.Charts) != 3 {
+		t.Fatalf("charts %v", f.Charts)
+	}
+	for _, c := range f.Charts {
+		img, err := os.Open(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := png.DecodeConfig(img)
+		img.Close()
+		if err != nil || cfg.Width < 100 {
+			t.Fatalf("%s: %v %+v", c, err, cfg)
+		}
+	}
+	md, _ := os.ReadFile(f.Markdown)
+	for _, want := range []string{"| kvrouter |", "![ttft_cdf](ttft_cdf.png)", "**missed**", "a note", "upper bound | 60.0 %"} {
+		if !strings.Contains(string(md), want) {
+			t.Fatalf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "report.json.tmp")); !os.IsNotExist(err) {
+		t.Fatal("temp file left behind")
+	}
+}
+
+func TestTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := sample().Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "round-robin") || !strings.Contains(out, "MISS  y") || !strings.Contains(out, "PASS  x") {
+		t.Fatal(out)
+	}
+}
+
+func TestEmptyReportCharts(t *testing.T) {
+	r := &Report{Version: Version}
+	if _, err := r.WriteAll(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadJSONErrors(t *testing.T) {
+	if _, err := ReadJSON(strings.NewReader("{")); !errors.Is(err, ErrReport) {
+		t.Fatal(err)
+	}
+	if _, err := ReadJSON(strings.NewReader(`{"version":99}`)); !errors.Is(err, ErrReport) {
+		t.Fatal(err)
+	}
+}
