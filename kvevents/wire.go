@@ -1,0 +1,368 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// WireVersion is the version field every encoded Batch starts with. A
+// decoder rejects other versions with ErrUnsupportedVersion. Fields added
+// later inside version 1 are appended at the end of an array and skipped by
+// older decoders; only an incompatible change bumps the version.
+const WireVersion = 1
+
+// Limits that bound what one encoded batch may carry. The decoder enforces
+// them before allocating, so a hostile message cannot make it allocate more
+// than a small multiple of its own size.
+const (
+	MaxBatchBytes     = 8 << 20 // encoded size
+	MaxBatchEvents    = 1 << 16 // events in one batch
+	MaxEventBlocks    = 1 << 20 // blocks (or removed hashes) in one event
+	MaxNameBytes      = 1024    // model and worker names
+	minBatchArrayLen  = 7       // [version, model, worker, rank, epoch, first id, events]
+	minStoredArrayLen = 4       // [kind, tier, parent, blocks]
+	minRemovedArrayLn = 3       // [kind, tier, hashes]
+)
+
+var (
+	// ErrUnsupportedVersion: the batch's version field is not WireVersion.
+	ErrUnsupportedVersion = errors.New("kvevents: unsupported wire version")
+	// ErrInvalidBatch: a Batch or Event that cannot be encoded as given.
+	ErrInvalidBatch = errors.New("kvevents: invalid batch")
+)
+
+// AppendBatch appends the msgpack encoding of b to dst (layout in
+// docs/parts/protocol-events.md):
+//
+//	batch   = [1, model, worker, rank, epoch, first_event_id, [event...]]
+//	stored  = [1, tier, parent|nil, [engine0, seq0, engine1, seq1, ...]]
+//	removed = [2, tier, [engine...]]
+//	cleared = [3]
+//
+// Integers use msgpack's smallest form. It fails with ErrInvalidBatch for an
+// unknown event kind, a zero FirstEventID, no events, or a count or name over
+// the limits above.
+func AppendBatch(dst []byte, b *Batch) ([]byte, error) {
+	if err := validateBatch(b); err != nil {
+		return dst, err
+	}
+	dst = appendArrayHeader(dst, minBatchArrayLen)
+	dst = appendUint(dst, WireVersion)
+	dst = appendStr(dst, b.Model)
+	dst = appendStr(dst, b.Worker)
+	dst = appendUint(dst, uint64(b.Rank))
+	dst = appendUint(dst, b.Epoch)
+	dst = appendUint(dst, b.FirstEventID)
+	dst = appendArrayHeader(dst, len(b.Events))
+	for i := range b.Events {
+		dst = appendEvent(dst, &b.Events[i])
+	}
+	return dst, nil
+}
+
+func validateBatch(b *Batch) error {
+	switch {
+	case len(b.Events) == 0:
+		return fmt.Errorf("%w: worker %q: no events", ErrInvalidBatch, b.Worker)
+	case len(b.Events) > MaxBatchEvents:
+		return fmt.Errorf("%w: worker %q: %d events, limit %d", ErrInvalidBatch, b.Worker, len(b.Events), MaxBatchEvents)
+	case b.FirstEventID == 0:
+		return fmt.Errorf("%w: worker %q: first event id 0 (ids start at 1)", ErrInvalidBatch, b.Worker)
+	case b.FirstEventID > math.MaxUint64-uint64(len(b.Events)):
+		return fmt.Errorf("%w: worker %q: event ids overflow from %d", ErrInvalidBatch, b.Worker, b.FirstEventID)
+	case len(b.Model) > MaxNameBytes || len(b.Worker) > MaxNameBytes:
+		return fmt.Errorf("%w: model %q / worker %q longer than %d bytes", ErrInvalidBatch, b.Model, b.Worker, MaxNameBytes)
+	}
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case KindStored, KindRemoved, KindCleared:
+		default:
+			return fmt.Errorf("%w: worker %q event %d: kind %d", ErrInvalidBatch, b.Worker, i, ev.Kind)
+		}
+		if len(ev.Blocks) > MaxEventBlocks || len(ev.Removed) > MaxEventBlocks {
+			return fmt.Errorf("%w: worker %q event %d: more than %d blocks", ErrInvalidBatch, b.Worker, i, MaxEventBlocks)
+		}
+	}
+	return nil
+}
+
+func appendEvent(dst []byte, ev *Event) []byte {
+	switch ev.Kind {
+	case KindStored:
+		dst = append(dst, 0x94, byte(KindStored))
+		dst = appendUint(dst, uint64(ev.Tier))
+		if ev.HasParent {
+			dst = appendUint(dst, uint64(ev.Parent))
+		} else {
+			dst = appendNil(dst)
+		}
+		dst = appendArrayHeader(dst, 2*len(ev.Blocks))
+		for _, bl := range ev.Blocks {
+			dst = appendUint(dst, uint64(bl.Engine))
+			dst = appendUint(dst, uint64(bl.Seq))
+		}
+	case KindRemoved:
+		dst = append(dst, 0x93, byte(KindRemoved))
+		dst = appendUint(dst, uint64(ev.Tier))
+		dst = appendArrayHeader(dst, len(ev.Removed))
+		for _, h := range ev.Removed {
+			dst = appendUint(dst, uint64(h))
+		}
+	default: // KindCleared; validateBatch admitted nothing else
+		dst = append(dst, 0x91, byte(KindCleared))
+	}
+	return dst
+}
+
+// DecodeBatch decodes one encoded batch into b with freshly allocated
+// slices that the caller may keep. For a hot loop use a BatchDecoder.
+func DecodeBatch(data []byte, b *Batch) error {
+	*b = Batch{}
+	if len(data) > MaxBatchBytes {
+		return fmt.Errorf("%w: batch of %d bytes, limit %d", ErrOversized, len(data), MaxBatchBytes)
+	}
+	var d BatchDecoder // no intern table: names are plain fresh strings
+	out, err := d.decode(data)
+	if err != nil {
+		return err
+	}
+	*b = out
+	return nil
+}
+
+// BatchDecoder decodes batches reusing its buffers, so a steady stream of
+// batches decodes without allocating. The Events (and their Blocks and
+// Removed slices) it puts in a Batch alias those buffers: they are valid
+// until the next Decode call. Model and worker names are interned. A
+// BatchDecoder is not safe for concurrent use; the zero value is ready.
+type BatchDecoder struct {
+	events []Event
+	blocks []StoredBlock
+	hashes []EngineHash
+	names  map[string]string
+}
+
+// maxInterned bounds the name intern table; it is reset when full, so a
+// stream of distinct names costs allocations, never unbounded memory.
+const maxInterned = 4096
+
+// Decode decodes data into b. Errors wrap ErrTruncated, ErrMalformed,
+// ErrOversized or ErrUnsupportedVersion; on error b is left zeroed.
+func (d *BatchDecoder) Decode(data []byte, b *Batch) error {
+	*b = Batch{}
+	if len(data) > MaxBatchBytes {
+		return fmt.Errorf("%w: batch of %d bytes, limit %d", ErrOversized, len(data), MaxBatchBytes)
+	}
+	if d.names == nil {
+		d.names = make(map[string]string)
+	}
+	out, err := d.decode(data)
+	if err != nil {
+		return err
+	}
+	*b = out
+	return nil
+}
+
+func (d *BatchDecoder) decode(data []byte) (Batch, error) {
+	var b Batch
+	r := mpReader{b: data}
+	n, err := r.arrayLen()
+	if err != nil {
+		return b, err
+	}
+	if n < 1 {
+		return b, fmt.Errorf("%w: empty batch array", ErrMalformed)
+	}
+	ver, err := r.uint()
+	if err != nil {
+		return b, err
+	}
+	if ver != WireVersion {
+		return b, fmt.Errorf("%w: version %d, want %d", ErrUnsupportedVersion, ver, WireVersion)
+	}
+	if n < minBatchArrayLen {
+		return b, fmt.Errorf("%w: batch array of %d elements, want at least %d", ErrMalformed, n, minBatchArrayLen)
+	}
+	if b.Model, err = d.name(&r, "model"); err != nil {
+		return b, err
+	}
+	if b.Worker, err = d.name(&r, "worker"); err != nil {
+		return b, err
+	}
+	if b.Rank, err = r.uint32v(); err != nil {
+		return b, err
+	}
+	if b.Epoch, err = r.uint(); err != nil {
+		return b, err
+	}
+	if b.FirstEventID, err = r.uint(); err != nil {
+		return b, err
+	}
+	ne, err := r.arrayLen()
+	if err != nil {
+		return b, err
+	}
+	switch {
+	case ne == 0:
+		return b, fmt.Errorf("%w: worker %q: batch without events", ErrMalformed, b.Worker)
+	case ne > MaxBatchEvents:
+		return b, fmt.Errorf("%w: worker %q: %d events, limit %d", ErrOversized, b.Worker, ne, MaxBatchEvents)
+	case b.FirstEventID == 0:
+		return b, fmt.Errorf("%w: worker %q: first event id 0", ErrMalformed, b.Worker)
+	case b.FirstEventID > math.MaxUint64-uint64(ne):
+		return b, fmt.Errorf("%w: worker %q: event ids overflow from %d", ErrMalformed, b.Worker, b.FirstEventID)
+	}
+	events := d.events[:0]
+	blocks := d.blocks[:0]
+	hashes := d.hashes[:0]
+	for i := 0; i < ne; i++ {
+		var ev Event
+		if ev, blocks, hashes, err = decodeEvent(&r, blocks, hashes); err != nil {
+			return b, fmt.Errorf("worker %q event %d: %w", b.Worker, i, err)
+		}
+		events = append(events, ev)
+	}
+	// Trailing batch fields from a later minor revision are skipped.
+	for i := minBatchArrayLen; i < n; i++ {
+		if err := r.skip(); err != nil {
+			return b, err
+		}
+	}
+	if r.remaining() != 0 {
+		return b, fmt.Errorf("%w: %d trailing bytes after the batch", ErrMalformed, r.remaining())
+	}
+	d.events, d.blocks, d.hashes = events, blocks, hashes
+	b.Events = events
+	return b, nil
+}
+
+// name reads a model or worker name, interned through d.names.
+func (d *BatchDecoder) name(r *mpReader, what string) (string, error) {
+	p, err := r.str()
+	if err != nil {
+		return "", err
+	}
+	if len(p) > MaxNameBytes {
+		return "", fmt.Errorf("%w: %s of %d bytes, limit %d", ErrOversized, what, len(p), MaxNameBytes)
+	}
+	if d.names == nil {
+		return string(p), nil
+	}
+	if s, ok := d.names[string(p)]; ok {
+		return s, nil
+	}
+	if len(d.names) >= maxInterned {
+		clear(d.names)
+	}
+	s := string(p)
+	d.names[s] = s
+	return s, nil
+}
+
+// decodeEvent decodes one event, appending its blocks to blocks (or its
+// removed hashes to hashes) and returning the event with subslices of them.
+// An unknown kind is kept as an Event with only Kind set, so event ids stay
+// aligned with positions; sinks ignore kinds they do not know.
+func decodeEvent(r *mpReader, blocks []StoredBlock, hashes []EngineHash) (Event, []StoredBlock, []EngineHash, error) {
+	var ev Event
+	n, err := r.arrayLen()
+	if err != nil {
+		return ev, blocks, hashes, err
+	}
+	if n < 1 {
+		return ev, blocks, hashes, fmt.Errorf("%w: empty event array", ErrMalformed)
+	}
+	kind, err := r.uint()
+	if err != nil {
+		return ev, blocks, hashes, err
+	}
+	if kind > math.MaxUint8 {
+		return ev, blocks, hashes, fmt.Errorf("%w: event kind %d", ErrMalformed, kind)
+	}
+	ev.Kind = EventKind(kind)
+	used := 1
+	switch ev.Kind {
+	case KindStored:
+		if n < minStoredArrayLen {
+			return ev, blocks, hashes, fmt.Errorf("%w: stored event of %d elements, want %d", ErrMalformed, n, minStoredArrayLen)
+		}
+		if ev.Tier, err = readTier(r); err != nil {
+			return ev, blocks, hashes, err
+		}
+		if !r.nextIsNil() {
+			p, err := r.uint()
+			if err != nil {
+				return ev, blocks, hashes, err
+			}
+			ev.Parent, ev.HasParent = EngineHash(p), true
+		}
+		m, err := r.arrayLen()
+		if err != nil {
+			return ev, blocks, hashes, err
+		}
+		if m%2 != 0 {
+			return ev, blocks, hashes, fmt.Errorf("%w: stored event with odd block array length %d", ErrMalformed, m)
+		}
+		if m/2 > MaxEventBlocks {
+			return ev, blocks, hashes, fmt.Errorf("%w: %d blocks, limit %d", ErrOversized, m/2, MaxEventBlocks)
+		}
+		start := len(blocks)
+		for j := 0; j < m/2; j++ {
+			e, err := r.uint()
+			if err != nil {
+				return ev, blocks, hashes, err
+			}
+			s, err := r.uint()
+			if err != nil {
+				return ev, blocks, hashes, err
+			}
+			blocks = append(blocks, StoredBlock{Engine: EngineHash(e), Seq: SeqHash(s)})
+		}
+		ev.Blocks = blocks[start:len(blocks):len(blocks)]
+		used = minStoredArrayLen
+	case KindRemoved:
+		if n < minRemovedArrayLn {
+			return ev, blocks, hashes, fmt.Errorf("%w: removed event of %d elements, want %d", ErrMalformed, n, minRemovedArrayLn)
+		}
+		if ev.Tier, err = readTier(r); err != nil {
+			return ev, blocks, hashes, err
+		}
+		m, err := r.arrayLen()
+		if err != nil {
+			return ev, blocks, hashes, err
+		}
+		if m > MaxEventBlocks {
+			return ev, blocks, hashes, fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
+		}
+		start := len(hashes)
+		for j := 0; j < m; j++ {
+			h, err := r.uint()
+			if err != nil {
+				return ev, blocks, hashes, err
+			}
+			hashes = append(hashes, EngineHash(h))
+		}
+		ev.Removed = hashes[start:len(hashes):len(hashes)]
+		used = minRemovedArrayLn
+	}
+	for ; used < n; used++ {
+		if err := r.skip(); err != nil {
+			return ev, blocks, hashes, err
+		}
+	}
+	return ev, blocks, hashes, nil
+}
+
+func readTier(r *mpReader) (Tier, error) {
+	t, err := r.uint()
+	if err != nil {
+		return 0, err
+	}
+	if t > math.MaxUint8 {
+		return 0, fmt.Errorf("%w: tier %d", ErrMalformed, t)
+	}
+	return Tier(t), nil
+}
