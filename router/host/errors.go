@@ -1,0 +1,161 @@
+package host
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// Error codes in the error envelope. Each maps to one HTTP status; the NATS
+// API sends the same envelope with the status in the body and in the
+// Kvr-Status header.
+const (
+	CodeBadRequest       = "bad_request"        // 400: a field is missing, malformed or out of range
+	CodeNotFound         = "not_found"          // 404: unknown session or request
+	CodePinConflict      = "pin_conflict"       // 409: pin disagrees with the session's binding
+	CodeBindingRejected  = "binding_rejected"   // 409: Hard binding to a live worker that cannot take the request
+	CodeNoEligibleWorker = "no_eligible_worker" // 503: no known, allowed, available worker
+	CodeNotReady         = "not_ready"          // 503: replica still catching up with the event stream
+	CodeShuttingDown     = "shutting_down"      // 503: replica is draining
+	CodeOverloaded       = "overloaded"         // 529: queue full or queue wait exceeded the deadline
+	CodeInternal         = "internal"           // 500: a bug or an unexpected dependency failure
+)
+
+// StatusOverloaded is the HTTP status for an overloaded router (not in
+// net/http: it is the de facto "site is overloaded" code).
+const StatusOverloaded = 529
+
+// statusOf maps an error code to its HTTP status.
+func statusOf(code string) int {
+	switch code {
+	case CodeBadRequest:
+		return http.StatusBadRequest
+	case CodeNotFound:
+		return http.StatusNotFound
+	case CodePinConflict, CodeBindingRejected:
+		return http.StatusConflict
+	case CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown:
+		return http.StatusServiceUnavailable
+	case CodeOverloaded:
+		return StatusOverloaded
+	}
+	return http.StatusInternalServerError
+}
+
+// Sentinel errors, tested with errors.Is. An *Error wraps one of them.
+var (
+	ErrBadRequest       = errors.New("bad request")
+	ErrNotFound         = errors.New("not found")
+	ErrPinConflict      = errors.New("pin conflicts with the session binding")
+	ErrBindingRejected  = errors.New("session bound to a live worker that cannot take the request")
+	ErrNoEligibleWorker = errors.New("no eligible worker")
+	ErrNotReady         = errors.New("replica not ready")
+	ErrShuttingDown     = errors.New("replica shutting down")
+	ErrOverloaded       = errors.New("overloaded")
+	ErrInternal         = errors.New("internal error")
+)
+
+var sentinelOf = map[string]error{
+	CodeBadRequest:       ErrBadRequest,
+	CodeNotFound:         ErrNotFound,
+	CodePinConflict:      ErrPinConflict,
+	CodeBindingRejected:  ErrBindingRejected,
+	CodeNoEligibleWorker: ErrNoEligibleWorker,
+	CodeNotReady:         ErrNotReady,
+	CodeShuttingDown:     ErrShuttingDown,
+	CodeOverloaded:       ErrOverloaded,
+	CodeInternal:         ErrInternal,
+}
+
+// Error is an API error: a code, its HTTP status, the field at fault (for
+// bad_request) and a message for people. It is what both transports send in
+// the error envelope, and what a client decodes from one.
+type Error struct {
+	Code    string `json:"code"`
+	Status  int    `json:"status"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+	cause   error
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return e.Code + ": " + e.Field + ": " + e.Message
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Unwrap returns the code's sentinel and the underlying cause, so both
+// errors.Is(err, host.ErrPinConflict) and errors.Is(err, scheduler.Err...)
+// hold.
+func (e *Error) Unwrap() []error {
+	var out []error
+	if s, ok := sentinelOf[e.Code]; ok {
+		out = append(out, s)
+	}
+	if e.cause != nil {
+		out = append(out, e.cause)
+	}
+	return out
+}
+
+// newError builds an *Error with the status of code.
+func newError(code, msg string, cause error) *Error {
+	return &Error{Code: code, Status: statusOf(code), Message: msg, cause: cause}
+}
+
+// badField reports a bad_request naming the field and the reason.
+func badField(field, format string, args ...any) *Error {
+	return &Error{Code: CodeBadRequest, Status: http.StatusBadRequest, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// errorEnvelope is the JSON body of every error: {"error": {...}}.
+type errorEnvelope struct {
+	Error *Error `json:"error"`
+}
+
+// appendErrorJSON appends the envelope of e to dst.
+func appendErrorJSON(dst []byte, e *Error) []byte {
+	dst = append(dst, `{"error":{"code":`...)
+	dst = strconv.AppendQuote(dst, e.Code)
+	dst = append(dst, `,"status":`...)
+	dst = strconv.AppendInt(dst, int64(e.Status), 10)
+	if e.Field != "" {
+		dst = append(dst, `,"field":`...)
+		dst = appendJSONString(dst, e.Field)
+	}
+	dst = append(dst, `,"message":`...)
+	dst = appendJSONString(dst, e.Message)
+	return append(dst, "}}"...)
+}
+
+// DecodeError returns the *Error in an error envelope, or nil when data is
+// not one. Clients use it on every reply: a reply is either the expected
+// message or an envelope.
+func DecodeError(data []byte) *Error {
+	// Cheap test first: success bodies never start with {"error".
+	if len(data) < 9 {
+		return nil
+	}
+	var env errorEnvelope
+	if json.Unmarshal(data, &env) != nil || env.Error == nil || env.Error.Code == "" {
+		return nil
+	}
+	if env.Error.Status == 0 {
+		env.Error.Status = statusOf(env.Error.Code)
+	}
+	return env.Error
+}
+
+// asAPIError turns any error into an *Error: an *Error is returned as is,
+// known sentinels of the other packages are mapped by mapError, anything
+// else is internal.
+func asAPIError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return mapError(err)
+}

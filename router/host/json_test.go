@@ -1,0 +1,175 @@
+package host
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestDecodeRouteRequest(t *testing.T) {
+	body := `{"v":1,"request_id":"r-1","model":"llama","token_ids":[1,2,3,4294967295],
+	"block_size":16,"lora_name":"l","cache_salt":"s\u00e9","session_id":"sess\"1",
+	"pin":{"worker":"w1","rank":2},"prefer":{"worker":"w2"},"allowed_workers":["w1","w2"],
+	"priority":-3,"expected_output_tokens":256,"deadline_ms":100,"unknown":{"a":[1,2.5e3,true,null,"x"]}}`
+	var r RouteRequest
+	if err := DecodeRouteRequest([]byte(body), &r); err != nil {
+		t.Fatal(err)
+	}
+	want := RouteRequest{V: 1, RequestID: "r-1", Model: "llama", TokenIDs: []uint32{1, 2, 3, 4294967295},
+		BlockSize: 16, LoraName: "l", CacheSalt: "sé", SessionID: `sess"1`,
+		Pin: &WorkerRef{Worker: "w1", Rank: 2, HasRank: true}, Prefer: &WorkerRef{Worker: "w2"},
+		AllowedWorkers: []string{"w1", "w2"}, Priority: -3, ExpectedOutputTokens: 256, DeadlineMS: 100}
+	if !reflect.DeepEqual(r, want) {
+		t.Fatalf("got %+v\nwant %+v", r, want)
+	}
+	// block hashes as numbers and quoted decimals
+	r.Reset()
+	if err := DecodeRouteRequest([]byte(`{"model":"m","block_hashes":[18446744073709551615,"42"],"block_size":16}`), &r); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(r.BlockHashes, []uint64{18446744073709551615, 42}) {
+		t.Fatalf("hashes %v", r.BlockHashes)
+	}
+}
+
+func TestDecodeRouteRequestErrors(t *testing.T) {
+	long := strings.Repeat("x", MaxSessionIDLen+1)
+	cases := []struct {
+		name, body, field string
+	}{
+		{"empty", ``, "body"},
+		{"not object", `[1]`, "body"},
+		{"truncated", `{"model":"m"`, "body"},
+		{"trailing", `{"model":"m"} x`, "body"},
+		{"bad token", `{"model":"m","token_ids":[1,"a"]}`, "token_ids"},
+		{"negative token", `{"model":"m","token_ids":[-1]}`, "token_ids"},
+		{"token overflow", `{"model":"m","token_ids":[4294967296]}`, "token_ids"},
+		{"fraction", `{"model":"m","token_ids":[1.5]}`, "token_ids"},
+		{"hash overflow", `{"model":"m","block_hashes":[18446744073709551616]}`, "block_hashes"},
+		{"long session", `{"model":"m","session_id":"` + long + `"}`, "session_id"},
+		{"pin without worker", `{"model":"m","pin":{"rank":1}}`, "pin.worker"},
+		{"pin rank negative", `{"model":"m","pin":{"worker":"w","rank":-1}}`, "pin.rank"},
+		{"model not string", `{"model":5}`, "model"},
+		{"control char", "{\"model\":\"a\x01\"}", "model"},
+		{"bad escape", `{"model":"\q"}`, "model"},
+		{"leading zero", `{"model":"m","priority":01}`, "priority"},
+		{"deep", `{"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, "x"},
+		{"bad utf8", "{\"model\":\"\xff\"}", "model"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var r RouteRequest
+			err := DecodeRouteRequest([]byte(c.body), &r)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("err = %v, want *Error", err)
+			}
+			if !errors.Is(err, ErrBadRequest) || e.Status != 400 || e.Field != c.field {
+				t.Fatalf("err = %#v, want bad_request on %q", e, c.field)
+			}
+		})
+	}
+}
+
+func TestRouteResponseMatchesEncodingJSON(t *testing.T) {
+	cases := []RouteResponse{
+		{V: 1, RequestID: "r<1>&\u2028\x00", Model: "m", Worker: "w\"1", Rank: 3, Endpoint: "kvr.worker.m.w1.generate",
+			OverlapBlocks: 7, PromptBlocks: 9, Attempt: 2, Replica: "a", QueueWaitUS: 12},
+		{V: 1, RequestID: "r", Binding: &BindingInfo{SessionID: "s", Outcome: OutcomeCreated, Mode: "hard", Worker: "w", Version: 4, HasRank: true, Rank: 1}},
+		{V: 1, Binding: &BindingInfo{SessionID: "s\xff", Outcome: OutcomeFresh}},
+	}
+	for _, c := range cases {
+		want, err := json.Marshal(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := AppendRouteResponse(nil, &c)
+		if string(got) != string(want) {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	}
+}
+
+func TestRouteRequestRoundTrip(t *testing.T) {
+	in := RouteRequest{V: 1, RequestID: "r", Model: "m", TokenIDs: []uint32{1, 2}, BlockSize: 16,
+		SessionID: "s", Pin: &WorkerRef{Worker: "w", Rank: 1, HasRank: true}, Prefer: &WorkerRef{Worker: "p"},
+		AllowedWorkers: []string{"w"}, Priority: 2, ExpectedOutputTokens: 5, DeadlineMS: 9, InputTokens: 40,
+		BlockHashes: []uint64{1 << 63}, LoraName: "l", CacheSalt: "c"}
+	for _, enc := range []func() []byte{
+		func() []byte { return AppendRouteRequest(nil, &in) },
+		func() []byte { b, _ := json.Marshal(&in); return b },
+	} {
+		var out RouteRequest
+		if err := DecodeRouteRequest(enc(), &out); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(in, out) {
+			t.Fatalf("got %+v\nwant %+v", out, in)
+		}
+	}
+	// encoding/json can read what the decoder reads, including WorkerRef.
+	var viaStd RouteRequest
+	if err := json.Unmarshal(AppendRouteRequest(nil, &in), &viaStd); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, viaStd) {
+		t.Fatalf("encoding/json got %+v", viaStd)
+	}
+}
+
+func TestErrorEnvelope(t *testing.T) {
+	e := badField("session_id", "is %d bytes long", 300)
+	b := appendErrorJSON(nil, e)
+	want := `{"error":{"code":"bad_request","status":400,"field":"session_id","message":"is 300 bytes long"}}`
+	if string(b) != want {
+		t.Fatalf("got %s", b)
+	}
+	got := DecodeError(b)
+	if got == nil || got.Code != CodeBadRequest || got.Field != "session_id" || got.Status != 400 {
+		t.Fatalf("decoded %#v", got)
+	}
+	if DecodeError([]byte(`{"v":1,"worker":"w"}`)) != nil {
+		t.Fatal("success body decoded as error")
+	}
+	for code, status := range map[string]int{CodeBadRequest: 400, CodeNotFound: 404, CodePinConflict: 409,
+		CodeBindingRejected: 409, CodeNoEligibleWorker: 503, CodeOverloaded: 529, CodeInternal: 500} {
+		if e := newError(code, "x", nil); e.Status != status || !errors.Is(e, sentinelOf[code]) {
+			t.Errorf("%s: status %d, want %d", code, e.Status, status)
+		}
+	}
+}
+
+func BenchmarkDecodeRouteRequest2048(b *testing.B) {
+	toks := make([]uint32, 2048)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128000
+	}
+	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
+	var r RouteRequest
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset()
+		if err := DecodeRouteRequest(body, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkEncodingJSONRouteRequest2048(b *testing.B) {
+	toks := make([]uint32, 2048)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128000
+	}
+	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var r RouteRequest
+		if err := json.Unmarshal(body, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,593 @@
+package host
+
+import (
+	"strconv"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// decoder is a small strict JSON reader for RouteRequest. It accepts the
+// JSON grammar (RFC 8259), skips unknown keys of any shape, treats null as
+// "absent", matches keys exactly (unlike encoding/json, which folds case),
+// and reports the first problem as a bad_request *Error naming the field.
+// It never panics on any input (fuzzed) and allocates only the strings it
+// keeps and slice growth beyond the caller's capacity.
+type decoder struct {
+	buf     []byte
+	pos     int
+	scratch []byte // unescaped string bytes
+	depth   int
+}
+
+const maxDepth = 64 // nesting limit when skipping unknown values
+
+// DecodeRouteRequest parses a route request into r, reusing the capacity of
+// r's slices (reset r's fields before reuse: this function overwrites only
+// the fields present in data). The result is validated for syntax and
+// ranges; semantic checks (model known, block size matching) happen in
+// Replica.Route.
+func DecodeRouteRequest(data []byte, r *RouteRequest) error {
+	if len(data) > MaxRouteBodySize {
+		return badField("body", "is %d bytes, the limit is %d", len(data), MaxRouteBodySize)
+	}
+	d := decoder{buf: data}
+	if e := d.routeRequest(r); e != nil {
+		return e
+	}
+	return nil
+}
+
+// Reset clears r for reuse, keeping the capacity of its slices.
+func (r *RouteRequest) Reset() {
+	*r = RouteRequest{
+		TokenIDs:       r.TokenIDs[:0],
+		BlockHashes:    r.BlockHashes[:0],
+		AllowedWorkers: r.AllowedWorkers[:0],
+	}
+}
+
+func (d *decoder) errf(field, format string, args ...any) *Error {
+	if field == "" {
+		field = "body"
+	}
+	return badField(field, format, args...)
+}
+
+func (d *decoder) skipWS() {
+	for d.pos < len(d.buf) {
+		switch d.buf[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (d *decoder) peek() byte {
+	d.skipWS()
+	if d.pos >= len(d.buf) {
+		return 0
+	}
+	return d.buf[d.pos]
+}
+
+func (d *decoder) expect(field string, c byte) *Error {
+	if d.peek() != c {
+		return d.unexpected(field, "'"+string(c)+"'")
+	}
+	d.pos++
+	return nil
+}
+
+func (d *decoder) unexpected(field, want string) *Error {
+	if d.pos >= len(d.buf) {
+		return d.errf(field, "invalid JSON: unexpected end of input, want %s", want)
+	}
+	return d.errf(field, "invalid JSON at offset %d: unexpected %q, want %s", d.pos, d.buf[d.pos], want)
+}
+
+// isNull consumes a null literal when it comes next.
+func (d *decoder) isNull() bool {
+	if d.peek() == 'n' && d.pos+4 <= len(d.buf) && string(d.buf[d.pos:d.pos+4]) == "null" {
+		d.pos += 4
+		return true
+	}
+	return false
+}
+
+// object iterates the keys of an object, calling fn with each key (valid
+// only during the call) positioned at its value.
+func (d *decoder) object(field string, fn func(key []byte) *Error) *Error {
+	if e := d.expect(field, '{'); e != nil {
+		return e
+	}
+	if d.peek() == '}' {
+		d.pos++
+		return nil
+	}
+	for {
+		if d.peek() != '"' {
+			return d.unexpected(field, "an object key")
+		}
+		key, e := d.rawString(field)
+		if e != nil {
+			return e
+		}
+		if e := d.expect(field, ':'); e != nil {
+			return e
+		}
+		d.skipWS()
+		if e := fn(key); e != nil {
+			return e
+		}
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			return nil
+		default:
+			return d.unexpected(field, "',' or '}'")
+		}
+	}
+}
+
+// array iterates the elements of an array, calling fn positioned at each.
+func (d *decoder) array(field string, fn func(i int) *Error) *Error {
+	if e := d.expect(field, '['); e != nil {
+		return e
+	}
+	if d.peek() == ']' {
+		d.pos++
+		return nil
+	}
+	for i := 0; ; i++ {
+		d.skipWS()
+		if e := fn(i); e != nil {
+			return e
+		}
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			return nil
+		default:
+			return d.unexpected(field, "',' or ']'")
+		}
+	}
+}
+
+// rawString reads a string and returns its unescaped bytes; the slice is
+// valid until the next call (it aliases the input or d.scratch).
+func (d *decoder) rawString(field string) ([]byte, *Error) {
+	if d.pos >= len(d.buf) || d.buf[d.pos] != '"' {
+		return nil, d.unexpected(field, "a string")
+	}
+	d.pos++
+	start := d.pos
+	// Fast path: no escapes, ASCII or valid UTF-8 without control bytes.
+	for d.pos < len(d.buf) {
+		c := d.buf[d.pos]
+		if c == '"' {
+			s := d.buf[start:d.pos]
+			d.pos++
+			if !utf8.Valid(s) {
+				return nil, d.errf(field, "string is not valid UTF-8")
+			}
+			return s, nil
+		}
+		if c == '\\' {
+			break
+		}
+		if c < 0x20 {
+			return nil, d.errf(field, "invalid JSON: control byte 0x%02x in string at offset %d", c, d.pos)
+		}
+		d.pos++
+	}
+	if d.pos >= len(d.buf) {
+		return nil, d.errf(field, "invalid JSON: unterminated string")
+	}
+	d.scratch = append(d.scratch[:0], d.buf[start:d.pos]...)
+	for d.pos < len(d.buf) {
+		c := d.buf[d.pos]
+		switch {
+		case c == '"':
+			d.pos++
+			if !utf8.Valid(d.scratch) {
+				return nil, d.errf(field, "string is not valid UTF-8")
+			}
+			return d.scratch, nil
+		case c < 0x20:
+			return nil, d.errf(field, "invalid JSON: control byte 0x%02x in string at offset %d", c, d.pos)
+		case c != '\\':
+			d.scratch = append(d.scratch, c)
+			d.pos++
+			continue
+		}
+		d.pos++
+		if d.pos >= len(d.buf) {
+			break
+		}
+		esc := d.buf[d.pos]
+		d.pos++
+		switch esc {
+		case '"', '\\', '/':
+			d.scratch = append(d.scratch, esc)
+		case 'b':
+			d.scratch = append(d.scratch, '\b')
+		case 'f':
+			d.scratch = append(d.scratch, '\f')
+		case 'n':
+			d.scratch = append(d.scratch, '\n')
+		case 'r':
+			d.scratch = append(d.scratch, '\r')
+		case 't':
+			d.scratch = append(d.scratch, '\t')
+		case 'u':
+			r, ok := d.hex4()
+			if !ok {
+				return nil, d.errf(field, "invalid JSON: bad \\u escape at offset %d", d.pos)
+			}
+			if utf16.IsSurrogate(r) {
+				// A pair is \uD8xx\uDCxx; a lone surrogate becomes U+FFFD as in encoding/json.
+				save := d.pos
+				if d.pos+1 < len(d.buf) && d.buf[d.pos] == '\\' && d.buf[d.pos+1] == 'u' {
+					d.pos += 2
+					if r2, ok := d.hex4(); ok {
+						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+							r = dec
+						} else {
+							r = utf8.RuneError
+							d.pos = save
+						}
+					} else {
+						r = utf8.RuneError
+						d.pos = save
+					}
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			d.scratch = utf8.AppendRune(d.scratch, r)
+		default:
+			return nil, d.errf(field, "invalid JSON: bad escape '\\%c' at offset %d", esc, d.pos-1)
+		}
+	}
+	return nil, d.errf(field, "invalid JSON: unterminated string")
+}
+
+func (d *decoder) hex4() (rune, bool) {
+	if d.pos+4 > len(d.buf) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range d.buf[d.pos : d.pos+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, false
+		}
+	}
+	d.pos += 4
+	return r, true
+}
+
+// str reads a string value of at most max bytes into a new string.
+func (d *decoder) str(field string, max int) (string, *Error) {
+	b, e := d.rawString(field)
+	if e != nil {
+		return "", e
+	}
+	if len(b) > max {
+		return "", d.errf(field, "is %d bytes long, the limit is %d", len(b), max)
+	}
+	return string(b), nil
+}
+
+// uint reads a non-negative JSON integer no larger than max. Fractions and
+// exponents are rejected, as encoding/json does for integer fields. A quoted
+// decimal is accepted when quoted is true (JavaScript clients send uint64
+// values as strings to keep their precision).
+func (d *decoder) uint(field string, max uint64, quoted bool) (uint64, *Error) {
+	if quoted && d.pos < len(d.buf) && d.buf[d.pos] == '"' {
+		b, e := d.rawString(field)
+		if e != nil {
+			return 0, e
+		}
+		v, err := strconv.ParseUint(string(b), 10, 64)
+		if err != nil || v > max {
+			return 0, d.errf(field, "%q is not an integer in [0, %d]", b, max)
+		}
+		return v, nil
+	}
+	start := d.pos
+	if d.pos < len(d.buf) && d.buf[d.pos] == '-' {
+		return 0, d.errf(field, "must not be negative")
+	}
+	var v uint64
+	n := 0
+	for d.pos < len(d.buf) {
+		c := d.buf[d.pos]
+		if c < '0' || c > '9' {
+			break
+		}
+		if n == 1 && d.buf[start] == '0' {
+			return 0, d.errf(field, "invalid JSON number at offset %d: leading zero", start)
+		}
+		dv := uint64(c - '0')
+		if v > (max-dv)/10 {
+			return 0, d.errf(field, "is larger than %d", max)
+		}
+		v = v*10 + dv
+		d.pos++
+		n++
+	}
+	if n == 0 {
+		return 0, d.unexpected(field, "a non-negative integer")
+	}
+	if d.pos < len(d.buf) {
+		if c := d.buf[d.pos]; c == '.' || c == 'e' || c == 'E' {
+			return 0, d.errf(field, "must be an integer")
+		}
+	}
+	return v, nil
+}
+
+// int reads a JSON integer with |v| <= max.
+func (d *decoder) int(field string, max int) (int, *Error) {
+	neg := false
+	if d.pos < len(d.buf) && d.buf[d.pos] == '-' {
+		neg = true
+		d.pos++
+	}
+	u, e := d.uint(field, uint64(max), false)
+	if e != nil {
+		return 0, e
+	}
+	if neg {
+		return -int(u), nil
+	}
+	return int(u), nil
+}
+
+// uint32Array reads an array of integers in [0, 2^32) with a tight loop for
+// the common shape (plain digits, commas, optional spaces); anything else
+// goes through the general path.
+func (d *decoder) uint32Array(field string, dst []uint32, maxLen int) ([]uint32, *Error) {
+	if e := d.expect(field, '['); e != nil {
+		return dst, e
+	}
+	if d.peek() == ']' {
+		d.pos++
+		return dst, nil
+	}
+	buf := d.buf
+	for {
+		if len(dst) >= maxLen {
+			return dst, d.errf(field, "has more than %d entries", maxLen)
+		}
+		// fast path: up to 10 digits followed by ',' or ']'
+		p := d.pos
+		var v uint64
+		n := 0
+		for p < len(buf) && n <= 10 {
+			c := buf[p]
+			if c < '0' || c > '9' {
+				break
+			}
+			v = v*10 + uint64(c-'0')
+			p++
+			n++
+		}
+		if n > 0 && n <= 10 && v <= 1<<32-1 && (n == 1 || buf[d.pos] != '0') && p < len(buf) && (buf[p] == ',' || buf[p] == ']') {
+			dst = append(dst, uint32(v))
+			d.pos = p + 1
+			if buf[p] == ']' {
+				return dst, nil
+			}
+			continue
+		}
+		d.skipWS()
+		u, e := d.uint(field, 1<<32-1, false)
+		if e != nil {
+			return dst, e
+		}
+		dst = append(dst, uint32(u))
+		switch d.peek() {
+		case ',':
+			d.pos++
+			d.skipWS()
+		case ']':
+			d.pos++
+			return dst, nil
+		default:
+			return dst, d.unexpected(field, "',' or ']'")
+		}
+	}
+}
+
+// skipValue skips one JSON value of any shape, checking its syntax.
+func (d *decoder) skipValue(field string) *Error {
+	d.depth++
+	defer func() { d.depth-- }()
+	if d.depth > maxDepth {
+		return d.errf(field, "invalid JSON: nested deeper than %d", maxDepth)
+	}
+	switch c := d.peek(); {
+	case c == '{':
+		return d.object(field, func([]byte) *Error { return d.skipValue(field) })
+	case c == '[':
+		return d.array(field, func(int) *Error { return d.skipValue(field) })
+	case c == '"':
+		_, e := d.rawString(field)
+		return e
+	case c == 't':
+		return d.literal(field, "true")
+	case c == 'f':
+		return d.literal(field, "false")
+	case c == 'n':
+		return d.literal(field, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return d.number(field)
+	}
+	return d.unexpected(field, "a JSON value")
+}
+
+func (d *decoder) literal(field, lit string) *Error {
+	if d.pos+len(lit) > len(d.buf) || string(d.buf[d.pos:d.pos+len(lit)]) != lit {
+		return d.unexpected(field, lit)
+	}
+	d.pos += len(lit)
+	return nil
+}
+
+// number checks and skips one JSON number.
+func (d *decoder) number(field string) *Error {
+	start := d.pos
+	if d.buf[d.pos] == '-' {
+		d.pos++
+	}
+	digits := func() int {
+		n := 0
+		for d.pos < len(d.buf) && d.buf[d.pos] >= '0' && d.buf[d.pos] <= '9' {
+			d.pos++
+			n++
+		}
+		return n
+	}
+	intStart := d.pos
+	n := digits()
+	if n == 0 || (n > 1 && d.buf[intStart] == '0') {
+		return d.errf(field, "invalid JSON number at offset %d", start)
+	}
+	if d.pos < len(d.buf) && d.buf[d.pos] == '.' {
+		d.pos++
+		if digits() == 0 {
+			return d.errf(field, "invalid JSON number at offset %d", start)
+		}
+	}
+	if d.pos < len(d.buf) && (d.buf[d.pos] == 'e' || d.buf[d.pos] == 'E') {
+		d.pos++
+		if d.pos < len(d.buf) && (d.buf[d.pos] == '+' || d.buf[d.pos] == '-') {
+			d.pos++
+		}
+		if digits() == 0 {
+			return d.errf(field, "invalid JSON number at offset %d", start)
+		}
+	}
+	return nil
+}
+
+func (d *decoder) routeRequest(r *RouteRequest) *Error {
+	if d.peek() != '{' {
+		return d.unexpected("body", "a JSON object")
+	}
+	e := d.object("body", func(key []byte) *Error {
+		if d.isNull() {
+			return nil
+		}
+		var e *Error
+		switch string(key) {
+		case "v":
+			r.V, e = d.int("v", 1<<20)
+		case "request_id":
+			r.RequestID, e = d.str("request_id", MaxRequestIDLen)
+		case "model":
+			r.Model, e = d.str("model", MaxModelLen)
+		case "token_ids":
+			r.TokenIDs, e = d.uint32Array("token_ids", r.TokenIDs[:0], MaxTokens)
+		case "block_hashes":
+			r.BlockHashes = r.BlockHashes[:0]
+			e = d.array("block_hashes", func(i int) *Error {
+				if i >= MaxBlockHashes {
+					return d.errf("block_hashes", "has more than %d entries", MaxBlockHashes)
+				}
+				v, e := d.uint("block_hashes", 1<<64-1, true)
+				r.BlockHashes = append(r.BlockHashes, v)
+				return e
+			})
+		case "block_size":
+			r.BlockSize, e = d.int("block_size", MaxBlockSize)
+		case "input_tokens":
+			r.InputTokens, e = d.int("input_tokens", MaxTokens)
+		case "lora_name":
+			r.LoraName, e = d.str("lora_name", 1024)
+		case "cache_salt":
+			r.CacheSalt, e = d.str("cache_salt", 1024)
+		case "session_id":
+			r.SessionID, e = d.str("session_id", MaxSessionIDLen)
+		case "pin":
+			r.Pin = new(WorkerRef)
+			e = d.workerRef("pin", r.Pin)
+		case "prefer":
+			r.Prefer = new(WorkerRef)
+			e = d.workerRef("prefer", r.Prefer)
+		case "allowed_workers":
+			r.AllowedWorkers = r.AllowedWorkers[:0]
+			e = d.array("allowed_workers", func(i int) *Error {
+				if i >= MaxAllowed {
+					return d.errf("allowed_workers", "has more than %d entries", MaxAllowed)
+				}
+				w, e := d.str("allowed_workers", MaxWorkerIDLen)
+				r.AllowedWorkers = append(r.AllowedWorkers, w)
+				return e
+			})
+		case "priority":
+			r.Priority, e = d.int("priority", MaxPriority)
+		case "expected_output_tokens":
+			r.ExpectedOutputTokens, e = d.int("expected_output_tokens", MaxOutputTokens)
+		case "deadline_ms":
+			r.DeadlineMS, e = d.int("deadline_ms", int(MaxDeadline/time.Millisecond))
+		default:
+			e = d.skipValue(string(key))
+		}
+		return e
+	})
+	if e != nil {
+		return e
+	}
+	d.skipWS()
+	if d.pos != len(d.buf) {
+		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
+	}
+	return nil
+}
+
+func (d *decoder) workerRef(field string, w *WorkerRef) *Error {
+	seen := false
+	e := d.object(field, func(key []byte) *Error {
+		if d.isNull() {
+			return nil
+		}
+		var e *Error
+		switch string(key) {
+		case "worker":
+			w.Worker, e = d.str(field+".worker", MaxWorkerIDLen)
+			seen = true
+		case "rank":
+			var v uint64
+			v, e = d.uint(field+".rank", 1<<32-1, false)
+			w.Rank, w.HasRank = uint32(v), true
+		default:
+			e = d.skipValue(field + "." + string(key))
+		}
+		return e
+	})
+	if e != nil {
+		return e
+	}
+	if !seen || w.Worker == "" {
+		return d.errf(field+".worker", "is required")
+	}
+	return nil
+}

@@ -1,0 +1,243 @@
+package host
+
+import (
+	"strconv"
+	"unicode/utf8"
+)
+
+// Hand-written JSON for the route hot path: encoding/json reflects and
+// allocates per element, which costs tens of microseconds on a 2,048-token
+// prompt. The encoder below writes exactly what encoding/json would for the
+// same struct (tested), the decoder in jsondec.go accepts what encoding/json
+// produces.
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string, escaping like encoding/json
+// (HTML-safe escapes included, invalid UTF-8 replaced by U+FFFD).
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '"', '\\':
+				dst = append(dst, '\\', b)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// AppendRouteResponse appends r as JSON to dst; the output equals
+// json.Marshal(r).
+func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(r.V), 10)
+	dst = append(dst, `,"request_id":`...)
+	dst = appendJSONString(dst, r.RequestID)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, r.Model)
+	dst = append(dst, `,"worker":`...)
+	dst = appendJSONString(dst, r.Worker)
+	dst = append(dst, `,"rank":`...)
+	dst = strconv.AppendUint(dst, uint64(r.Rank), 10)
+	dst = append(dst, `,"endpoint":`...)
+	dst = appendJSONString(dst, r.Endpoint)
+	dst = append(dst, `,"overlap_blocks":`...)
+	dst = strconv.AppendInt(dst, int64(r.OverlapBlocks), 10)
+	dst = append(dst, `,"prompt_blocks":`...)
+	dst = strconv.AppendInt(dst, int64(r.PromptBlocks), 10)
+	dst = append(dst, `,"attempt":`...)
+	dst = strconv.AppendUint(dst, r.Attempt, 10)
+	dst = append(dst, `,"replica":`...)
+	dst = appendJSONString(dst, r.Replica)
+	dst = append(dst, `,"queue_wait_us":`...)
+	dst = strconv.AppendInt(dst, r.QueueWaitUS, 10)
+	if b := r.Binding; b != nil {
+		dst = append(dst, `,"binding":{"session_id":`...)
+		dst = appendJSONString(dst, b.SessionID)
+		dst = append(dst, `,"outcome":`...)
+		dst = appendJSONString(dst, b.Outcome)
+		if b.Mode != "" {
+			dst = append(dst, `,"mode":`...)
+			dst = appendJSONString(dst, b.Mode)
+		}
+		if b.Worker != "" {
+			dst = append(dst, `,"worker":`...)
+			dst = appendJSONString(dst, b.Worker)
+		}
+		dst = append(dst, `,"rank":`...)
+		dst = strconv.AppendUint(dst, uint64(b.Rank), 10)
+		if b.HasRank {
+			dst = append(dst, `,"has_rank":true`...)
+		}
+		if b.Version != 0 {
+			dst = append(dst, `,"version":`...)
+			dst = strconv.AppendUint(dst, b.Version, 10)
+		}
+		dst = append(dst, '}')
+	}
+	return append(dst, '}')
+}
+
+// AppendRouteRequest appends r as JSON to dst, in the form the decoder reads
+// fastest (token ids and hashes as plain numbers). Clients and benchmarks use
+// it; json.Marshal(r) is equivalent.
+func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
+	dst = append(dst, '{')
+	first := true
+	key := func(k string) {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(dst, '"')
+		dst = append(dst, k...)
+		dst = append(dst, '"', ':')
+	}
+	if r.V != 0 {
+		key("v")
+		dst = strconv.AppendInt(dst, int64(r.V), 10)
+	}
+	if r.RequestID != "" {
+		key("request_id")
+		dst = appendJSONString(dst, r.RequestID)
+	}
+	key("model")
+	dst = appendJSONString(dst, r.Model)
+	if len(r.TokenIDs) > 0 {
+		key("token_ids")
+		dst = append(dst, '[')
+		for i, t := range r.TokenIDs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, uint64(t), 10)
+		}
+		dst = append(dst, ']')
+	}
+	if len(r.BlockHashes) > 0 {
+		key("block_hashes")
+		dst = append(dst, '[')
+		for i, h := range r.BlockHashes {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, h, 10)
+		}
+		dst = append(dst, ']')
+	}
+	ints := []struct {
+		k string
+		v int
+	}{{"block_size", r.BlockSize}, {"input_tokens", r.InputTokens}}
+	for _, kv := range ints {
+		if kv.v != 0 {
+			key(kv.k)
+			dst = strconv.AppendInt(dst, int64(kv.v), 10)
+		}
+	}
+	strs := []struct{ k, v string }{{"lora_name", r.LoraName}, {"cache_salt", r.CacheSalt}, {"session_id", r.SessionID}}
+	for _, kv := range strs {
+		if kv.v != "" {
+			key(kv.k)
+			dst = appendJSONString(dst, kv.v)
+		}
+	}
+	if r.Pin != nil {
+		key("pin")
+		dst = r.Pin.appendJSON(dst)
+	}
+	if r.Prefer != nil {
+		key("prefer")
+		dst = r.Prefer.appendJSON(dst)
+	}
+	if len(r.AllowedWorkers) > 0 {
+		key("allowed_workers")
+		dst = append(dst, '[')
+		for i, w := range r.AllowedWorkers {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, w)
+		}
+		dst = append(dst, ']')
+	}
+	ints = []struct {
+		k string
+		v int
+	}{{"priority", r.Priority}, {"expected_output_tokens", r.ExpectedOutputTokens}, {"deadline_ms", r.DeadlineMS}}
+	for _, kv := range ints {
+		if kv.v != 0 {
+			key(kv.k)
+			dst = strconv.AppendInt(dst, int64(kv.v), 10)
+		}
+	}
+	return append(dst, '}')
+}
+
+func (w *WorkerRef) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"worker":`...)
+	dst = appendJSONString(dst, w.Worker)
+	if w.HasRank {
+		dst = append(dst, `,"rank":`...)
+		dst = strconv.AppendUint(dst, uint64(w.Rank), 10)
+	}
+	return append(dst, '}')
+}
+
+// MarshalJSON writes {"worker": ..., "rank": ...}, leaving rank out when the
+// reference names any rank.
+func (w WorkerRef) MarshalJSON() ([]byte, error) { return w.appendJSON(nil), nil }
+
+// UnmarshalJSON reads {"worker": ..., "rank": ...}; HasRank records whether
+// rank was present.
+func (w *WorkerRef) UnmarshalJSON(data []byte) error {
+	d := decoder{buf: data}
+	d.skipWS()
+	var ref WorkerRef
+	if e := d.workerRef("worker_ref", &ref); e != nil {
+		return e
+	}
+	d.skipWS()
+	if d.pos != len(d.buf) {
+		return badField("worker_ref", "trailing data at offset %d", d.pos)
+	}
+	*w = ref
+	return nil
+}

@@ -1,0 +1,238 @@
+package host
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// NATSConfig says how to reach NATS. With Embedded set, StartEmbedded runs a
+// server inside the process and Connect reaches it in-process; otherwise URLs
+// and the credentials below are used.
+type NATSConfig struct {
+	URLs         string // comma-separated nats:// or tls:// URLs
+	CredsFile    string // JWT + nkey credentials file (nsc)
+	NKeySeedFile string // nkey seed file
+	User         string
+	Password     string
+	TLSCAFile    string // custom CA to verify the server
+	TLSCertFile  string // client certificate (mutual TLS)
+	TLSKeyFile   string
+	Name         string // connection name shown by the server
+
+	Embedded       bool
+	DataDir        string // JetStream store of the embedded server; "" = a temporary directory
+	EmbeddedListen string // host:port the embedded server listens on; "" = in-process only
+	MaxPayload     int32  // embedded server max message size; 0 = 8 MiB
+}
+
+// ErrNATSConfig reports an unusable NATS configuration.
+var ErrNATSConfig = errors.New("nats config")
+
+// Embedded is a NATS server with JetStream running inside this process.
+type Embedded struct {
+	Server  *server.Server
+	tempDir string
+}
+
+// StartEmbedded starts the embedded server described by cfg and waits until
+// it accepts connections.
+func StartEmbedded(cfg NATSConfig, log *slog.Logger) (*Embedded, error) {
+	e := &Embedded{}
+	dir := cfg.DataDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kvrouter-nats-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: temp dir: %w", err)
+		}
+		dir, e.tempDir = d, d
+	}
+	opts := &server.Options{
+		ServerName: "kvrouter-embedded",
+		JetStream:  true,
+		StoreDir:   dir,
+		NoLog:      true,
+		NoSigs:     true,
+		MaxPayload: cfg.MaxPayload,
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = 8 << 20
+	}
+	if cfg.EmbeddedListen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := net.SplitHostPort(cfg.EmbeddedListen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: embedded listen address %q: %v", ErrNATSConfig, cfg.EmbeddedListen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return nil, fmt.Errorf("%w: embedded listen port %q: %v", ErrNATSConfig, port, err)
+		}
+		opts.Host, opts.Port = host, p
+		if p == 0 {
+			opts.Port = server.RANDOM_PORT
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		e.cleanup()
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		e.cleanup()
+		return nil, fmt.Errorf("embedded nats: not ready within 15s (store %s)", dir)
+	}
+	e.Server = s
+	if log != nil {
+		log.Info("embedded NATS server started", "store", dir, "listen", cfg.EmbeddedListen, "url", e.URL())
+	}
+	return e, nil
+}
+
+// URL is the server's client URL, or "" when it listens in-process only.
+func (e *Embedded) URL() string {
+	if e == nil || e.Server == nil || e.Server.Addr() == nil {
+		return ""
+	}
+	return e.Server.ClientURL()
+}
+
+// Shutdown stops the server and removes its temporary store, if any.
+func (e *Embedded) Shutdown() {
+	if e == nil || e.Server == nil {
+		return
+	}
+	e.Server.Shutdown()
+	e.Server.WaitForShutdown()
+	e.cleanup()
+}
+
+func (e *Embedded) cleanup() {
+	if e.tempDir != "" {
+		os.RemoveAll(e.tempDir)
+		e.tempDir = ""
+	}
+}
+
+// Connect opens a client connection. With an embedded server the connection
+// is in-process (no socket); otherwise it dials cfg.URLs with the configured
+// credentials and TLS. It reconnects forever and logs disconnects.
+func Connect(ctx context.Context, cfg NATSConfig, emb *Embedded, log *slog.Logger) (*nats.Conn, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			log.Warn("NATS async error", "subject", subj, "err", err)
+		}),
+	}
+	if emb != nil && emb.Server != nil {
+		opts = append(opts, nats.InProcessServer(emb.Server))
+		return nats.Connect("", opts...)
+	}
+	if cfg.URLs == "" {
+		return nil, fmt.Errorf("%w: no NATS URL given and no embedded server (use --nats-url or --embedded-nats)", ErrNATSConfig)
+	}
+	if cfg.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.NKeySeedFile != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: nkey seed %s: %v", ErrNATSConfig, cfg.NKeySeedFile, err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.TLSCAFile != "" || cfg.TLSCertFile != "" {
+		tc, err := tlsConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	var nc *nats.Conn
+	var err error
+	// Retry the first connect until ctx ends: in a fresh deployment the
+	// router may start before the NATS cluster.
+	for {
+		nc, err = nats.Connect(cfg.URLs, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		if errors.Is(err, nats.ErrAuthorization) || strings.Contains(err.Error(), "x509") {
+			return nil, fmt.Errorf("connect %s: %w", redactURLs(cfg.URLs), err)
+		}
+		log.Warn("NATS connect failed, retrying", "urls", redactURLs(cfg.URLs), "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect %s: %w (last error: %v)", redactURLs(cfg.URLs), ctx.Err(), err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func tlsConfig(cfg NATSConfig) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.TLSCAFile != "" {
+		pem, err := os.ReadFile(cfg.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: TLS CA %s: %v", ErrNATSConfig, cfg.TLSCAFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: TLS CA %s: no PEM certificate found", ErrNATSConfig, cfg.TLSCAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: TLS client certificate %s / %s: %v", ErrNATSConfig, cfg.TLSCertFile, cfg.TLSKeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// redactURLs hides passwords in URLs for logs.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		if at := strings.LastIndex(u, "@"); at >= 0 {
+			if sch := strings.Index(u, "://"); sch >= 0 && sch < at {
+				parts[i] = u[:sch+3] + "***@" + u[at+1:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
