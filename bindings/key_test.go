@@ -1,0 +1,218 @@
+package bindings
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+var kvKeyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
+
+func checkKVKey(t testing.TB, key string) {
+	t.Helper()
+	if !kvKeyRE.MatchString(key) || strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") {
+		t.Fatalf("key %q is not a valid KV key", key)
+	}
+	if strings.Count(key, ".") != 1 {
+		t.Fatalf("key %q must have exactly two tokens", key)
+	}
+}
+
+func TestKeyEscaping(t *testing.T) {
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	cases := []struct {
+		name, model, session, want string
+	}{
+		{"plain", "llama", "abc-123", "llama.abc-123"},
+		{"uuid", "m", "3f2a9c1e-0b7d-4e21-9a55-1c2d3e4f5a6b", "m.3f2a9c1e-0b7d-4e21-9a55-1c2d3e4f5a6b"},
+		{"model with slash and dot", "meta-llama/Llama-3.1-8B", "s", "meta-llama_2FLlama-3_2E1-8B.s"},
+		{"empty model", "", "s", "_.s"},
+		{"underscore escaped", "m", "a_b", "m.a_5Fb"},
+		{"dot and star", "m", ".*>", "m._2E_2A_3E"},
+		{"unicode", "m", "é", "m._C3_A9"},
+		{"max session", "m", strings.Repeat("z", MaxSessionLen), "m." + strings.Repeat("z", MaxSessionLen)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			k, err := Key(c.model, c.session)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k != c.want {
+				t.Fatalf("Key(%q, %q) = %q, want %q", c.model, c.session, k, c.want)
+			}
+			checkKVKey(t, k)
+			m, s, err := ParseKey(k)
+			if err != nil || m != c.model || s != c.session {
+				t.Fatalf("ParseKey(%q) = %q, %q, %v", k, m, s, err)
+			}
+		})
+	}
+	k, err := Key(string(all), string(all))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkKVKey(t, k)
+	if len(k) > maxKeyLen {
+		t.Fatalf("key length %d > %d", len(k), maxKeyLen)
+	}
+}
+
+func TestKeyBadInput(t *testing.T) {
+	cases := []struct {
+		name, model, session string
+		want                 error
+	}{
+		{"empty session", "m", "", ErrInvalidSession},
+		{"long session", "m", strings.Repeat("x", MaxSessionLen+1), ErrInvalidSession},
+		{"long model", strings.Repeat("x", MaxModelLen+1), "s", ErrInvalidModel},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Key(c.model, c.session)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Key: %v, want %v", err, c.want)
+			}
+		})
+	}
+	for _, bad := range []string{"", "nodot", "a.b.c", "m.", ".s", "m.a_", "m.a_4", "m.a_zz", "m.a_41", "m.a*b", "m.a_2e"} {
+		if _, _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q) accepted", bad)
+		}
+	}
+}
+
+func TestModeParse(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Mode
+		err  bool
+	}{{"hard", Hard, false}, {"soft", Soft, false}, {"Hard", ModeUnset, true}, {"", ModeUnset, true}, {"sticky", ModeUnset, true}} {
+		m, err := ParseMode(c.in)
+		if (err != nil) != c.err || m != c.want {
+			t.Errorf("ParseMode(%q) = %v, %v", c.in, m, err)
+		}
+		if err != nil && !errors.Is(err, ErrUnknownMode) {
+			t.Errorf("ParseMode(%q) error %v does not wrap ErrUnknownMode", c.in, err)
+		}
+	}
+	if _, err := Mode(9).MarshalText(); !errors.Is(err, ErrUnknownMode) {
+		t.Errorf("MarshalText of mode 9: %v", err)
+	}
+}
+
+func TestDecodeRecord(t *testing.T) {
+	good := `{"model":"m","session":"s","worker":"w1","rank":2,"mode":"soft","version":3,"writer":"r1","created":"2026-01-02T03:04:05Z","renewed":"2026-01-02T03:04:06Z","ttl_s":600,"nonce":"ab-0","future":1}`
+	r, err := decodeRecord([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.binding(7)
+	if b.Worker != "w1" || !b.HasRank || b.Rank != 2 || b.Mode != Soft || b.Version != 3 || b.Revision != 7 || r.ttl() != 10*time.Minute {
+		t.Fatalf("decoded %+v", b)
+	}
+	bad := map[string]string{
+		"not json":     `{"worker":`,
+		"no worker":    `{"session":"s","mode":"hard","version":1,"nonce":"n"}`,
+		"unknown mode": `{"session":"s","worker":"w","mode":"sticky","version":1,"nonce":"n"}`,
+		"no mode":      `{"session":"s","worker":"w","version":1,"nonce":"n"}`,
+		"version 0":    `{"session":"s","worker":"w","mode":"hard","version":0,"nonce":"n"}`,
+		"no nonce":     `{"session":"s","worker":"w","mode":"hard","version":1}`,
+		"no session":   `{"worker":"w","mode":"hard","version":1,"nonce":"n"}`,
+		"negative ttl": `{"session":"s","worker":"w","mode":"hard","version":1,"nonce":"n","ttl_s":-1}`,
+		"array":        `[]`,
+		"empty":        ``,
+	}
+	for name, v := range bad {
+		if _, err := decodeRecord([]byte(v)); err == nil {
+			t.Errorf("%s: accepted %q", name, v)
+		}
+	}
+	if _, err := decodeRecord([]byte(`{"session":"s","worker":"w","mode":"sticky","version":1,"nonce":"n"}`)); !errors.Is(err, ErrUnknownMode) {
+		t.Errorf("unknown mode: %v does not wrap ErrUnknownMode", err)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	for _, tgt := range []Target{{Worker: "w"}, {Worker: "w", Rank: 0, HasRank: true}, {Worker: "w", Rank: 7, HasRank: true}} {
+		r := recordFor("m", "s", tgt, Hard, 1, "r", now, now, 10*time.Minute, makeNonce(0xabc, 2))
+		data, err := encodeRecord(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeRecord(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := got.binding(1); b.Target != tgt || !b.Created.Equal(now) {
+			t.Fatalf("round trip of %v: %+v", tgt, b)
+		}
+		if i, ok := nonceIndex(got.Nonce, 0xabc); !ok || i != 2 {
+			t.Fatalf("nonceIndex(%q) = %d, %v", got.Nonce, i, ok)
+		}
+		if _, ok := nonceIndex(got.Nonce, 0xabd); ok {
+			t.Fatalf("nonce %q matched another base", got.Nonce)
+		}
+	}
+}
+
+func TestTargetMatches(t *testing.T) {
+	w := Target{Worker: "w"}
+	w0 := Target{Worker: "w", Rank: 0, HasRank: true}
+	w1 := Target{Worker: "w", Rank: 1, HasRank: true}
+	x := Target{Worker: "x"}
+	for _, c := range []struct {
+		bound, sel Target
+		want       bool
+	}{{w, w, true}, {w, w1, true}, {w1, w, true}, {w0, w1, false}, {w1, w1, true}, {w, x, false}} {
+		if got := c.bound.Matches(c.sel); got != c.want {
+			t.Errorf("%v.Matches(%v) = %v", c.bound, c.sel, got)
+		}
+	}
+}
+
+// FuzzDecodeRecord: no stored value may panic the decoder, and whatever it
+// accepts must re-encode to a value it accepts again.
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add([]byte(`{"model":"m","session":"s","worker":"w1","rank":2,"mode":"soft","version":3,"writer":"r1","created":"2026-01-02T03:04:05Z","renewed":"2026-01-02T03:04:06Z","ttl_s":600,"nonce":"ab-0"}`))
+	f.Add([]byte(`{"worker":"w","mode":"hard"}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := decodeRecord(data)
+		if err != nil {
+			return
+		}
+		out, err := encodeRecord(&r)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		if _, err := decodeRecord(out); err != nil {
+			t.Fatalf("re-decode of %s: %v", out, err)
+		}
+	})
+}
+
+// FuzzKey: every valid (model, session) makes a valid KV key that parses
+// back to itself.
+func FuzzKey(f *testing.F) {
+	f.Add("m", "s")
+	f.Add("", "a_b.c")
+	f.Add("meta-llama/Llama-3.1-8B", "\x00\xff")
+	f.Fuzz(func(t *testing.T, model, session string) {
+		k, err := Key(model, session)
+		if err != nil {
+			return
+		}
+		checkKVKey(t, k)
+		m, s, err := ParseKey(k)
+		if err != nil || m != model || s != session {
+			t.Fatalf("ParseKey(Key(%q, %q)) = %q, %q, %v", model, session, m, s, err)
+		}
+	})
+}
