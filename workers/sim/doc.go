@@ -1,0 +1,41 @@
+// Package sim is a GPU-free model of an LLM inference engine (vLLM-style),
+// faithful enough that the router, its index, the scheduler and the
+// benchmarks can be tested and demonstrated on a laptop.
+//
+// It owns:
+//
+//   - the block KV cache (cache.go): prefix reuse by sequence hash, LRU
+//     eviction of blocks no running request holds, leaf-first; one block per
+//     sequence hash;
+//   - the per-rank scheduler and step loop (core.go): continuous batching in
+//     vLLM v1's unified form (running requests first, newest preempted when
+//     memory runs out, then waiting requests FIFO), chunked prefill under
+//     MaxBatchedTokens, at most MaxSeqs running, an admission watermark;
+//   - the timing model (timing.go): Dynamo mocker's polynomials, a speed-up
+//     factor, and an injectable Clock (WallClock, or VirtualClock for tests
+//     and fast replays);
+//   - the events: Stored (as blocks become full, chunk by chunk; generated
+//     tokens' blocks too unless SkipOutputBlocks), Removed (on eviction),
+//     Cleared (Reset, Restart, Close), all on kvevents.TierDevice, sent
+//     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
+//     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
+//     salt hashed from (worker, rank);
+//   - the Go API (engine.go, stream.go): New, Submit → Stream, Run,
+//     RunUntilIdle, Restart (new epoch, new emitters from EmitterFactory),
+//     Reset, Close, Dump (ground truth for convergence tests), Load
+//     (workers.LoadReport per rank), Info (workers.Info);
+//   - the NATS generate protocol (serve.go, docs/parts/protocol-sim.md):
+//     Serve answers on <prefix>.worker.<model>.<worker>.generate with
+//     streamed chunks and a final message with ttft_ms, itl_ms, e2e_ms and
+//     cached_tokens; Generate is the client; ExpandBlockIDs turns Mooncake
+//     block ids into tokens identically for engine, bench client and router;
+//   - Fleet (fleet.go): N engines in one process, each with its publisher,
+//     registration and load reporter, for `kvrouter worker --sim --count N`.
+//
+// It does not own: hashing, the wire format and the publisher (kvevents), the
+// registry, membership and load subjects (workers), routing decisions, or
+// trace parsing and replay (bench).
+//
+// Start reading at core.schedule and core.complete in core.go: one step is
+// "schedule under the lock, sleep the step's time, complete under the lock".
+package sim

@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+)
+
+// Finish reasons of a Result.
+const (
+	FinishLength    = "length"    // max_tokens generated
+	FinishCancelled = "cancelled" // the submitter's context ended
+	FinishError     = "error"     // restart, close or another error (see Result.Err)
+)
+
+// Request is one generation request for the Go API.
+type Request struct {
+	ID        string   // unique among the engine's in-flight requests; "" = assigned
+	Tokens    []uint32 // prompt tokens (copied)
+	MaxTokens int      // tokens to generate, >= 1
+	LoRA      string   // adapter name; changes the KV hash seed
+	Rank      uint32   // data-parallel rank to run on
+}
+
+// Chunk is a run of generated tokens, in order.
+type Chunk struct {
+	Index  int      // position of Tokens[0] in the output
+	Tokens []uint32 // owned by the receiver
+}
+
+// Result is how a request ended. Times are model time: clock time multiplied
+// by the speed-up, so they do not depend on how fast the simulation runs.
+type Result struct {
+	RequestID    string
+	Worker       string
+	Rank         uint32
+	PromptTokens int
+	CachedTokens int // prompt tokens found in the prefix cache at admission (whole blocks)
+	OutputTokens int
+	Preemptions  int
+	TTFT         time.Duration // arrival to first token
+	ITL          time.Duration // mean gap between tokens after the first
+	E2E          time.Duration // arrival to end
+	FinishReason string        // FinishLength, FinishCancelled or FinishError
+	Err          error         // nil when FinishReason is FinishLength
+}
+
+// Stream carries one request's tokens from the step loop to its consumer.
+// The engine never blocks on it: tokens produced while nobody reads pile up
+// and the next Recv returns them together.
+type Stream struct {
+	id     string
+	notify chan struct{} // cap 1
+
+	mu      sync.Mutex
+	pending []uint32
+	next    int // output index of pending[0]
+	done    bool
+	res     Result
+}
+
+func newStream(id string) *Stream {
+	return &Stream{id: id, notify: make(chan struct{}, 1)}
+}
+
+// ID is the request id (assigned when the request had none).
+func (s *Stream) ID() string { return s.id }
+
+func (s *Stream) push(tok uint32, index int) {
+	s.mu.Lock()
+	if len(s.pending) == 0 {
+		s.next = index
+	}
+	s.pending = append(s.pending, tok)
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Stream) finish(res Result) {
+	s.mu.Lock()
+	s.done = true
+	s.res = res
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Stream) poke() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Recv returns the next tokens, waiting for them. After the last token it
+// returns io.EOF; the outcome is then in Result. It returns ctx.Err() when
+// ctx ends first (the request goes on; cancel it with the Submit context).
+func (s *Stream) Recv(ctx context.Context) (Chunk, error) {
+	for {
+		s.mu.Lock()
+		if len(s.pending) > 0 {
+			ch := Chunk{Index: s.next, Tokens: s.pending}
+			s.pending = nil
+			s.mu.Unlock()
+			return ch, nil
+		}
+		done := s.done
+		s.mu.Unlock()
+		if done {
+			return Chunk{}, io.EOF
+		}
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return Chunk{}, ctx.Err()
+		}
+	}
+}
+
+// Result returns the outcome once the request has ended.
+func (s *Stream) Result() (Result, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res, s.done
+}
+
+// Wait drops the remaining tokens, waits for the end and returns the result;
+// the error is the result's Err, or ctx.Err().
+func (s *Stream) Wait(ctx context.Context) (Result, error) {
+	for {
+		if _, err := s.Recv(ctx); err != nil {
+			if err != io.EOF {
+				return Result{}, err
+			}
+			res, _ := s.Result()
+			return res, res.Err
+		}
+	}
+}
