@@ -1,0 +1,403 @@
+package index
+
+import (
+	"math/bits"
+	"slices"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// LookupOptions tune one Lookup.
+type LookupOptions struct {
+	// EarlyExit stops the scan once a single worker remains: that worker
+	// is the best match, and its Blocks (and Total) are then a lower bound
+	// (Overlaps.EarlyExited is set).
+	EarlyExit bool
+	// Allowed, when not nil, skips workers for which it returns false.
+	// It is called at most once per worker holding the first block.
+	Allowed func(kvevents.WorkerKey) bool
+}
+
+// WorkerOverlap is one worker's match: the number of contiguous leading
+// blocks of the request it holds.
+type WorkerOverlap struct {
+	Key    kvevents.WorkerKey
+	Blocks int
+}
+
+// Overlaps receives lookup results. It is owned by the caller and reused
+// across lookups: after the first few lookups of a given size, a Lookup
+// allocates nothing. The zero value is ready to use; it is not safe for
+// concurrent use.
+type Overlaps struct {
+	// Workers lists every worker holding at least the first block, with
+	// the number of contiguous leading blocks it holds, in no particular
+	// order.
+	Workers []WorkerOverlap
+	// Total is the longest match, in blocks.
+	Total int
+	// EarlyExited reports that LookupOptions.EarlyExit cut the scan.
+	EarlyExited bool
+
+	// parallel to Workers while a lookup runs: the slot and the slot
+	// owner seen, for the final reuse check.
+	slots []uint32
+	infos []*slotInfo
+
+	// candidate state: a list (few workers) or a bitmap over slots.
+	cand   []cand
+	tmp    []cand
+	bits   []uint64
+	nbits  int
+	bitmap bool
+	sbuf   []uint32
+	mbuf   []int32
+}
+
+type cand struct {
+	slot uint32
+	info *slotInfo
+}
+
+// Reset empties o, keeping its memory.
+func (o *Overlaps) Reset() {
+	o.Workers = o.Workers[:0]
+	o.Total = 0
+	o.EarlyExited = false
+	o.slots = o.slots[:0]
+	o.infos = o.infos[:0]
+	o.cand = o.cand[:0]
+	o.bitmap = false
+	o.nbits = 0
+}
+
+// Get returns the overlap of k (0 when absent). Linear in len(Workers).
+func (o *Overlaps) Get(k kvevents.WorkerKey) int {
+	for i := range o.Workers {
+		if o.Workers[i].Key == k {
+			return o.Workers[i].Blocks
+		}
+	}
+	return 0
+}
+
+// listMax is the candidate count under which the bitmap representation is
+// abandoned for a list.
+const listMax = 16
+
+// Lookup computes, for every (worker, rank), how many leading blocks of
+// hashes it holds, into out (reset first). It runs on the caller's
+// goroutine without locks, concurrently with other lookups and with event
+// application; it sees every change completed before it started and may
+// or may not see changes made while it runs.
+//
+// Cost: one table probe per block until no candidate is left (or one is
+// left, with EarlyExit), plus work proportional to the candidates: a list
+// membership test per candidate per block while few workers remain, one
+// AND per 64 slots per block while many do.
+func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
+	out.Reset()
+	if len(hashes) == 0 {
+		return
+	}
+	epoch := x.slotEpoch.Load()
+	v, big, ok := x.get(hashes[0])
+	if !ok {
+		return
+	}
+	x.initCands(v, big, opt, epoch, out)
+	depth := 1
+	for ; depth < len(hashes); depth++ {
+		n := len(out.cand)
+		if out.bitmap {
+			n = out.nbits
+		}
+		if n == 0 {
+			break
+		}
+		if opt.EarlyExit && n == 1 {
+			out.EarlyExited = true
+			break
+		}
+		v, big, ok = x.get(hashes[depth])
+		if !ok {
+			break
+		}
+		if out.bitmap {
+			x.stepBitmap(v, big, depth, epoch, out)
+		} else {
+			stepList(v, big, depth, out)
+		}
+	}
+	// Whoever is left holds all depth blocks scanned.
+	if out.bitmap {
+		x.drainBitmap(depth, epoch, out)
+	} else {
+		for _, c := range out.cand {
+			out.record(c.slot, c.info, depth)
+		}
+		out.cand = out.cand[:0]
+	}
+	// A slot freed and handed to another worker during the scan would
+	// blend two owners' blocks: drop any entry whose slot changed hands.
+	w := 0
+	for i := range out.Workers {
+		if x.info(out.slots[i]) != out.infos[i] {
+			continue
+		}
+		out.Workers[w], out.slots[w], out.infos[w] = out.Workers[i], out.slots[i], out.infos[i]
+		if out.Workers[w].Blocks > out.Total {
+			out.Total = out.Workers[w].Blocks
+		}
+		w++
+	}
+	out.Workers, out.slots, out.infos = out.Workers[:w], out.slots[:w], out.infos[:w]
+}
+
+func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
+	m := mix(uint64(h))
+	return x.shardOf(m).get(uint64(h), m)
+}
+
+func (o *Overlaps) record(slot uint32, info *slotInfo, blocks int) {
+	o.Workers = append(o.Workers, WorkerOverlap{Key: info.key, Blocks: blocks})
+	o.slots = append(o.slots, slot)
+	o.infos = append(o.infos, info)
+}
+
+// usable resolves slot to its owner if the owner may take part in this
+// lookup: assigned before the lookup started and allowed.
+func (x *Index) usable(slot uint32, epoch uint64, opt *LookupOptions) *slotInfo {
+	info := x.info(slot)
+	if info == nil || info.assignedAt > epoch {
+		return nil
+	}
+	if opt.Allowed != nil && !opt.Allowed(info.key) {
+		return nil
+	}
+	return info
+}
+
+func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64, out *Overlaps) {
+	if big == nil {
+		for i := 0; i < inlineCap; i++ {
+			f := (v >> (i * fieldBits)) & fieldMask
+			if f == 0 {
+				break
+			}
+			if info := x.usable(uint32(f-1), epoch, &opt); info != nil {
+				out.cand = append(out.cand, cand{uint32(f - 1), info})
+			}
+		}
+		return
+	}
+	if big.bits == nil || big.n <= listMax {
+		out.sbuf = big.appendSlots(out.sbuf[:0])
+		for _, s := range out.sbuf {
+			if info := x.usable(s, epoch, &opt); info != nil {
+				out.cand = append(out.cand, cand{s, info})
+			}
+		}
+		return
+	}
+	out.bitmap = true
+	out.bits = append(out.bits[:0], big.bits...)
+	n := 0
+	for w, word := range out.bits {
+		for rest := word; rest != 0; rest &= rest - 1 {
+			s := uint32(w)*64 + uint32(bits.TrailingZeros64(rest))
+			if x.usable(s, epoch, &opt) == nil {
+				word &^= 1 << (s % 64)
+			} else {
+				n++
+			}
+		}
+		out.bits[w] = word
+	}
+	out.nbits = n
+	if n <= listMax {
+		x.bitmapToList(epoch, out)
+	}
+}
+
+// stepList keeps the candidates holding the block at index depth.
+func stepList(v uint64, big *bigSet, depth int, out *Overlaps) {
+	w := 0
+	if big == nil {
+		f0, f1, f2 := v&fieldMask, (v>>fieldBits)&fieldMask, (v>>(2*fieldBits))&fieldMask
+		for _, c := range out.cand {
+			if f := uint64(c.slot) + 1; f == f0 || f == f1 || f == f2 {
+				out.cand[w] = c
+				w++
+			} else {
+				out.record(c.slot, c.info, depth)
+			}
+		}
+	} else {
+		for _, c := range out.cand {
+			if big.has(c.slot) {
+				out.cand[w] = c
+				w++
+			} else {
+				out.record(c.slot, c.info, depth)
+			}
+		}
+	}
+	out.cand = out.cand[:w]
+}
+
+// stepBitmap intersects the candidate bitmap with the block's set.
+func (x *Index) stepBitmap(v uint64, big *bigSet, depth int, epoch uint64, out *Overlaps) {
+	if big != nil && big.bits != nil {
+		bb := big.bits
+		n := out.nbits
+		for w, c := range out.bits {
+			if c == 0 {
+				continue
+			}
+			var m uint64
+			if w < len(bb) {
+				m = bb[w]
+			}
+			for d := c &^ m; d != 0; d &= d - 1 {
+				x.recordSlot(uint32(w)*64+uint32(bits.TrailingZeros64(d)), depth, epoch, out)
+				n--
+			}
+			out.bits[w] = c & m
+		}
+		out.nbits = n
+		if n <= listMax {
+			x.bitmapToList(epoch, out)
+		}
+		return
+	}
+	// A small set: the survivors are its members that are candidates.
+	out.sbuf = out.sbuf[:0]
+	if big == nil {
+		out.sbuf = inlineSlots(out.sbuf, v)
+	} else {
+		out.sbuf = big.appendSlots(out.sbuf)
+	}
+	out.tmp = out.tmp[:0]
+	for _, s := range out.sbuf {
+		w := int(s / 64)
+		if w < len(out.bits) && out.bits[w]&(1<<(s%64)) != 0 {
+			out.bits[w] &^= 1 << (s % 64)
+			if info := x.info(s); info != nil {
+				out.tmp = append(out.tmp, cand{s, info})
+			}
+		}
+	}
+	// Every candidate still in the bitmap dropped out here.
+	x.drainBitmap(depth, epoch, out)
+	out.cand = append(out.cand[:0], out.tmp...)
+}
+
+func (x *Index) recordSlot(s uint32, depth int, epoch uint64, out *Overlaps) {
+	if info := x.info(s); info != nil && info.assignedAt <= epoch {
+		out.record(s, info, depth)
+	}
+}
+
+// drainBitmap records every candidate left in the bitmap at depth and
+// switches to list mode with an empty list.
+func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
+	for w, word := range out.bits {
+		for ; word != 0; word &= word - 1 {
+			x.recordSlot(uint32(w)*64+uint32(bits.TrailingZeros64(word)), depth, epoch, out)
+		}
+		out.bits[w] = 0
+	}
+	out.bitmap = false
+	out.nbits = 0
+	out.cand = out.cand[:0]
+}
+
+func (x *Index) bitmapToList(epoch uint64, out *Overlaps) {
+	out.cand = out.cand[:0]
+	for w, word := range out.bits {
+		for ; word != 0; word &= word - 1 {
+			s := uint32(w)*64 + uint32(bits.TrailingZeros64(word))
+			if info := x.info(s); info != nil && info.assignedAt <= epoch {
+				out.cand = append(out.cand, cand{s, info})
+			}
+		}
+		out.bits[w] = 0
+	}
+	out.bitmap = false
+	out.nbits = 0
+}
+
+// MergeMax folds src into dst, keeping each worker's larger overlap (the
+// way a predicted or approximate index is combined with the event-fed
+// one); dst.Total becomes the larger total. Neither argument may be used
+// concurrently. It allocates only when dst must grow.
+func MergeMax(dst, src *Overlaps) {
+	if len(src.Workers) == 0 {
+		return
+	}
+	if len(dst.Workers)*len(src.Workers) <= 1024 {
+		for _, s := range src.Workers {
+			found := false
+			for i := range dst.Workers {
+				if dst.Workers[i].Key == s.Key {
+					dst.Workers[i].Blocks = max(dst.Workers[i].Blocks, s.Blocks)
+					found = true
+					break
+				}
+			}
+			if !found {
+				dst.appendMerged(s)
+			}
+		}
+	} else {
+		mergeSorted(dst, src)
+	}
+	dst.Total = max(dst.Total, src.Total)
+	dst.EarlyExited = dst.EarlyExited || src.EarlyExited
+}
+
+func (o *Overlaps) appendMerged(s WorkerOverlap) {
+	o.Workers = append(o.Workers, s)
+}
+
+func cmpKey(a, b kvevents.WorkerKey) int {
+	if a.Worker != b.Worker {
+		if a.Worker < b.Worker {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Rank < b.Rank:
+		return -1
+	case a.Rank > b.Rank:
+		return 1
+	}
+	return 0
+}
+
+// mergeSorted handles large merges in O((n+m) log(n+m)): sort both sides by
+// key (src is sorted through an index permutation so it stays untouched).
+func mergeSorted(dst, src *Overlaps) {
+	slices.SortFunc(dst.Workers, func(a, b WorkerOverlap) int { return cmpKey(a.Key, b.Key) })
+	perm := dst.mbuf[:0]
+	for i := range src.Workers {
+		perm = append(perm, int32(i))
+	}
+	slices.SortFunc(perm, func(a, b int32) int { return cmpKey(src.Workers[a].Key, src.Workers[b].Key) })
+	dst.mbuf = perm
+	n := len(dst.Workers)
+	i := 0
+	for _, p := range perm {
+		s := src.Workers[p]
+		for i < n && cmpKey(dst.Workers[i].Key, s.Key) < 0 {
+			i++
+		}
+		if i < n && dst.Workers[i].Key == s.Key {
+			dst.Workers[i].Blocks = max(dst.Workers[i].Blocks, s.Blocks)
+			continue
+		}
+		dst.appendMerged(s)
+	}
+}

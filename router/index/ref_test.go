@@ -1,0 +1,282 @@
+package index
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// refModel is the naive reference: per (worker, rank), a map of engine
+// hash to sequence hash; a worker holds a block if any of its engine
+// hashes maps to it.
+type refModel struct {
+	tier    kvevents.Tier
+	workers map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
+}
+
+func newRef() *refModel {
+	return &refModel{workers: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{}}
+}
+
+func (m *refModel) apply(b *kvevents.Batch) {
+	k := b.Key()
+	ws := m.workers[k]
+	if ws == nil {
+		ws = map[kvevents.EngineHash]kvevents.SeqHash{}
+		m.workers[k] = ws
+	}
+	for _, ev := range b.Events {
+		switch ev.Kind {
+		case kvevents.KindStored:
+			if ev.Tier != m.tier {
+				continue
+			}
+			for _, blk := range ev.Blocks {
+				ws[blk.Engine] = blk.Seq
+			}
+		case kvevents.KindRemoved:
+			if ev.Tier != m.tier {
+				continue
+			}
+			for _, e := range ev.Removed {
+				delete(ws, e)
+			}
+		case kvevents.KindCleared:
+			clear(ws)
+		}
+	}
+}
+
+func (m *refModel) clearKey(k kvevents.WorkerKey) {
+	if ws := m.workers[k]; ws != nil {
+		clear(ws)
+	}
+}
+
+func (m *refModel) removeWorker(name string) {
+	for k := range m.workers {
+		if k.Worker == name {
+			delete(m.workers, k)
+		}
+	}
+}
+
+func (m *refModel) load(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
+	ws := map[kvevents.EngineHash]kvevents.SeqHash{}
+	for _, b := range blocks {
+		ws[b.Engine] = b.Seq
+	}
+	m.workers[k] = ws
+}
+
+func (m *refModel) holds(ws map[kvevents.EngineHash]kvevents.SeqHash, s kvevents.SeqHash) bool {
+	for _, v := range ws {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// lookup mirrors Index.Lookup, including EarlyExit's cut.
+func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[kvevents.WorkerKey]int, bool) {
+	out := map[kvevents.WorkerKey]int{}
+	if len(hashes) == 0 {
+		return out, false
+	}
+	for k, ws := range m.workers {
+		if opt.Allowed != nil && !opt.Allowed(k) {
+			continue
+		}
+		held := map[kvevents.SeqHash]bool{}
+		for _, s := range ws {
+			held[s] = true
+		}
+		d := 0
+		for d < len(hashes) && held[hashes[d]] {
+			d++
+		}
+		if d > 0 {
+			out[k] = d
+		}
+	}
+	if !opt.EarlyExit {
+		return out, false
+	}
+	for i := 1; i < len(hashes); i++ {
+		var last kvevents.WorkerKey
+		cnt := 0
+		for k, d := range out {
+			if d >= i {
+				cnt++
+				last = k
+			}
+		}
+		if cnt == 0 {
+			break
+		}
+		if cnt == 1 {
+			out[last] = i
+			return out, true
+		}
+	}
+	return out, false
+}
+
+func (m *refModel) dump() []WorkerDump {
+	var out []WorkerDump
+	for k, ws := range m.workers {
+		d := WorkerDump{Key: k}
+		for e, s := range ws {
+			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: e, Seq: s})
+		}
+		slices.SortFunc(d.Blocks, cmpBlock)
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b WorkerDump) int { return cmpKey(a.Key, b.Key) })
+	return out
+}
+
+// compareLookup runs one query on x and the reference and fails on any
+// difference.
+func compareLookup(t testing.TB, x *Index, refs []*refModel, hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
+	t.Helper()
+	x.Lookup(hashes, opt, out)
+	want := map[kvevents.WorkerKey]int{}
+	wantEarly := false
+	if len(refs) == 1 {
+		want, wantEarly = refs[0].lookup(hashes, opt)
+	} else {
+		// Disjoint models (one per writer): merge, then apply the
+		// early-exit cut on the union.
+		merged := newRef()
+		for _, r := range refs {
+			for k, ws := range r.workers {
+				merged.workers[k] = ws
+			}
+		}
+		want, wantEarly = merged.lookup(hashes, opt)
+	}
+	got := map[kvevents.WorkerKey]int{}
+	for _, w := range out.Workers {
+		if _, dup := got[w.Key]; dup {
+			t.Fatalf("duplicate worker %v in result", w.Key)
+		}
+		got[w.Key] = w.Blocks
+	}
+	wantTotal := 0
+	for _, d := range want {
+		wantTotal = max(wantTotal, d)
+	}
+	if fmt.Sprint(sortedOverlaps(got)) != fmt.Sprint(sortedOverlaps(want)) || out.Total != wantTotal || out.EarlyExited != wantEarly {
+		t.Fatalf("lookup of %d hashes (early=%v allowed=%v):\n got %v total %d early %v\nwant %v total %d early %v",
+			len(hashes), opt.EarlyExit, opt.Allowed != nil, sortedOverlaps(got), out.Total, out.EarlyExited,
+			sortedOverlaps(want), wantTotal, wantEarly)
+	}
+}
+
+func sortedOverlaps(m map[kvevents.WorkerKey]int) []WorkerOverlap {
+	out := make([]WorkerOverlap, 0, len(m))
+	for k, d := range m {
+		out = append(out, WorkerOverlap{k, d})
+	}
+	slices.SortFunc(out, func(a, b WorkerOverlap) int { return cmpKey(a.Key, b.Key) })
+	return out
+}
+
+// checkInvariants verifies the block table against the per-worker maps:
+// every block a worker's engine map names holds the worker's slot, no
+// block holds a slot its owner does not name, counts agree.
+func checkInvariants(t testing.TB, x *Index) {
+	t.Helper()
+	table := map[kvevents.SeqHash][]uint32{}
+	blocks := 0
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.Lock()
+		used := 0
+		sh.forEach(func(key uint64, slots []uint32) {
+			used++
+			if len(slots) == 0 {
+				t.Fatalf("block %x has an empty set", key)
+			}
+			if _, dup := table[kvevents.SeqHash(key)]; dup {
+				t.Fatalf("block %x appears twice", key)
+			}
+			table[kvevents.SeqHash(key)] = slices.Clone(slots)
+		})
+		if used != sh.tab.Load().used {
+			t.Fatalf("shard %d: used %d, counted %d", i, sh.tab.Load().used, used)
+		}
+		// every key must be findable by a reader probe
+		sh.forEach(func(key uint64, _ []uint32) {
+			if _, _, ok := sh.get(key, mix(key)); !ok {
+				t.Fatalf("block %x present but not found by probe", key)
+			}
+		})
+		sh.mu.Unlock()
+		blocks += used
+	}
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	bySlot := map[uint32]*worker{}
+	var entries int64
+	for k, w := range x.workers {
+		if w.key != k {
+			t.Fatalf("worker %v stored under %v", w.key, k)
+		}
+		if o := bySlot[w.slot]; o != nil {
+			t.Fatalf("slot %d shared by %v and %v", w.slot, o.key, k)
+		}
+		bySlot[w.slot] = w
+		if info := x.info(w.slot); info == nil || info.key != k {
+			t.Fatalf("slot %d of %v names %v", w.slot, k, info)
+		}
+		refs := map[kvevents.SeqHash]uint32{}
+		for _, s := range w.engines {
+			refs[s]++
+		}
+		for s, n := range refs {
+			if n > 1 && w.multi[s] != n-1 {
+				t.Fatalf("%v: seq %x has %d engine refs, multi %d", k, s, n, w.multi[s])
+			}
+			if !slices.Contains(table[s], w.slot) {
+				t.Fatalf("%v holds %x but its slot %d is not in the block's set %v", k, s, w.slot, table[s])
+			}
+		}
+		for s := range w.multi {
+			if refs[s] < 2 {
+				t.Fatalf("%v: stale multi entry for %x", k, s)
+			}
+		}
+		if w.entries != len(refs) {
+			t.Fatalf("%v: entries %d, distinct seqs %d", k, w.entries, len(refs))
+		}
+		entries += int64(len(refs))
+	}
+	var inTable int64
+	for s, slots := range table {
+		for _, sl := range slots {
+			inTable++
+			w := bySlot[sl]
+			if w == nil {
+				t.Fatalf("block %x holds slot %d that no worker owns", s, sl)
+			}
+			found := false
+			for _, v := range w.engines {
+				if v == s {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Fatalf("block %x holds slot %d of %v, which does not hold it", s, sl, w.key)
+			}
+		}
+	}
+	if inTable != entries || x.entries.Load() != entries {
+		t.Fatalf("entries: table %d, workers %d, counter %d", inTable, entries, x.entries.Load())
+	}
+}

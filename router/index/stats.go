@@ -1,0 +1,175 @@
+package index
+
+import (
+	"slices"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Memory model used by Stats.Bytes. The block table costs 16 bytes per
+// bucket (key + value) at a load factor between 3/8 and 3/4; a Go map
+// entry of the per-worker engine map (16 bytes of key and value, one
+// control byte, 7/8 maximum load, about 2/3 average after growth) costs
+// about engineEntryBytes. BenchmarkMemoryPerEntry measures the real heap
+// growth per entry and is the number to trust.
+const (
+	engineEntryBytes = 26
+	workerBytes      = 256 // worker struct, map headers, slot info
+)
+
+// Stats describes the index at one moment. Counters are totals since New.
+type Stats struct {
+	Workers int   // (worker, rank) keys known
+	Blocks  int   // distinct sequence hashes indexed
+	Entries int64 // (block, worker) pairs
+	BigSets int   // blocks held by more workers than fit inline
+
+	// Bytes estimates the memory held (tables, big sets, engine maps);
+	// BytesPerEntry is Bytes/Entries.
+	Bytes         int64
+	BytesPerEntry float64
+
+	StreamSeq uint64 // highest stream sequence applied
+
+	Batches             uint64 // batches applied
+	Events              uint64 // events seen in applied batches
+	Stored              uint64 // blocks stored
+	DuplicateStores     uint64 // stores of a block the worker already held under the same engine hash
+	Removed             uint64 // blocks removed
+	UnknownRemovals     uint64 // removals of engine hashes the worker did not hold
+	Cleared             uint64 // Cleared events
+	OrphanStores        uint64 // stores whose parent the worker did not hold (indexed anyway)
+	ReboundEngineHashes uint64 // stores that reused an engine hash for other content
+	IgnoredTier         uint64 // events of a tier this index does not score
+	RefusedStores       uint64 // stores refused by MaxEntries / MaxEntriesPerWorker / slot exhaustion
+	ForeignModel        uint64 // batches for another model
+	BadEvents           uint64 // events of an unknown kind
+	BadBatches          uint64 // nil batches or batches without a worker
+	Resyncs             uint64 // resync signals handled
+	WorkersRemoved      uint64 // (worker, rank) keys removed
+}
+
+// Stats returns counts and a memory estimate. It briefly locks each shard
+// for writing, so it is for metrics, not the hot path.
+func (x *Index) Stats() Stats {
+	var s Stats
+	var bytes int64
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.Lock()
+		t := sh.tab.Load()
+		s.Blocks += t.used
+		s.BigSets += sh.nbig
+		bytes += int64(t.mask+1)*16 + int64(sh.bigMem) + int64(cap(sh.bigs.Load().p))*8
+		sh.mu.Unlock()
+	}
+	x.wmu.RLock()
+	ws := make([]*worker, 0, len(x.workers))
+	for _, w := range x.workers {
+		ws = append(ws, w)
+	}
+	slotCap := len(x.slots.Load().p)
+	x.wmu.RUnlock()
+	s.Workers = len(ws)
+	for _, w := range ws {
+		w.mu.Lock()
+		bytes += int64(len(w.engines))*engineEntryBytes + int64(len(w.multi))*engineEntryBytes + workerBytes
+		w.mu.Unlock()
+	}
+	bytes += int64(slotCap) * 8
+	s.Entries = x.entries.Load()
+	s.Bytes = bytes
+	if s.Entries > 0 {
+		s.BytesPerEntry = float64(bytes) / float64(s.Entries)
+	}
+	s.StreamSeq = x.streamSeq.Load()
+	c := &x.ctr
+	s.Batches = c.batches.Load()
+	s.Events = c.events.Load()
+	s.Stored = c.stored.Load()
+	s.DuplicateStores = c.dupStores.Load()
+	s.Removed = c.removed.Load()
+	s.UnknownRemovals = c.unknownRemovals.Load()
+	s.Cleared = c.cleared.Load()
+	s.OrphanStores = c.orphanStores.Load()
+	s.ReboundEngineHashes = c.rebound.Load()
+	s.IgnoredTier = c.ignoredTier.Load()
+	s.RefusedStores = c.refused.Load()
+	s.ForeignModel = c.foreignModel.Load()
+	s.BadEvents = c.badEvents.Load()
+	s.BadBatches = c.badBatches.Load()
+	s.Resyncs = c.resyncs.Load()
+	s.WorkersRemoved = c.workersRemoved.Load()
+	return s
+}
+
+// WorkerDump is one (worker, rank)'s indexed state.
+type WorkerDump struct {
+	Key    kvevents.WorkerKey
+	Cursor Cursor
+	// Blocks sorted by engine hash, then sequence hash.
+	Blocks []kvevents.StoredBlock
+}
+
+// Dump returns every worker's blocks, sorted by key, each worker read
+// under its own lock (so each is consistent, the whole only if no batch is
+// being applied). Two indexes with equal dumps answer every lookup alike.
+func (x *Index) Dump() []WorkerDump {
+	x.wmu.RLock()
+	ws := make([]*worker, 0, len(x.workers))
+	for _, w := range x.workers {
+		ws = append(ws, w)
+	}
+	x.wmu.RUnlock()
+	out := make([]WorkerDump, 0, len(ws))
+	for _, w := range ws {
+		w.mu.Lock()
+		if w.removed {
+			w.mu.Unlock()
+			continue
+		}
+		d := WorkerDump{Key: w.key, Cursor: w.cursor, Blocks: make([]kvevents.StoredBlock, 0, len(w.engines))}
+		for e, s := range w.engines {
+			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: e, Seq: s})
+		}
+		w.mu.Unlock()
+		slices.SortFunc(d.Blocks, cmpBlock)
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b WorkerDump) int { return cmpKey(a.Key, b.Key) })
+	return out
+}
+
+func cmpBlock(a, b kvevents.StoredBlock) int {
+	switch {
+	case a.Engine < b.Engine:
+		return -1
+	case a.Engine > b.Engine:
+		return 1
+	case a.Seq < b.Seq:
+		return -1
+	case a.Seq > b.Seq:
+		return 1
+	}
+	return 0
+}
+
+// Cursors returns each (worker, rank)'s last applied event, for seeding a
+// subscriber after a restore.
+func (x *Index) Cursors() map[kvevents.WorkerKey]Cursor {
+	x.wmu.RLock()
+	ws := make([]*worker, 0, len(x.workers))
+	for _, w := range x.workers {
+		ws = append(ws, w)
+	}
+	x.wmu.RUnlock()
+	out := make(map[kvevents.WorkerKey]Cursor, len(ws))
+	for _, w := range ws {
+		w.mu.Lock()
+		if !w.removed {
+			out[w.key] = w.cursor
+		}
+		w.mu.Unlock()
+	}
+	return out
+}
