@@ -235,7 +235,7 @@ func (x *Index) lockWorker(k kvevents.WorkerKey, create bool) *worker {
 
 type batchCounts struct {
 	events, stored, dup, removed, unknown, cleared, orphan, rebound, tier, refused, bad uint64
-	delta                                                                              int64
+	delta                                                                               int64
 }
 
 func (x *Index) flush(c *batchCounts) {
