@@ -10,12 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/nats-io/nats.go"
 )
 
 // Load report defaults.
 const (
-	DefaultPrefix       = "kvr"
+	DefaultPrefix       = kvevents.DefaultPrefix
 	DefaultLoadInterval = time.Second
 	MaxLoadReportBytes  = 4 << 10
 )
@@ -69,18 +70,25 @@ func (r LoadReport) Validate() error {
 }
 
 // LoadSubject returns <prefix>.load.<model>.<worker>, model and worker
-// escaped into single subject tokens.
+// escaped by kvevents.SubjectToken (the same tokens as the worker's event
+// subject). An empty prefix means DefaultPrefix.
 func LoadSubject(prefix, model, worker string) string {
-	return prefix + ".load." + escapeToken(model) + "." + escapeToken(worker)
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return prefix + ".load." + kvevents.SubjectToken(model) + "." + kvevents.SubjectToken(worker)
 }
 
 // LoadFilter returns the subscription subject for one model's reports, or
 // for every model when model is "".
 func LoadFilter(prefix, model string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
 	if model == "" {
 		return prefix + ".load.*.*"
 	}
-	return prefix + ".load." + escapeToken(model) + ".*"
+	return prefix + ".load." + kvevents.SubjectToken(model) + ".*"
 }
 
 // EncodeLoad validates r and returns its JSON message.

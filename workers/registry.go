@@ -449,10 +449,12 @@ func (r *Registration) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		began := time.Now()
 		opCtx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 		err := r.write(opCtx)
 		cancel()
-		next := r.cfg.Heartbeat
+		// Keep the period at Heartbeat however long the write took.
+		next := max(r.cfg.Heartbeat-time.Since(began), 0)
 		switch {
 		case err == nil:
 			r.renewals.Add(1)
