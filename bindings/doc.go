@@ -1,0 +1,25 @@
+// Package bindings keeps session bindings (session -> worker) in a JetStream
+// KV bucket and commits them by compare-and-swap, so that every router
+// replica agrees on where a session lives.
+//
+// Start reading at (*Table).Route in route.go: it is the whole commit
+// protocol (read, select, create / renew / re-bind / reject / keep the
+// other writer's), and the host calls it once per request that has a session
+// id. Then store.go (the raw JetStream operations: leader reads through
+// $JS.API.STREAM.MSG.GET, conditional writes that keep the per-key TTL, and
+// the mapping of codes 10071 and 10164 to ErrConflict), cache.go (the
+// bounded, watch-fed read cache), value.go (the stored JSON) and key.go (the
+// key escaping).
+//
+// What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
+// the key and value format (docs/parts/protocol-bindings.md), its own Mode
+// type (Hard, Soft), the commit rule, the idle TTL and its renewal, the
+// single-flight of first requests within a replica, the resolution of writes
+// whose outcome is unknown (leader read + nonce), and the counters (Stats).
+//
+// What it does not own: choosing a worker (the Selector, i.e. the host's
+// call into the scheduler, which applies the pin rule to the Requirement it
+// is handed), knowing which workers are live (Config.Liveness, fed by the
+// workers' membership view), metrics export (the host reads Stats), and the
+// NATS connection (the caller's). It imports neither router nor workers.
+package bindings

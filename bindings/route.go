@@ -1,0 +1,373 @@
+package bindings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Route is the commit protocol, called once per request that has a session
+// id. It
+//
+//  1. reads the binding and its revision: from the watch-fed cache, or from
+//     the stream leader under StrictReads (or when the cache cannot prove
+//     an absence, or after any lost or unanswered write);
+//  2. calls sel with the requirement (nil when unbound, else the bound
+//     target and the binding's mode as its strength);
+//  3. commits, every write conditional on the revision read:
+//     - unbound: create the binding with the idle TTL. If another replica
+//     created it first, re-read from the leader and select again under
+//     the winner's binding. Concurrent first requests of the session in
+//     this replica wait for the one creating it instead of racing;
+//     - selected == bound: no write while the binding is fresh (Fresh);
+//     once more than half of its TTL has passed, renew it (Renewed);
+//     - Hard, selected != bound: if the bound worker is not live
+//     (Config.Liveness), re-bind (Rebound); if it is live, leave the
+//     binding and return a *HardConflictError (Rejected);
+//     - Soft, selected != bound: re-bind (Rebound); if another writer
+//     moved the binding first, keep theirs and send the request to the
+//     selected worker anyway (KeptOther).
+//
+// A write that gets no answer (a timeout while the stream leader changes)
+// is resolved by reading the key from the leader and comparing the nonce in
+// the value, never by assuming; if the leader cannot be asked in time Route
+// returns ErrAmbiguous. After MaxAttempts lost rounds it returns
+// ErrTooManyConflicts. A malformed stored value is reported
+// (ErrMalformedValue) and left alone.
+//
+// On success the request goes to Result.Target. On Rejected, Route returns
+// the Result (with the unchanged binding) and the error.
+func (t *Table) Route(ctx context.Context, model, session string, sel Selector) (Result, error) {
+	if sel == nil {
+		return Result{}, ErrNilSelector
+	}
+	if t.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	if err := validate(model, session); err != nil {
+		t.st.badInput.Add(1)
+		return Result{}, err
+	}
+	var kbuf [maxKeyLen]byte
+	kb := appendKey(kbuf[:0], model, session)
+	cur, err := t.firstRead(ctx, kb)
+	if err != nil {
+		return Result{}, err
+	}
+	// The hot path: a fresh binding that selection agrees with costs no
+	// write and no allocation.
+	if cur.present && cur.bad == nil && cur.rec.Model == model && cur.rec.Session == session && t.fresh(&cur, time.Now()) {
+		tgt, err := t.selectUnder(ctx, sel, &cur.rec, model, session)
+		if err != nil {
+			return Result{Selections: 1}, err
+		}
+		bound := cur.rec.binding(cur.rev)
+		if bound.Target.Matches(tgt) {
+			t.st.outcome[Fresh].Add(1)
+			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
+		}
+		return t.commit(ctx, model, session, string(kb), sel, cur, &tgt, 1)
+	}
+	return t.commit(ctx, model, session, string(kb), sel, cur, nil, 0)
+}
+
+// commit runs steps 2 and 3 from the state cur; pre is a selection already
+// made under cur's requirement.
+func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *Target, selections int) (Result, error) {
+	var (
+		fl      *flight
+		base    = rand.Uint64() // nonces of this call: base-<write index>
+		writes  int
+		intent  [maxAttemptsLimit]Outcome // what each write meant, if it lands late
+		unknown bool                      // a write of ours went unanswered and was not seen landed
+		preT    Target
+		hasPre  = pre != nil
+		// lostSoft is set when a Soft re-bind lost to a writer that moved
+		// the binding: keep theirs (KeptOther) unless the value turns out
+		// to be ours.
+		lostSoft bool
+		wanted   Target
+	)
+	if hasPre {
+		preT = *pre
+	}
+	defer func() {
+		if fl != nil {
+			t.flights.finish(key, fl)
+		}
+	}()
+	for {
+		if cur.bad != nil {
+			t.st.malformed.Add(1)
+			return Result{Selections: selections}, cur.bad
+		}
+		if cur.present && (cur.rec.Model != model || cur.rec.Session != session) {
+			t.st.malformed.Add(1)
+			return Result{Selections: selections}, &MalformedValueError{Key: key, Revision: cur.rev,
+				Err: fmt.Errorf("value names model %q session %q", cur.rec.Model, cur.rec.Session)}
+		}
+		if unknown && cur.present {
+			if i, ok := nonceIndex(cur.rec.Nonce, base); ok {
+				// A write of ours whose outcome was unknown landed after
+				// all (a later write of ours then lost to it).
+				t.st.ambiguousLanded.Add(1)
+				b := cur.rec.binding(cur.rev)
+				return t.done(intent[i], b.Target, b, selections), nil
+			}
+		}
+		if lostSoft {
+			lostSoft = false
+			if cur.present {
+				theirs := cur.rec.binding(cur.rev)
+				if theirs.Target.Matches(wanted) {
+					// They moved it where we wanted it.
+					return t.done(Fresh, merge(theirs.Target, wanted), theirs, selections), nil
+				}
+				return t.done(KeptOther, wanted, theirs, selections), nil
+			}
+		}
+
+		if !cur.present {
+			// Step 4: one creator per session in this replica.
+			if fl == nil {
+				f, leader := t.flights.join(key)
+				if !leader {
+					t.st.waits.Add(1)
+					select {
+					case <-f.done:
+					case <-ctx.Done():
+						return Result{Selections: selections}, fmt.Errorf("bindings: session %q (model %q): waiting for its binding: %w", session, model, ctx.Err())
+					}
+					st, err := t.readKey(ctx, key)
+					if err != nil {
+						return Result{Selections: selections}, err
+					}
+					cur, hasPre = st, false
+					continue
+				}
+				fl = f
+			}
+			if selections >= t.cfg.MaxAttempts || writes >= t.cfg.MaxAttempts {
+				return t.exhausted(model, session, selections)
+			}
+			selections++
+			tgt, err := t.selectUnder(ctx, sel, nil, model, session)
+			if err != nil {
+				return Result{Selections: selections}, err
+			}
+			now := time.Now()
+			rec := recordFor(model, session, tgt, t.cfg.DefaultMode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
+			intent[writes] = Created
+			st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
+			writes++
+			// The binding (ours or the winner's, from the leader) is in
+			// the cache now: let waiters read it.
+			t.flights.finish(key, fl)
+			fl = nil
+			if err != nil {
+				return Result{Selections: selections}, err
+			}
+			if landed {
+				return t.done(Created, tgt, st.rec.binding(st.rev), selections), nil
+			}
+			unknown = unknown || amb
+			cur, hasPre = st, false
+			continue
+		}
+
+		bound := cur.rec.binding(cur.rev)
+		var tgt Target
+		if hasPre {
+			tgt, hasPre = preT, false
+		} else {
+			if selections >= t.cfg.MaxAttempts {
+				return t.exhausted(model, session, selections)
+			}
+			selections++
+			var err error
+			if tgt, err = t.selectUnder(ctx, sel, &cur.rec, model, session); err != nil {
+				return Result{Selections: selections}, err
+			}
+		}
+		now := time.Now()
+		var rec record
+		var want Outcome
+		switch {
+		case bound.Target.Matches(tgt):
+			if t.fresh(&cur, now) {
+				return t.done(Fresh, merge(bound.Target, tgt), bound, selections), nil
+			}
+			rec = cur.rec
+			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.cfg.IdleTTL/time.Second)
+			want, tgt = Renewed, merge(bound.Target, tgt)
+		case bound.Mode == Hard && t.live(bound.Worker):
+			t.st.outcome[Rejected].Add(1)
+			return Result{Outcome: Rejected, Binding: bound, Selections: selections},
+				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}
+		default: // Soft, or Hard whose worker departed
+			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, "")
+			want = Rebound
+		}
+		if writes >= t.cfg.MaxAttempts {
+			return t.exhausted(model, session, selections)
+		}
+		rec.Nonce = makeNonce(base, writes)
+		intent[writes] = want
+		st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
+		writes++
+		if err != nil {
+			return Result{Selections: selections}, err
+		}
+		if landed {
+			return t.done(want, tgt, st.rec.binding(st.rev), selections), nil
+		}
+		unknown = unknown || amb
+		if sameRequirement(&st, &cur) {
+			// Only renewed (or our write did not land): the requirement is
+			// unchanged, so the selection stands; re-decide on the new
+			// revision without selecting again.
+			preT, hasPre = tgt, true
+		} else if want == Rebound && bound.Mode == Soft {
+			lostSoft, wanted = true, tgt
+		}
+		cur = st
+	}
+}
+
+// tryWrite makes one conditional write of rec over revision expect. landed
+// reports that it is stored (st is then the new state, also written through
+// to the cache). Otherwise st is the key's state read from the leader after
+// the conflict or the unanswered write (ambiguous is then true).
+func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect uint64, now time.Time) (st readState, landed, ambiguous bool, err error) {
+	val, err := encodeRecord(rec)
+	if err != nil {
+		return readState{}, false, false, fmt.Errorf("bindings: encode value of key %q: %w", key, err)
+	}
+	rev, err := t.casWrite(ctx, key, val, expect, t.cfg.IdleTTL)
+	if err == nil {
+		st = readState{present: true, rev: rev, rec: *rec, storedAt: now, ttl: rec.ttl()}
+		t.cache.put(key, &st)
+		return st, true, false, nil
+	}
+	if errors.Is(err, ErrConflict) {
+		t.st.conflicts.Add(1)
+		st, err = t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+		return st, false, false, err
+	}
+	if !isAmbiguous(err) {
+		return readState{}, false, false, fmt.Errorf("bindings: write key %q: %w", key, err)
+	}
+	// Unknown outcome: ask the leader, even if the caller has given up, so
+	// that the cache and the counters tell the truth.
+	t.st.ambiguous.Add(1)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.ResolveTimeout)
+	st, rerr := t.leaderRead(rctx, key, t.cfg.ResolveTimeout)
+	cancel()
+	if rerr != nil {
+		t.st.unresolved.Add(1)
+		return readState{}, false, true, fmt.Errorf("%w: key %q: write: %v; leader read: %w", ErrAmbiguous, key, err, rerr)
+	}
+	if st.present && st.bad == nil && st.rec.Nonce == rec.Nonce {
+		t.st.ambiguousLanded.Add(1)
+		return st, true, true, nil
+	}
+	return st, false, true, nil
+}
+
+// readKey reads key after waiting for a concurrent creator: the cache holds
+// the creator's result (or the winner's binding it read from the leader).
+func (t *Table) readKey(ctx context.Context, key string) (readState, error) {
+	if !t.strict() {
+		st, ok := t.cache.getString(key)
+		if ok && st.present && st.live(time.Now()) {
+			return st, nil
+		}
+	}
+	return t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+}
+
+// selectUnder calls the selector with the requirement of rec (nil: unbound).
+func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, model, session string) (Target, error) {
+	var req *Requirement
+	if rec != nil {
+		req = t.reqPool.Get().(*Requirement)
+		req.Target = Target{Worker: rec.Worker}
+		if rec.Rank != nil {
+			req.Target.Rank, req.Target.HasRank = *rec.Rank, true
+		}
+		req.Mode = rec.Mode
+	}
+	tgt, err := sel(ctx, req)
+	if req != nil {
+		*req = Requirement{}
+		t.reqPool.Put(req)
+	}
+	if err != nil {
+		t.st.selectErrors.Add(1)
+		return Target{}, fmt.Errorf("%w: session %q (model %q): %w", ErrSelect, session, model, err)
+	}
+	if tgt.Worker == "" {
+		t.st.selectErrors.Add(1)
+		return Target{}, fmt.Errorf("%w: session %q (model %q): selector returned no worker", ErrSelect, session, model)
+	}
+	return tgt, nil
+}
+
+func (t *Table) done(o Outcome, tgt Target, b Binding, selections int) Result {
+	t.st.outcome[o].Add(1)
+	return Result{Outcome: o, Target: tgt, Binding: b, Selections: selections}
+}
+
+func (t *Table) exhausted(model, session string, selections int) (Result, error) {
+	t.st.exhausted.Add(1)
+	return Result{Selections: selections}, fmt.Errorf("%w: session %q (model %q) after %d attempts: %w",
+		ErrTooManyConflicts, session, model, t.cfg.MaxAttempts, ErrConflict)
+}
+
+// fresh reports whether less than half of the entry's TTL has passed.
+func (t *Table) fresh(st *readState, now time.Time) bool {
+	ttl := st.ttl
+	if ttl <= 0 {
+		ttl = t.cfg.IdleTTL
+	}
+	return now.Sub(st.storedAt) <= ttl/2
+}
+
+// merge is where a request matching its binding goes: the bound rank if the
+// binding has one, else the selected one.
+func merge(bound, selected Target) Target {
+	if bound.HasRank {
+		return bound
+	}
+	return selected
+}
+
+// sameRequirement reports whether two states ask selection the same thing
+// (both valid bindings with equal target and mode).
+func sameRequirement(a, b *readState) bool {
+	if !a.present || !b.present || a.bad != nil || b.bad != nil {
+		return false
+	}
+	ra, rb := &a.rec, &b.rec
+	if ra.Worker != rb.Worker || ra.Mode != rb.Mode || (ra.Rank == nil) != (rb.Rank == nil) {
+		return false
+	}
+	return ra.Rank == nil || *ra.Rank == *rb.Rank
+}
+
+// nonceIndex returns the write index of a nonce made by makeNonce(base, i).
+func nonceIndex(nonce string, base uint64) (int, bool) {
+	prefix := strconv.FormatUint(base, 16) + "-"
+	if !strings.HasPrefix(nonce, prefix) {
+		return 0, false
+	}
+	i, err := strconv.Atoi(nonce[len(prefix):])
+	if err != nil || i < 0 || i >= maxAttemptsLimit {
+		return 0, false
+	}
+	return i, true
+}

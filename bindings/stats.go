@@ -1,0 +1,96 @@
+package bindings
+
+import "sync/atomic"
+
+// Stats are the table's counters since Open, for the host to export as
+// metrics. Outcomes are counted per Route call.
+type Stats struct {
+	Created, Renewed, Fresh, Rebound, Rejected, KeptOther uint64
+
+	// Writes is every conditional write sent (create, renew, re-bind, end).
+	Writes uint64
+	// Conflicts is writes that lost (codes 10071/10164).
+	Conflicts uint64
+	// Ambiguous is writes that got no answer; each was resolved by a leader
+	// read. AmbiguousLanded counts those that turned out to have landed;
+	// Unresolved those the leader could not be asked about in time.
+	Ambiguous, AmbiguousLanded, Unresolved uint64
+	// Exhausted is Route/End calls that gave up after MaxAttempts.
+	Exhausted uint64
+	// Waits is first requests that waited for a concurrent creator of the
+	// same session in this replica.
+	Waits uint64
+	// BadInput is rejected session ids and model names; Malformed is reads
+	// that found an unusable stored value; SelectErrors is selector errors.
+	BadInput, Malformed, SelectErrors uint64
+	// LeaderReads is STREAM.MSG.GET requests; ReadRetries those repeated
+	// because nobody answered (leader change).
+	LeaderReads, ReadRetries uint64
+	// Ended is bindings removed by End.
+	Ended uint64
+
+	CacheHits, CacheMisses, CacheEvictions uint64
+	CacheEntries                           int
+	// CacheComplete is false once the cache evicted an entry or lost its
+	// watch: misses are then confirmed on the leader.
+	CacheComplete bool
+}
+
+// Outcome returns the counter of one outcome.
+func (s Stats) Outcome(o Outcome) uint64 {
+	switch o {
+	case Created:
+		return s.Created
+	case Renewed:
+		return s.Renewed
+	case Fresh:
+		return s.Fresh
+	case Rebound:
+		return s.Rebound
+	case Rejected:
+		return s.Rejected
+	case KeptOther:
+		return s.KeptOther
+	}
+	return 0
+}
+
+type counters struct {
+	outcome                                  [numOutcomes]atomic.Uint64
+	writes, conflicts                        atomic.Uint64
+	ambiguous, ambiguousLanded, unresolved   atomic.Uint64
+	exhausted, waits                         atomic.Uint64
+	badInput, malformed, selectErrors, ended atomic.Uint64
+	leaderReads, readRetries                 atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (t *Table) Stats() Stats {
+	c := &t.st
+	return Stats{
+		Created:         c.outcome[Created].Load(),
+		Renewed:         c.outcome[Renewed].Load(),
+		Fresh:           c.outcome[Fresh].Load(),
+		Rebound:         c.outcome[Rebound].Load(),
+		Rejected:        c.outcome[Rejected].Load(),
+		KeptOther:       c.outcome[KeptOther].Load(),
+		Writes:          c.writes.Load(),
+		Conflicts:       c.conflicts.Load(),
+		Ambiguous:       c.ambiguous.Load(),
+		AmbiguousLanded: c.ambiguousLanded.Load(),
+		Unresolved:      c.unresolved.Load(),
+		Exhausted:       c.exhausted.Load(),
+		Waits:           c.waits.Load(),
+		BadInput:        c.badInput.Load(),
+		Malformed:       c.malformed.Load(),
+		SelectErrors:    c.selectErrors.Load(),
+		LeaderReads:     c.leaderReads.Load(),
+		ReadRetries:     c.readRetries.Load(),
+		Ended:           c.ended.Load(),
+		CacheHits:       t.cache.hits.Load(),
+		CacheMisses:     t.cache.misses.Load(),
+		CacheEvictions:  t.cache.evictions.Load(),
+		CacheEntries:    t.cache.len(),
+		CacheComplete:   !t.cache.incomplete.Load() && !t.strict(),
+	}
+}
