@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -504,5 +505,76 @@ func TestMembershipStop(t *testing.T) {
 	cancel()
 	if _, err := WatchMembership(ctx, js, cfg, Callbacks{}); err == nil {
 		t.Fatal("WatchMembership with a cancelled context succeeded")
+	}
+}
+
+// flakyJS fails raw publishes while down is set, as a network outage or a
+// paused process would.
+type flakyJS struct {
+	jetstream.JetStream
+	down atomic.Bool
+}
+
+func (f *flakyJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if f.down.Load() {
+		return nil, fmt.Errorf("injected outage: %w", nats.ErrTimeout)
+	}
+	return f.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// Heartbeat failures are retried without giving up: a short outage (less
+// than the TTL) costs nothing; a long one lets the key expire, and the
+// heartbeat re-creates it when the outage ends.
+func TestHeartbeatSurvivesOutages(t *testing.T) {
+	t.Parallel()
+	_, js := setup(t)
+	cfg := testCfg()
+	m, rec := watch(t, js, cfg)
+	fj := &flakyJS{JetStream: js}
+	reg := register(t, fj, cfg, validInfo("w1"))
+	rec.wait(t, "join", "w1", 2*time.Second)
+
+	fj.down.Store(true)
+	time.Sleep(testTTL / 2)
+	fj.down.Store(false)
+	rec.none(t, "depart", "w1", testTTL)
+	if st := reg.Stats(); st.Failures == 0 || st.Recreated != 0 {
+		t.Fatalf("short outage: stats %+v", st)
+	}
+
+	fj.down.Store(true)
+	rec.wait(t, "depart", "w1", testTTL+slack)
+	if m.Live("w1") {
+		t.Fatal("live during a long outage")
+	}
+	fj.down.Store(false)
+	rec.wait(t, "join", "w1", testHeartbeat+slack)
+	eventually(t, time.Second, func() bool { return reg.Stats().Recreated == 1 },
+		func() string { return fmt.Sprintf("stats %+v", reg.Stats()) })
+	if reg.Err() != nil {
+		t.Fatalf("Err = %v", reg.Err())
+	}
+}
+
+// When a write succeeded but its acknowledgement was lost, the next
+// heartbeat conflicts, finds its own epoch in the key, adopts that revision
+// and carries on.
+func TestHeartbeatAdoptsOwnLostWrite(t *testing.T) {
+	_, js := setup(t)
+	cfg := testCfg()
+	_, rec := watch(t, js, cfg)
+	reg := register(t, js, cfg, validInfo("w1"))
+	rec.wait(t, "join", "w1", 2*time.Second)
+
+	val, _ := EncodeInfo(reg.Info())
+	// The "lost" write: same value, CAS on the registration's revision.
+	if _, err := js.PublishMsg(ctxT(t), &nats.Msg{Subject: "$KV." + DefaultBucket + "." + reg.Key(), Data: val},
+		jetstream.WithExpectLastSequencePerSubject(reg.Revision()), jetstream.WithMsgTTL(testTTL)); err != nil {
+		t.Fatal(err)
+	}
+	rec.none(t, "depart", "w1", 2*testTTL)
+	st := reg.Stats()
+	if st.Conflicts == 0 || st.Recreated != 0 || reg.Err() != nil {
+		t.Fatalf("stats %+v, err %v", st, reg.Err())
 	}
 }
