@@ -29,7 +29,10 @@ type Callbacks struct {
 	//
 	// A re-incarnation (same id, new epoch) is reported as OnDepart(old)
 	// followed by OnJoin(new), so a consumer that drops a worker's index
-	// entries on depart needs no special case.
+	// entries on depart needs no special case. During that OnDepart the
+	// view already holds the new incarnation: Get(id) returns an Info with
+	// another Epoch, which tells a restart from a real departure (where
+	// Live(id) is false).
 	OnDepart func(Info)
 }
 

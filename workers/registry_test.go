@@ -578,3 +578,64 @@ func TestHeartbeatAdoptsOwnLostWrite(t *testing.T) {
 		t.Fatalf("stats %+v, err %v", st, reg.Err())
 	}
 }
+
+// A new epoch written over a known key is a restart: OnDepart(old) then
+// OnJoin(new), and during that OnDepart the view already answers with the
+// new incarnation (the router uses this to tell a restart from a real
+// departure).
+func TestRestartCallbackOrder(t *testing.T) {
+	_, js := setup(t)
+	cfg := testCfg()
+	kv, err := EnsureBucket(ctxT(t), js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *Membership
+	ready := make(chan struct{})
+	var mu sync.Mutex
+	var log []string
+	cb := Callbacks{
+		OnJoin: func(i Info) {
+			mu.Lock()
+			defer mu.Unlock()
+			log = append(log, fmt.Sprintf("join %d", i.Epoch))
+		},
+		OnDepart: func(i Info) {
+			<-ready
+			cur, live := m.Get(i.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			log = append(log, fmt.Sprintf("depart %d (view: live=%v epoch=%d)", i.Epoch, live, cur.Epoch))
+		},
+	}
+	m, err = WatchMembership(ctxT(t), js, cfg, cb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(ready)
+	defer m.Stop()
+	for _, ep := range []uint64{1, 2} {
+		in := validInfo("w1")
+		in.Epoch = ep
+		val, _ := EncodeInfo(in)
+		if _, err := kv.Put(ctxT(t), KeyFor("w1"), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Delete(ctxT(t), KeyFor("w1")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"join 1", "depart 1 (view: live=true epoch=2)", "join 2", "depart 2 (view: live=false epoch=0)"}
+	eventually(t, 2*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(log) == len(want)
+	}, func() string { return fmt.Sprint(log) })
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range want {
+		if log[i] != want[i] {
+			t.Fatalf("callbacks %q, want %q", log, want)
+		}
+	}
+}
