@@ -1,0 +1,504 @@
+package scheduler
+
+import (
+	"math"
+)
+
+// Seeded is implemented by policies whose configuration carries a seed for
+// reproducible picks; the scheduler seeds its random source from it unless
+// Config has a seed.
+type Seeded interface {
+	Seed() (uint64, bool)
+}
+
+// CostParams are the default cost function's weights:
+//
+//	cost = PrefillLoadScale · max(0, (active_prefill_tokens + ISL)/block_size − OverlapCredit · overlap_blocks)
+//	     + potential_decode_blocks + DecodeActiveRequestWeight · active_requests
+//
+// where potential_decode_blocks counts prompt blocks already active on the
+// worker once.
+type CostParams struct {
+	PrefillLoadScale          float64 `yaml:"prefill_load_scale"`
+	OverlapCredit             float64 `yaml:"overlap_credit"`
+	DecodeActiveRequestWeight float64 `yaml:"decode_active_request_weight"`
+}
+
+// DefaultCostParams: scale 1, credit 1, request weight 0 (Dynamo's defaults).
+func DefaultCostParams() CostParams {
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1}
+}
+
+// DefaultPolicy is the builtin default: the cost function above, then a
+// picker that takes the minimum with a uniform random tie-break at
+// temperature 0 and samples softmax(−normalised cost / T) above it. It keeps
+// a Soft target while the target is a candidate (ranked and worker-only
+// targets; with or without sampling, the choice is limited to the target's
+// rows). Scorer and picker are fused into one pass over the candidates.
+type DefaultPolicy struct {
+	Cost        CostParams
+	Temperature float64
+	SeedValue   uint64
+	HasSeed     bool
+}
+
+// NewDefaultPolicy returns the default policy at temperature t.
+func NewDefaultPolicy(t float64) *DefaultPolicy {
+	return &DefaultPolicy{Cost: DefaultCostParams(), Temperature: t}
+}
+
+// Name implements Policy.
+func (p *DefaultPolicy) Name() string { return "default" }
+
+// Seed implements Seeded.
+func (p *DefaultPolicy) Seed() (uint64, bool) { return p.SeedValue, p.HasSeed }
+
+// Select implements Policy.
+func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	only := c.anyAffinityTarget()
+	if p.Temperature <= 0 {
+		return pickMinCost(x, c, &p.Cost, only), nil
+	}
+	cost := x.costs(c.Len())
+	scoreDefault(x, c, &p.Cost, cost)
+	return pickSoftmax(x, c, cost, p.Temperature, only), nil
+}
+
+// anyAffinityTarget reports whether the Soft target is among the candidates.
+func (c *Candidates) anyAffinityTarget() bool {
+	if !c.hasAff {
+		return false
+	}
+	for _, s := range c.slots {
+		if c.aff.matches(c.f, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// pickMinCost is the fused default scorer + temperature-0 picker.
+func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
+	f := c.f
+	inv := 1 / float64(x.BlockSize)
+	isl := float64(x.PromptTokens)
+	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
+	newBlks := c.newBlks
+	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
+	ov := c.overlap[:len(c.slots)]
+	best, bi, ties := math.Inf(1), 0, 0
+	for i, s := range c.slots {
+		if only && !c.aff.matches(f, s) {
+			continue
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*float64(ov[i])
+		if pre < 0 {
+			pre = 0
+		}
+		cost := scale*pre + float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+		if cost < best {
+			best, bi, ties = cost, i, 1
+		} else if cost == best {
+			// reservoir sampling: each of k tied rows is kept with p = 1/k
+			ties++
+			if x.rng.intn(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}
+
+func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
+	f := c.f
+	inv := 1 / float64(x.BlockSize)
+	isl := float64(x.PromptTokens)
+	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
+	newBlks := c.newBlks
+	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
+	ov := c.overlap[:len(c.slots)]
+	cost = cost[:len(c.slots)]
+	for i, s := range c.slots {
+		pre := (float64(prefill[s])+isl)*inv - credit*float64(ov[i])
+		if pre < 0 {
+			pre = 0
+		}
+		cost[i] = scale*pre + float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+	}
+}
+
+// pickMin takes the lowest cost with a uniform random tie-break; with only,
+// among the Soft target's rows.
+func pickMin(x *Context, c *Candidates, cost []float64, only bool) int {
+	best, bi, ties := math.Inf(1), 0, 0
+	for i, v := range cost[:len(c.slots)] {
+		if only && !c.aff.matches(c.f, c.slots[i]) {
+			continue
+		}
+		if v < best {
+			best, bi, ties = v, i, 1
+		} else if v == best {
+			ties++
+			if x.rng.intn(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}
+
+// pickSoftmax samples p ∝ exp(−(c−min)/((max−min)·T)); all-equal costs give
+// a uniform choice. With only, rows outside the Soft target get p = 0.
+func pickSoftmax(x *Context, c *Candidates, cost []float64, t float64, only bool) int {
+	n := len(c.slots)
+	cost = cost[:n]
+	lo, hi := math.Inf(1), math.Inf(-1)
+	m := 0
+	for i, v := range cost {
+		if only && !c.aff.matches(c.f, c.slots[i]) {
+			cost[i] = math.NaN()
+			continue
+		}
+		m++
+		lo = min(lo, v)
+		hi = max(hi, v)
+	}
+	if hi <= lo { // one row or all equal: uniform over the included rows
+		k := x.rng.intn(m)
+		for i, v := range cost {
+			if v == v { // not NaN
+				if k == 0 {
+					return i
+				}
+				k--
+			}
+		}
+		return 0
+	}
+	scale := -1 / ((hi - lo) * t)
+	sum := 0.0
+	for i, v := range cost {
+		if v != v {
+			cost[i] = 0
+			continue
+		}
+		e := math.Exp((v - lo) * scale)
+		cost[i] = e
+		sum += e
+	}
+	u := x.rng.float64() * sum
+	last := 0
+	for i, e := range cost {
+		if e == 0 {
+			continue
+		}
+		last = i
+		u -= e
+		if u < 0 {
+			return i
+		}
+	}
+	return last // rounding: u landed on the total
+}
+
+// DefaultCost is the default cost function as a pipeline Scorer.
+type DefaultCost struct{ Params CostParams }
+
+// Score implements Scorer.
+func (s DefaultCost) Score(x *Context, c *Candidates, cost []float64) {
+	scoreDefault(x, c, &s.Params, cost)
+}
+
+// MinPicker takes the lowest cost, ties broken uniformly at random. With
+// RespectSoftAffinity it keeps the Soft target while it is a candidate.
+type MinPicker struct{ RespectSoftAffinity bool }
+
+// Pick implements Picker.
+func (p MinPicker) Pick(x *Context, c *Candidates, cost []float64) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	return pickMin(x, c, cost, p.RespectSoftAffinity && c.anyAffinityTarget()), nil
+}
+
+// SoftmaxPicker samples by softmax over range-normalised costs at
+// Temperature (<= 0 behaves as MinPicker).
+type SoftmaxPicker struct {
+	Temperature         float64
+	RespectSoftAffinity bool
+}
+
+// Pick implements Picker.
+func (p SoftmaxPicker) Pick(x *Context, c *Candidates, cost []float64) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	only := p.RespectSoftAffinity && c.anyAffinityTarget()
+	if p.Temperature <= 0 {
+		return pickMin(x, c, cost, only), nil
+	}
+	return pickSoftmax(x, c, cost, p.Temperature, only), nil
+}
+
+// RandomPicker ignores the costs and picks uniformly.
+type RandomPicker struct{}
+
+// Pick implements Picker.
+func (RandomPicker) Pick(x *Context, c *Candidates, _ []float64) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	return x.IntN(c.Len()), nil
+}
+
+// Scorers usable in pipelines.
+type (
+	// ActiveRequestsScorer: cost = active requests.
+	ActiveRequestsScorer struct{}
+	// PrefillTokensScorer: cost = (active prefill tokens + uncached ISL) / block size.
+	PrefillTokensScorer struct{}
+	// DecodeBlocksScorer: cost = potential decode blocks.
+	DecodeBlocksScorer struct{}
+	// OverlapScorer: cost = −overlap blocks (more cache is better).
+	OverlapScorer struct{}
+	// KVUsageScorer: cost = potential decode blocks / KV blocks (0 when unknown).
+	KVUsageScorer struct{}
+)
+
+func (ActiveRequestsScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i := range c.slots {
+		cost[i] = float64(c.ActiveRequests(i))
+	}
+}
+
+func (PrefillTokensScorer) Score(x *Context, c *Candidates, cost []float64) {
+	inv := 1 / float64(x.BlockSize)
+	for i := range c.slots {
+		v := (float64(c.ActivePrefillTokens(i)+x.PromptTokens))*inv - float64(c.OverlapBlocks(i))
+		cost[i] = max(0, v)
+	}
+}
+
+func (DecodeBlocksScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i := range c.slots {
+		cost[i] = float64(c.PotentialDecodeBlocks(i))
+	}
+}
+
+func (OverlapScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i := range c.slots {
+		cost[i] = -float64(c.OverlapBlocks(i))
+	}
+}
+
+func (KVUsageScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i := range c.slots {
+		if kv := c.KVBlocks(i); kv > 0 {
+			cost[i] = float64(c.PotentialDecodeBlocks(i)) / float64(kv)
+		} else {
+			cost[i] = 0
+		}
+	}
+}
+
+// SoftAffinityFilter keeps only the Soft target's rows when the target is a
+// candidate, and everything otherwise (it never empties the set).
+type SoftAffinityFilter struct{}
+
+// Filter implements Filter.
+func (SoftAffinityFilter) Filter(_ *Context, c *Candidates, keep []bool) {
+	if !c.anyAffinityTarget() {
+		return
+	}
+	for i, s := range c.slots {
+		keep[i] = c.aff.matches(c.f, s)
+	}
+}
+
+// NotBusyFilter drops candidates over a queue threshold unless all are.
+type NotBusyFilter struct{}
+
+// Filter implements Filter.
+func (NotBusyFilter) Filter(_ *Context, c *Candidates, keep []bool) {
+	any := false
+	for i := range c.slots {
+		if !c.Busy(i) {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return
+	}
+	for i := range c.slots {
+		keep[i] = !c.Busy(i)
+	}
+}
+
+// softAffinity wraps a policy so that a Soft target that is a candidate is
+// the only candidate the inner policy sees (the respect_soft_affinity option
+// of the load-balancing builtins).
+type softAffinity struct{ inner Policy }
+
+func (p softAffinity) Name() string { return p.inner.Name() }
+
+func (p softAffinity) Select(x *Context, c *Candidates) (int, error) {
+	if c.anyAffinityTarget() {
+		keep := x.bools(c.Len())
+		for i, s := range c.slots {
+			keep[i] = c.aff.matches(c.f, s)
+		}
+		c.Retain(keep)
+	}
+	return p.inner.Select(x, c)
+}
+
+// RoundRobin cycles through the candidates by the scheduler's selection
+// counter (pure: the counter is in the context).
+type RoundRobin struct{}
+
+func (RoundRobin) Name() string { return "round-robin" }
+
+func (RoundRobin) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	return int(x.Seq % uint64(c.Len())), nil
+}
+
+// Random picks uniformly.
+type Random struct{}
+
+func (Random) Name() string { return "random" }
+
+func (Random) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	return x.IntN(c.Len()), nil
+}
+
+// lighter orders two candidates by active requests, then booked prefill
+// tokens: -1 when i is less loaded, 1 when j is, 0 when equal.
+func lighter(c *Candidates, i, j int) int {
+	si, sj := c.slots[i], c.slots[j]
+	switch {
+	case c.f.active[si] < c.f.active[sj]:
+		return -1
+	case c.f.active[si] > c.f.active[sj]:
+		return 1
+	case c.f.prefill[si] < c.f.prefill[sj]:
+		return -1
+	case c.f.prefill[si] > c.f.prefill[sj]:
+		return 1
+	}
+	return 0
+}
+
+// leastLoaded returns the least-loaded candidate among those accepted by in
+// (nil = all), ties broken uniformly at random; -1 when none.
+func leastLoaded(x *Context, c *Candidates, in func(i int) bool) int {
+	bi, ties := -1, 0
+	for i := range c.slots {
+		if in != nil && !in(i) {
+			continue
+		}
+		if bi < 0 {
+			bi, ties = i, 1
+			continue
+		}
+		switch lighter(c, i, bi) {
+		case -1:
+			bi, ties = i, 1
+		case 0:
+			ties++
+			if x.rng.intn(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}
+
+// LeastLoaded picks the candidate with the fewest active requests (then the
+// least booked prefill), ties at random.
+type LeastLoaded struct{}
+
+func (LeastLoaded) Name() string { return "least-loaded" }
+
+func (LeastLoaded) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	return leastLoaded(x, c, nil), nil
+}
+
+// PowerOfTwo samples two distinct candidates and keeps the lighter.
+type PowerOfTwo struct{}
+
+func (PowerOfTwo) Name() string { return "power-of-two" }
+
+func (PowerOfTwo) Select(x *Context, c *Candidates) (int, error) {
+	n := c.Len()
+	switch n {
+	case 0:
+		return 0, ErrNoCandidate
+	case 1:
+		return 0, nil
+	}
+	a := x.IntN(n)
+	b := x.IntN(n - 1)
+	if b >= a {
+		b++
+	}
+	if lighter(c, b, a) < 0 {
+		return b, nil
+	}
+	return a, nil
+}
+
+// TwoTier is SGLang's cache-aware decision as a policy: (1) when the load
+// spread is large — max − min active requests > BalanceAbs and max >
+// BalanceRel × min — take the least-loaded worker; (2) otherwise, when the
+// best overlap ratio (overlap blocks / prompt blocks) is > CacheThreshold,
+// the least-loaded worker among those with that best overlap; (3) otherwise
+// the least-loaded worker. With RespectSoftAffinity a Soft target that is a
+// candidate is kept unless tier 1 fires.
+type TwoTier struct {
+	CacheThreshold      float64 `yaml:"cache_threshold"`
+	BalanceAbs          float64 `yaml:"balance_abs_threshold"`
+	BalanceRel          float64 `yaml:"balance_rel_threshold"`
+	RespectSoftAffinity bool    `yaml:"respect_soft_affinity"`
+}
+
+// NewTwoTier returns the policy with SGLang's library defaults 0.5, 32, 1.1.
+func NewTwoTier() *TwoTier { return &TwoTier{CacheThreshold: 0.5, BalanceAbs: 32, BalanceRel: 1.1} }
+
+func (*TwoTier) Name() string { return "two-tier" }
+
+func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
+	n := c.Len()
+	if n == 0 {
+		return 0, ErrNoCandidate
+	}
+	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
+	bestOv := int32(0)
+	for i, s := range c.slots {
+		a := c.f.active[s]
+		lo, hi = min(lo, a), max(hi, a)
+		bestOv = max(bestOv, c.overlap[i])
+	}
+	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
+		return leastLoaded(x, c, nil), nil
+	}
+	if p.RespectSoftAffinity && c.anyAffinityTarget() {
+		return leastLoaded(x, c, func(i int) bool { return c.aff.matches(c.f, c.slots[i]) }), nil
+	}
+	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
+		return leastLoaded(x, c, func(i int) bool { return c.overlap[i] == bestOv }), nil
+	}
+	return leastLoaded(x, c, nil), nil
+}

@@ -1,0 +1,51 @@
+// Package scheduler decides, for one router replica, when a request is
+// admitted, which workers may take it, which one does, and books the
+// request's predicted load there.
+//
+// # What it owns
+//
+//   - The admission actor: one goroutine per Scheduler (Start) serialises
+//     admit, select and book, so two selections never both see a worker's
+//     spare capacity (a replica never oversubscribes its own view).
+//   - The queue: strict priority tiers; FCFS or WSPT (shortest uncached work
+//     first) inside a tier; per-class limits (ErrOverloaded, HTTP 529);
+//     deadlines (ErrDeadline); pinned lanes; drained on prefill-done, free,
+//     load reports and membership changes; long waiters get their overlaps
+//     refreshed (Config.Refresh) before selection.
+//   - Eligibility: a worker is a candidate when known, inside the request's
+//     allowed set, available (registered, not draining) and not overloaded
+//     (Thresholds, adjustable at run time with SetThresholds). A request
+//     waits in the router only when every worker it may use is busy (the
+//     queue thresholds).
+//   - The pin rule: applyPinRule in pinrule.go. It is the one place where an
+//     explicit pin, a Hard or Soft affinity requirement and a classifier's
+//     suggestion limit admission and selection; selectWorker (same file)
+//     executes its plan. No policy handles Hard itself.
+//   - Policies (policy.go, builtin.go, registry.go): the Policy interface,
+//     the llm-d style Pipeline of Filters, weighted Scorers and a Picker,
+//     the builtins (default cost, round-robin, random, least-loaded,
+//     power-of-two, two-tier cache-or-balance) and a Registry that builds
+//     them by name from YAML. Policies are pure; only the queue books.
+//   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
+//     blocks shared with other active requests on a worker counted once,
+//     via per-hash refcounts) and active requests; PrefillDone, Free and
+//     Rollback fenced by (request id, worker, attempt); a guard that expires
+//     bookings whose request vanished; remote bookings from other replicas
+//     (OnBookingChange / ApplyRemote) and worker load reports (ObserveLoad)
+//     folded into one struct-of-arrays load view (fleet.go).
+//
+// # What it does not own
+//
+// No NATS, no bindings, no index: the host moves BookingEvents between
+// replicas, reads and commits session bindings (mapping a binding's mode to
+// Strength), asks the index for overlaps and passes them in Request.Overlaps
+// (this package's own Overlap type), feeds membership (UpsertWorker,
+// RemoveWorker) and load reports, and calls PrefillDone/Free/Rollback over a
+// request's life.
+//
+// # Where to start reading
+//
+// pinrule.go (applyPinRule, then selectWorker), then queue.go (submit, pump,
+// admit), then builtin.go (DefaultPolicy), then booking.go. The wire form of
+// BookingEvent and the policy YAML are in docs/parts/protocol-scheduler.md.
+package scheduler

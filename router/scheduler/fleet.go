@@ -1,0 +1,346 @@
+package scheduler
+
+import (
+	"cmp"
+	"slices"
+	"time"
+	"unsafe"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// slot flags. A slot is one (worker, rank).
+const (
+	fLive       uint8 = 1 << iota // slot holds a registered (worker, rank)
+	fAvail                        // registered and not draining
+	fOverloaded                   // over an overload threshold: not a candidate
+	fBusy                         // over a queue threshold (or overloaded)
+)
+
+// eligibleMask/eligibleWant: a slot is a candidate when live, available and
+// not overloaded (the allowed set is checked separately).
+const (
+	eligibleMask = fLive | fAvail | fOverloaded
+	eligibleWant = fLive | fAvail
+	freeMask     = fLive | fAvail | fBusy
+)
+
+// worker groups the ranks of one worker name.
+type worker struct {
+	name  string
+	slots []int32 // one per registered rank, sorted by rank
+}
+
+// fleet is the per-(worker, rank) state, struct-of-arrays indexed by slot,
+// so that a selection over thousands of workers walks dense arrays.
+// Effective load = local + remote bookings + correction from load reports;
+// the effective arrays are what selection reads.
+type fleet struct {
+	key        []kvevents.WorkerKey
+	wid        []int32 // index into workers
+	flags      []uint8
+	kvBlocks   []int64
+	maxBatched []int64
+	maxSeqs    []int32
+
+	// effective load, read by selection
+	prefill []int64
+	decode  []int64
+	active  []int32
+
+	// load booked by this replica (l) and learned from other replicas (r)
+	lPrefill []int64
+	lDecode  []int64
+	lActive  []int32
+	rPrefill []int64
+	rDecode  []int64
+	rActive  []int32
+
+	// corrections from load reports (>= −remote) and when they were made
+	xPrefill []int64
+	xDecode  []int64
+	xActive  []int32
+	xAt      []time.Time
+	lastRep  []time.Time
+
+	freeSlots []int32
+	order     []int32 // live slots sorted by (worker, rank): deterministic candidate order
+
+	workers   []worker
+	freeWIDs  []int32
+	byName    map[string]int32
+	nonBusy   int    // live, available, not busy slots
+	gen       uint32 // bumped on membership change (invalidates the resolve cache)
+	cache     []resolveEntry
+	cacheBits uint
+}
+
+type resolveEntry struct {
+	name string // kept so its memory cannot be reused while cached
+	rank uint32
+	gen  uint32
+	slot int32
+}
+
+func newFleet() *fleet {
+	f := &fleet{byName: make(map[string]int32)}
+	f.resizeCache(64)
+	return f
+}
+
+func (f *fleet) resizeCache(n int) {
+	bits := uint(6)
+	for (1 << bits) < 2*n {
+		bits++
+	}
+	if bits == f.cacheBits {
+		return
+	}
+	f.cacheBits = bits
+	f.cache = make([]resolveEntry, 1<<bits)
+}
+
+// slotOf returns the slot of k, or -1. The fast path is a direct-mapped
+// cache keyed by the address of the worker-name bytes: the index hands out
+// keys whose strings it stores once, so the same address comes back on every
+// lookup and the map (string hashing) is skipped. The cache entry keeps the
+// string alive, so an equal address and length mean the same bytes.
+func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
+	if len(k.Worker) == 0 {
+		return -1
+	}
+	p := uintptr(unsafe.Pointer(unsafe.StringData(k.Worker)))
+	h := ((uint64(p) ^ uint64(k.Rank)<<48) * 0x9E3779B97F4A7C15) >> (64 - f.cacheBits)
+	e := &f.cache[h]
+	if e.gen == f.gen && e.rank == k.Rank && len(e.name) == len(k.Worker) &&
+		unsafe.StringData(e.name) == unsafe.StringData(k.Worker) {
+		return e.slot
+	}
+	s := f.lookup(k.Worker, k.Rank)
+	*e = resolveEntry{name: k.Worker, rank: k.Rank, gen: f.gen, slot: s}
+	return s
+}
+
+func (f *fleet) lookup(name string, rank uint32) int32 {
+	w, ok := f.byName[name]
+	if !ok {
+		return -1
+	}
+	for _, s := range f.workers[w].slots {
+		if f.key[s].Rank == rank {
+			return s
+		}
+	}
+	return -1
+}
+
+func (f *fleet) widOf(name string) int32 {
+	w, ok := f.byName[name]
+	if !ok {
+		return -1
+	}
+	return w
+}
+
+// upsert registers or updates a (worker, rank); it reports whether the
+// membership changed (new slot).
+func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool) {
+	s := f.lookup(info.Key.Worker, info.Key.Rank)
+	if s >= 0 && f.free(s) {
+		f.nonBusy-- // refresh below counts it again if it stays free
+	}
+	if s < 0 {
+		added = true
+		if n := len(f.freeSlots); n > 0 {
+			s = f.freeSlots[n-1]
+			f.freeSlots = f.freeSlots[:n-1]
+		} else {
+			s = int32(len(f.key))
+			f.key = append(f.key, kvevents.WorkerKey{})
+			f.wid = append(f.wid, 0)
+			f.flags = append(f.flags, 0)
+			f.kvBlocks = append(f.kvBlocks, 0)
+			f.maxBatched = append(f.maxBatched, 0)
+			f.maxSeqs = append(f.maxSeqs, 0)
+			f.prefill = append(f.prefill, 0)
+			f.decode = append(f.decode, 0)
+			f.active = append(f.active, 0)
+			f.lPrefill = append(f.lPrefill, 0)
+			f.lDecode = append(f.lDecode, 0)
+			f.lActive = append(f.lActive, 0)
+			f.rPrefill = append(f.rPrefill, 0)
+			f.rDecode = append(f.rDecode, 0)
+			f.rActive = append(f.rActive, 0)
+			f.xPrefill = append(f.xPrefill, 0)
+			f.xDecode = append(f.xDecode, 0)
+			f.xActive = append(f.xActive, 0)
+			f.xAt = append(f.xAt, time.Time{})
+			f.lastRep = append(f.lastRep, time.Time{})
+		}
+		w, ok := f.byName[info.Key.Worker]
+		if !ok {
+			if n := len(f.freeWIDs); n > 0 {
+				w = f.freeWIDs[n-1]
+				f.freeWIDs = f.freeWIDs[:n-1]
+				f.workers[w] = worker{name: info.Key.Worker}
+			} else {
+				w = int32(len(f.workers))
+				f.workers = append(f.workers, worker{name: info.Key.Worker})
+			}
+			f.byName[info.Key.Worker] = w
+		}
+		ws := &f.workers[w]
+		ws.slots = append(ws.slots, s)
+		slices.SortFunc(ws.slots, func(a, b int32) int { return cmp.Compare(f.key[a].Rank, f.key[b].Rank) })
+		f.key[s] = info.Key
+		f.wid[s] = w
+		f.flags[s] = fLive
+		f.prefill[s], f.decode[s], f.active[s] = 0, 0, 0
+		f.lPrefill[s], f.lDecode[s], f.lActive[s] = 0, 0, 0
+		f.rPrefill[s], f.rDecode[s], f.rActive[s] = 0, 0, 0
+		f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
+		f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
+	}
+	if info.Available {
+		f.flags[s] |= fAvail
+	} else {
+		f.flags[s] &^= fAvail
+	}
+	f.kvBlocks[s] = int64(info.KVBlocks)
+	f.maxBatched[s] = int64(info.MaxBatchedTokens)
+	f.maxSeqs[s] = int32(info.MaxSeqs)
+	if added {
+		f.membershipChanged()
+	}
+	f.flags[s] |= fBusy // not counted as free until refresh says so
+	f.refresh(s, th)
+	return s, added
+}
+
+// remove drops every rank of a worker and returns the freed slots.
+func (f *fleet) remove(name string, freed []int32) []int32 {
+	w, ok := f.byName[name]
+	if !ok {
+		return freed
+	}
+	for _, s := range f.workers[w].slots {
+		if f.free(s) {
+			f.nonBusy--
+		}
+		f.flags[s] = 0
+		f.key[s] = kvevents.WorkerKey{}
+		f.freeSlots = append(f.freeSlots, s)
+		freed = append(freed, s)
+	}
+	delete(f.byName, name)
+	f.workers[w] = worker{}
+	f.freeWIDs = append(f.freeWIDs, w)
+	f.membershipChanged()
+	return freed
+}
+
+func (f *fleet) membershipChanged() {
+	f.gen++
+	if f.gen == 0 { // wrapped: clear so no entry can match by accident
+		clear(f.cache)
+		f.gen = 1
+	}
+	f.order = f.order[:0]
+	for s := range f.key {
+		if f.flags[s]&fLive != 0 {
+			f.order = append(f.order, int32(s))
+		}
+	}
+	slices.SortFunc(f.order, func(a, b int32) int {
+		if c := cmp.Compare(f.key[a].Worker, f.key[b].Worker); c != 0 {
+			return c
+		}
+		return cmp.Compare(f.key[a].Rank, f.key[b].Rank)
+	})
+	f.resizeCache(len(f.order))
+}
+
+// refresh recomputes a slot's effective load and its busy/overloaded flags
+// under th, keeping nonBusy in step.
+func (f *fleet) refresh(s int32, th *Thresholds) {
+	wasFree := f.flags[s]&freeMask == fLive|fAvail
+	f.prefill[s] = f.lPrefill[s] + f.rPrefill[s] + f.xPrefill[s]
+	f.decode[s] = f.lDecode[s] + f.rDecode[s] + f.xDecode[s]
+	f.active[s] = f.lActive[s] + f.rActive[s] + f.xActive[s]
+	fl := f.flags[s] &^ (fOverloaded | fBusy)
+	if fl&fLive != 0 {
+		if over(f.prefill[s], f.maxBatched[s], th.OverloadPrefillFrac) || over(f.decode[s], f.kvBlocks[s], th.OverloadDecodeFrac) {
+			fl |= fOverloaded | fBusy
+		} else if over(f.prefill[s], f.maxBatched[s], th.QueuePrefillFrac) || over(f.decode[s], f.kvBlocks[s], th.QueueDecodeFrac) {
+			fl |= fBusy
+		}
+	}
+	f.flags[s] = fl
+	isFree := fl&freeMask == fLive|fAvail
+	switch {
+	case isFree && !wasFree:
+		f.nonBusy++
+	case !isFree && wasFree:
+		f.nonBusy--
+	}
+}
+
+// refreshAll recomputes every slot (after a threshold change).
+func (f *fleet) refreshAll(th *Thresholds) {
+	f.nonBusy = 0
+	for s := range f.key {
+		f.flags[s] &^= fOverloaded | fBusy
+		f.refresh(int32(s), th)
+	}
+}
+
+// over: load has reached frac × capacity. Off when frac or capacity is 0.
+func over(load, capacity int64, frac float64) bool {
+	return frac > 0 && capacity > 0 && float64(load) >= frac*float64(capacity)
+}
+
+func (f *fleet) eligible(s int32) bool { return f.flags[s]&eligibleMask == eligibleWant }
+func (f *fleet) free(s int32) bool     { return f.flags[s]&freeMask == fLive|fAvail }
+func (f *fleet) schedulable(s int32) bool {
+	return f.flags[s]&(fLive|fAvail) == fLive|fAvail
+}
+
+// resolvedTarget is a Target mapped onto the fleet: the worker id and, for a
+// ranked target, the slot (-1 when that rank is not registered).
+type resolvedTarget struct {
+	wid     int32 // -1: worker unknown
+	slot    int32 // ranked target's slot, -1 if not registered or worker-only
+	hasRank bool
+}
+
+func (f *fleet) resolve(t Target) resolvedTarget {
+	rt := resolvedTarget{wid: f.widOf(t.Worker), slot: -1, hasRank: t.HasRank}
+	if rt.wid >= 0 && t.HasRank {
+		rt.slot = f.lookup(t.Worker, t.Rank)
+	}
+	return rt
+}
+
+// slotsOf returns the slots a resolved target covers (none if unknown or
+// its rank is out of range).
+func (f *fleet) slotsOf(rt resolvedTarget, one *[1]int32) []int32 {
+	if rt.wid < 0 {
+		return nil
+	}
+	if rt.hasRank {
+		if rt.slot < 0 {
+			return nil
+		}
+		one[0] = rt.slot
+		return one[:]
+	}
+	return f.workers[rt.wid].slots
+}
+
+// matches reports whether slot s is inside the resolved target.
+func (rt *resolvedTarget) matches(f *fleet, s int32) bool {
+	if rt.hasRank {
+		return rt.slot == s
+	}
+	return rt.wid >= 0 && f.wid[s] == rt.wid
+}

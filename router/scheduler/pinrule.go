@@ -1,0 +1,268 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// pinPlan is the pin rule's verdict for one request: what limits its
+// admission and its selection. The queue and selectWorker only execute it.
+type pinPlan struct {
+	// exact is an explicit pinned target: the only candidates, and the
+	// queue lane the request waits in while that target is busy.
+	exact *Target
+	// hard confines selection to this target while it has an eligible row;
+	// otherwise selection runs over the fleet (HardFallback).
+	hard *Target
+	// soft is handed to the policy as Context.Affinity.
+	soft *Target
+	// softOnFallback is the classifier's target when the request is Hard:
+	// it is used only if the Hard target turns out to be ineligible.
+	softOnFallback *Target
+}
+
+// applyPinRule is THE PIN RULE: the one place where a request's pin and
+// affinity decide how it is admitted and which workers a policy may pick
+// from. Every policy gets the same treatment; none handles Hard itself.
+//
+//  1. Hard: selection is limited to the bound target, for every policy,
+//     while that target is eligible (known, rank registered, inside the
+//     allowed set, available, not overloaded). An ineligible target selects
+//     normally (Decision.HardFallback); the host's commit then re-binds or
+//     rejects. If the policy's own filters reject the bound target, that
+//     counts as ineligible too.
+//  2. Admission is not narrowed by Hard: a Hard request waits in the router
+//     only when every eligible worker is busy, like any request, and
+//     otherwise goes to its bound worker and queues there (plan.exact stays
+//     nil, so the queue treats it as fleet-wide).
+//  3. Soft: the target reaches the policy as Context.Affinity. The default
+//     policy keeps it while it is a candidate; custom policies receive the
+//     full candidate set.
+//  4. A classifier's target is Soft: it replaces a Soft target but can
+//     neither replace nor clear a Hard one (it is consulted only if the Hard
+//     target is ineligible).
+//  5. An explicit pinned target is exact, has its own queue lane and waits
+//     in the router while it is busy; a blocked lane never blocks requests
+//     for other workers.
+//  6. A pin and an affinity requirement that disagree are rejected here,
+//     before selection, with ErrPinConflict. They agree when the pin lies
+//     inside the affinity target (same worker; same rank if the affinity
+//     has one), and then the pin alone governs.
+//
+// selectWorker executes the plan at selection time; pump/canAdmit execute
+// points 2 and 5 at admission.
+func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
+	var p pinPlan
+	aff := r.Affinity
+	if r.Pinned != nil {
+		if aff != nil && !r.Pinned.within(aff.Target) { // 6
+			return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
+				ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
+		}
+		p.exact = r.Pinned // 5 (an agreeing affinity is implied by the pin)
+		return p, nil
+	}
+	if aff != nil && aff.Strength == Hard {
+		p.hard = &aff.Target // 1, 2
+		if cls != nil {
+			if t, ok := cls.Classify(r); ok {
+				p.softOnFallback = &t // 4
+			}
+		}
+		return p, nil
+	}
+	if aff != nil {
+		p.soft = &aff.Target // 3
+	}
+	if cls != nil {
+		if t, ok := cls.Classify(r); ok {
+			p.soft = &t // 4: a classifier target is Soft and overrides a Soft one
+		}
+	}
+	return p, nil
+}
+
+// selectWorker executes a request's pin plan (see applyPinRule): it builds
+// the candidate set — the pinned target's eligible rows, or the Hard
+// target's eligible rows, or the fleet's eligible rows — runs the policy and
+// validates its choice. It books nothing.
+func (c *core) selectWorker(w *waiter) (slot int32, overlap int, fellBack bool, err error) {
+	c.prepare(w)
+	defer c.unprepare()
+	x := c.context(w)
+	p := &w.plan
+	switch {
+	case p.exact != nil:
+		c.collectTarget(w, *p.exact)
+	case p.hard != nil:
+		c.collectTarget(w, *p.hard)
+		if c.cands.Len() > 0 {
+			slot, overlap, err = c.runPolicy(x, nil)
+			if !errors.Is(err, ErrNoCandidate) {
+				return slot, overlap, false, err
+			}
+		}
+		fellBack = true
+		c.stats.hardFallbacks.Add(1)
+		c.collectAll(w)
+	default:
+		c.collectAll(w)
+	}
+	if c.cands.Len() == 0 {
+		return -1, 0, fellBack, fmt.Errorf("%w for request %q", ErrNoEligibleWorker, w.req.ID)
+	}
+	soft := p.soft
+	if fellBack {
+		soft = p.softOnFallback
+	}
+	slot, overlap, err = c.runPolicy(x, soft)
+	return slot, overlap, fellBack, err
+}
+
+// runPolicy calls the policy over c.cands with an optional Soft target and
+// validates the row it returns.
+func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
+	cs := &c.cands
+	x.hasAff, cs.hasAff = false, false
+	if soft != nil {
+		x.aff, x.hasAff = *soft, true
+		cs.aff, cs.hasAff = c.fl.resolve(*soft), true
+	}
+	c.seq++
+	i, err := c.policy.Select(x, cs)
+	if err != nil {
+		if !errors.Is(err, ErrNoCandidate) {
+			c.stats.policyErrors.Add(1)
+		}
+		return -1, 0, fmt.Errorf("policy %s: %w", c.policy.Name(), err)
+	}
+	if i < 0 || i >= cs.Len() {
+		c.stats.policyErrors.Add(1)
+		return -1, 0, fmt.Errorf("%w: policy %s chose row %d of %d", ErrPolicy, c.policy.Name(), i, cs.Len())
+	}
+	return cs.slots[i], int(cs.overlap[i]), nil
+}
+
+// context fills the reusable selection context for w.
+func (c *core) context(w *waiter) *Context {
+	x := &c.x
+	r := w.req
+	x.Request = r
+	x.BlockSize = c.cfg.BlockSize
+	x.RequestBlocks = len(r.SeqHashes)
+	x.PromptTokens = r.Tokens
+	x.Seq = c.seq
+	x.rng = &c.rng
+	return x
+}
+
+// prepare resolves w's overlaps and its shared active blocks into the
+// per-slot scratch arrays; unprepare resets exactly what prepare touched.
+func (c *core) prepare(w *waiter) {
+	fl := c.fl
+	if n := len(fl.key); len(c.ovBySlot) < n {
+		c.ovBySlot = slices.Grow(c.ovBySlot[:0], n)[:n]
+		clear(c.ovBySlot)
+		c.shared = slices.Grow(c.shared[:0], n)[:n]
+		clear(c.shared)
+		c.cands.slots = slices.Grow(c.cands.slots[:0], n)
+		c.cands.overlap = slices.Grow(c.cands.overlap[:0], n)
+	}
+	r := w.req
+	limit := int32(max(len(r.SeqHashes), r.Tokens/max(1, c.cfg.BlockSize)))
+	for _, o := range w.overlaps() {
+		if o.Blocks <= 0 {
+			continue
+		}
+		s := fl.slotOf(o.Key)
+		if s < 0 {
+			continue
+		}
+		v := min(int32(o.Blocks), limit)
+		if c.ovBySlot[s] == 0 {
+			c.ovTouched = append(c.ovTouched, s)
+		}
+		c.ovBySlot[s] = max(c.ovBySlot[s], v)
+	}
+	// Prompt blocks already active on a worker are counted once there. The
+	// hashes are a prefix chain and bookings hold whole chains, so the first
+	// hash no worker holds ends the walk.
+	if len(c.holders) > 0 {
+		for _, h := range r.SeqHashes {
+			hs := c.holders[h]
+			if len(hs) == 0 {
+				break
+			}
+			for _, hd := range hs {
+				if c.shared[hd.slot] == 0 {
+					c.shTouched = append(c.shTouched, hd.slot)
+				}
+				c.shared[hd.slot]++
+			}
+		}
+	}
+	bs := int64(max(1, c.cfg.BlockSize))
+	total := (int64(r.Tokens) + int64(r.ExpectedOutput) + bs - 1) / bs
+	c.cands.f = fl
+	c.cands.shared = c.shared
+	c.cands.newBlks = max(total, int64(len(r.SeqHashes)))
+}
+
+func (c *core) unprepare() {
+	for _, s := range c.ovTouched {
+		c.ovBySlot[s] = 0
+	}
+	c.ovTouched = c.ovTouched[:0]
+	for _, s := range c.shTouched {
+		c.shared[s] = 0
+	}
+	c.shTouched = c.shTouched[:0]
+}
+
+// collectAll fills c.cands with every eligible row w may use, in (worker,
+// rank) order.
+func (c *core) collectAll(w *waiter) {
+	fl := c.fl
+	cs := &c.cands
+	cs.slots, cs.overlap = cs.slots[:0], cs.overlap[:0]
+	if w.allowed == nil {
+		flags, ov := fl.flags, c.ovBySlot
+		for _, s := range fl.order {
+			if flags[s]&eligibleMask == eligibleWant {
+				cs.slots = append(cs.slots, s)
+				cs.overlap = append(cs.overlap, ov[s])
+			}
+		}
+		return
+	}
+	for _, name := range w.allowed { // sorted, so the order matches fl.order
+		wid := fl.widOf(name)
+		if wid < 0 {
+			continue
+		}
+		for _, s := range fl.workers[wid].slots {
+			if fl.eligible(s) {
+				cs.slots = append(cs.slots, s)
+				cs.overlap = append(cs.overlap, c.ovBySlot[s])
+			}
+		}
+	}
+}
+
+// collectTarget fills c.cands with t's eligible rows that w may use.
+func (c *core) collectTarget(w *waiter, t Target) {
+	fl := c.fl
+	cs := &c.cands
+	cs.slots, cs.overlap = cs.slots[:0], cs.overlap[:0]
+	if !w.allows(t.Worker) {
+		return
+	}
+	var one [1]int32
+	for _, s := range fl.slotsOf(fl.resolve(t), &one) {
+		if fl.eligible(s) {
+			cs.slots = append(cs.slots, s)
+			cs.overlap = append(cs.overlap, c.ovBySlot[s])
+		}
+	}
+}

@@ -1,0 +1,291 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Policy picks one worker from the candidates. The scheduler has already
+// applied eligibility and the pin rule (so a Hard requirement never reaches
+// a policy as anything but a narrowed candidate set); a Soft target arrives
+// as Context.Affinity. Policies are pure: they must not keep per-request
+// state or book anything (booking happens only in the queue), and they are
+// called from the scheduler's single actor goroutine, so a Policy shared by
+// several schedulers must be safe for concurrent use (builtins are: they
+// hold only configuration). Select returns an index into c (after any
+// Retain the policy did), or an error wrapping ErrNoCandidate when nothing
+// is left.
+type Policy interface {
+	Name() string
+	Select(x *Context, c *Candidates) (int, error)
+}
+
+// Filter drops candidates: keep[i] starts true for every candidate and the
+// filter sets it false for those it rejects.
+type Filter interface {
+	Filter(x *Context, c *Candidates, keep []bool)
+}
+
+// Scorer writes a finite cost per candidate into cost[:c.Len()]; lower is
+// better.
+type Scorer interface {
+	Score(x *Context, c *Candidates, cost []float64)
+}
+
+// Picker chooses a candidate from the weighted sum of the scorers' costs.
+type Picker interface {
+	Pick(x *Context, c *Candidates, cost []float64) (int, error)
+}
+
+// WeightedScorer is one term of a Pipeline's cost.
+type WeightedScorer struct {
+	Scorer Scorer
+	Weight float64
+}
+
+// Pipeline is the llm-d style policy: filters, then weighted scorers, then a
+// picker. A filter that leaves nothing makes Select fail with ErrNoCandidate.
+type Pipeline struct {
+	PolicyName string
+	Filters    []Filter
+	Scorers    []WeightedScorer
+	Picker     Picker // nil: MinPicker
+}
+
+// Name implements Policy.
+func (p *Pipeline) Name() string {
+	if p.PolicyName == "" {
+		return "pipeline"
+	}
+	return p.PolicyName
+}
+
+// Select implements Policy.
+func (p *Pipeline) Select(x *Context, c *Candidates) (int, error) {
+	for _, f := range p.Filters {
+		n := c.Len()
+		keep := x.bools(n)
+		for i := range keep {
+			keep[i] = true
+		}
+		f.Filter(x, c, keep)
+		c.Retain(keep)
+		if c.Len() == 0 {
+			return 0, fmt.Errorf("%w: filter %T left none of %d", ErrNoCandidate, f, n)
+		}
+	}
+	n := c.Len()
+	if n == 0 {
+		return 0, ErrNoCandidate
+	}
+	cost := x.costs(n)
+	clear(cost)
+	if len(p.Scorers) == 1 && p.Scorers[0].Weight == 1 {
+		p.Scorers[0].Scorer.Score(x, c, cost)
+	} else if len(p.Scorers) > 0 {
+		tmp := x.tmp(n)
+		for _, ws := range p.Scorers {
+			ws.Scorer.Score(x, c, tmp)
+			for i, v := range tmp {
+				cost[i] += ws.Weight * v
+			}
+		}
+	}
+	pk := p.Picker
+	if pk == nil {
+		pk = MinPicker{}
+	}
+	return pk.Pick(x, c, cost)
+}
+
+// Context is what a policy knows about the request being placed, plus a
+// random source and scratch space owned by the scheduler.
+type Context struct {
+	Request       *Request
+	BlockSize     int
+	RequestBlocks int    // prompt blocks with a sequence hash (full blocks)
+	PromptTokens  int    // ISL
+	Seq           uint64 // selections made by this scheduler so far (round robin)
+
+	aff    Target
+	hasAff bool
+	rng    *rng
+
+	costBuf, tmpBuf []float64
+	boolBuf         []bool
+}
+
+// Affinity returns the Soft target for this request, if any: a Soft session
+// binding, an explicit wire preference, or a classifier's suggestion.
+func (x *Context) Affinity() (Target, bool) { return x.aff, x.hasAff }
+
+// Uint64 returns a random number from the scheduler's (optionally seeded)
+// source.
+func (x *Context) Uint64() uint64 { return x.rng.next() }
+
+// IntN returns a uniform random int in [0, n); n must be > 0.
+func (x *Context) IntN(n int) int { return x.rng.intn(n) }
+
+// Float64 returns a uniform random float in [0, 1).
+func (x *Context) Float64() float64 { return x.rng.float64() }
+
+// Scratch returns a float64 slice of length n that is valid until Select
+// returns; it is not the slice a Pipeline hands to its picker.
+func (x *Context) Scratch(n int) []float64 { return x.tmp(n) }
+
+func (x *Context) costs(n int) []float64 {
+	if cap(x.costBuf) < n {
+		x.costBuf = make([]float64, n, n+n/4)
+	}
+	x.costBuf = x.costBuf[:n]
+	return x.costBuf
+}
+
+func (x *Context) tmp(n int) []float64 {
+	if cap(x.tmpBuf) < n {
+		x.tmpBuf = make([]float64, n, n+n/4)
+	}
+	x.tmpBuf = x.tmpBuf[:n]
+	return x.tmpBuf
+}
+
+func (x *Context) bools(n int) []bool {
+	if cap(x.boolBuf) < n {
+		x.boolBuf = make([]bool, n, n+n/4)
+	}
+	x.boolBuf = x.boolBuf[:n]
+	return x.boolBuf
+}
+
+// Candidates is the set a policy chooses from, in (worker, rank) order. Its
+// accessors read the scheduler's struct-of-arrays load view through the
+// candidate's slot; the request-specific values (overlap, potential decode
+// blocks) are folded in.
+type Candidates struct {
+	slots   []int32
+	overlap []int32
+	f       *fleet
+	shared  []int32 // by slot: request blocks already active there
+	newBlks int64   // request decode blocks if nothing were shared
+	aff     resolvedTarget
+	hasAff  bool
+}
+
+// Len is the number of candidates.
+func (c *Candidates) Len() int { return len(c.slots) }
+
+// Key is the (worker, rank) of candidate i.
+func (c *Candidates) Key(i int) kvevents.WorkerKey { return c.f.key[c.slots[i]] }
+
+// OverlapBlocks is how many leading prompt blocks candidate i has cached.
+func (c *Candidates) OverlapBlocks(i int) int { return int(c.overlap[i]) }
+
+// ActivePrefillTokens is the prefill work booked on candidate i (tokens).
+func (c *Candidates) ActivePrefillTokens(i int) int { return int(c.f.prefill[c.slots[i]]) }
+
+// ActiveDecodeBlocks is the decode blocks booked on candidate i.
+func (c *Candidates) ActiveDecodeBlocks(i int) int { return int(c.f.decode[c.slots[i]]) }
+
+// PotentialDecodeBlocks is candidate i's decode blocks if this request were
+// added: its booked blocks plus the request's blocks, with the prompt
+// blocks already active there counted once.
+func (c *Candidates) PotentialDecodeBlocks(i int) int {
+	s := c.slots[i]
+	return int(c.f.decode[s] + c.newBlks - int64(c.shared[s]))
+}
+
+// ActiveRequests is the number of requests booked on candidate i.
+func (c *Candidates) ActiveRequests(i int) int { return int(c.f.active[c.slots[i]]) }
+
+// KVBlocks is candidate i's KV capacity in blocks (0 = unknown).
+func (c *Candidates) KVBlocks(i int) int { return int(c.f.kvBlocks[c.slots[i]]) }
+
+// MaxBatchedTokens is candidate i's batch budget in tokens (0 = unknown).
+func (c *Candidates) MaxBatchedTokens(i int) int { return int(c.f.maxBatched[c.slots[i]]) }
+
+// Busy reports whether candidate i is over a queue threshold (it is still a
+// candidate: only overloaded workers are not).
+func (c *Candidates) Busy(i int) bool { return c.f.flags[c.slots[i]]&fBusy != 0 }
+
+// IsAffinityTarget reports whether candidate i is inside the Soft target.
+func (c *Candidates) IsAffinityTarget(i int) bool {
+	return c.hasAff && c.aff.matches(c.f, c.slots[i])
+}
+
+// Retain keeps the candidates whose keep flag is set, in order; len(keep)
+// must be Len().
+func (c *Candidates) Retain(keep []bool) {
+	j := 0
+	for i, k := range keep[:len(c.slots)] {
+		if k {
+			c.slots[j] = c.slots[i]
+			c.overlap[j] = c.overlap[i]
+			j++
+		}
+	}
+	c.slots = c.slots[:j]
+	c.overlap = c.overlap[:j]
+}
+
+// CandidateRow is one worker in a hand-built candidate set (NewCandidates).
+type CandidateRow struct {
+	Key                 kvevents.WorkerKey
+	OverlapBlocks       int
+	ActivePrefillTokens int
+	ActiveDecodeBlocks  int // booked; PotentialDecodeBlocks adds RequestBlocks
+	ActiveRequests      int
+	KVBlocks            int
+	MaxBatchedTokens    int
+	SharedBlocks        int // request blocks already active there
+}
+
+// NewCandidates builds a standalone candidate set and context for testing a
+// policy outside a scheduler. requestBlocks is the request's decode blocks
+// (PotentialDecodeBlocks = ActiveDecodeBlocks + requestBlocks − SharedBlocks);
+// aff, when non-nil, is the Soft target.
+func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *Target, rows []CandidateRow) (*Context, *Candidates) {
+	f := newFleet()
+	c := &Candidates{f: f, newBlks: int64(requestBlocks)}
+	for _, row := range rows {
+		s, _ := f.upsert(WorkerInfo{Key: row.Key, KVBlocks: row.KVBlocks, MaxBatchedTokens: row.MaxBatchedTokens, Available: true}, &Thresholds{})
+		f.prefill[s] = int64(row.ActivePrefillTokens)
+		f.decode[s] = int64(row.ActiveDecodeBlocks)
+		f.active[s] = int32(row.ActiveRequests)
+		for len(c.shared) <= int(s) {
+			c.shared = append(c.shared, 0)
+		}
+		c.shared[s] = int32(row.SharedBlocks)
+		c.slots = append(c.slots, s)
+		c.overlap = append(c.overlap, int32(row.OverlapBlocks))
+	}
+	if r == nil {
+		r = &Request{}
+	}
+	x := &Context{Request: r, BlockSize: blockSize, RequestBlocks: len(r.SeqHashes), PromptTokens: r.Tokens, rng: newRNG(seed)}
+	if aff != nil {
+		x.aff, x.hasAff = *aff, true
+		c.aff, c.hasAff = f.resolve(*aff), true
+	}
+	return x, c
+}
+
+// rng is wyrand: tiny, fast, good enough for tie-breaks and sampling.
+type rng struct{ s uint64 }
+
+func newRNG(seed uint64) *rng { return &rng{s: seed} }
+
+func (r *rng) next() uint64 {
+	r.s += 0xa0761d6478bd642f
+	hi, lo := bits.Mul64(r.s, r.s^0xe7037ed1a0b428db)
+	return hi ^ lo
+}
+
+// intn: Lemire's multiply-shift (bias is < n/2^64, irrelevant here).
+func (r *rng) intn(n int) int {
+	hi, _ := bits.Mul64(r.next(), uint64(n))
+	return int(hi)
+}
+
+func (r *rng) float64() float64 { return float64(r.next()>>11) * (1.0 / (1 << 53)) }

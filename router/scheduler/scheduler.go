@@ -1,0 +1,657 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// core is the scheduler's state. It is owned by one goroutine at a time:
+// the caller of a method before Start, the actor after it.
+type core struct {
+	cfg     Config
+	th      Thresholds
+	fl      *fleet
+	policy  Policy
+	rng     rng
+	seq     uint64 // selections
+	attempt uint64
+	evSeq   uint64
+
+	bookings   map[string]*booking
+	holders    map[kvevents.SeqHash][]holder
+	holderPool [][]holder
+	hashPool   [][]kvevents.SeqHash
+	remote     map[remoteKey]*remoteBooking
+
+	q       queueState
+	pumping bool
+
+	// selection scratch
+	x         Context
+	cands     Candidates
+	ovBySlot  []int32
+	ovTouched []int32
+	shared    []int32
+	shTouched []int32
+
+	stats    *counters
+	onChange func() func(BookingEvent)
+	setTimer func(at time.Time)          // the actor's deadline timer
+	onAdmit  func(w *waiter, slot int32) // test hook
+}
+
+func newCore(cfg Config, p Policy, st *counters) *core {
+	c := &core{
+		cfg:      cfg,
+		th:       cfg.Thresholds,
+		fl:       newFleet(),
+		policy:   p,
+		bookings: map[string]*booking{},
+		holders:  map[kvevents.SeqHash][]holder{},
+		remote:   map[remoteKey]*remoteBooking{},
+		q:        newQueueState(),
+		stats:    st,
+		onChange: func() func(BookingEvent) { return nil },
+	}
+	seed, ok := cfg.Seed, cfg.HasSeed
+	if !ok {
+		if sp, isSeeded := p.(Seeded); isSeeded {
+			seed, ok = sp.Seed()
+		}
+	}
+	if !ok {
+		seed = randomSeed()
+	}
+	c.rng = rng{s: seed}
+	return c
+}
+
+// Scheduler is one replica's admission actor: the queue, eligibility, the
+// pin rule, the policy and load booking. Create with New, run with Start.
+type Scheduler struct {
+	cfg   Config
+	th    atomic.Pointer[Thresholds]
+	stats counters
+	c     *core
+	fn    atomic.Pointer[func(BookingEvent)]
+
+	mu      sync.Mutex // guards started/closed and direct core access before Start
+	started bool
+	closed  bool
+	cmds    chan command
+	done    chan struct{} // closed when the actor has exited
+	stop    chan struct{} // closed by Close
+	wg      sync.WaitGroup
+}
+
+type opcode uint8
+
+const (
+	opSchedule opcode = iota + 1
+	opAbandon
+	opPrefillDone
+	opFree
+	opRollback
+	opCancel
+	opUpsert
+	opRemove
+	opLoad
+	opRemote
+	opThresholds
+	opGuard
+	opSnapshot
+	opFunc
+)
+
+type command struct {
+	op    opcode
+	w     *waiter
+	fence Fence
+	id    string
+	info  WorkerInfo
+	load  LoadReport
+	ev    BookingEvent
+	fn    func(*core)
+	reply chan error
+	loads *[]WorkerLoad
+}
+
+// New checks cfg, applies defaults and returns a scheduler that is not yet
+// running. p nil means the default policy at temperature 0.
+func New(cfg Config, p Policy) (*Scheduler, error) {
+	full, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		p = NewDefaultPolicy(0)
+	}
+	s := &Scheduler{
+		cfg:  full,
+		cmds: make(chan command, full.CommandBuffer),
+		done: make(chan struct{}),
+		stop: make(chan struct{}),
+	}
+	th := full.Thresholds
+	s.th.Store(&th)
+	s.c = newCore(full, p, &s.stats)
+	s.c.onChange = func() func(BookingEvent) {
+		if f := s.fn.Load(); f != nil {
+			return *f
+		}
+		return nil
+	}
+	if full.OnBookingChange != nil {
+		s.OnBookingChange(full.OnBookingChange)
+	}
+	return s, nil
+}
+
+// Replica is this scheduler's replica id (the one stamped on its events).
+func (s *Scheduler) Replica() string { return s.cfg.Replica }
+
+// Policy is the policy in use.
+func (s *Scheduler) Policy() Policy { return s.c.policy }
+
+// OnBookingChange sets the function that receives this replica's booking
+// changes (for the host to publish to other replicas). It is called from the
+// actor, in order, and must not block: hand the event to a bounded buffer.
+func (s *Scheduler) OnBookingChange(fn func(BookingEvent)) {
+	if fn == nil {
+		s.fn.Store(nil)
+		return
+	}
+	s.fn.Store(&fn)
+}
+
+// Start runs the admission actor until ctx is done or Close is called.
+func (s *Scheduler) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.started {
+		return fmt.Errorf("scheduler: already started")
+	}
+	s.started = true
+	s.wg.Add(1)
+	go s.run(ctx)
+	return nil
+}
+
+// Close stops the actor; queued requests fail with ErrClosed. It waits for
+// the actor to exit and is safe to call more than once.
+func (s *Scheduler) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	started := s.started
+	close(s.stop)
+	s.mu.Unlock()
+	if started {
+		s.wg.Wait()
+	} else {
+		close(s.done)
+	}
+	return nil
+}
+
+func (s *Scheduler) run(ctx context.Context) {
+	defer s.wg.Done()
+	c := s.c
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	c.setTimer = func(at time.Time) {
+		timer.Stop()
+		if !at.IsZero() {
+			timer.Reset(max(0, at.Sub(c.cfg.Now())))
+		}
+	}
+	c.rearm()
+	guard := time.NewTicker(s.cfg.GuardInterval)
+	defer guard.Stop()
+	defer func() {
+		timer.Stop()
+		// fail everything still queued, then stop accepting
+		for _, w := range c.q.byID {
+			c.reject(w, ErrClosed)
+		}
+		close(s.done)
+		// commands already in the inbox get ErrClosed
+		for {
+			select {
+			case cmd := <-s.cmds:
+				s.refuse(cmd)
+			default:
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.stop:
+			return
+		case <-timer.C:
+			c.expireDeadlines(c.cfg.Now())
+		case <-guard.C:
+			c.guard(c.cfg.Now())
+		case cmd := <-s.cmds:
+			s.exec(cmd)
+		}
+	}
+}
+
+func (s *Scheduler) refuse(cmd command) {
+	switch {
+	case cmd.op == opSchedule:
+		cmd.w.reply <- result{err: ErrClosed}
+	case cmd.reply != nil:
+		cmd.reply <- ErrClosed
+	}
+}
+
+// exec runs one command on the core (in the actor, or under mu before Start).
+func (s *Scheduler) exec(cmd command) {
+	c := s.c
+	var err error
+	switch cmd.op {
+	case opSchedule:
+		c.submit(cmd.w)
+		return
+	case opAbandon:
+		c.abandon(cmd.w)
+	case opPrefillDone:
+		err = c.prefillDone(cmd.fence)
+	case opFree:
+		err = c.free(cmd.fence, false)
+	case opRollback:
+		err = c.free(cmd.fence, true)
+	case opCancel:
+		err = c.cancel(cmd.id)
+	case opUpsert:
+		c.upsertWorker(cmd.info)
+	case opRemove:
+		c.removeWorker(cmd.id)
+	case opLoad:
+		c.observeLoad(cmd.load)
+	case opRemote:
+		err = c.applyRemote(cmd.ev)
+	case opThresholds:
+		c.th = *s.th.Load()
+		c.fl.refreshAll(&c.th)
+		c.pump()
+	case opGuard:
+		c.guard(c.cfg.Now())
+	case opSnapshot:
+		*cmd.loads = c.snapshot()
+	case opFunc:
+		cmd.fn(c)
+	}
+	if cmd.reply != nil {
+		cmd.reply <- err
+	}
+}
+
+var replyPool = sync.Pool{New: func() any { return make(chan error, 1) }}
+
+// call runs cmd and waits for its result. Before Start it runs it directly.
+func (s *Scheduler) call(cmd command) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	if !s.started {
+		defer s.mu.Unlock()
+		cmd.reply = nil
+		var err error
+		s.execDirect(cmd, &err)
+		return err
+	}
+	s.mu.Unlock()
+	ch := replyPool.Get().(chan error)
+	cmd.reply = ch
+	select {
+	case s.cmds <- cmd:
+	case <-s.done:
+		return ErrClosed
+	}
+	select {
+	case err := <-ch:
+		replyPool.Put(ch)
+		return err
+	case <-s.done:
+		select {
+		case err := <-ch:
+			replyPool.Put(ch)
+			return err
+		default:
+			return ErrClosed // ch is dropped: a late reply must not reach another caller
+		}
+	}
+}
+
+// post queues cmd without waiting for it to run. Before Start it runs it
+// directly.
+func (s *Scheduler) post(cmd command) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	if !s.started {
+		defer s.mu.Unlock()
+		var err error
+		s.execDirect(cmd, &err)
+		return err
+	}
+	s.mu.Unlock()
+	select {
+	case s.cmds <- cmd:
+		return nil
+	case <-s.done:
+		return ErrClosed
+	}
+}
+
+func (s *Scheduler) execDirect(cmd command, err *error) {
+	ch := make(chan error, 1)
+	cmd.reply = ch
+	s.exec(cmd)
+	*err = <-ch
+}
+
+// Schedule admits r, waiting in the router's queue while every worker it
+// may use is busy, picks a worker under the pin rule and the policy, and
+// books the predicted load there. The caller must not modify r until
+// Schedule returns. On ctx expiry a queued request leaves the queue and a
+// booking made in the meantime is rolled back.
+func (s *Scheduler) Schedule(ctx context.Context, r *Request) (Decision, error) {
+	if err := s.validate(r); err != nil {
+		s.stats.badInput.Add(1)
+		return Decision{}, err
+	}
+	s.mu.Lock()
+	started, closed := s.started, s.closed
+	s.mu.Unlock()
+	if closed {
+		return Decision{}, ErrClosed
+	}
+	if !started {
+		return Decision{}, ErrNotStarted
+	}
+	w := &waiter{req: r, reply: make(chan result, 1), dlIndex: -1}
+	select {
+	case s.cmds <- command{op: opSchedule, w: w}:
+	case <-s.done:
+		return Decision{}, ErrClosed
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("scheduler: request %q: %w", r.ID, ctx.Err())
+	}
+	select {
+	case res := <-w.reply:
+		return res.d, res.err
+	case <-s.done:
+		select {
+		case res := <-w.reply:
+			return res.d, res.err
+		default:
+			return Decision{}, ErrClosed
+		}
+	case <-ctx.Done():
+		// The actor decides: leave the queue, or roll back a booking made
+		// in the meantime. Its answer is final, so the reply is dropped.
+		if err := s.call(command{op: opAbandon, w: w}); err != nil && err != ErrClosed {
+			return Decision{}, err
+		}
+		return Decision{}, fmt.Errorf("scheduler: request %q: %w", r.ID, ctx.Err())
+	}
+}
+
+func (s *Scheduler) validate(r *Request) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, a...)...)
+	}
+	switch {
+	case r == nil:
+		return bad("nil request")
+	case r.ID == "":
+		return bad("empty request id")
+	case r.Tokens < 0 || r.ExpectedOutput < 0:
+		return bad("request %q: tokens %d, expected output %d", r.ID, r.Tokens, r.ExpectedOutput)
+	case len(r.SeqHashes) > r.Tokens/s.cfg.BlockSize && len(r.SeqHashes) > 0:
+		return bad("request %q: %d seq hashes for %d tokens at block size %d", r.ID, len(r.SeqHashes), r.Tokens, s.cfg.BlockSize)
+	case s.cfg.Model != "" && r.Model != "" && r.Model != s.cfg.Model:
+		return bad("request %q: model %q, scheduler serves %q", r.ID, r.Model, s.cfg.Model)
+	case r.Pinned != nil && r.Pinned.Worker == "":
+		return bad("request %q: pinned target with empty worker", r.ID)
+	}
+	if a := r.Affinity; a != nil {
+		if a.Target.Worker == "" {
+			return bad("request %q: affinity target with empty worker", r.ID)
+		}
+		if a.Strength != Soft && a.Strength != Hard {
+			return bad("request %q: affinity strength %s", r.ID, a.Strength)
+		}
+	}
+	for _, o := range r.Overlaps {
+		if o.Blocks < 0 {
+			return bad("request %q: overlap %d blocks on %s", r.ID, o.Blocks, o.Key)
+		}
+	}
+	return nil
+}
+
+// PrefillDone releases the request's prefill tokens (first token seen).
+func (s *Scheduler) PrefillDone(f Fence) error { return s.call(command{op: opPrefillDone, fence: f}) }
+
+// Free releases the request's booking (end of stream).
+func (s *Scheduler) Free(f Fence) error { return s.call(command{op: opFree, fence: f}) }
+
+// Rollback releases a booking whose dispatch failed.
+func (s *Scheduler) Rollback(f Fence) error { return s.call(command{op: opRollback, fence: f}) }
+
+// Cancel fails a queued request with ErrCanceled, or frees a booked one.
+func (s *Scheduler) Cancel(requestID string) error {
+	return s.call(command{op: opCancel, id: requestID})
+}
+
+// UpsertWorker registers or updates a (worker, rank). Asynchronous after
+// Start (applied in order with every other call).
+func (s *Scheduler) UpsertWorker(w WorkerInfo) error {
+	if w.Key.Worker == "" {
+		return fmt.Errorf("%w: empty worker name", ErrInvalidWorker)
+	}
+	if w.BlockSize != 0 && w.BlockSize != s.cfg.BlockSize {
+		return fmt.Errorf("%w: %s block size %d, scheduler uses %d", ErrInvalidWorker, w.Key, w.BlockSize, s.cfg.BlockSize)
+	}
+	if w.KVBlocks < 0 || w.MaxBatchedTokens < 0 || w.MaxSeqs < 0 {
+		return fmt.Errorf("%w: %s kv blocks %d, max batched tokens %d, max seqs %d", ErrInvalidWorker, w.Key,
+			w.KVBlocks, w.MaxBatchedTokens, w.MaxSeqs)
+	}
+	return s.post(command{op: opUpsert, info: w})
+}
+
+// RemoveWorker forgets every rank of a worker: its bookings are dropped
+// (later lifecycle calls for them return ErrUnknownBooking), queued requests
+// pinned to it fail with ErrNoEligibleWorker.
+func (s *Scheduler) RemoveWorker(worker string) error {
+	return s.post(command{op: opRemove, id: worker})
+}
+
+// ObserveLoad folds a worker's own load report in (asynchronous).
+func (s *Scheduler) ObserveLoad(r LoadReport) error {
+	if r.ActiveRequests < 0 || r.WaitingRequests < 0 || r.KVUsedBlocks < 0 || r.KVTotalBlocks < 0 || r.PrefillTokens < 0 {
+		s.stats.badInput.Add(1)
+		return fmt.Errorf("%w: load report for %s has a negative field: %+v", ErrInvalidWorker, r.Key, r)
+	}
+	return s.post(command{op: opLoad, load: r})
+}
+
+// ApplyRemote folds another replica's booking change in (asynchronous).
+// Own echoes are ignored by replica id.
+func (s *Scheduler) ApplyRemote(ev BookingEvent) error {
+	if ev.Replica == "" || ev.RequestID == "" || ev.Worker == "" || ev.Kind < BookingAdd || ev.Kind > BookingFree {
+		s.stats.badInput.Add(1)
+		return fmt.Errorf("%w: replica %q request %q worker %q kind %s", ErrInvalidEvent, ev.Replica, ev.RequestID, ev.Worker, ev.Kind)
+	}
+	if ev.Replica == s.cfg.Replica {
+		s.stats.remoteEchoes.Add(1)
+		return nil
+	}
+	return s.post(command{op: opRemote, ev: ev})
+}
+
+// SetThresholds replaces the busy/overload thresholds atomically; the actor
+// re-evaluates every worker and drains the queue if that frees capacity.
+func (s *Scheduler) SetThresholds(t Thresholds) error {
+	if err := t.validate(); err != nil {
+		return err
+	}
+	s.th.Store(&t)
+	return s.post(command{op: opThresholds})
+}
+
+// Thresholds returns the thresholds in force.
+func (s *Scheduler) Thresholds() Thresholds { return *s.th.Load() }
+
+// WorkerLoad is one (worker, rank) as the scheduler sees it.
+type WorkerLoad struct {
+	Key            kvevents.WorkerKey
+	Available      bool
+	Overloaded     bool
+	Busy           bool
+	PrefillTokens  int // effective: local + remote bookings + report correction
+	DecodeBlocks   int
+	ActiveRequests int
+	LocalBookings  int
+}
+
+// Loads returns the load view, sorted by (worker, rank).
+func (s *Scheduler) Loads(ctx context.Context) ([]WorkerLoad, error) {
+	var out []WorkerLoad
+	s.mu.Lock()
+	if !s.started && !s.closed {
+		out = s.c.snapshot()
+		s.mu.Unlock()
+		return out, nil
+	}
+	s.mu.Unlock()
+	ch := make(chan error, 1)
+	select {
+	case s.cmds <- command{op: opSnapshot, loads: &out, reply: ch}:
+	case <-s.done:
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case <-ch:
+		return out, nil
+	case <-s.done:
+		return nil, ErrClosed
+	}
+}
+
+func (c *core) snapshot() []WorkerLoad {
+	fl := c.fl
+	per := map[int32]int{}
+	for _, b := range c.bookings {
+		per[b.slot]++
+	}
+	out := make([]WorkerLoad, 0, len(fl.order))
+	for _, s := range fl.order {
+		out = append(out, WorkerLoad{
+			Key: fl.key[s], Available: fl.flags[s]&fAvail != 0, Overloaded: fl.flags[s]&fOverloaded != 0,
+			Busy: fl.flags[s]&fBusy != 0, PrefillTokens: int(fl.prefill[s]), DecodeBlocks: int(fl.decode[s]),
+			ActiveRequests: int(fl.active[s]), LocalBookings: per[s],
+		})
+	}
+	return out
+}
+
+func (c *core) upsertWorker(info WorkerInfo) {
+	c.fl.upsert(info, &c.th)
+	if !info.Available {
+		c.recheck()
+	}
+	c.pump()
+}
+
+func (c *core) removeWorker(name string) {
+	freed := c.fl.remove(name, nil)
+	if len(freed) == 0 {
+		return
+	}
+	gone := func(slot int32) bool { return slices.Contains(freed, slot) }
+	ids := make([]string, 0)
+	for id, b := range c.bookings {
+		if gone(b.slot) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	now := c.cfg.Now()
+	for _, id := range ids {
+		c.release(c.bookings[id], now, true)
+	}
+	for k, rb := range c.remote {
+		if gone(rb.slot) {
+			delete(c.remote, k)
+		}
+	}
+	c.stats.remoteBookings.Store(int64(len(c.remote)))
+	c.recheck()
+	c.pump()
+}
+
+// Stats are cumulative counters and current gauges.
+type Stats struct {
+	Admitted, Queued                                    uint64 // admitted; ever queued
+	Waiting, Bookings, RemoteBookings                   int64  // now
+	RejectedOverloaded, RejectedDeadline, NoEligible    uint64
+	PinConflicts, Canceled, Rollbacks, Expired          uint64
+	StaleFences, HardFallbacks, PolicyErrors            uint64
+	Refreshes, RemoteEchoes, RemoteIgnored              uint64
+	RemoteDropped, RemoteExpired, LoadIgnored, BadInput uint64
+}
+
+type counters struct {
+	admitted, queued                                    atomic.Uint64
+	waiting, bookings, remoteBookings                   atomic.Int64
+	overloaded, deadlines, noEligible                   atomic.Uint64
+	pinConflicts, canceled, rollbacks, expired          atomic.Uint64
+	staleFences, hardFallbacks, policyErrors            atomic.Uint64
+	refreshes, remoteEchoes, remoteIgnored              atomic.Uint64
+	remoteDropped, remoteExpired, loadIgnored, badInput atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters (safe from any goroutine).
+func (s *Scheduler) Stats() Stats {
+	c := &s.stats
+	return Stats{
+		Admitted: c.admitted.Load(), Queued: c.queued.Load(),
+		Waiting: c.waiting.Load(), Bookings: c.bookings.Load(), RemoteBookings: c.remoteBookings.Load(),
+		RejectedOverloaded: c.overloaded.Load(), RejectedDeadline: c.deadlines.Load(), NoEligible: c.noEligible.Load(),
+		PinConflicts: c.pinConflicts.Load(), Canceled: c.canceled.Load(), Rollbacks: c.rollbacks.Load(),
+		Expired: c.expired.Load(), StaleFences: c.staleFences.Load(), HardFallbacks: c.hardFallbacks.Load(),
+		PolicyErrors: c.policyErrors.Load(), Refreshes: c.refreshes.Load(), RemoteEchoes: c.remoteEchoes.Load(),
+		RemoteIgnored: c.remoteIgnored.Load(), RemoteDropped: c.remoteDropped.Load(),
+		RemoteExpired: c.remoteExpired.Load(), LoadIgnored: c.loadIgnored.Load(), BadInput: c.badInput.Load(),
+	}
+}
+
+// do runs fn on the core inside the actor (tests).
+func (s *Scheduler) do(fn func(*core)) error { return s.call(command{op: opFunc, fn: fn}) }

@@ -1,0 +1,249 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Target names a worker, or one data-parallel rank of it when HasRank is set.
+// A worker-only target stands for every rank of that worker.
+type Target struct {
+	Worker  string
+	Rank    uint32
+	HasRank bool
+}
+
+// String renders "worker" or "worker/rank".
+func (t Target) String() string {
+	if !t.HasRank {
+		return t.Worker
+	}
+	return t.Worker + "/" + strconv.FormatUint(uint64(t.Rank), 10)
+}
+
+// Matches reports whether the (worker, rank) k is inside the target.
+func (t Target) Matches(k kvevents.WorkerKey) bool {
+	return k.Worker == t.Worker && (!t.HasRank || k.Rank == t.Rank)
+}
+
+// within reports whether every (worker, rank) of t is inside u.
+func (t Target) within(u Target) bool {
+	if t.Worker != u.Worker {
+		return false
+	}
+	return !u.HasRank || (t.HasRank && t.Rank == u.Rank)
+}
+
+// Strength says how strongly an affinity requirement binds selection.
+// The zero value is invalid so that a host that forgets to map a binding's
+// mode is told so instead of silently getting one or the other.
+type Strength uint8
+
+const (
+	// Soft: the target is a preference handed to the policy.
+	Soft Strength = iota + 1
+	// Hard: selection is limited to the target while it is eligible.
+	Hard
+)
+
+func (s Strength) String() string {
+	switch s {
+	case Soft:
+		return "soft"
+	case Hard:
+		return "hard"
+	}
+	return "strength(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Affinity is a requirement to route to a target: a session binding (its
+// strength is the binding's mode, mapped by the host) or an explicit target
+// given on the wire as a routing preference (always Soft).
+type Affinity struct {
+	Target   Target
+	Strength Strength
+}
+
+// Overlap is how many leading prompt blocks a (worker, rank) already holds
+// in its device cache, as the prefix index reports it. The scheduler has its
+// own type so that it does not depend on the index package.
+type Overlap struct {
+	Key    kvevents.WorkerKey
+	Blocks int
+}
+
+// Request is one scheduling request. The scheduler reads it until Schedule
+// returns and keeps nothing that aliases it afterwards (the booking copies
+// the sequence hashes it needs).
+type Request struct {
+	ID             string             // unique among requests with a live booking or a queue place
+	Model          string             // checked against Config.Model when both are set
+	SeqHashes      []kvevents.SeqHash // the prompt's full-block sequence hashes, in order
+	Tokens         int                // prompt tokens (ISL)
+	ExpectedOutput int                // expected output tokens (booked as decode blocks)
+	Priority       int                // strict tier: a higher value is always served first
+	Class          string             // queue-limit class; "" is the default class
+	Allowed        []string           // worker names the caller allows; nil = every worker
+	Pinned         *Target            // explicit exact target with its own queue lane
+	SessionID      string             // informational for policies
+	Affinity       *Affinity          // session binding or wire preference
+	Deadline       time.Time          // zero = wait as long as ctx allows
+	Overlaps       []Overlap          // per-worker cached prefix blocks
+	Labels         map[string]string  // free-form input for classifiers and custom policies
+}
+
+// Fence identifies one booking: a request on a worker at one attempt. A
+// lifecycle call (PrefillDone, Free, Rollback) must present the fence it was
+// given, so cleanup from an earlier attempt cannot release a retry.
+type Fence struct {
+	RequestID string
+	Worker    kvevents.WorkerKey
+	Attempt   uint64
+}
+
+func (f Fence) String() string {
+	return fmt.Sprintf("%s@%s#%d", f.RequestID, f.Worker, f.Attempt)
+}
+
+// Decision is the result of Schedule: where the request goes and the fence
+// of the load booked there.
+type Decision struct {
+	Worker        kvevents.WorkerKey
+	OverlapBlocks int           // cached blocks on the chosen worker, as last seen
+	Fence         Fence         // present it to PrefillDone / Free / Rollback
+	Waited        time.Duration // time spent in the router's queue
+	// HardFallback is set when the request carried a Hard requirement whose
+	// target was not eligible, so selection ran over the fleet. The host's
+	// commit decides what that means for the binding (re-bind or reject).
+	HardFallback bool
+	// Policy is the name of the policy that picked the worker.
+	Policy string
+}
+
+// WorkerInfo describes one (worker, rank) to the scheduler.
+type WorkerInfo struct {
+	Key              kvevents.WorkerKey
+	BlockSize        int  // 0 = Config.BlockSize; otherwise must equal it
+	KVBlocks         int  // device KV blocks; 0 = unknown (decode thresholds off)
+	MaxBatchedTokens int  // engine's max batched tokens; 0 = unknown (prefill thresholds off)
+	MaxSeqs          int  // engine's max concurrent sequences; 0 = unknown
+	Available        bool // registered and not draining
+}
+
+// LoadReport is a worker's own view of its load, used to correct the
+// router's predicted load when they drift apart.
+type LoadReport struct {
+	Key             kvevents.WorkerKey
+	ActiveRequests  int
+	WaitingRequests int
+	KVUsedBlocks    int
+	KVTotalBlocks   int // 0 = unchanged
+	PrefillTokens   int
+	At              time.Time // zero = now
+}
+
+// BookingKind is the change a BookingEvent reports.
+type BookingKind uint8
+
+const (
+	BookingAdd         BookingKind = iota + 1 // load booked on a worker
+	BookingPrefillDone                        // the request's prefill finished: its prefill tokens leave
+	BookingFree                               // the request ended (or was rolled back / expired)
+)
+
+var bookingKindNames = [...]string{"", "add", "prefill_done", "free"}
+
+func (k BookingKind) String() string {
+	if int(k) > 0 && int(k) < len(bookingKindNames) {
+		return bookingKindNames[k]
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// MarshalText encodes the kind by name, so the JSON form is readable.
+func (k BookingKind) MarshalText() ([]byte, error) {
+	if int(k) > 0 && int(k) < len(bookingKindNames) {
+		return []byte(bookingKindNames[k]), nil
+	}
+	return nil, fmt.Errorf("%w: booking kind %d", ErrInvalidEvent, k)
+}
+
+// UnmarshalText decodes a kind name.
+func (k *BookingKind) UnmarshalText(b []byte) error {
+	for i := 1; i < len(bookingKindNames); i++ {
+		if string(b) == bookingKindNames[i] {
+			*k = BookingKind(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: booking kind %q", ErrInvalidEvent, b)
+}
+
+// BookingEvent is one change to one replica's bookings. The scheduler emits
+// them through OnBookingChange and folds other replicas' in via ApplyRemote;
+// moving them between replicas is the host's job (see
+// docs/parts/protocol-scheduler.md for the wire form).
+type BookingEvent struct {
+	Replica       string      `json:"replica"`
+	Seq           uint64      `json:"seq"` // per-replica, increasing; informational
+	Kind          BookingKind `json:"kind"`
+	RequestID     string      `json:"request_id"`
+	Worker        string      `json:"worker"`
+	Rank          uint32      `json:"rank"`
+	Attempt       uint64      `json:"attempt"`
+	PrefillTokens int         `json:"prefill_tokens,omitempty"` // add: uncached prompt tokens booked
+	Blocks        int         `json:"blocks,omitempty"`         // add: decode blocks booked
+	At            time.Time   `json:"at"`
+}
+
+// Errors. Every error returned by the package wraps one of these; test with
+// errors.Is. StatusCode maps them to HTTP statuses for the edge.
+var (
+	ErrNoEligibleWorker = errors.New("scheduler: no eligible worker")                    // 503
+	ErrNoCandidate      = errors.New("scheduler: policy left no candidate")              // 503
+	ErrOverloaded       = errors.New("scheduler: overloaded, queue limit reached")       // 529
+	ErrPinConflict      = errors.New("scheduler: pinned target disagrees with affinity") // 409
+	ErrDeadline         = errors.New("scheduler: deadline passed while queued")          // 504
+	ErrDuplicateRequest = errors.New("scheduler: request id already booked or queued")   // 409
+	ErrStaleFence       = errors.New("scheduler: stale fence")                           // 409
+	ErrUnknownBooking   = errors.New("scheduler: unknown booking")                       // 404
+	ErrUnknownRequest   = errors.New("scheduler: unknown request")                       // 404
+	ErrCanceled         = errors.New("scheduler: request canceled")                      // 499-ish; 503 at the edge
+	ErrInvalidRequest   = errors.New("scheduler: invalid request")                       // 400
+	ErrInvalidWorker    = errors.New("scheduler: invalid worker")
+	ErrInvalidEvent     = errors.New("scheduler: invalid booking event")
+	ErrInvalidConfig    = errors.New("scheduler: invalid config")
+	ErrPolicy           = errors.New("scheduler: policy returned an invalid choice") // 500
+	ErrUnknownPolicy    = errors.New("scheduler: unknown policy")
+	ErrNotStarted       = errors.New("scheduler: not started")
+	ErrClosed           = errors.New("scheduler: closed")
+)
+
+// StatusCode maps an error from this package to the HTTP status the edge
+// should answer with (529 for ErrOverloaded, as Dynamo does). nil maps to 200
+// and unknown errors to 500.
+func StatusCode(err error) int {
+	switch {
+	case err == nil:
+		return http.StatusOK
+	case errors.Is(err, ErrOverloaded):
+		return 529
+	case errors.Is(err, ErrNoEligibleWorker), errors.Is(err, ErrNoCandidate), errors.Is(err, ErrCanceled),
+		errors.Is(err, ErrClosed), errors.Is(err, ErrNotStarted):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, ErrPinConflict), errors.Is(err, ErrDuplicateRequest), errors.Is(err, ErrStaleFence):
+		return http.StatusConflict
+	case errors.Is(err, ErrDeadline):
+		return http.StatusGatewayTimeout
+	case errors.Is(err, ErrInvalidRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrUnknownBooking), errors.Is(err, ErrUnknownRequest):
+		return http.StatusNotFound
+	}
+	return http.StatusInternalServerError
+}
