@@ -1,0 +1,26 @@
+// Package replay drives a workload through a routing stack once per policy,
+// each time on a fresh fleet, and collects what every request saw.
+//
+// A Stack is one fleet plus its router replicas behind the route API; the
+// driver only talks to it through three small interfaces, as a client would:
+// Router (route, prefill_done, free: host.Client over NATS), Generator (send
+// the request to the chosen worker's endpoint and stream the answer:
+// sim.Generate over NATS) and, for the oracle only, CacheProbe (the simulated
+// workers' exact cache contents). NewNATSStack builds the real one: an
+// embedded NATS server, simulated workers (workers/sim) publishing KV events,
+// and router replicas (router/host) in one process; tests use fakes.
+//
+// Policies compared (Catalog): kvrouter's default policy fed by events,
+// kvrouter in approximate mode (no events: the router indexes its own
+// decisions), round-robin, random, least-loaded, and an oracle that picks by
+// the true cached prefix plus the default cost's load term and pins its
+// choice through the same route API.
+//
+// Client flow per request: wait for its arrival (workload time divided by
+// the speed-up) → route → generate on the chosen worker → prefill_done at the
+// first token → free at the end. Latencies are in workload time: the
+// engine's own TTFT/ITL/E2E (model time) plus the wall time spent getting a
+// routing decision, multiplied by the speed-up.
+//
+// Start at Run.
+package replay

@@ -1,0 +1,114 @@
+package replay
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// oracle picks workers with perfect knowledge of their caches: the true
+// cached prefix (read through a CacheProbe, not from events) or the prefix
+// of a request it already sent there and that has not finished (its blocks
+// are about to be cached), plus the default cost's load term computed from
+// what it routed itself:
+//
+//	cost = max(0, (prefill_tokens + ISL)/block_size − overlap) + active_blocks + (request_blocks − overlap)
+//
+// It is the upper bound an event-driven router can reach: same cost
+// function, no event lag, no stale index.
+type oracle struct {
+	mu      sync.Mutex
+	probe   CacheProbe
+	bs      float64
+	workers []string
+	load    map[string]*oracleLoad
+	cached  map[string]int
+	rnd     *rand.Rand
+}
+
+type oracleLoad struct {
+	prefillTokens int
+	blocks        int
+	inflight      map[kvevents.SeqHash]int // prompt blocks of requests not yet freed
+}
+
+// booking is what one pick added, to take back later.
+type booking struct {
+	worker  string
+	prefill int
+	blocks  int
+	hashes  []kvevents.SeqHash
+}
+
+func newOracle(probe CacheProbe, workers []string, blockSize int, seed uint64) *oracle {
+	o := &oracle{probe: probe, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
+	for _, w := range workers {
+		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}
+	}
+	return o
+}
+
+func (o *oracle) pick(p *prepared) *booking {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(o.cached)
+	o.probe.CachedPrefix(p.hashes, o.cached)
+	isl := float64(p.req.InputLength)
+	n := len(p.hashes)
+	best, bestCost, ties := "", math.Inf(1), 0
+	bestOverlap := 0
+	for _, w := range o.workers {
+		l := o.load[w]
+		ov := o.cached[w]
+		k := 0
+		for k < n && l.inflight[p.hashes[k]] > 0 {
+			k++
+		}
+		ov = max(ov, k)
+		pre := math.Max(0, (float64(l.prefillTokens)+isl)/o.bs-float64(ov))
+		cost := pre + float64(l.blocks) + float64(n-ov)
+		switch {
+		case cost < bestCost:
+			best, bestCost, ties, bestOverlap = w, cost, 1, ov
+		case cost == bestCost:
+			ties++
+			if o.rnd.IntN(ties) == 0 {
+				best, bestOverlap = w, ov
+			}
+		}
+	}
+	b := &booking{worker: best, prefill: max(0, p.req.InputLength-bestOverlap*int(o.bs)), blocks: n - bestOverlap + int(math.Ceil(float64(p.outputTokens)/o.bs)), hashes: p.hashes}
+	l := o.load[best]
+	l.prefillTokens += b.prefill
+	l.blocks += b.blocks
+	for _, h := range b.hashes {
+		l.inflight[h]++
+	}
+	return b
+}
+
+// prefillDone removes the booking's prefill tokens (first token seen).
+func (o *oracle) prefillDone(b *booking) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.load[b.worker].prefillTokens -= b.prefill
+	b.prefill = 0
+}
+
+// free releases the rest of the booking.
+func (o *oracle) free(b *booking) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.load[b.worker]
+	l.prefillTokens -= b.prefill
+	l.blocks -= b.blocks
+	for _, h := range b.hashes {
+		if l.inflight[h]--; l.inflight[h] <= 0 {
+			delete(l.inflight, h)
+		}
+	}
+	b.prefill, b.blocks, b.hashes = 0, 0, nil
+}

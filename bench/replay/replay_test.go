@@ -1,0 +1,115 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/bench/workload"
+)
+
+func smallWorkload() *workload.Workload {
+	return workload.SharedPrefix(workload.SharedPrefixConfig{Seed: 1, Groups: 8, PromptsPerGroup: 8, SystemTokens: 512, QuestionTokens: 64, OutputTokens: 8, Rate: 2000})
+}
+
+func TestRunWithFakeStack(t *testing.T) {
+	var stacks []*fakeStack
+	w := smallWorkload()
+	rep, err := Run(context.Background(), Config{
+		Workload: w, NewStack: newFakeFactory(&stacks, 0), Workers: 4, Speedup: 1000, MaxInFlight: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Policies) != len(DefaultPolicies) || len(stacks) != len(DefaultPolicies) {
+		t.Fatalf("%d policies, %d stacks", len(rep.Policies), len(stacks))
+	}
+	for _, s := range stacks {
+		if s.routes.Load() != int64(len(w.Requests)) || s.prefills.Load() != s.routes.Load() || s.frees.Load() != s.routes.Load() {
+			t.Fatalf("%s: routes %d prefills %d frees %d", s.cfg.Policy.Name, s.routes.Load(), s.prefills.Load(), s.frees.Load())
+		}
+		if s.cfg.Policy.Oracle != (s.pins.Load() == s.routes.Load()) || (!s.cfg.Policy.Oracle && s.pins.Load() != 0) {
+			t.Fatalf("%s: %d pins", s.cfg.Policy.Name, s.pins.Load())
+		}
+		if s.sessions.Load() != 0 {
+			t.Fatal("sessions sent in mode none")
+		}
+		if s.cfg.BlockSize != 16 || s.cfg.KVBlocks != 65536 {
+			t.Fatalf("defaults: %+v", s.cfg)
+		}
+	}
+	kv, rr, or := rep.Policy("kvrouter"), rep.Policy("round-robin"), rep.Policy("oracle")
+	t.Logf("hit: kvrouter %.3f round-robin %.3f oracle %.3f bound %.3f", kv.HitRatio, rr.HitRatio, or.HitRatio, rep.Workload.UpperBound.Ratio)
+	if kv.Done != len(w.Requests) || kv.HitRatio <= rr.HitRatio+0.1 || or.HitRatio < kv.HitRatio-1e-9 || kv.HitRatio > rep.Workload.UpperBound.Ratio+1e-9 {
+		t.Fatal("ordering does not hold")
+	}
+	if rep.Unloaded == nil || rep.Unloaded.P50 <= 0 || len(rep.Checks) < 3 {
+		t.Fatalf("unloaded %+v checks %+v", rep.Unloaded, rep.Checks)
+	}
+	if _, err := rep.WriteAll(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunSessionsAndRejections(t *testing.T) {
+	var stacks []*fakeStack
+	w := workload.Chat(workload.ChatConfig{Seed: 2, Sessions: 6, Turns: 3, SystemTokens: 256, UserTokens: 32, OutputTokens: 8, SessionRate: 100})
+	pols, _ := LookupPolicies([]string{"kvrouter,oracle"})
+	rep, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 5), Policies: pols, Workers: 2, Speedup: 1e5, SessionMode: SessionHard, LoadScale: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := rep.Policy("kvrouter")
+	if kv.Rejected == 0 || kv.Codes["overloaded"] != kv.Rejected || kv.Done+kv.Rejected != len(w.Requests) {
+		t.Fatalf("%+v", kv)
+	}
+	if stacks[0].sessions.Load() != int64(len(w.Requests)) || stacks[1].sessions.Load() != 0 {
+		t.Fatalf("sessions sent: %d, oracle %d", stacks[0].sessions.Load(), stacks[1].sessions.Load())
+	}
+	if rep.Workload.LoadScale != 2 || rep.Workload.Stats.SpanSeconds*2 > w.Span().Seconds()+0.01 {
+		t.Fatalf("load scale not applied: %+v vs %v", rep.Workload.Stats, w.Span())
+	}
+	found := false
+	for _, c := range rep.Checks {
+		found = found || c.Name == "Hard sessions never move while their worker is alive"
+	}
+	if !found {
+		t.Fatal("no session check")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	w := smallWorkload()
+	var stacks []*fakeStack
+	f := newFakeFactory(&stacks, 0)
+	for _, c := range []Config{
+		{NewStack: f},
+		{Workload: w},
+		{Workload: w, NewStack: f, Workers: -1},
+		{Workload: w, NewStack: f, Speedup: -1},
+		{Workload: w, NewStack: f, SessionMode: "sticky"},
+		{Workload: &workload.Workload{BlockTokens: 512, Requests: w.Requests}, NewStack: f, BlockSize: 48},
+	} {
+		if _, err := Run(context.Background(), c); !errors.Is(err, ErrConfig) {
+			t.Fatalf("%+v: %v", c, err)
+		}
+	}
+	if _, err := LookupPolicies([]string{"kvrouter,nope"}); !errors.Is(err, ErrConfig) {
+		t.Fatal(err)
+	}
+	if ps, err := LookupPolicies([]string{"all", "oracle"}); err != nil || len(ps) != len(Catalog) {
+		t.Fatal(ps, err)
+	}
+	if m, err := ParseSessionMode("HARD"); err != nil || m != SessionHard {
+		t.Fatal(m, err)
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	var stacks []*fakeStack
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, Config{Workload: smallWorkload(), NewStack: newFakeFactory(&stacks, 0)}); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,121 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workers/sim"
+)
+
+// RouteRequest is what the driver asks the route API (a subset of the
+// host's RouteRequest: the prompt as block hashes, never tokens).
+type RouteRequest struct {
+	ID             string
+	Model          string
+	BlockHashes    []uint64 // sequence hashes of the full prompt blocks
+	BlockSize      int
+	InputTokens    int
+	ExpectedOutput int
+	SessionID      string // empty = no session
+	Pin            string // exact worker, empty = let the router choose
+}
+
+// Routed is the route API's answer. Handle is the adapter's own state for
+// the lifecycle calls (the host's RouteResponse).
+type Routed struct {
+	Worker   string
+	Endpoint string
+	Overlap  int // blocks the router believed cached on Worker
+	Binding  string
+	Handle   any
+}
+
+// RouteError is a refusal by the route API. Rejected marks the refusals a
+// loaded router is expected to make (overloaded, no eligible worker,
+// binding conflicts); other errors count as failures.
+type RouteError struct {
+	Code     string
+	Rejected bool
+	Err      error
+}
+
+func (e *RouteError) Error() string { return "route: " + e.Code + ": " + e.Err.Error() }
+func (e *RouteError) Unwrap() error { return e.Err }
+
+// Router is the route API as a client sees it.
+type Router interface {
+	Route(ctx context.Context, req *RouteRequest) (*Routed, error)
+	PrefillDone(ctx context.Context, r *Routed) error
+	Free(ctx context.Context, r *Routed) error
+}
+
+// Generator sends a request to a worker endpoint and waits for its answer,
+// calling onFirstToken once when the first output token arrives.
+type Generator interface {
+	Generate(ctx context.Context, endpoint string, req *sim.GenerateRequest, onFirstToken func()) (*sim.GenerateReply, error)
+}
+
+// CacheProbe reads the workers' true cache contents.
+type CacheProbe interface {
+	// CachedPrefix sets out[worker] to the number of leading hashes the
+	// worker holds right now (workers holding none may be left out).
+	CachedPrefix(hashes []kvevents.SeqHash, out map[string]int)
+}
+
+// Stack is one fleet with its routers, fresh for one policy.
+type Stack interface {
+	Router() Router
+	Generator() Generator
+	// Workers lists the worker ids of the fleet.
+	Workers() []string
+	// Probe is nil unless StackConfig.Probe was set.
+	Probe() CacheProbe
+	Close(ctx context.Context) error
+}
+
+// StackFactory builds a stack.
+type StackFactory func(ctx context.Context, cfg StackConfig) (Stack, error)
+
+// SessionMode says whether requests carry their session id and, if so, the
+// mode of the bindings the routers create.
+type SessionMode string
+
+const (
+	SessionNone SessionMode = "none" // session ids are not sent
+	SessionHard SessionMode = "hard" // a session stays on its worker while it is alive
+	SessionSoft SessionMode = "soft" // the bound worker is preferred, not required
+)
+
+// ParseSessionMode accepts none, hard or soft (any case).
+func ParseSessionMode(s string) (SessionMode, error) {
+	switch m := SessionMode(strings.ToLower(strings.TrimSpace(s))); m {
+	case SessionNone, SessionHard, SessionSoft:
+		return m, nil
+	case "":
+		return SessionNone, nil
+	}
+	return "", fmt.Errorf("%w: session mode %q (want none, hard or soft)", ErrConfig, s)
+}
+
+// StackConfig is what a stack is built from.
+type StackConfig struct {
+	Policy      Policy
+	Model       string
+	Workers     int
+	KVBlocks    int // per worker
+	BlockSize   int
+	Replicas    int
+	Speedup     float64
+	SessionMode SessionMode
+	Seed        uint64
+	// Probe asks for a CacheProbe (the oracle needs one).
+	Probe bool
+	// MaxBatchedTokens and MaxSeqs of each simulated worker (0 = sim defaults).
+	MaxBatchedTokens int
+	MaxSeqs          int
+	// RouteDeadline bounds a request's wait in a router queue (wall clock).
+	RouteDeadline time.Duration
+}
