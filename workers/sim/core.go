@@ -299,8 +299,17 @@ func (c *core) flushRemoved() {
 		c.removeBuf = append(c.removeBuf, c.engineHash(h))
 	}
 	c.stats.RemovedBlocks += uint64(len(c.removeBuf))
-	c.emit(kvevents.Event{Kind: kvevents.KindRemoved, Tier: kvevents.TierDevice, Removed: c.removeBuf})
+	for rest := c.removeBuf; len(rest) > 0; {
+		n := min(len(rest), maxEventBlocks)
+		c.emit(kvevents.Event{Kind: kvevents.KindRemoved, Tier: kvevents.TierDevice, Removed: rest[:n]})
+		rest = rest[n:]
+	}
 }
+
+// maxEventBlocks caps the blocks of one event, far below what one NATS
+// message holds; longer runs are split (a Stored run's next part links to
+// the previous part's last block).
+const maxEventBlocks = 4096
 
 // preempt sends the newest running request r back to the front of the
 // queue, releasing its blocks (full ones stay cached, so the recompute hits
@@ -404,6 +413,9 @@ func (c *core) register(r *request, old int) {
 				c.stats.AdoptedBlocks++
 			}
 			continue
+		}
+		if len(stored) == maxEventBlocks {
+			flush()
 		}
 		if len(stored) == 0 {
 			start = i

@@ -171,8 +171,8 @@ func result(t testing.TB, st *Stream) Result {
 func prefillDur(tokens int) time.Duration { return msToDuration(DefaultTiming().PrefillMs(tokens)) }
 
 // mirror is a minimal router-side view built only from events: per
-// (worker, rank) engine hash -> sequence hash. It fails the test on events
-// that a consistent engine never sends.
+// (worker, rank) engine hash -> sequence hash. apply rejects events that a
+// consistent engine never sends.
 type mirror struct {
 	t      testing.TB
 	blocks map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
@@ -182,8 +182,15 @@ func newMirror(t testing.TB) *mirror {
 	return &mirror{t: t, blocks: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{}}
 }
 
+// apply fails the test on an inconsistent event (test goroutine only).
 func (m *mirror) apply(k kvevents.WorkerKey, evs []kvevents.Event) {
 	m.t.Helper()
+	if err := m.applyErr(k, evs); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+func (m *mirror) applyErr(k kvevents.WorkerKey, evs []kvevents.Event) error {
 	bs := m.blocks[k]
 	if bs == nil {
 		bs = map[kvevents.EngineHash]kvevents.SeqHash{}
@@ -191,34 +198,35 @@ func (m *mirror) apply(k kvevents.WorkerKey, evs []kvevents.Event) {
 	}
 	for _, ev := range evs {
 		if ev.Tier != kvevents.TierDevice {
-			m.t.Fatalf("%v: event tier %v", k, ev.Tier)
+			return fmt.Errorf("%v: event tier %v", k, ev.Tier)
 		}
 		switch ev.Kind {
 		case kvevents.KindStored:
 			if ev.HasParent {
 				if _, ok := bs[ev.Parent]; !ok {
-					m.t.Fatalf("%v: stored with unknown parent %x", k, ev.Parent)
+					return fmt.Errorf("%v: stored with unknown parent %x", k, ev.Parent)
 				}
 			}
 			for _, b := range ev.Blocks {
 				if _, dup := bs[b.Engine]; dup {
-					m.t.Fatalf("%v: block %x stored twice", k, b.Engine)
+					return fmt.Errorf("%v: block %x stored twice", k, b.Engine)
 				}
 				bs[b.Engine] = b.Seq
 			}
 		case kvevents.KindRemoved:
 			for _, h := range ev.Removed {
 				if _, ok := bs[h]; !ok {
-					m.t.Fatalf("%v: removed unknown block %x", k, h)
+					return fmt.Errorf("%v: removed unknown block %x", k, h)
 				}
 				delete(bs, h)
 			}
 		case kvevents.KindCleared:
 			clear(bs)
 		default:
-			m.t.Fatalf("%v: event kind %v", k, ev.Kind)
+			return fmt.Errorf("%v: event kind %v", k, ev.Kind)
 		}
 	}
+	return nil
 }
 
 func (m *mirror) seqs(k kvevents.WorkerKey) []kvevents.SeqHash {
