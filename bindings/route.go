@@ -256,6 +256,19 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 	if errors.Is(err, ErrConflict) {
 		t.st.conflicts.Add(1)
 		st, err = t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+		// On R3 a conflict (10164) can mean that another write to the key
+		// is still in flight: the leader still shows the revision we
+		// expected. Wait for it to land (briefly) rather than spend an
+		// attempt losing to it again.
+		for wait := time.Millisecond; err == nil && st.rev == expect && wait <= 128*time.Millisecond; wait *= 2 {
+			t.st.inFlightWaits.Add(1)
+			select {
+			case <-ctx.Done():
+				return st, false, false, ctx.Err()
+			case <-time.After(wait):
+			}
+			st, err = t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+		}
 		return st, false, false, err
 	}
 	if !isAmbiguous(err) {

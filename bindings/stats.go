@@ -15,6 +15,9 @@ type Stats struct {
 	// read. AmbiguousLanded counts those that turned out to have landed;
 	// Unresolved those the leader could not be asked about in time.
 	Ambiguous, AmbiguousLanded, Unresolved uint64
+	// InFlightWaits is re-reads after a conflict that found the key
+	// unchanged because the winning write was still in flight (R3).
+	InFlightWaits uint64
 	// Exhausted is Route/End calls that gave up after MaxAttempts.
 	Exhausted uint64
 	// Waits is first requests that waited for a concurrent creator of the
@@ -59,7 +62,7 @@ type counters struct {
 	outcome                                  [numOutcomes]atomic.Uint64
 	writes, conflicts                        atomic.Uint64
 	ambiguous, ambiguousLanded, unresolved   atomic.Uint64
-	exhausted, waits                         atomic.Uint64
+	exhausted, waits, inFlightWaits          atomic.Uint64
 	badInput, malformed, selectErrors, ended atomic.Uint64
 	leaderReads, readRetries                 atomic.Uint64
 }
@@ -79,6 +82,7 @@ func (t *Table) Stats() Stats {
 		Ambiguous:       c.ambiguous.Load(),
 		AmbiguousLanded: c.ambiguousLanded.Load(),
 		Unresolved:      c.unresolved.Load(),
+		InFlightWaits:   c.inFlightWaits.Load(),
 		Exhausted:       c.exhausted.Load(),
 		Waits:           c.waits.Load(),
 		BadInput:        c.badInput.Load(),
