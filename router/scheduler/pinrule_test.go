@@ -1,0 +1,389 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+func hardTo(t Target) *Affinity { return &Affinity{Target: t, Strength: Hard} }
+func softTo(t Target) *Affinity { return &Affinity{Target: t, Strength: Soft} }
+func ranked(w string, r uint32) Target {
+	return Target{Worker: w, Rank: r, HasRank: true}
+}
+func workerOnly(w string) Target { return Target{Worker: w} }
+
+// A custom policy that always prefers worker b is limited to the eligible
+// Hard target, and sees only the target's rows.
+func TestHardAffinityLimitsACustomPickerToTheEligibleTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		target Target
+		seen   []kvevents.WorkerKey
+		want   kvevents.WorkerKey
+	}{
+		{"ranked", ranked("a", 1), []kvevents.WorkerKey{wk("a", 1)}, wk("a", 1)},
+		{"worker-only", workerOnly("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}, wk("a", 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &recordingPolicy{pick: preferWorker("b")}
+			h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
+			d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(tc.target)}))
+			if d.Worker != tc.want || d.HardFallback {
+				t.Fatalf("got %v fallback=%v, want %v", d.Worker, d.HardFallback, tc.want)
+			}
+			if !slices.Equal(p.seen[0], tc.seen) {
+				t.Fatalf("policy saw %v, want %v", p.seen[0], tc.seen)
+			}
+			if p.affinity[0] != nil {
+				t.Fatalf("a Hard target must not reach the policy as a Soft one: %v", p.affinity[0])
+			}
+		})
+	}
+}
+
+// The default selector is limited to the eligible Hard target even when
+// another worker is far cheaper, with and without sampling.
+func TestHardAffinityLimitsTheDefaultSelectorToAnEligibleTarget(t *testing.T) {
+	for _, temp := range []float64{0, 0.7} {
+		t.Run(fmt.Sprint("T=", temp), func(t *testing.T) {
+			h := newHarness(t, Config{}, NewDefaultPolicy(temp), wi("a", 0), wi("b", 0), wi("c", 0))
+			for i := range 50 {
+				r := &Request{ID: fmt.Sprint("r", i), Tokens: 96, SeqHashes: hashes(6, 1),
+					Overlaps: []Overlap{{Key: wk("b", 0), Blocks: 6}}, Affinity: hardTo(workerOnly("a"))}
+				d := h.admitted(h.submit(r))
+				if d.Worker != wk("a", 0) {
+					t.Fatalf("selection %d went to %v, want a/0", i, d.Worker)
+				}
+				if err := h.s.Free(d.Fence); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Sanity: unbound, the cache on b wins.
+			d := h.admitted(h.submit(&Request{ID: "free", Tokens: 96, SeqHashes: hashes(6, 1),
+				Overlaps: []Overlap{{Key: wk("b", 0), Blocks: 6}}}))
+			if temp == 0 && d.Worker != wk("b", 0) {
+				t.Fatalf("unbound request went to %v, want b/0", d.Worker)
+			}
+		})
+	}
+}
+
+// A classifier's target is Soft: it cannot replace a Hard binding, but it
+// does replace a Soft one, and it applies when a Hard target is ineligible.
+func TestHardAffinitySurvivesAClassifierTarget(t *testing.T) {
+	cls := ClassifierFunc(func(*Request) (Target, bool) { return workerOnly("b"), true })
+	for _, tc := range []struct {
+		name     string
+		aff      *Affinity
+		want     kvevents.WorkerKey
+		fallback bool
+	}{
+		{"hard binding wins", hardTo(workerOnly("a")), wk("a", 0), false},
+		{"classifier replaces soft", softTo(workerOnly("a")), wk("b", 0), false},
+		{"classifier applies when hard target is gone", hardTo(workerOnly("gone")), wk("b", 0), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{Classifier: cls}, NewDefaultPolicy(0), wi("a", 0), wi("b", 0), wi("c", 0))
+			// c is the cheapest worker by cache.
+			d := h.admitted(h.submit(&Request{ID: "r", Tokens: 96, SeqHashes: hashes(6, 1), Affinity: tc.aff,
+				Overlaps: []Overlap{{Key: wk("c", 0), Blocks: 6}}}))
+			if d.Worker != tc.want || d.HardFallback != tc.fallback {
+				t.Fatalf("got %v fallback=%v, want %v fallback=%v", d.Worker, d.HardFallback, tc.want, tc.fallback)
+			}
+		})
+	}
+}
+
+// Hard does not narrow admission: a Hard request is admitted while any
+// worker is free (and goes to its bound worker even if that one is busy),
+// waits only when every worker is busy, and does not hold back a later
+// unbound request.
+func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
+	h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("b", 0))
+	fill := h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+	if !h.loads()[wk("a", 0)].Busy {
+		t.Fatal("a should be busy")
+	}
+	// a is busy, b is free: the Hard request is admitted now, to a.
+	d := h.admitted(h.submit(&Request{ID: "hard-1", Tokens: 100, Affinity: hardTo(workerOnly("a"))}))
+	if d.Worker != wk("a", 0) || d.HardFallback {
+		t.Fatalf("hard-1 went to %v (fallback %v), want a/0", d.Worker, d.HardFallback)
+	}
+	// An unbound request takes b.
+	fillB := h.admitted(h.submit(&Request{ID: "fill-b", Tokens: 100}))
+	if fillB.Worker != wk("b", 0) {
+		t.Fatalf("fill-b went to %v", fillB.Worker)
+	}
+	// Now every worker is busy: both wait, the Hard one first.
+	hard2 := h.submit(&Request{ID: "hard-2", Tokens: 100, Affinity: hardTo(workerOnly("a"))})
+	later := h.submit(&Request{ID: "later", Tokens: 100})
+	h.waiting(hard2)
+	h.waiting(later)
+	// Freeing b lets hard-2 in — to a, its bound worker — and the unbound
+	// request behind it is not held back: it takes b.
+	if err := h.s.Free(fillB.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.admitted(hard2); d.Worker != wk("a", 0) {
+		t.Fatalf("hard-2 went to %v, want a/0", d.Worker)
+	}
+	if d := h.admitted(later); d.Worker != wk("b", 0) {
+		t.Fatalf("later went to %v, want b/0", d.Worker)
+	}
+	_ = fill
+}
+
+// An ineligible Hard target selects normally over the fleet.
+func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		target  Target
+		allowed []string
+		setup   func(h *harness)
+		seen    []kvevents.WorkerKey
+	}{
+		{name: "unknown", target: workerOnly("zz"),
+			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
+		{name: "rank out of range", target: ranked("a", 5),
+			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
+		{name: "outside allowed set", target: workerOnly("a"), allowed: []string{"c", "b"},
+			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+		{name: "overloaded", target: workerOnly("a"),
+			setup: func(h *harness) {
+				th := DefaultThresholds()
+				th.OverloadPrefillFrac = 1
+				if err := h.s.SetThresholds(th); err != nil {
+					h.t.Fatal(err)
+				}
+				h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+			},
+			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+		{name: "unavailable", target: workerOnly("a"),
+			setup: func(h *harness) {
+				info := wi("a", 0)
+				info.Available = false
+				if err := h.s.UpsertWorker(info); err != nil {
+					h.t.Fatal(err)
+				}
+			},
+			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &recordingPolicy{pick: preferWorker("c")}
+			h := newHarness(t, Config{}, p, wi("a", 0), wi("b", 0), wi("c", 0))
+			if tc.setup != nil {
+				tc.setup(h)
+				p.seen, p.affinity = nil, nil
+			}
+			d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Allowed: tc.allowed, Affinity: hardTo(tc.target)}))
+			if d.Worker != wk("c", 0) || !d.HardFallback {
+				t.Fatalf("got %v fallback=%v, want c/0 with fallback", d.Worker, d.HardFallback)
+			}
+			if !slices.Equal(p.seen[len(p.seen)-1], tc.seen) {
+				t.Fatalf("policy saw %v, want %v", p.seen[len(p.seen)-1], tc.seen)
+			}
+			if h.s.Stats().HardFallbacks == 0 {
+				t.Fatal("fallback not counted")
+			}
+		})
+	}
+}
+
+// A policy filter that rejects the Hard target counts as ineligible.
+func TestHardTargetRejectedByPolicyFilterFallsBack(t *testing.T) {
+	p := &Pipeline{Filters: []Filter{dropWorker("a")}, Scorers: []WeightedScorer{{Scorer: DefaultCost{Params: DefaultCostParams()}, Weight: 1}}}
+	h := newHarness(t, Config{}, p, wi("a", 0), wi("b", 0))
+	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerOnly("a"))}))
+	if d.Worker != wk("b", 0) || !d.HardFallback {
+		t.Fatalf("got %v fallback=%v", d.Worker, d.HardFallback)
+	}
+}
+
+type dropWorker string
+
+func (d dropWorker) Filter(_ *Context, c *Candidates, keep []bool) {
+	for i := range c.Len() {
+		keep[i] = c.Key(i).Worker != string(d)
+	}
+}
+
+// Soft: the default policy keeps the bound worker while it is a candidate
+// (ranked and worker-only), even when another worker is cheaper; custom
+// policies get the full set plus the target.
+func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
+	cheapOnB := []Overlap{{Key: wk("b", 0), Blocks: 6}}
+	for _, tc := range []struct {
+		name   string
+		target Target
+		want   []kvevents.WorkerKey
+	}{
+		{"ranked", ranked("a", 1), []kvevents.WorkerKey{wk("a", 1)}},
+		{"worker-only", workerOnly("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
+			d := h.admitted(h.submit(&Request{ID: "r", Tokens: 96, SeqHashes: hashes(6, 1), Overlaps: cheapOnB,
+				Affinity: softTo(tc.target)}))
+			if !slices.Contains(tc.want, d.Worker) || d.HardFallback {
+				t.Fatalf("got %v, want one of %v", d.Worker, tc.want)
+			}
+			// Once the target is overloaded it is no candidate: the cost decides.
+			th := DefaultThresholds()
+			th.OverloadPrefillFrac = 0.5
+			if err := h.s.SetThresholds(th); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range tc.want {
+				if k != d.Worker {
+					h.admitted(h.submit(&Request{ID: "fill-" + k.String(), Tokens: 100, Pinned: &Target{Worker: k.Worker, Rank: k.Rank, HasRank: true}}))
+				}
+			}
+			d2 := h.admitted(h.submit(&Request{ID: "r2", Tokens: 96, SeqHashes: hashes(6, 1), Overlaps: cheapOnB,
+				Affinity: softTo(tc.target)}))
+			if d2.Worker != wk("b", 0) {
+				t.Fatalf("with the target overloaded got %v, want b/0", d2.Worker)
+			}
+		})
+	}
+	t.Run("custom policy gets the full set", func(t *testing.T) {
+		p := &recordingPolicy{pick: preferWorker("b")}
+		h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
+		d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: softTo(ranked("a", 1))}))
+		if d.Worker != wk("b", 0) {
+			t.Fatalf("custom policy's choice overridden: %v", d.Worker)
+		}
+		if len(p.seen[0]) != 3 || p.affinity[0] == nil || *p.affinity[0] != ranked("a", 1) {
+			t.Fatalf("policy saw %v with affinity %v", p.seen[0], p.affinity[0])
+		}
+	})
+}
+
+// With sampling, a Soft target that is a candidate limits the choice to its
+// rows (both ranks of a worker-only target get picked, nothing else does).
+func TestSoftAffinityLimitsSamplingToTheBoundWorker(t *testing.T) {
+	for _, temp := range []float64{0.7, 5} {
+		t.Run(fmt.Sprint("T=", temp), func(t *testing.T) {
+			h := newHarness(t, Config{}, NewDefaultPolicy(temp), wi("a", 0), wi("a", 1), wi("b", 0), wi("c", 0), wi("d", 0))
+			got := map[kvevents.WorkerKey]int{}
+			unbound := map[kvevents.WorkerKey]int{}
+			for i := range 300 {
+				for _, aff := range []*Affinity{softTo(workerOnly("a")), nil} {
+					r := &Request{ID: fmt.Sprint("r", i, aff == nil), Tokens: 32, Affinity: aff}
+					d := h.admitted(h.submit(r))
+					if aff != nil {
+						got[d.Worker]++
+					} else {
+						unbound[d.Worker]++
+					}
+					if err := h.s.Free(d.Fence); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if len(got) != 2 || got[wk("a", 0)] == 0 || got[wk("a", 1)] == 0 {
+				t.Fatalf("soft-bound picks: %v", got)
+			}
+			if len(unbound) < 4 {
+				t.Fatalf("unbound picks should spread: %v", unbound)
+			}
+		})
+	}
+}
+
+// A pinned request waiting for its busy worker blocks only that worker's
+// lane.
+func TestBlockedPinnedLaneDoesNotBlockOtherWorker(t *testing.T) {
+	b := wi("b", 0)
+	b.MaxBatchedTokens = 1000
+	h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), b)
+	first := h.admitted(h.submit(&Request{ID: "a-1", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+	blocked := h.submit(&Request{ID: "a-2", Tokens: 100, Pinned: &Target{Worker: "a"}})
+	h.waiting(blocked)
+	if d := h.admitted(h.submit(&Request{ID: "any", Tokens: 100})); d.Worker != wk("b", 0) {
+		t.Fatalf("unbound request went to %v", d.Worker)
+	}
+	if d := h.admitted(h.submit(&Request{ID: "b-1", Tokens: 100, Pinned: &Target{Worker: "b"}})); d.Worker != wk("b", 0) {
+		t.Fatalf("b-pinned request went to %v", d.Worker)
+	}
+	h.waiting(blocked)
+	if err := h.s.PrefillDone(first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.admitted(blocked); d.Worker != wk("a", 0) {
+		t.Fatalf("a-2 went to %v", d.Worker)
+	}
+}
+
+// A pin and an affinity requirement that disagree are rejected before
+// selection; an agreeing pair is governed by the pin.
+func TestDisagreeingPinAndBindingRejected(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pin  Target
+		aff  *Affinity
+		ok   bool
+	}{
+		{"other worker, hard", workerOnly("a"), hardTo(workerOnly("b")), false},
+		{"other worker, soft", workerOnly("a"), softTo(workerOnly("b")), false},
+		{"other rank", ranked("a", 1), hardTo(ranked("a", 0)), false},
+		{"pin broader than binding", workerOnly("a"), hardTo(ranked("a", 1)), false},
+		{"same ranked target", ranked("a", 1), hardTo(ranked("a", 1)), true},
+		{"ranked pin inside worker binding", ranked("a", 1), hardTo(workerOnly("a")), true},
+		{"same worker", workerOnly("a"), softTo(workerOnly("a")), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &recordingPolicy{}
+			h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
+			pin := tc.pin
+			res, ok := h.poll(h.submit(&Request{ID: "r", Tokens: 10, Pinned: &pin, Affinity: tc.aff}))
+			if !ok {
+				t.Fatal("no answer")
+			}
+			if tc.ok {
+				if res.err != nil || !tc.pin.Matches(res.d.Worker) {
+					t.Fatalf("got %v / %v", res.d.Worker, res.err)
+				}
+				return
+			}
+			if !errors.Is(res.err, ErrPinConflict) || StatusCode(res.err) != http.StatusConflict {
+				t.Fatalf("got %v, want ErrPinConflict", res.err)
+			}
+			if len(p.seen) != 0 {
+				t.Fatal("policy consulted for a conflicting request")
+			}
+			if h.s.Stats().PinConflicts != 1 {
+				t.Fatal("conflict not counted")
+			}
+		})
+	}
+}
+
+// A pin on something that can never serve is rejected at once.
+func TestPinnedTargetMustBeSchedulable(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pin     Target
+		allowed []string
+	}{
+		{"unknown", workerOnly("zz"), nil},
+		{"rank out of range", ranked("a", 3), nil},
+		{"outside allowed", workerOnly("a"), []string{"b"}},
+		{"draining", workerOnly("d"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := wi("d", 0)
+			d.Available = false
+			h := newHarness(t, Config{}, nil, wi("a", 0), wi("b", 0), d)
+			pin := tc.pin
+			res, _ := h.poll(h.submit(&Request{ID: "r", Tokens: 10, Pinned: &pin, Allowed: tc.allowed}))
+			if !errors.Is(res.err, ErrNoEligibleWorker) || StatusCode(res.err) != http.StatusServiceUnavailable {
+				t.Fatalf("got %v", res.err)
+			}
+		})
+	}
+}
