@@ -160,6 +160,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,
 		stream:    newStream(id),
+		// Sized for the whole sequence: the step loop then never grows them.
+		blocks: make([]int32, 0, c.blocksFor(cap(tokens))),
+		hashes: make([]kvevents.SeqHash, 0, cap(tokens)/c.cfg.BlockSize),
 	}
 
 	c.mu.Lock()

@@ -279,8 +279,9 @@ func (s *Server) handle(m *nats.Msg) {
 		s.fail(m.Reply, req.RequestID, err)
 		return
 	}
+	var buf []uint32
 	for {
-		ch, err := st.Recv(s.ctx)
+		ch, err := st.RecvInto(s.ctx, buf)
 		if err == io.EOF {
 			break
 		}
@@ -289,6 +290,7 @@ func (s *Server) handle(m *nats.Msg) {
 			return
 		}
 		s.publish(m.Reply, &GenerateReply{RequestID: st.ID(), Index: ch.Index, TokenIDs: ch.Tokens})
+		buf = ch.Tokens
 	}
 	res, _ := st.Result()
 	fin := finalReply(res)

@@ -95,12 +95,16 @@ func (s *Stream) poke() {
 // Recv returns the next tokens, waiting for them. After the last token it
 // returns io.EOF; the outcome is then in Result. It returns ctx.Err() when
 // ctx ends first (the request goes on; cancel it with the Submit context).
-func (s *Stream) Recv(ctx context.Context) (Chunk, error) {
+func (s *Stream) Recv(ctx context.Context) (Chunk, error) { return s.RecvInto(ctx, nil) }
+
+// RecvInto is Recv with the tokens appended to dst[:0], so a consumer that
+// reuses its buffer receives without allocating.
+func (s *Stream) RecvInto(ctx context.Context, dst []uint32) (Chunk, error) {
 	for {
 		s.mu.Lock()
 		if len(s.pending) > 0 {
-			ch := Chunk{Index: s.next, Tokens: s.pending}
-			s.pending = nil
+			ch := Chunk{Index: s.next, Tokens: append(dst[:0], s.pending...)}
+			s.pending = s.pending[:0]
 			s.mu.Unlock()
 			return ch, nil
 		}
