@@ -1,0 +1,456 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Dynamo's documented example at weight 1: worker 1 scores 8+10 = 18,
+// worker 2 scores 5+5 = 10 (chosen), worker 3 scores 2+9 = 11.
+func TestDefaultCostKnownAnswer(t *testing.T) {
+	r := &Request{Tokens: 128} // 8 blocks of 16
+	rows := []CandidateRow{
+		{Key: wk("w1", 0), OverlapBlocks: 0, ActiveDecodeBlocks: 10},
+		{Key: wk("w2", 0), OverlapBlocks: 3, ActiveDecodeBlocks: 5},
+		{Key: wk("w3", 0), OverlapBlocks: 6, ActiveDecodeBlocks: 9},
+	}
+	x, c := NewCandidates(r, 16, 0, 1, nil, rows)
+	cost := make([]float64, 3)
+	DefaultCost{Params: DefaultCostParams()}.Score(x, c, cost)
+	if want := []float64{18, 10, 11}; fmt.Sprint(cost) != fmt.Sprint(want) {
+		t.Fatalf("costs %v, want %v", cost, want)
+	}
+	i, err := NewDefaultPolicy(0).Select(x, c)
+	if err != nil || c.Key(i) != wk("w2", 0) {
+		t.Fatalf("picked %d (%v), want w2", i, err)
+	}
+}
+
+func TestDefaultCostTerms(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    CostParams
+		row  CandidateRow
+		reqB int
+		want float64
+	}{
+		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
+		{"all terms", CostParams{1, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			row := tc.row
+			row.Key = wk("w", 0)
+			x, c := NewCandidates(&Request{Tokens: 64}, 16, tc.reqB, 1, nil, []CandidateRow{row})
+			cost := []float64{0}
+			DefaultCost{Params: tc.p}.Score(x, c, cost)
+			if cost[0] != tc.want {
+				t.Fatalf("cost %v, want %v", cost[0], tc.want)
+			}
+		})
+	}
+}
+
+func fixtureRows(n int) []CandidateRow {
+	rows := make([]CandidateRow, n)
+	for i := range rows {
+		rows[i] = CandidateRow{Key: wk(fmt.Sprintf("w%05d", i), 0), OverlapBlocks: (i % 32) * 4,
+			ActivePrefillTokens: i * 16, ActiveDecodeBlocks: i % 127, ActiveRequests: i % 17}
+	}
+	return rows
+}
+
+// The fused default policy picks exactly what the equivalent pipeline picks,
+// draw for draw, at temperature 0 and above.
+func TestDefaultPolicyMatchesPipeline(t *testing.T) {
+	for _, temp := range []float64{0, 0.7, 3} {
+		for _, aff := range []*Target{nil, {Worker: "w00007"}} {
+			t.Run(fmt.Sprint(temp, aff != nil), func(t *testing.T) {
+				rows := fixtureRows(64)
+				rows[3].ActivePrefillTokens = rows[5].ActivePrefillTokens // make ties likely at T0
+				for i := range rows {
+					rows[i].OverlapBlocks = 0
+					rows[i].ActivePrefillTokens = 16 * (i % 3)
+					rows[i].ActiveDecodeBlocks = 0
+				}
+				fused := NewDefaultPolicy(temp)
+				pipe := &Pipeline{Scorers: []WeightedScorer{{Scorer: DefaultCost{Params: DefaultCostParams()}, Weight: 1}},
+					Picker: SoftmaxPicker{Temperature: temp, RespectSoftAffinity: true}}
+				x1, c1 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, aff, rows)
+				x2, c2 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, aff, rows)
+				seen := map[int]bool{}
+				for range 200 {
+					i1, err1 := fused.Select(x1, c1)
+					i2, err2 := pipe.Select(x2, c2)
+					if err1 != nil || err2 != nil || i1 != i2 {
+						t.Fatalf("fused %d (%v) vs pipeline %d (%v)", i1, err1, i2, err2)
+					}
+					seen[i1] = true
+				}
+				if aff != nil && (len(seen) != 1 || !seen[7]) {
+					t.Fatalf("soft target w00007 not kept: %v", seen)
+				}
+				if aff == nil && len(seen) < 2 {
+					t.Fatalf("no tie-breaking or sampling happened: %v", seen)
+				}
+			})
+		}
+	}
+}
+
+// Temperature 0 breaks ties uniformly; an all-equal softmax is uniform; a
+// seed makes the sequence reproducible.
+func TestPickerDistributionAndSeed(t *testing.T) {
+	rows := make([]CandidateRow, 4)
+	for i := range rows {
+		rows[i] = CandidateRow{Key: wk(fmt.Sprint("w", i), 0)}
+	}
+	for _, temp := range []float64{0, 0.7} {
+		x, c := NewCandidates(&Request{Tokens: 16}, 16, 1, 5, nil, rows)
+		counts := make([]int, 4)
+		var seq []int
+		for range 4000 {
+			i, _ := NewDefaultPolicy(temp).Select(x, c)
+			counts[i]++
+			seq = append(seq, i)
+		}
+		for i, n := range counts {
+			if n < 850 || n > 1150 {
+				t.Fatalf("T=%v: row %d picked %d/4000 times: %v", temp, i, n, counts)
+			}
+		}
+		x2, c2 := NewCandidates(&Request{Tokens: 16}, 16, 1, 5, nil, rows)
+		for k, want := range seq[:100] {
+			if i, _ := NewDefaultPolicy(temp).Select(x2, c2); i != want {
+				t.Fatalf("T=%v: seeded pick %d differs: %d vs %d", temp, k, i, want)
+			}
+		}
+	}
+	// Softmax favours low cost but not exclusively.
+	rows[0].ActiveDecodeBlocks = 0
+	rows[1].ActiveDecodeBlocks = 10
+	rows[2].ActiveDecodeBlocks = 10
+	rows[3].ActiveDecodeBlocks = 10
+	x, c := NewCandidates(&Request{Tokens: 16}, 16, 1, 5, nil, rows)
+	counts := make([]int, 4)
+	for range 4000 {
+		i, _ := NewDefaultPolicy(0.7).Select(x, c)
+		counts[i]++
+	}
+	// p(row 0) = 1/(1+3e^{-1/0.7}) ≈ 0.58
+	if counts[0] < 2150 || counts[0] > 2500 || counts[1] == 0 {
+		t.Fatalf("softmax counts %v", counts)
+	}
+}
+
+func TestBuiltinPolicies(t *testing.T) {
+	rows := []CandidateRow{
+		{Key: wk("a", 0), ActiveRequests: 5, ActivePrefillTokens: 10},
+		{Key: wk("b", 0), ActiveRequests: 2, ActivePrefillTokens: 50, OverlapBlocks: 6},
+		{Key: wk("c", 0), ActiveRequests: 2, ActivePrefillTokens: 40},
+		{Key: wk("d", 0), ActiveRequests: 9},
+	}
+	req := &Request{Tokens: 160, SeqHashes: hashes(10, 1)}
+	t.Run("round-robin", func(t *testing.T) {
+		x, c := NewCandidates(req, 16, 10, 1, nil, rows)
+		var got []string
+		for i := range 6 {
+			x.Seq = uint64(i)
+			j, _ := RoundRobin{}.Select(x, c)
+			got = append(got, c.Key(j).Worker)
+		}
+		if strings.Join(got, "") != "abcdab" {
+			t.Fatalf("round robin %v", got)
+		}
+	})
+	t.Run("random", func(t *testing.T) {
+		x, c := NewCandidates(req, 16, 10, 1, nil, rows)
+		seen := map[int]int{}
+		for range 400 {
+			j, _ := Random{}.Select(x, c)
+			seen[j]++
+		}
+		if len(seen) != 4 {
+			t.Fatalf("random %v", seen)
+		}
+	})
+	t.Run("least-loaded", func(t *testing.T) {
+		x, c := NewCandidates(req, 16, 10, 1, nil, rows)
+		for range 20 {
+			if j, _ := (LeastLoaded{}).Select(x, c); c.Key(j).Worker != "c" { // 2 requests, fewer prefill than b
+				t.Fatalf("least loaded picked %v", c.Key(j))
+			}
+		}
+	})
+	t.Run("power-of-two", func(t *testing.T) {
+		x, c := NewCandidates(req, 16, 10, 1, nil, rows)
+		seen := map[string]int{}
+		for range 400 {
+			j, _ := PowerOfTwo{}.Select(x, c)
+			seen[c.Key(j).Worker]++
+		}
+		if seen["d"] != 0 { // the heaviest loses every pair it is in
+			t.Fatalf("power of two picked the heaviest: %v", seen)
+		}
+		if seen["c"] <= seen["a"] {
+			t.Fatalf("power of two favours the wrong worker: %v", seen)
+		}
+		x1, c1 := NewCandidates(req, 16, 10, 1, nil, rows[:1])
+		if j, err := (PowerOfTwo{}).Select(x1, c1); j != 0 || err != nil {
+			t.Fatal("single candidate")
+		}
+	})
+	t.Run("two-tier", func(t *testing.T) {
+		tt := NewTwoTier()
+		// tier 2: b has 6/10 = 0.6 > 0.5 cached: the least loaded with the best overlap
+		x, c := NewCandidates(req, 16, 10, 1, nil, rows)
+		if j, _ := tt.Select(x, c); c.Key(j).Worker != "b" {
+			t.Fatalf("cache tier picked %v", c.Key(j))
+		}
+		// tier 3: at 0.5 exactly (not strictly above) the least loaded wins
+		r2 := slicesClone(rows)
+		r2[1].OverlapBlocks = 5
+		x, c = NewCandidates(req, 16, 10, 1, nil, r2)
+		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
+			t.Fatalf("balance tier picked %v", c.Key(j))
+		}
+		// tier 1: spread 40 > 32 and 42 > 1.1·2: least loaded despite b's cache
+		r3 := slicesClone(rows)
+		r3[3].ActiveRequests = 42
+		x, c = NewCandidates(req, 16, 10, 1, nil, r3)
+		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
+			t.Fatalf("imbalance tier picked %v", c.Key(j))
+		}
+		// respect_soft_affinity keeps a candidate target (unless tier 1 fires)
+		tt.RespectSoftAffinity = true
+		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, rows)
+		if j, _ := tt.Select(x, c); c.Key(j).Worker != "a" {
+			t.Fatalf("soft affinity ignored: %v", c.Key(j))
+		}
+		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, r3)
+		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
+			t.Fatalf("imbalance should override affinity: %v", c.Key(j))
+		}
+	})
+	t.Run("empty", func(t *testing.T) {
+		x, c := NewCandidates(req, 16, 10, 1, nil, nil)
+		for _, p := range []Policy{NewDefaultPolicy(0), NewDefaultPolicy(1), RoundRobin{}, Random{}, LeastLoaded{}, PowerOfTwo{}, NewTwoTier(), &Pipeline{}} {
+			if _, err := p.Select(x, c); !errors.Is(err, ErrNoCandidate) {
+				t.Fatalf("%s on no candidates: %v", p.Name(), err)
+			}
+		}
+	})
+}
+
+func slicesClone(r []CandidateRow) []CandidateRow { return append([]CandidateRow(nil), r...) }
+
+func TestPipelineFiltersAndWeights(t *testing.T) {
+	rows := []CandidateRow{
+		{Key: wk("a", 0), ActiveRequests: 1, OverlapBlocks: 0},
+		{Key: wk("b", 0), ActiveRequests: 3, OverlapBlocks: 4},
+		{Key: wk("c", 0), ActiveRequests: 0, OverlapBlocks: 1},
+	}
+	req := &Request{Tokens: 64}
+	p := &Pipeline{Scorers: []WeightedScorer{{ActiveRequestsScorer{}, 1}, {OverlapScorer{}, 1}}}
+	x, c := NewCandidates(req, 16, 4, 1, nil, rows)
+	// costs: a 1, b 3-4 = -1, c -1 → tie b/c broken at random; both must show
+	seen := map[string]bool{}
+	for range 100 {
+		x, c = NewCandidates(req, 16, 4, uint64(len(seen))+x.Uint64(), nil, rows)
+		j, err := p.Select(x, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[c.Key(j).Worker] = true
+	}
+	if !seen["b"] || !seen["c"] || seen["a"] {
+		t.Fatalf("picks %v", seen)
+	}
+	// A filter that drops everything is ErrNoCandidate.
+	p.Filters = []Filter{dropWorker("a"), dropWorker("b"), dropWorker("c")}
+	x, c = NewCandidates(req, 16, 4, 1, nil, rows)
+	if _, err := p.Select(x, c); !errors.Is(err, ErrNoCandidate) {
+		t.Fatalf("got %v", err)
+	}
+	// soft-affinity filter narrows only when the target is a candidate
+	p = &Pipeline{Filters: []Filter{SoftAffinityFilter{}}, Scorers: []WeightedScorer{{ActiveRequestsScorer{}, 1}}}
+	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "b"}, rows)
+	if j, _ := p.Select(x, c); c.Key(j).Worker != "b" {
+		t.Fatalf("soft-affinity filter: %v", c.Key(j))
+	}
+	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "zz"}, rows)
+	if j, _ := p.Select(x, c); c.Key(j).Worker != "c" {
+		t.Fatalf("soft-affinity filter with absent target: %v", c.Key(j))
+	}
+}
+
+func TestRegistryYAML(t *testing.T) {
+	reg := NewRegistry()
+	for _, tc := range []struct {
+		doc      string
+		name     string
+		check    func(t *testing.T, p Policy)
+		errIs    error
+		errMatch string
+	}{
+		{doc: `name: default`, name: "default", check: func(t *testing.T, p Policy) {
+			d := p.(*DefaultPolicy)
+			if d.Temperature != 0 || d.Cost != DefaultCostParams() || d.HasSeed {
+				t.Fatalf("%+v", d)
+			}
+		}},
+		{doc: "name: default\nparams: {temperature: 0.7, seed: 42, overlap_credit: 0.5, prefill_load_scale: 2, decode_active_request_weight: 1}",
+			name: "default", check: func(t *testing.T, p Policy) {
+				d := p.(*DefaultPolicy)
+				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != (CostParams{2, 0.5, 1}) {
+					t.Fatalf("%+v", d)
+				}
+			}},
+		{doc: "", name: "default"},
+		{doc: "name: round-robin", name: "round-robin"},
+		{doc: "name: random\nparams: {respect_soft_affinity: true}", name: "random", check: func(t *testing.T, p Policy) {
+			if _, ok := p.(softAffinity); !ok {
+				t.Fatalf("%T", p)
+			}
+		}},
+		{doc: "name: least-loaded", name: "least-loaded"},
+		{doc: "name: power-of-two", name: "power-of-two"},
+		{doc: "name: two-tier", name: "two-tier", check: func(t *testing.T, p Policy) {
+			if *p.(*TwoTier) != *NewTwoTier() {
+				t.Fatalf("%+v", p)
+			}
+		}},
+		{doc: "name: two-tier\nparams: {cache_threshold: 0.3, balance_abs_threshold: 64, balance_rel_threshold: 1.5, respect_soft_affinity: true}",
+			name: "two-tier", check: func(t *testing.T, p Policy) {
+				if *p.(*TwoTier) != (TwoTier{0.3, 64, 1.5, true}) {
+					t.Fatalf("%+v", p)
+				}
+			}},
+		{doc: `
+name: pipeline
+params:
+  name: mine
+  filters: [{name: soft-affinity}, {name: not-busy}]
+  scorers:
+    - {name: default-cost, params: {overlap_credit: 0.5}}
+    - {name: active-requests, weight: 2}
+    - {name: kv-usage, weight: 0.5}
+  picker: {name: softmax, params: {temperature: 0.3, respect_soft_affinity: true}}
+`, name: "mine", check: func(t *testing.T, p Policy) {
+			pp := p.(*Pipeline)
+			if len(pp.Filters) != 2 || len(pp.Scorers) != 3 || pp.Scorers[1].Weight != 2 ||
+				pp.Scorers[0].Scorer.(DefaultCost).Params.OverlapCredit != 0.5 ||
+				pp.Picker != (SoftmaxPicker{0.3, true}) {
+				t.Fatalf("%+v", pp)
+			}
+		}},
+		{doc: "name: nope", errIs: ErrUnknownPolicy},
+		{doc: "name: default\nparams: {temprature: 1}", errIs: ErrInvalidConfig, errMatch: `"temprature"`},
+		{doc: "name: default\nparams: {temperature: -1}", errIs: ErrInvalidConfig},
+		{doc: "name: default\nparams: [1, 2]", errIs: ErrInvalidConfig},
+		{doc: "name: pipeline\nparams: {scorers: [{name: nope}]}", errIs: ErrUnknownPolicy},
+		{doc: "name: pipeline\nparams: {picker: {name: softmax, params: {temperature: -2}}}", errIs: ErrInvalidConfig},
+		{doc: "name: [", errIs: ErrInvalidConfig},
+	} {
+		t.Run(tc.doc, func(t *testing.T) {
+			p, err := reg.BuildYAML([]byte(tc.doc))
+			if tc.errIs != nil {
+				if !errors.Is(err, tc.errIs) || !strings.Contains(fmt.Sprint(err), tc.errMatch) {
+					t.Fatalf("got %v, want %v", err, tc.errIs)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Name() != tc.name {
+				t.Fatalf("name %q, want %q", p.Name(), tc.name)
+			}
+			if tc.check != nil {
+				tc.check(t, p)
+			}
+		})
+	}
+	// Custom registrations.
+	if err := reg.RegisterPolicy("default", buildDefault); err == nil {
+		t.Fatal("duplicate registration accepted")
+	}
+	if err := reg.RegisterPolicy("mine", func(*Registry, *yaml.Node) (Policy, error) { return Random{}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.RegisterScorer("zero", func(*yaml.Node) (Scorer, error) { return DecodeBlocksScorer{}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.BuildYAML([]byte("name: pipeline\nparams: {scorers: [{name: zero}]}")); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := reg.BuildYAML([]byte("name: mine")); err != nil || p.Name() != "random" {
+		t.Fatal(p, err)
+	}
+}
+
+func TestLoadConfigYAML(t *testing.T) {
+	cfg, err := LoadConfigYAML([]byte(`
+replica: r1
+block_size: 32
+seed: 9
+thresholds: {overload_prefill_frac: 2, queue_prefill_frac: 1.5}
+queue:
+  order: wspt
+  refresh_after: 5s
+  default: {requests: 100}
+  limits: {batch: {requests: 10, tokens: 5000, per_worker: true}}
+booking_ttl: 2m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Replica != "r1" || full.BlockSize != 32 || !full.HasSeed || full.Seed != 9 || full.Queue.Order != WSPT ||
+		full.Queue.RefreshAfter.Seconds() != 5 || full.BookingTTL.Minutes() != 2 || full.Queue.Limits["batch"].Tokens != 5000 ||
+		full.Thresholds != (Thresholds{OverloadPrefillFrac: 2, QueuePrefillFrac: 1.5}) || full.RemoteTTL.Seconds() != 300 {
+		t.Fatalf("%+v", full)
+	}
+	for _, bad := range []string{"queue: {order: lifo}", "thresholds: {queue_prefill_frac: -1}", "block_size: -4", "booking_ttl: -1s",
+		"queue: {limits: {x: {requests: -1}}}"} {
+		cfg, err := LoadConfigYAML([]byte(bad))
+		if err == nil {
+			_, err = cfg.withDefaults()
+		}
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("%q: %v", bad, err)
+		}
+	}
+	if _, err := New(Config{Thresholds: Thresholds{QueueDecodeFrac: math.NaN()}}, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatal(err)
+	}
+}
+
+// The KV-usage and prefill scorers are finite for unknown capacity.
+func TestScorersFinite(t *testing.T) {
+	rows := []CandidateRow{{Key: wk("a", 0)}, {Key: wk("b", 0), KVBlocks: 100, ActiveDecodeBlocks: 50}}
+	x, c := NewCandidates(&Request{Tokens: 32}, 16, 2, 1, nil, rows)
+	for _, s := range []Scorer{KVUsageScorer{}, PrefillTokensScorer{}, DecodeBlocksScorer{}, OverlapScorer{}, ActiveRequestsScorer{}} {
+		cost := make([]float64, 2)
+		s.Score(x, c, cost)
+		for _, v := range cost {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatalf("%T: %v", s, cost)
+			}
+		}
+	}
+	_ = kvevents.SeqHash(0)
+}
