@@ -1,10 +1,10 @@
 package sim
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/kvrouter/kvrouter/workers"
 )
 
 // Defaults follow the issue (and NVIDIA Dynamo's mocker, except the block
@@ -63,7 +63,8 @@ type Config struct {
 	// events are dropped (DiscardEmitter).
 	NewEmitter EmitterFactory
 
-	// NewEpoch returns the epoch of a new incarnation; nil = random non-zero.
+	// NewEpoch returns the epoch of a new incarnation; nil = workers.NewEpoch
+	// (random, non-zero, below 2^53).
 	NewEpoch func() uint64
 }
 
@@ -101,7 +102,7 @@ func (c Config) withDefaults() Config {
 		c.Clock = WallClock{}
 	}
 	if c.NewEpoch == nil {
-		c.NewEpoch = RandomEpoch
+		c.NewEpoch = workers.NewEpoch
 	}
 	return c
 }
@@ -130,15 +131,4 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: speedup %g (want > 0)", ErrBadConfig, c.Speedup)
 	}
 	return nil
-}
-
-// RandomEpoch returns a random non-zero epoch.
-func RandomEpoch() uint64 {
-	var b [8]byte
-	for {
-		_, _ = rand.Read(b[:]) // never fails since Go 1.24
-		if e := binary.LittleEndian.Uint64(b[:]); e != 0 {
-			return e
-		}
-	}
 }
