@@ -96,6 +96,19 @@ func (c *cache) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
+		// Our own writes come back through the watch: they are already
+		// cached (written through), so skip decoding them again and only
+		// take the server's storage time, from which the TTL runs.
+		c.mu.Lock()
+		if old, ok := c.m[key]; ok && old.rev >= e.Revision() {
+			if old.rev == e.Revision() && old.present {
+				old.storedAt = e.Created()
+				c.m[key] = old
+			}
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
 		st := stateFromValue(key, e.Revision(), e.Value(), e.Created())
 		c.put(key, &st)
 	default: // delete, purge, expiry marker

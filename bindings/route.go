@@ -205,6 +205,22 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.cfg.IdleTTL/time.Second)
 			want, tgt = Renewed, merge(bound.Target, tgt)
 		case bound.Mode == Hard && t.live(bound.Worker):
+			if !cur.leader {
+				// Refuse a request only on the leader's word: the cache
+				// may lag a re-bind made by a replica that saw the worker
+				// depart.
+				st, err := t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+				if err != nil {
+					return Result{Selections: selections}, err
+				}
+				if st.rev != cur.rev {
+					if sameRequirement(&st, &cur) {
+						preT, hasPre = tgt, true
+					}
+					cur = st
+					continue
+				}
+			}
 			t.st.outcome[Rejected].Add(1)
 			return Result{Outcome: Rejected, Binding: bound, Selections: selections},
 				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}

@@ -270,6 +270,39 @@ func TestHardLiveWorkerRejects(t *testing.T) {
 	}
 }
 
+// A replica whose cache lags a re-bind made elsewhere (the other replica saw
+// the worker depart) does not reject on its stale view: it confirms on the
+// leader and selects under the new binding.
+func TestHardRejectConfirmsOnLeader(t *testing.T) {
+	e := newEnv(t)
+	liveB := &liveSet{}
+	a := e.open(Config{ReplicaID: "a", Liveness: &liveSet{}})
+	b := e.open(Config{ReplicaID: "b", Liveness: liveB})
+	mustRoute(t, a, model, "s", always("w1"))
+	key, _ := Key(model, "s")
+	var stale readState
+	waitFor(t, 5*time.Second, "b's watch", func() bool {
+		st, ok := b.cache.getString(key)
+		stale = st
+		return ok && st.present
+	})
+	liveB.depart("w1")
+	if r := mustRoute(t, b, model, "s", always("w2")); r.Outcome != Rebound {
+		t.Fatalf("b: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "a's watch", func() bool {
+		st, ok := a.cache.getString(key)
+		return ok && st.rec.Worker == "w2"
+	})
+	a.cache.mu.Lock()
+	a.cache.m[key] = stale // a lags behind
+	a.cache.mu.Unlock()
+	r, err := a.Route(context.Background(), model, "s", always("w2"))
+	if err != nil || r.Outcome != Fresh || r.Target.Worker != "w2" || r.Selections != 2 {
+		t.Fatalf("a: %+v %v", r, err)
+	}
+}
+
 func TestSoftRebind(t *testing.T) {
 	tb := newEnv(t).open(Config{DefaultMode: Soft})
 	c := mustRoute(t, tb, model, "s", always("w1"))

@@ -1,0 +1,183 @@
+package bindings
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/natstest"
+)
+
+// Benchmarks of the commit protocol. Each op of the commit benchmarks is one
+// Route that writes (a create, or a Soft re-bind); per-op latencies are
+// reported as p50-µs and p99-µs next to ns/op. BareKVUpdate measures a
+// plain kv.Update on the same server, the floor the commit adds to.
+
+// timings records per-op latencies and reports their percentiles.
+type timings []time.Duration
+
+func (ts timings) report(b *testing.B) {
+	if len(ts) == 0 {
+		return
+	}
+	s := slices.Clone(ts)
+	slices.Sort(s)
+	q := func(p float64) float64 {
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(q(0.50), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+}
+
+type benchConn struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+func benchCommit(b *testing.B, conn benchConn, replicas int) {
+	ctx := context.Background()
+	b.Run("create", func(b *testing.B) {
+		bucket := fmt.Sprintf("bc%d", time.Now().UnixNano())
+		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas})
+		sel := always("w1")
+		sessions := make([]string, b.N)
+		for i := range sessions {
+			sessions[i] = fmt.Sprintf("session-%08d", i)
+		}
+		ts := make(timings, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			res, err := tb.Route(ctx, model, sessions[i], sel)
+			ts[i] = time.Since(t0)
+			if err != nil || res.Outcome != Created {
+				b.Fatalf("op %d: %v %v", i, res.Outcome, err)
+			}
+		}
+		b.StopTimer()
+		ts.report(b)
+		_ = conn.js.DeleteKeyValue(ctx, bucket)
+	})
+	b.Run("rebind", func(b *testing.B) {
+		bucket := fmt.Sprintf("br%d", time.Now().UnixNano())
+		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas, DefaultMode: Soft})
+		// Each request selects the worker it is not bound to: a Soft re-bind.
+		flip := func(_ context.Context, req *Requirement) (Target, error) {
+			if req == nil || req.Target.Worker == "w2" {
+				return Target{Worker: "w1"}, nil
+			}
+			return Target{Worker: "w2"}, nil
+		}
+		if _, err := tb.Route(ctx, model, "s", flip); err != nil {
+			b.Fatal(err)
+		}
+		ts := make(timings, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			res, err := tb.Route(ctx, model, "s", flip)
+			ts[i] = time.Since(t0)
+			if err != nil || res.Outcome != Rebound {
+				b.Fatalf("op %d: %v %v", i, res.Outcome, err)
+			}
+		}
+		b.StopTimer()
+		ts.report(b)
+		_ = conn.js.DeleteKeyValue(ctx, bucket)
+	})
+}
+
+func benchBareUpdate(b *testing.B, conn benchConn, replicas int) {
+	ctx := context.Background()
+	bucket := fmt.Sprintf("bu%d", time.Now().UnixNano())
+	kv, err := conn.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: replicas})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.js.DeleteKeyValue(ctx, bucket)
+	rev, err := kv.Create(ctx, "k", []byte(`{"worker":"w1"}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	val := []byte(`{"model":"llama","session":"s","worker":"w1","mode":"soft","version":2,"writer":"r-1","created":"2026-01-02T03:04:05Z","renewed":"2026-01-02T03:04:05Z","ttl_s":600,"nonce":"abc-0"}`)
+	ts := make(timings, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		rev, err = kv.Update(ctx, "k", val, rev)
+		ts[i] = time.Since(t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	ts.report(b)
+}
+
+// BenchmarkCommitSingle: create and re-bind on one embedded server (R1).
+// Target p50 ≤ 60 µs.
+func BenchmarkCommitSingle(b *testing.B) {
+	s := natstest.Start(b)
+	nc, js := natstest.JetStream(b, s)
+	benchCommit(b, benchConn{nc, js}, 1)
+}
+
+// BenchmarkCommitCluster: create and re-bind on a 3-node in-process cluster
+// with an R3 bucket. Target p50 ≤ 250 µs.
+func BenchmarkCommitCluster(b *testing.B) {
+	c := natstest.StartCluster(b, 3)
+	nc, js := connectCluster(b, c, 0)
+	benchCommit(b, benchConn{nc, js}, 3)
+}
+
+// BenchmarkBareKVUpdate: kv.Update CAS alone, the reference floor.
+func BenchmarkBareKVUpdate(b *testing.B) {
+	b.Run("single", func(b *testing.B) {
+		s := natstest.Start(b)
+		nc, js := natstest.JetStream(b, s)
+		benchBareUpdate(b, benchConn{nc, js}, 1)
+	})
+	b.Run("cluster", func(b *testing.B) {
+		c := natstest.StartCluster(b, 3)
+		nc, js := connectCluster(b, c, 0)
+		benchBareUpdate(b, benchConn{nc, js}, 3)
+	})
+}
+
+// BenchmarkRouteFresh: a request of a session whose binding is fresh, the
+// hot path. No KV write, no round trip, no allocation.
+func BenchmarkRouteFresh(b *testing.B) {
+	for _, strict := range []bool{false, true} {
+		b.Run(fmt.Sprintf("strict=%v", strict), func(b *testing.B) {
+			s := natstest.Start(b)
+			nc, js := natstest.JetStream(b, s)
+			tb := openOn(b, js, nc, Config{StrictReads: strict})
+			ctx := context.Background()
+			sel := pick("w9")
+			if _, err := tb.Route(ctx, model, "busy-session", always("w1")); err != nil {
+				b.Fatal(err)
+			}
+			writes := tb.Stats().Writes
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				res, err := tb.Route(ctx, model, "busy-session", sel)
+				if err != nil || res.Outcome != Fresh {
+					b.Fatalf("op %d: %v %v", i, res.Outcome, err)
+				}
+			}
+			b.StopTimer()
+			if w := tb.Stats().Writes; w != writes {
+				b.Fatalf("fresh path wrote %d times", w-writes)
+			}
+		})
+	}
+}
