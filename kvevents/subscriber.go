@@ -164,6 +164,12 @@ func NewSubscriber(js jetstream.JetStream, cfg SubscriberConfig) (*Subscriber, e
 	if cfg.Sink == nil {
 		return nil, errors.New("kvevents: NewSubscriber: nil Sink")
 	}
+	return newSubscriber(js, cfg), nil
+}
+
+// newSubscriber fills defaults and builds the state; tests that drive
+// process directly use it without a server.
+func newSubscriber(js jetstream.JetStream, cfg SubscriberConfig) *Subscriber {
 	if cfg.Stream == "" {
 		cfg.Stream = DefaultStream
 	}
@@ -177,7 +183,7 @@ func NewSubscriber(js jetstream.JetStream, cfg SubscriberConfig) (*Subscriber, e
 	if cfg.StartSeq > 0 {
 		s.handled.Store(cfg.StartSeq - 1)
 	}
-	return s, nil
+	return s
 }
 
 // Run reads the stream until ctx is done, then stops the consumer, waits
@@ -304,9 +310,9 @@ func (s *Subscriber) broadcast() {
 
 // handle is the consume callback: one message at a time, in stream order.
 func (s *Subscriber) handle(msg jetstream.Msg) {
-	s.messages.Add(1)
 	md, err := msg.Metadata()
 	if err != nil {
+		s.messages.Add(1)
 		s.bad(msg.Subject(), 0, fmt.Errorf("%w: no JetStream metadata: %v", ErrMalformed, err))
 		return
 	}
@@ -321,6 +327,7 @@ func (s *Subscriber) handle(msg jetstream.Msg) {
 // process decodes and applies one message; it is Run's per-message step,
 // separate from handle so it can be tested without a server.
 func (s *Subscriber) process(subject string, seq uint64, data []byte) {
+	s.messages.Add(1)
 	b := &s.batch
 	if err := s.dec.Decode(data, b); err != nil {
 		s.bad(subject, seq, err)

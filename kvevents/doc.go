@@ -1,0 +1,53 @@
+// Package kvevents is kvrouter's KV-cache event plane: how a worker's cache
+// changes become router-side sequence hashes, travel over NATS JetStream, and
+// reach each router replica's index in order, with loss and restarts made
+// explicit.
+//
+// It owns:
+//
+//   - Block hashing (hash.go): NVIDIA Dynamo's definition, so the same
+//     tokens give the same keys in both systems. Per block, XXH3-64 over the
+//     token ids as little-endian uint32 with seed 1337 (SeedFor mixes a LoRA
+//     name and cache salt into the seed); seq[0] = local[0],
+//     seq[i] = XXH3-64(LE64(seq[i-1]) || LE64(local[i]), seed 1337); full
+//     blocks only. Routers hash request tokens with SeqHashes; engines'
+//     events are rehashed the same way, so engine hashes are never compared
+//     across workers.
+//   - Subjects (subject.go): <prefix>.events.<model>.<worker>, names escaped
+//     one-to-one by SubjectToken.
+//   - Our wire format (wire.go, msgpack.go): a versioned positional msgpack
+//     Batch, encoded and decoded by hand over a bounded byte reader; every
+//     field is documented in docs/parts/protocol-events.md.
+//   - vLLM interop (vllm.go): DecodeVLLMBatch reads every KVEventBatch shape
+//     vLLM, SGLang and TensorRT-LLM publish; a Converter (one per engine)
+//     turns those events into ours, hashing token_ids and chaining children
+//     onto their parents' sequence hashes.
+//   - The Publisher (publisher.go): per (worker, rank), batches, numbers
+//     events from 1, publishes in order with a dedup id, retries, and a
+//     bounded buffer that fails loudly (ErrBufferFull) rather than block or
+//     drop silently.
+//   - The Subscriber (subscriber.go): an ordered consumer from any stream
+//     sequence that hands batches to a Sink and turns id gaps and epoch
+//     changes into Resync signals; bad input is counted and skipped.
+//   - EnsureStream (stream.go): the KVR_EVENTS stream definition.
+//
+// It does not own the prefix index that consumes batches (router/index
+// implements Sink), the engine processes or simulators that produce events
+// (workers, workers/sim), the ZMQ transport of vLLM's event stream (an
+// adapter feeds DecodeVLLMBatch with the payload frame), or snapshots (the
+// index records a stream sequence and restarts a Subscriber from it).
+//
+// Where to start reading: types.go (the shared Event and Batch), then
+// hash.go, then publisher.go and subscriber.go for the flow; wire.go and
+// vllm.go are the two decoders, both built on msgpack.go's mpReader.
+//
+// Ordering and loss, in short: event ids are per (worker, rank), start at 1
+// and have no holes; the epoch is random per publisher process. The
+// subscriber delivers a batch whose first id is the expected one; skips one
+// it has fully seen (a duplicate store or a replay overlap), trims one it
+// has partly seen to its new tail; on a higher first id it sends
+// Resync(SignalGap), on a different epoch Resync(SignalNewEpoch), and then
+// delivers the batch. The first batch it sees for a worker is applied
+// without a signal unless the Sink implements CursorSource (a sink restored
+// from a snapshot), in which case it is checked against the sink's cursor.
+package kvevents
