@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -11,6 +12,8 @@ const nilBlock int32 = -1
 // block is one physical KV block of a rank.
 type block struct {
 	hash       kvevents.SeqHash // valid when cached
+	parent     kvevents.SeqHash // hash of the block before it in its sequence, when depth > 0
+	depth      int32            // position in its sequence (0 = first block)
 	cached     bool             // registered in byHash: full, hashed, reusable by prefix
 	ref        int32            // running requests holding it
 	prev, next int32            // LRU links, valid while cached && ref == 0
@@ -113,11 +116,14 @@ func (c *kvCache) allocate() int32 {
 	return b
 }
 
-// register makes held block b the cached block of h. The caller has checked
+// register makes held block b the cached block of h, the depth-th block
+// of its sequence, whose previous block is parent. The caller has checked
 // that h is not cached yet.
-func (c *kvCache) register(b int32, h kvevents.SeqHash) {
+func (c *kvCache) register(b int32, h, parent kvevents.SeqHash, depth int) {
 	blk := &c.blocks[b]
 	blk.hash = h
+	blk.parent = parent
+	blk.depth = int32(depth)
 	blk.cached = true
 	c.byHash[h] = b
 }
@@ -187,4 +193,43 @@ func (c *kvCache) lruRemove(b int32) {
 	}
 	blk.prev, blk.next = nilBlock, nilBlock
 	c.lruLen--
+}
+
+// check verifies the pool's invariants (tests): counts add up, the LRU holds
+// exactly the cached unheld blocks, and every cached block's parent is
+// cached (eviction is leaf-first).
+func (c *kvCache) check() error {
+	inLRU := 0
+	for b := c.lruHead; b != nilBlock; b = c.blocks[b].next {
+		blk := &c.blocks[b]
+		if !blk.cached || blk.ref != 0 {
+			return fmt.Errorf("block %d in LRU: cached %v ref %d", b, blk.cached, blk.ref)
+		}
+		inLRU++
+	}
+	if inLRU != c.lruLen {
+		return fmt.Errorf("LRU walk %d, length %d", inLRU, c.lruLen)
+	}
+	unheldCached := 0
+	for i := range c.blocks {
+		blk := &c.blocks[i]
+		if blk.ref < 0 {
+			return fmt.Errorf("block %d ref %d", i, blk.ref)
+		}
+		if blk.cached && blk.ref == 0 {
+			unheldCached++
+		}
+		if blk.cached && blk.depth > 0 {
+			if _, ok := c.byHash[blk.parent]; !ok {
+				return fmt.Errorf("block %d (depth %d) cached without its parent", i, blk.depth)
+			}
+		}
+	}
+	if unheldCached != c.lruLen {
+		return fmt.Errorf("%d unheld cached blocks, %d in LRU", unheldCached, c.lruLen)
+	}
+	if len(c.byHash) > len(c.blocks) {
+		return fmt.Errorf("%d hashes for %d blocks", len(c.byHash), len(c.blocks))
+	}
+	return nil
 }

@@ -420,7 +420,11 @@ func (c *core) register(r *request, old int) {
 		if len(stored) == 0 {
 			start = i
 		}
-		c.cache.register(r.blocks[i], h)
+		var parent kvevents.SeqHash
+		if i > 0 {
+			parent = r.hashes[i-1]
+		}
+		c.cache.register(r.blocks[i], h, parent, i)
 		stored = append(stored, kvevents.StoredBlock{Engine: c.engineHash(h), Seq: h})
 	}
 	flush()
@@ -560,4 +564,58 @@ func (c *core) loop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// reannounce emits Cleared and then Stored events for every cached block,
+// parents first, in runs along chains.
+func (c *core) reannounce() {
+	c.emit(kvevents.Event{Kind: kvevents.KindCleared, Tier: kvevents.TierDevice})
+	children := make(map[kvevents.SeqHash][]kvevents.SeqHash)
+	var roots []kvevents.SeqHash
+	for h, b := range c.cache.byHash {
+		blk := &c.cache.blocks[b]
+		if blk.depth == 0 {
+			roots = append(roots, h)
+		} else {
+			children[blk.parent] = append(children[blk.parent], h)
+		}
+	}
+	slices.Sort(roots)
+	type start struct {
+		h         kvevents.SeqHash
+		parent    kvevents.SeqHash
+		hasParent bool
+	}
+	stack := make([]start, 0, len(roots))
+	for i := len(roots) - 1; i >= 0; i-- {
+		stack = append(stack, start{h: roots[i]})
+	}
+	run := c.storeBuf[:0]
+	for len(stack) > 0 {
+		s := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		run = run[:0]
+		for h := s.h; ; {
+			run = append(run, kvevents.StoredBlock{Engine: c.engineHash(h), Seq: h})
+			kids := children[h]
+			if len(kids) == 0 || len(run) == maxEventBlocks {
+				for _, k := range kids {
+					stack = append(stack, start{h: k, parent: h, hasParent: true})
+				}
+				break
+			}
+			slices.Sort(kids)
+			for _, k := range kids[1:] {
+				stack = append(stack, start{h: k, parent: h, hasParent: true})
+			}
+			h = kids[0]
+		}
+		ev := kvevents.Event{Kind: kvevents.KindStored, Tier: kvevents.TierDevice, Blocks: run}
+		if s.hasParent {
+			ev.Parent, ev.HasParent = c.engineHash(s.parent), true
+		}
+		c.stats.StoredBlocks += uint64(len(run))
+		c.emit(ev)
+	}
+	c.storeBuf = run
 }

@@ -293,6 +293,19 @@ func (e *Engine) Reset() error {
 	return nil
 }
 
+// Reannounce re-emits the whole cache of every rank, in the current epoch:
+// Cleared, then Stored events for every cached block, parents first. Use it
+// when routers have dropped what they knew about this worker while it kept
+// running (workers.RegistryConfig.OnRecreate: its registry key had expired
+// and was created again); Fleet wires it there.
+func (e *Engine) Reannounce() {
+	for _, c := range e.ranks {
+		c.mu.Lock()
+		c.reannounce()
+		c.mu.Unlock()
+	}
+}
+
 // Idle reports whether no request is queued or running on any rank.
 func (e *Engine) Idle() bool { return e.InFlight() == 0 }
 

@@ -598,6 +598,14 @@ func TestEventsReplayEqualsDump(t *testing.T) {
 				k := kvevents.WorkerKey{Worker: "w1", Rank: r}
 				m.apply(k, rs.latest(r).take())
 			}
+			for _, cr := range e.ranks {
+				cr.mu.Lock()
+				err := cr.cache.check()
+				cr.mu.Unlock()
+				if err != nil {
+					t.Fatalf("seed %d %v: %v", seed, cr.key, err)
+				}
+			}
 			for k, want := range e.Dump() {
 				if got := m.seqs(k); !slices.Equal(got, want) {
 					t.Fatalf("seed %d %v: events describe %d blocks, dump has %d", seed, k, len(got), len(want))
@@ -650,5 +658,38 @@ func TestEventsReplayEqualsDump(t *testing.T) {
 		for _, cancel := range cancels {
 			cancel()
 		}
+	}
+}
+
+// Reannounce alone (from an empty view) rebuilds exactly the cache.
+func TestReannounce(t *testing.T) {
+	e, rs, _ := newTestEngine(t, Config{KVBlocks: 80, MaxBatchedTokens: 100})
+	rng := rand.New(rand.NewPCG(7, 7))
+	base := seq(1, 300)
+	for i := 0; i < 60; i++ {
+		tok := cat(base[:rng.IntN(300)], seq(rng.IntN(1<<20), rng.IntN(60)+1))
+		submit(t, e, Request{Tokens: tok, MaxTokens: rng.IntN(30) + 1})
+		if i%5 == 0 {
+			runIdle(t, e)
+		}
+	}
+	runIdle(t, e)
+	k := kvevents.WorkerKey{Worker: "w1"}
+	em := rs.latest(0)
+	em.take()
+	e.Reannounce()
+	evs := em.take()
+	if len(evs) < 2 || evs[0].Kind != kvevents.KindCleared {
+		t.Fatalf("events %d, first %+v", len(evs), evs[0])
+	}
+	m := newMirror(t)
+	m.apply(k, evs)
+	want := e.Dump()[k]
+	if len(want) < 20 || !slices.Equal(m.seqs(k), want) {
+		t.Fatalf("reannounced %d blocks, cache has %d", len(m.seqs(k)), len(want))
+	}
+	// Chains go out as runs, not one event per block.
+	if len(evs)-1 >= len(want) {
+		t.Errorf("%d Stored events for %d blocks", len(evs)-1, len(want))
 	}
 }

@@ -137,6 +137,15 @@ func (f *Fleet) startWorker(ctx context.Context, w *fleetWorker, nc *nats.Conn, 
 		defer close(w.done)
 		_ = w.e.Run(runCtx)
 	}()
+	// Routers drop a worker whose key vanished; when the heartbeat creates
+	// it again, tell them the whole cache again.
+	user := rc.OnRecreate
+	rc.OnRecreate = func(i workers.Info) {
+		w.e.Reannounce()
+		if user != nil {
+			user(i)
+		}
+	}
 	var err error
 	if w.srv, err = Serve(runCtx, nc, w.e); err != nil {
 		return err
