@@ -289,7 +289,7 @@ func (f *fleet) refresh(s int32, th *Thresholds) {
 func (f *fleet) refreshAll(th *Thresholds) {
 	f.nonBusy = 0
 	for s := range f.key {
-		f.flags[s] &^= fOverloaded | fBusy
+		f.flags[s] |= fBusy // uncounted: refresh counts it if it is free
 		f.refresh(int32(s), th)
 	}
 }
