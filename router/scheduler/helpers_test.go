@@ -13,7 +13,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func wk(name string, rank uint32) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: name, Rank: rank} }
+func wk(name string, rank uint32) kvevents.WorkerKey {
+	return kvevents.WorkerKey{Worker: name, Rank: rank}
+}
 
 // wi is an available worker with room for one 100-token prefill: a booking
 // of 100 uncached tokens makes it busy under the default queue threshold.
