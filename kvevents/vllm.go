@@ -498,46 +498,49 @@ func (d *vllmDecoder) hashList() error {
 	return nil
 }
 
-// tokenList reads token ids with inline fast paths for the unsigned forms
-// msgspec writes; anything else goes through the general reader.
+// tokenList reads token ids with an inline fast path for the unsigned
+// forms msgspec writes; anything else goes through the general reader.
 func (d *vllmDecoder) tokenList() error {
 	r := &d.r
 	n, err := r.arrayLen()
 	if err != nil {
 		return err
 	}
-	toks := slices.Grow(d.tokens, n)
-	b := r.b
-	for i := 0; i < n; i++ {
-		off := r.off
+	base := len(d.tokens)
+	toks := slices.Grow(d.tokens, n)[:base+n]
+	out := toks[base:]
+	b, off := r.b, r.off
+	for i := range out {
 		if off < len(b) {
-			c := b[off]
-			switch {
+			switch c := b[off]; {
 			case c <= 0x7f:
-				toks = append(toks, uint32(c))
-				r.off = off + 1
+				out[i] = uint32(c)
+				off++
 				continue
 			case c == 0xcc && off+2 <= len(b):
-				toks = append(toks, uint32(b[off+1]))
-				r.off = off + 2
+				out[i] = uint32(b[off+1])
+				off += 2
 				continue
 			case c == 0xcd && off+3 <= len(b):
-				toks = append(toks, uint32(binary.BigEndian.Uint16(b[off+1:])))
-				r.off = off + 3
+				out[i] = uint32(b[off+1])<<8 | uint32(b[off+2])
+				off += 3
 				continue
 			case c == 0xce && off+5 <= len(b):
-				toks = append(toks, binary.BigEndian.Uint32(b[off+1:]))
-				r.off = off + 5
+				out[i] = binary.BigEndian.Uint32(b[off+1:])
+				off += 5
 				continue
 			}
 		}
+		r.off = off
 		t, err := r.uint32v()
 		if err != nil {
-			d.tokens = toks
+			d.tokens = toks[:base+i]
 			return err
 		}
-		toks = append(toks, t)
+		out[i] = t
+		off = r.off
 	}
+	r.off = off
 	d.tokens = toks
 	return nil
 }

@@ -303,3 +303,9 @@ func benchBatch(events, blocks int) *Batch {
 	}
 	return b
 }
+
+func TestMsgID(t *testing.T) {
+	if got := MsgID(0x0123456789abcdef, 42); got != "81985529216486895-42" {
+		t.Fatalf("MsgID = %q", got)
+	}
+}
