@@ -188,7 +188,8 @@ func newSubscriber(js jetstream.JetStream, cfg SubscriberConfig) *Subscriber {
 
 // Run reads the stream until ctx is done, then stops the consumer, waits
 // for the callback in flight and returns nil. It returns an error only if
-// the consumer cannot be created. Run may be called once.
+// the consumer cannot be created (the stream must exist: EnsureStream).
+// Run may be called once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -213,10 +214,18 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("kvevents: ordered consumer on stream %q: %w", s.cfg.Stream, err)
 	}
-	cc, err := cons.Consume(s.handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.log.logf(slog.LevelWarn, "consume", "kvevents: event stream consumer error",
-			slog.String("stream", s.cfg.Stream), slog.String("error", err.Error()))
-	}))
+	// Bound what the client buffers ahead of the sink: at most 256 messages
+	// and 64 MiB (or twice the max payload, so one message always fits).
+	byteLimit := 64 << 20
+	if nc := s.js.Conn(); nc != nil {
+		byteLimit = max(byteLimit, 2*int(nc.MaxPayload()))
+	}
+	cc, err := cons.Consume(s.handle,
+		jetstream.PullMaxMessagesWithBytesLimit(256, byteLimit),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			s.log.logf(slog.LevelWarn, "consume", "kvevents: event stream consumer error",
+				slog.String("stream", s.cfg.Stream), slog.String("error", err.Error()))
+		}))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
