@@ -97,7 +97,14 @@ func benchCommit(b *testing.B, conn benchConn, replicas int) {
 func benchBareUpdate(b *testing.B, conn benchConn, replicas int) {
 	ctx := context.Background()
 	bucket := fmt.Sprintf("bu%d", time.Now().UnixNano())
-	kv, err := conn.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: replicas})
+	var kv jetstream.KeyValue
+	var err error
+	for try := 0; try < 50; try++ { // a cluster just started may lack peers for R3 (10005)
+		if kv, err = conn.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: replicas}); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}

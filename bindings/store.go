@@ -20,6 +20,7 @@ const (
 	codeWrongLastSeq      = 10071 // CAS conflict (R1, and often R3)
 	codeWrongLastSeqConst = 10164 // CAS conflict while another write to the key is in flight (R3)
 	codeNoMessage         = 10037 // MSG.GET: nothing stored under the subject
+	codeNoPeers           = 10005 // too few cluster peers for the replicas asked for (cluster starting)
 )
 
 const (

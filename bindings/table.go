@@ -203,7 +203,7 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:         cfg.Bucket,
 			Description:    "kvrouter session bindings (see docs/protocol.md)",
@@ -215,6 +215,18 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetst
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, cfg.Bucket) // another replica created it first
 		}
+		// A cluster that is still starting has too few peers for the
+		// replicas asked for (10005): wait for them while ctx allows.
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != codeNoPeers {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bindings: create bucket %q: %w (then %w)", cfg.Bucket, err, ctx.Err())
+		case <-time.After(wait):
+		}
+		err = jetstream.ErrBucketNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bindings: open bucket %q: %w", cfg.Bucket, err)
@@ -361,8 +373,12 @@ func (t *Table) Get(ctx context.Context, model, session string) (Binding, error)
 func (t *Table) firstRead(ctx context.Context, kb []byte) (readState, error) {
 	if !t.strict() {
 		st, ok := t.cache.get(kb)
+		now := time.Now()
 		switch {
-		case ok && (!st.present || st.live(time.Now())):
+		case ok && !st.present && t.cache.dead(&st, now):
+			// The server has dropped the marker too: nothing is stored.
+			return readState{}, nil
+		case ok && (!st.present || st.live(now)):
 			return st, nil
 		case !ok && !t.cache.incomplete.Load():
 			return readState{}, nil
