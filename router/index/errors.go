@@ -9,8 +9,9 @@ var (
 	// ErrSnapshotVersion means the snapshot was written by an unknown
 	// format version.
 	ErrSnapshotVersion = errors.New("index: unsupported snapshot version")
-	// ErrSnapshotModel means a snapshot for another model was offered.
-	ErrSnapshotModel = errors.New("index: snapshot is for another model")
+	// ErrSnapshotMismatch means a snapshot for another model or tier was
+	// offered.
+	ErrSnapshotMismatch = errors.New("index: snapshot is for another model or tier")
 	// ErrNoSnapshot means the bucket holds no snapshot for the model.
 	ErrNoSnapshot = errors.New("index: no snapshot")
 	// ErrStaleSnapshot means a snapshot at the same or a newer stream

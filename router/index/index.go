@@ -81,7 +81,7 @@ type worker struct {
 	slot    uint32
 	removed bool
 
-	engines map[kvevents.EngineHash]kvevents.SeqHash
+	engines engMap // engine hash -> sequence hash
 	// multi counts extra engine hashes mapping to a sequence hash the
 	// worker already holds (rare: only engines whose block ids are not a
 	// function of content). The block leaves the index with the last one.
@@ -89,6 +89,9 @@ type worker struct {
 	entries int // distinct sequence hashes indexed for this worker
 
 	cursor Cursor
+
+	seqBuf []kvevents.SeqHash // scratch for removals
+	sink   uint64             // folds pre-touched words so the loads stay
 }
 
 // Cursor is the last event a (worker, rank) had applied, as carried by its
@@ -217,7 +220,7 @@ func (x *Index) lockWorker(k kvevents.WorkerKey, create bool) *worker {
 					x.wmu.Unlock()
 					return nil
 				}
-				w = &worker{key: k, slot: slot, engines: make(map[kvevents.EngineHash]kvevents.SeqHash)}
+				w = &worker{key: k, slot: slot}
 				x.workers[k] = w
 			}
 			x.wmu.Unlock()
@@ -315,30 +318,30 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 			return
 		}
 		if ev.HasParent {
-			if _, ok := w.engines[ev.Parent]; !ok {
+			if _, ok := w.engines.get(uint64(ev.Parent)); !ok {
 				// The blocks are still indexed: their sequence hashes
 				// carry the prefix, and a lookup cannot match through
 				// the missing parent anyway.
 				c.orphan++
 			}
 		}
-		for _, blk := range ev.Blocks {
-			x.storeLocked(w, blk, c)
+		for blks := ev.Blocks; len(blks) > 0; {
+			n := min(len(blks), touchChunk)
+			x.touchStores(w, blks[:n])
+			for _, blk := range blks[:n] {
+				x.storeLocked(w, blk, c)
+			}
+			blks = blks[n:]
 		}
 	case kvevents.KindRemoved:
 		if ev.Tier != x.cfg.Tier {
 			c.tier++
 			return
 		}
-		for _, e := range ev.Removed {
-			s, ok := w.engines[e]
-			if !ok {
-				c.unknown++
-				continue
-			}
-			delete(w.engines, e)
-			x.dropRef(w, s, c)
-			c.removed++
+		for rm := ev.Removed; len(rm) > 0; {
+			n := min(len(rm), touchChunk)
+			x.removeEngines(w, rm[:n], c)
+			rm = rm[n:]
 		}
 	case kvevents.KindCleared:
 		// A clear empties the rank whatever the tier named: engines send
@@ -350,16 +353,58 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 	}
 }
 
+// touchChunk is how many blocks of an event are pre-touched at once.
+const touchChunk = 32
+
+// touchStores loads the engine-map and block-table buckets of blks before
+// they are written. The loads do not depend on each other, so the CPU
+// overlaps their cache misses; the writes that follow then hit the cache.
+// With a large index this halves the cost of a stored block.
+func (x *Index) touchStores(w *worker, blks []kvevents.StoredBlock) {
+	var sink uint64
+	for i := range blks {
+		sink += w.engines.touch(uint64(blks[i].Engine))
+		h := mix(uint64(blks[i].Seq))
+		sink += x.shardOf(h).touch(h)
+	}
+	w.sink += sink
+}
+
+// removeEngines removes a chunk of engine hashes: touch their engine-map
+// buckets, resolve them (touching the block buckets), then drop the blocks.
+func (x *Index) removeEngines(w *worker, rm []kvevents.EngineHash, c *batchCounts) {
+	var sink uint64
+	for _, e := range rm {
+		sink += w.engines.touch(uint64(e))
+	}
+	w.seqBuf = w.seqBuf[:0]
+	for _, e := range rm {
+		s, ok := w.engines.del(uint64(e))
+		if !ok {
+			c.unknown++
+			continue
+		}
+		w.seqBuf = append(w.seqBuf, kvevents.SeqHash(s))
+		h := mix(s)
+		sink += x.shardOf(h).touch(h)
+		c.removed++
+	}
+	for _, s := range w.seqBuf {
+		x.dropRef(w, s, c)
+	}
+	w.sink += sink
+}
+
 func (x *Index) storeLocked(w *worker, blk kvevents.StoredBlock, c *batchCounts) {
-	if old, ok := w.engines[blk.Engine]; ok {
-		if old == blk.Seq {
+	if old, ok := w.engines.get(uint64(blk.Engine)); ok {
+		if kvevents.SeqHash(old) == blk.Seq {
 			c.dup++
 			return
 		}
 		// The engine reused a block id for other content: the old
 		// mapping is gone.
-		delete(w.engines, blk.Engine)
-		x.dropRef(w, old, c)
+		w.engines.del(uint64(blk.Engine))
+		x.dropRef(w, kvevents.SeqHash(old), c)
 		c.rebound++
 	}
 	if (x.cfg.MaxEntries > 0 && x.entries.Load()+c.delta >= x.cfg.MaxEntries) ||
@@ -367,7 +412,7 @@ func (x *Index) storeLocked(w *worker, blk kvevents.StoredBlock, c *batchCounts)
 		c.refused++
 		return
 	}
-	w.engines[blk.Engine] = blk.Seq
+	w.engines.put(uint64(blk.Engine), uint64(blk.Seq))
 	if x.addEntry(blk.Seq, w.slot) {
 		w.entries++
 		c.delta++
@@ -399,17 +444,17 @@ func (x *Index) dropRef(w *worker, seq kvevents.SeqHash, c *batchCounts) {
 }
 
 func (x *Index) clearLocked(w *worker, c *batchCounts) {
-	if len(w.engines) == 0 {
+	if w.engines.len() == 0 {
 		return
 	}
 	w.multi = nil
-	for _, s := range w.engines {
-		if x.removeEntry(s, w.slot) {
+	w.engines.each(func(_, s uint64) {
+		if x.removeEntry(kvevents.SeqHash(s), w.slot) {
 			w.entries--
 			c.delta--
 		}
-	}
-	w.engines = make(map[kvevents.EngineHash]kvevents.SeqHash)
+	})
+	w.engines = engMap{}
 }
 
 // ClearWorker drops every block held for k (an engine restart, a gap, an
@@ -493,7 +538,7 @@ func (x *Index) loadWorker(k kvevents.WorkerKey, cur Cursor, blocks []kvevents.S
 	var c batchCounts
 	x.clearLocked(w, &c)
 	if len(blocks) > 0 {
-		w.engines = make(map[kvevents.EngineHash]kvevents.SeqHash, len(blocks))
+		w.engines.init(len(blocks))
 	}
 	for _, b := range blocks {
 		x.storeLocked(w, b, &c)

@@ -235,9 +235,7 @@ func checkInvariants(t testing.TB, x *Index) {
 			t.Fatalf("slot %d of %v names %v", w.slot, k, info)
 		}
 		refs := map[kvevents.SeqHash]uint32{}
-		for _, s := range w.engines {
-			refs[s]++
-		}
+		w.engines.each(func(_, s uint64) { refs[kvevents.SeqHash(s)]++ })
 		for s, n := range refs {
 			if n > 1 && w.multi[s] != n-1 {
 				t.Fatalf("%v: seq %x has %d engine refs, multi %d", k, s, n, w.multi[s])
@@ -265,12 +263,7 @@ func checkInvariants(t testing.TB, x *Index) {
 				t.Fatalf("block %x holds slot %d that no worker owns", s, sl)
 			}
 			found := false
-			for _, v := range w.engines {
-				if v == s {
-					found = true
-					break
-				}
-			}
+			w.engines.each(func(_, v uint64) { found = found || kvevents.SeqHash(v) == s })
 			if !found {
 				t.Fatalf("block %x holds slot %d of %v, which does not hold it", s, sl, w.key)
 			}

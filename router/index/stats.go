@@ -6,12 +6,11 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
-// Memory model used by Stats.Bytes. The block table costs 16 bytes per
-// bucket (key + value) at a load factor between 3/8 and 3/4; a Go map
-// entry of the per-worker engine map (16 bytes of key and value, one
-// control byte, 7/8 maximum load, about 2/3 average after growth) costs
-// about engineEntryBytes. BenchmarkMemoryPerEntry measures the real heap
-// growth per entry and is the number to trust.
+// Memory model used by Stats.Bytes: the block table and the per-worker
+// engine maps cost 16 bytes per bucket (key + value) at a load factor
+// between 3/8 and 3/4, counted from their real capacities; the rare
+// multi-reference Go map entries cost about engineEntryBytes.
+// BenchmarkMemoryPerEntry measures the real heap growth per entry.
 const (
 	engineEntryBytes = 26
 	workerBytes      = 256 // worker struct, map headers, slot info
@@ -73,7 +72,7 @@ func (x *Index) Stats() Stats {
 	s.Workers = len(ws)
 	for _, w := range ws {
 		w.mu.Lock()
-		bytes += int64(len(w.engines))*engineEntryBytes + int64(len(w.multi))*engineEntryBytes + workerBytes
+		bytes += int64(w.engines.bytes()) + int64(len(w.multi))*engineEntryBytes + workerBytes
 		w.mu.Unlock()
 	}
 	bytes += int64(slotCap) * 8
@@ -128,10 +127,10 @@ func (x *Index) Dump() []WorkerDump {
 			w.mu.Unlock()
 			continue
 		}
-		d := WorkerDump{Key: w.key, Cursor: w.cursor, Blocks: make([]kvevents.StoredBlock, 0, len(w.engines))}
-		for e, s := range w.engines {
-			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: e, Seq: s})
-		}
+		d := WorkerDump{Key: w.key, Cursor: w.cursor, Blocks: make([]kvevents.StoredBlock, 0, w.engines.len())}
+		w.engines.each(func(e, s uint64) {
+			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: kvevents.EngineHash(e), Seq: kvevents.SeqHash(s)})
+		})
 		w.mu.Unlock()
 		slices.SortFunc(d.Blocks, cmpBlock)
 		out = append(out, d)

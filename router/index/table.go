@@ -155,6 +155,12 @@ func (sh *shard) get(key, h uint64) (v uint64, big *bigSet, ok bool) {
 	}
 }
 
+// touch loads the bucket h maps to (see Index.touchStores).
+func (sh *shard) touch(h uint64) uint64 {
+	t := sh.tab.Load()
+	return t.s[2*(h&t.mask)+1].Load()
+}
+
 // inline helpers ------------------------------------------------------------
 
 func inlineCount(v uint64) int {

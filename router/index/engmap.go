@@ -1,0 +1,171 @@
+package index
+
+// engMap maps a worker's engine block hashes to sequence hashes. It is a
+// flat open-addressing table (linear probing, backward-shift deletion)
+// rather than a Go map so that the write path can touch the buckets of a
+// whole event before working on them: those loads are independent, so
+// their cache misses overlap instead of queueing one by one. Owned by one
+// worker and used under its mutex only.
+type engMap struct {
+	s       []uint64 // s[2i] key, s[2i+1] value
+	mask    uint64
+	n       int  // entries, including the zero key
+	hasZero bool // key 0 is kept aside: 0 marks an empty bucket
+	zeroVal uint64
+}
+
+const engMinCap = 8
+
+func (m *engMap) len() int { return m.n }
+
+func (m *engMap) init(capacity int) {
+	c := engMinCap
+	for c*3 < capacity*4 {
+		c <<= 1
+	}
+	m.s = make([]uint64, 2*c)
+	m.mask = uint64(c - 1)
+	m.n = 0
+	m.hasZero = false
+}
+
+// touch loads the bucket key k hashes to and returns a word of it; the
+// caller folds the results into a sink so the loads are not elided.
+func (m *engMap) touch(k uint64) uint64 {
+	if m.s == nil {
+		return 0
+	}
+	return m.s[2*(mix(k)&m.mask)]
+}
+
+func (m *engMap) get(k uint64) (uint64, bool) {
+	if k == 0 {
+		return m.zeroVal, m.hasZero
+	}
+	if m.s == nil {
+		return 0, false
+	}
+	i := mix(k) & m.mask
+	for {
+		key := m.s[2*i]
+		if key == k {
+			return m.s[2*i+1], true
+		}
+		if key == 0 {
+			return 0, false
+		}
+		i = (i + 1) & m.mask
+	}
+}
+
+// put sets k to v.
+func (m *engMap) put(k, v uint64) {
+	if k == 0 {
+		if !m.hasZero {
+			m.n++
+		}
+		m.hasZero, m.zeroVal = true, v
+		return
+	}
+	if m.s == nil {
+		m.init(0)
+	}
+	if (m.n+1)*4 > int(m.mask+1)*3 {
+		m.rehash(int(m.mask+1) * 2)
+	}
+	i := mix(k) & m.mask
+	for {
+		key := m.s[2*i]
+		if key == k {
+			m.s[2*i+1] = v
+			return
+		}
+		if key == 0 {
+			m.s[2*i], m.s[2*i+1] = k, v
+			m.n++
+			return
+		}
+		i = (i + 1) & m.mask
+	}
+}
+
+// del removes k and returns its value.
+func (m *engMap) del(k uint64) (uint64, bool) {
+	if k == 0 {
+		if !m.hasZero {
+			return 0, false
+		}
+		m.hasZero = false
+		m.n--
+		return m.zeroVal, true
+	}
+	if m.s == nil {
+		return 0, false
+	}
+	i := mix(k) & m.mask
+	for {
+		key := m.s[2*i]
+		if key == 0 {
+			return 0, false
+		}
+		if key == k {
+			break
+		}
+		i = (i + 1) & m.mask
+	}
+	v := m.s[2*i+1]
+	j := i
+	for {
+		j = (j + 1) & m.mask
+		kj := m.s[2*j]
+		if kj == 0 {
+			break
+		}
+		ideal := mix(kj) & m.mask
+		if i <= j {
+			if i < ideal && ideal <= j {
+				continue
+			}
+		} else if i < ideal || ideal <= j {
+			continue
+		}
+		m.s[2*i], m.s[2*i+1] = kj, m.s[2*j+1]
+		i = j
+	}
+	m.s[2*i], m.s[2*i+1] = 0, 0
+	m.n--
+	if c := int(m.mask + 1); c > engMinCap && m.n*8 < c {
+		m.rehash(c / 2)
+	}
+	return v, true
+}
+
+func (m *engMap) rehash(c int) {
+	old := m.s
+	m.s = make([]uint64, 2*c)
+	m.mask = uint64(c - 1)
+	for i := 0; i < len(old); i += 2 {
+		if k := old[i]; k != 0 {
+			j := mix(k) & m.mask
+			for m.s[2*j] != 0 {
+				j = (j + 1) & m.mask
+			}
+			m.s[2*j], m.s[2*j+1] = k, old[i+1]
+		}
+	}
+}
+
+// each calls fn for every entry.
+func (m *engMap) each(fn func(k, v uint64)) {
+	if m.hasZero {
+		fn(0, m.zeroVal)
+	}
+	for i := 0; i < len(m.s); i += 2 {
+		if k := m.s[i]; k != 0 {
+			fn(k, m.s[i+1])
+		}
+	}
+}
+
+// bytes is the memory held by the table.
+func (m *engMap) bytes() int { return 8 * cap(m.s) }
