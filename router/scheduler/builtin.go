@@ -82,19 +82,26 @@ func (c *Candidates) anyAffinityTarget() bool {
 
 // pickMinCost is the fused default scorer + temperature-0 picker.
 func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
+	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+		return pickMinCostPlain(x, c, cp)
+	}
 	f := c.f
 	inv := 1 / float64(x.BlockSize)
 	isl := float64(x.PromptTokens)
 	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
-	ov := c.overlap[:len(c.slots)]
+	ov, ep := c.ov, c.epoch
 	best, bi, ties := math.Inf(1), 0, 0
 	for i, s := range c.slots {
 		if only && !c.aff.matches(f, s) {
 			continue
 		}
-		pre := (float64(prefill[s])+isl)*inv - credit*float64(ov[i])
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
 		}
@@ -112,6 +119,40 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 	return bi
 }
 
+// pickMinCostPlain is pickMinCost for the common case: no Soft target among
+// the candidates, no prompt blocks shared with active requests, no
+// active-request weight. Same costs, same tie-break draws.
+func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
+	f := c.f
+	inv := 1 / float64(x.BlockSize)
+	isl := float64(x.PromptTokens)
+	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
+	newBlks := float64(c.newBlks)
+	prefill, decode := f.prefill, f.decode
+	ov, ep := c.ov, c.epoch
+	best, bi, ties := math.Inf(1), 0, 0
+	for i, s := range c.slots {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		cost := scale*pre + (float64(decode[s]) + newBlks)
+		if cost < best {
+			best, bi, ties = cost, i, 1
+		} else if cost == best {
+			ties++
+			if x.rng.intn(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}
+
 func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	f := c.f
 	inv := 1 / float64(x.BlockSize)
@@ -119,10 +160,14 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
-	ov := c.overlap[:len(c.slots)]
+	ov, ep := c.ov, c.epoch
 	cost = cost[:len(c.slots)]
 	for i, s := range c.slots {
-		pre := (float64(prefill[s])+isl)*inv - credit*float64(ov[i])
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
 		}
@@ -486,10 +531,10 @@ func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
 	}
 	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
 	bestOv := int32(0)
-	for i, s := range c.slots {
+	for _, s := range c.slots {
 		a := c.f.active[s]
 		lo, hi = min(lo, a), max(hi, a)
-		bestOv = max(bestOv, c.overlap[i])
+		bestOv = max(bestOv, c.ovAt(s))
 	}
 	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
 		return leastLoaded(x, c, nil), nil
@@ -498,7 +543,7 @@ func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
 		return leastLoaded(x, c, func(i int) bool { return c.aff.matches(c.f, c.slots[i]) }), nil
 	}
 	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
-		return leastLoaded(x, c, func(i int) bool { return c.overlap[i] == bestOv }), nil
+		return leastLoaded(x, c, func(i int) bool { return c.ovAt(c.slots[i]) == bestOv }), nil
 	}
 	return leastLoaded(x, c, nil), nil
 }

@@ -65,6 +65,8 @@ type fleet struct {
 
 	freeSlots []int32
 	order     []int32 // live slots sorted by (worker, rank): deterministic candidate order
+	elig      []int32 // eligible slots in that order, rebuilt lazily when eligDirty
+	eligDirty bool
 
 	workers   []worker
 	freeWIDs  []int32
@@ -73,6 +75,17 @@ type fleet struct {
 	gen       uint32 // bumped on membership change (invalidates the resolve cache)
 	cache     []resolveEntry
 	cacheBits uint
+	hints     []resolveHint
+}
+
+// resolveHint remembers how the i-th overlap of the previous request
+// resolved: the index reports workers in a stable order, so the same
+// position usually names the same worker (same string memory) again.
+type resolveHint struct {
+	name string
+	rank uint32
+	gen  uint32
+	slot int32
 }
 
 type resolveEntry struct {
@@ -118,6 +131,25 @@ func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 	}
 	s := f.lookup(k.Worker, k.Rank)
 	*e = resolveEntry{name: k.Worker, rank: k.Rank, gen: f.gen, slot: s}
+	return s
+}
+
+// slotAt resolves the i-th overlap key of a request: the positional hint
+// first (a sequential scan, no hashing), then slotOf.
+func (f *fleet) slotAt(i int, k kvevents.WorkerKey) int32 {
+	if i < len(f.hints) {
+		h := &f.hints[i]
+		if h.gen == f.gen && h.rank == k.Rank && len(h.name) == len(k.Worker) &&
+			unsafe.StringData(h.name) == unsafe.StringData(k.Worker) {
+			return h.slot
+		}
+	} else if i == len(f.hints) && i < 1<<20 {
+		f.hints = append(f.hints, resolveHint{})
+	} else {
+		return f.slotOf(k)
+	}
+	s := f.slotOf(k)
+	f.hints[i] = resolveHint{name: k.Worker, rank: k.Rank, gen: f.gen, slot: s}
 	return s
 }
 
@@ -210,6 +242,8 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 	f.maxBatched[s] = int64(info.MaxBatchedTokens)
 	f.maxSeqs[s] = int32(info.MaxSeqs)
 	if added {
+		i, _ := slices.BinarySearchFunc(f.order, s, f.compareSlots)
+		f.order = slices.Insert(f.order, i, s)
 		f.membershipChanged()
 	}
 	f.flags[s] |= fBusy // not counted as free until refresh says so
@@ -235,35 +269,36 @@ func (f *fleet) remove(name string, freed []int32) []int32 {
 	delete(f.byName, name)
 	f.workers[w] = worker{}
 	f.freeWIDs = append(f.freeWIDs, w)
+	f.order = slices.DeleteFunc(f.order, func(s int32) bool { return f.flags[s]&fLive == 0 })
 	f.membershipChanged()
 	return freed
 }
 
+// membershipChanged invalidates every cached key resolution (a slot may
+// now name another worker) and sizes the cache to the fleet.
 func (f *fleet) membershipChanged() {
+	f.eligDirty = true
 	f.gen++
 	if f.gen == 0 { // wrapped: clear so no entry can match by accident
 		clear(f.cache)
 		f.gen = 1
 	}
-	f.order = f.order[:0]
-	for s := range f.key {
-		if f.flags[s]&fLive != 0 {
-			f.order = append(f.order, int32(s))
-		}
-	}
-	slices.SortFunc(f.order, func(a, b int32) int {
-		if c := cmp.Compare(f.key[a].Worker, f.key[b].Worker); c != 0 {
-			return c
-		}
-		return cmp.Compare(f.key[a].Rank, f.key[b].Rank)
-	})
 	f.resizeCache(len(f.order))
+}
+
+// compareSlots orders slots by (worker, rank): the candidate order.
+func (f *fleet) compareSlots(a, b int32) int {
+	if c := cmp.Compare(f.key[a].Worker, f.key[b].Worker); c != 0 {
+		return c
+	}
+	return cmp.Compare(f.key[a].Rank, f.key[b].Rank)
 }
 
 // refresh recomputes a slot's effective load and its busy/overloaded flags
 // under th, keeping nonBusy in step.
 func (f *fleet) refresh(s int32, th *Thresholds) {
 	wasFree := f.flags[s]&freeMask == fLive|fAvail
+	wasElig := f.flags[s]&eligibleMask == eligibleWant
 	f.prefill[s] = f.lPrefill[s] + f.rPrefill[s] + f.xPrefill[s]
 	f.decode[s] = f.lDecode[s] + f.rDecode[s] + f.xDecode[s]
 	f.active[s] = f.lActive[s] + f.rActive[s] + f.xActive[s]
@@ -276,6 +311,9 @@ func (f *fleet) refresh(s int32, th *Thresholds) {
 		}
 	}
 	f.flags[s] = fl
+	if (fl&eligibleMask == eligibleWant) != wasElig {
+		f.eligDirty = true
+	}
 	isFree := fl&freeMask == fLive|fAvail
 	switch {
 	case isFree && !wasFree:
@@ -297,6 +335,22 @@ func (f *fleet) refreshAll(th *Thresholds) {
 // over: load has reached frac × capacity. Off when frac or capacity is 0.
 func over(load, capacity int64, frac float64) bool {
 	return frac > 0 && capacity > 0 && float64(load) >= frac*float64(capacity)
+}
+
+// eligibleSlots is every eligible slot in (worker, rank) order: the
+// candidate set of a request without an allowed set, kept between
+// selections so that building it costs nothing while eligibility is stable.
+func (f *fleet) eligibleSlots() []int32 {
+	if f.eligDirty {
+		f.elig = f.elig[:0]
+		for _, s := range f.order {
+			if f.flags[s]&eligibleMask == eligibleWant {
+				f.elig = append(f.elig, s)
+			}
+		}
+		f.eligDirty = false
+	}
+	return f.elig
 }
 
 func (f *fleet) eligible(s int32) bool { return f.flags[s]&eligibleMask == eligibleWant }

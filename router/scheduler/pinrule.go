@@ -3,7 +3,6 @@ package scheduler
 import (
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // pinPlan is the pin rule's verdict for one request: what limits its
@@ -141,7 +140,7 @@ func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
 		c.stats.policyErrors.Add(1)
 		return -1, 0, fmt.Errorf("%w: policy %s chose row %d of %d", ErrPolicy, c.policy.Name(), i, cs.Len())
 	}
-	return cs.slots[i], int(cs.overlap[i]), nil
+	return cs.slots[i], int(cs.ovAt(cs.slots[i])), nil
 }
 
 // context fills the reusable selection context for w.
@@ -157,33 +156,36 @@ func (c *core) context(w *waiter) *Context {
 	return x
 }
 
-// prepare resolves w's overlaps and its shared active blocks into the
-// per-slot scratch arrays; unprepare resets exactly what prepare touched.
+// prepare resolves w's overlaps into the epoch-stamped per-slot array and
+// its shared active blocks into c.shared; unprepare resets what it touched.
 func (c *core) prepare(w *waiter) {
 	fl := c.fl
-	if n := len(fl.key); len(c.ovBySlot) < n {
-		c.ovBySlot = slices.Grow(c.ovBySlot[:0], n)[:n]
-		clear(c.ovBySlot)
-		c.shared = slices.Grow(c.shared[:0], n)[:n]
-		clear(c.shared)
-		c.cands.slots = slices.Grow(c.cands.slots[:0], n)
-		c.cands.overlap = slices.Grow(c.cands.overlap[:0], n)
+	cs := &c.cands
+	if n := len(fl.key); len(c.shared) < n {
+		c.shared = append(c.shared, make([]int32, n-len(c.shared))...)
+		cs.ov = append(cs.ov, make([]uint64, n-len(cs.ov))...)
+	}
+	cs.epoch += 1 << 32
+	if cs.epoch == 0 { // wrapped after 2^32 selections: old stamps could match
+		clear(cs.ov)
+		cs.epoch = 1 << 32
 	}
 	r := w.req
-	limit := int32(max(len(r.SeqHashes), r.Tokens/max(1, c.cfg.BlockSize)))
-	for _, o := range w.overlaps() {
+	ov, ep := cs.ov, cs.epoch
+	limit := uint32(max(len(r.SeqHashes), r.Tokens/max(1, c.cfg.BlockSize)))
+	for i, o := range w.overlaps() {
 		if o.Blocks <= 0 {
 			continue
 		}
-		s := fl.slotOf(o.Key)
+		s := fl.slotAt(i, o.Key)
 		if s < 0 {
 			continue
 		}
-		v := min(int32(o.Blocks), limit)
-		if c.ovBySlot[s] == 0 {
-			c.ovTouched = append(c.ovTouched, s)
+		v := min(uint32(min(o.Blocks, 1<<31)), limit)
+		if cur := ov[s]; cur >= ep && uint32(cur) >= v {
+			continue
 		}
-		c.ovBySlot[s] = max(c.ovBySlot[s], v)
+		ov[s] = ep | uint64(v)
 	}
 	// Prompt blocks already active on a worker are counted once there. The
 	// hashes are a prefix chain and bookings hold whole chains, so the first
@@ -204,38 +206,29 @@ func (c *core) prepare(w *waiter) {
 	}
 	bs := int64(max(1, c.cfg.BlockSize))
 	total := (int64(r.Tokens) + int64(r.ExpectedOutput) + bs - 1) / bs
-	c.cands.f = fl
-	c.cands.shared = c.shared
-	c.cands.newBlks = max(total, int64(len(r.SeqHashes)))
+	cs.f = fl
+	cs.shared = c.shared
+	cs.anyShared = len(c.shTouched) > 0
+	cs.newBlks = max(total, int64(len(r.SeqHashes)))
 }
 
 func (c *core) unprepare() {
-	for _, s := range c.ovTouched {
-		c.ovBySlot[s] = 0
-	}
-	c.ovTouched = c.ovTouched[:0]
 	for _, s := range c.shTouched {
 		c.shared[s] = 0
 	}
 	c.shTouched = c.shTouched[:0]
 }
 
-// collectAll fills c.cands with every eligible row w may use, in (worker,
-// rank) order.
+// collectAll sets c.cands to every eligible row w may use, in (worker, rank)
+// order. Without an allowed set that is the fleet's maintained list.
 func (c *core) collectAll(w *waiter) {
 	fl := c.fl
 	cs := &c.cands
-	cs.slots, cs.overlap = cs.slots[:0], cs.overlap[:0]
 	if w.allowed == nil {
-		flags, ov := fl.flags, c.ovBySlot
-		for _, s := range fl.order {
-			if flags[s]&eligibleMask == eligibleWant {
-				cs.slots = append(cs.slots, s)
-				cs.overlap = append(cs.overlap, ov[s])
-			}
-		}
+		cs.slots, cs.owned = fl.eligibleSlots(), false
 		return
 	}
+	cs.slots, cs.owned = cs.own[:0], true
 	for _, name := range w.allowed { // sorted, so the order matches fl.order
 		wid := fl.widOf(name)
 		if wid < 0 {
@@ -244,25 +237,24 @@ func (c *core) collectAll(w *waiter) {
 		for _, s := range fl.workers[wid].slots {
 			if fl.eligible(s) {
 				cs.slots = append(cs.slots, s)
-				cs.overlap = append(cs.overlap, c.ovBySlot[s])
 			}
 		}
 	}
+	cs.own = cs.slots[:0]
 }
 
-// collectTarget fills c.cands with t's eligible rows that w may use.
+// collectTarget sets c.cands to t's eligible rows that w may use.
 func (c *core) collectTarget(w *waiter, t Target) {
 	fl := c.fl
 	cs := &c.cands
-	cs.slots, cs.overlap = cs.slots[:0], cs.overlap[:0]
-	if !w.allows(t.Worker) {
-		return
-	}
-	var one [1]int32
-	for _, s := range fl.slotsOf(fl.resolve(t), &one) {
-		if fl.eligible(s) {
-			cs.slots = append(cs.slots, s)
-			cs.overlap = append(cs.overlap, c.ovBySlot[s])
+	cs.slots, cs.owned = cs.own[:0], true
+	if w.allows(t.Worker) {
+		var one [1]int32
+		for _, s := range fl.slotsOf(fl.resolve(t), &one) {
+			if fl.eligible(s) {
+				cs.slots = append(cs.slots, s)
+			}
 		}
 	}
+	cs.own = cs.slots[:0]
 }

@@ -164,13 +164,25 @@ func (x *Context) bools(n int) []bool {
 // candidate's slot; the request-specific values (overlap, potential decode
 // blocks) are folded in.
 type Candidates struct {
-	slots   []int32
-	overlap []int32
-	f       *fleet
-	shared  []int32 // by slot: request blocks already active there
-	newBlks int64   // request decode blocks if nothing were shared
-	aff     resolvedTarget
-	hasAff  bool
+	slots     []int32 // candidate slots; may alias the fleet's eligible list until Retain
+	owned     bool    // slots is our scratch (safe to compact)
+	own       []int32 // scratch backing for owned slots
+	f         *fleet
+	ov        []uint64 // by slot: epoch | overlap blocks (stale epoch = 0 blocks)
+	epoch     uint64   // current selection's epoch, in the high 32 bits
+	shared    []int32  // by slot: request blocks already active there
+	anyShared bool     // some slot has shared > 0
+	newBlks   int64    // request decode blocks if nothing were shared
+	aff       resolvedTarget
+	hasAff    bool
+}
+
+// ovAt is the overlap of slot s for the current request.
+func (c *Candidates) ovAt(s int32) int32 {
+	if v := c.ov[s]; v >= c.epoch {
+		return int32(uint32(v))
+	}
+	return 0
 }
 
 // Len is the number of candidates.
@@ -180,7 +192,7 @@ func (c *Candidates) Len() int { return len(c.slots) }
 func (c *Candidates) Key(i int) kvevents.WorkerKey { return c.f.key[c.slots[i]] }
 
 // OverlapBlocks is how many leading prompt blocks candidate i has cached.
-func (c *Candidates) OverlapBlocks(i int) int { return int(c.overlap[i]) }
+func (c *Candidates) OverlapBlocks(i int) int { return int(c.ovAt(c.slots[i])) }
 
 // ActivePrefillTokens is the prefill work booked on candidate i (tokens).
 func (c *Candidates) ActivePrefillTokens(i int) int { return int(c.f.prefill[c.slots[i]]) }
@@ -217,16 +229,18 @@ func (c *Candidates) IsAffinityTarget(i int) bool {
 // Retain keeps the candidates whose keep flag is set, in order; len(keep)
 // must be Len().
 func (c *Candidates) Retain(keep []bool) {
+	if !c.owned {
+		c.own = append(c.own[:0], c.slots...)
+		c.slots, c.owned = c.own, true
+	}
 	j := 0
 	for i, k := range keep[:len(c.slots)] {
 		if k {
 			c.slots[j] = c.slots[i]
-			c.overlap[j] = c.overlap[i]
 			j++
 		}
 	}
 	c.slots = c.slots[:j]
-	c.overlap = c.overlap[:j]
 }
 
 // CandidateRow is one worker in a hand-built candidate set (NewCandidates).
@@ -247,7 +261,7 @@ type CandidateRow struct {
 // aff, when non-nil, is the Soft target.
 func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *Target, rows []CandidateRow) (*Context, *Candidates) {
 	f := newFleet()
-	c := &Candidates{f: f, newBlks: int64(requestBlocks)}
+	c := &Candidates{f: f, newBlks: int64(requestBlocks), epoch: 1 << 32, owned: true}
 	for _, row := range rows {
 		s, _ := f.upsert(WorkerInfo{Key: row.Key, KVBlocks: row.KVBlocks, MaxBatchedTokens: row.MaxBatchedTokens, Available: true}, &Thresholds{})
 		f.prefill[s] = int64(row.ActivePrefillTokens)
@@ -255,10 +269,12 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *T
 		f.active[s] = int32(row.ActiveRequests)
 		for len(c.shared) <= int(s) {
 			c.shared = append(c.shared, 0)
+			c.ov = append(c.ov, 0)
 		}
+		c.ov[s] = c.epoch | uint64(uint32(row.OverlapBlocks))
 		c.shared[s] = int32(row.SharedBlocks)
+		c.anyShared = c.anyShared || row.SharedBlocks > 0
 		c.slots = append(c.slots, s)
-		c.overlap = append(c.overlap, int32(row.OverlapBlocks))
 	}
 	if r == nil {
 		r = &Request{}

@@ -35,8 +35,6 @@ type core struct {
 	// selection scratch
 	x         Context
 	cands     Candidates
-	ovBySlot  []int32
-	ovTouched []int32
 	shared    []int32
 	shTouched []int32
 

@@ -1,0 +1,172 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The design note's matrix: ISL 2,048 tokens, block size 16, worker i has
+// (i % 32)·64 cached tokens, i·16 active prefill tokens, i % 127 decode
+// blocks and i % 17 active requests.
+const benchISL = 2048
+
+func benchCore(b testing.TB, n int, p Policy, freshKeys bool) (*core, *waiter) {
+	s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := s.c
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("worker-%05d", i)
+		c.upsertWorker(WorkerInfo{Key: wk(names[i], 0), Available: true})
+	}
+	fl := c.fl
+	for i := range n {
+		sl := fl.lookup(names[i], 0)
+		fl.lPrefill[sl] = int64(i * 16)
+		fl.lDecode[sl] = int64(i % 127)
+		fl.lActive[sl] = int32(i % 17)
+		fl.refresh(sl, &c.th)
+	}
+	r := &Request{ID: "bench", Tokens: benchISL, SeqHashes: hashes(benchISL/16, 1)}
+	for i := range n {
+		if cached := (i % 32) * 64; cached > 0 {
+			name := names[i]
+			if freshKeys { // a copy with other backing memory: the resolve cache misses
+				name = strings.Clone(name)
+			}
+			r.Overlaps = append(r.Overlaps, Overlap{Key: wk(name, 0), Blocks: cached / 16})
+		}
+	}
+	w := &waiter{req: r, dlIndex: -1}
+	plan, err := applyPinRule(r, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.plan = plan
+	return c, w
+}
+
+func benchSelect(b *testing.B, n int, p Policy, freshKeys bool) {
+	c, w := benchCore(b, n, p, freshKeys)
+	if _, _, _, err := c.selectWorker(w); err != nil { // warm the scratch
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, _, err := c.selectWorker(w); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDefaultSelection is one selection by the default policy: overlap
+// resolution, shared-block lookup, eligibility, the pin rule, cost and pick.
+func BenchmarkDefaultSelection(b *testing.B) {
+	for _, temp := range []float64{0, 0.7} {
+		for _, n := range []int{2, 32, 1024, 2048, 10000} {
+			b.Run(fmt.Sprintf("T=%v/workers=%d", temp, n), func(b *testing.B) {
+				benchSelect(b, n, NewDefaultPolicy(temp), false)
+			})
+		}
+	}
+}
+
+// BenchmarkDefaultSelectionFreshKeys: overlaps whose worker-name strings are
+// new copies each time, so every key goes through the name map.
+func BenchmarkDefaultSelectionFreshKeys(b *testing.B) {
+	for _, n := range []int{32, 2048, 10000} {
+		b.Run(fmt.Sprintf("T=0/workers=%d", n), func(b *testing.B) {
+			benchSelect(b, n, NewDefaultPolicy(0), true)
+		})
+	}
+}
+
+// customScorer is what a user-written scorer looks like: accessor calls only.
+type customScorer struct{}
+
+func (customScorer) Score(x *Context, c *Candidates, cost []float64) {
+	for i := range c.Len() {
+		cost[i] = float64(c.ActivePrefillTokens(i)+x.PromptTokens)/float64(x.BlockSize) -
+			float64(c.OverlapBlocks(i)) + float64(c.PotentialDecodeBlocks(i))
+	}
+}
+
+// keepAll is a filter that looks at every candidate and keeps it.
+type keepAll struct{}
+
+func (keepAll) Filter(_ *Context, c *Candidates, keep []bool) {
+	for i := range c.Len() {
+		keep[i] = c.ActiveRequests(i) >= 0
+	}
+}
+
+func BenchmarkCustomSelection(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		filters []Filter
+	}{
+		{"no_filter", nil},
+		{"keep_all_filter", []Filter{keepAll{}}},
+	} {
+		b.Run(fmt.Sprintf("%s/workers=10000", tc.name), func(b *testing.B) {
+			p := &Pipeline{PolicyName: "custom", Filters: tc.filters,
+				Scorers: []WeightedScorer{{Scorer: customScorer{}, Weight: 1}}, Picker: MinPicker{}}
+			benchSelect(b, 10000, p, false)
+		})
+	}
+}
+
+// BenchmarkSelectionUnderHard: the pin rule narrows to one worker.
+func BenchmarkSelectionUnderHard(b *testing.B) {
+	c, w := benchCore(b, 2048, NewDefaultPolicy(0), false)
+	w.req.Affinity = hardTo(workerOnly("worker-00100"))
+	w.plan, _ = applyPinRule(w.req, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if s, _, _, err := c.selectWorker(w); err != nil || c.fl.key[s].Worker != "worker-00100" {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSchedule is a full Schedule call through the actor (validation,
+// channel round trip, admission, selection, booking of 128 prompt blocks)
+// followed by Free.
+func BenchmarkSchedule(b *testing.B) {
+	for _, n := range []int{32, 2048} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				if err := s.UpsertWorker(WorkerInfo{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Available: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := s.Start(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			r := &Request{ID: "r", Tokens: benchISL, ExpectedOutput: 128, SeqHashes: hashes(benchISL/16, 1)}
+			for i := 0; i < n; i += 3 {
+				r.Overlaps = append(r.Overlaps, Overlap{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Blocks: (i % 32) * 4})
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := s.Schedule(ctx, r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Free(d.Fence); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
