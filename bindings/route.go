@@ -151,13 +151,21 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 				}
 				fl = f
 			}
-			if selections >= t.cfg.MaxAttempts || writes >= t.cfg.MaxAttempts {
+			if writes >= t.cfg.MaxAttempts {
 				return t.exhausted(model, session, selections)
 			}
-			selections++
-			tgt, err := t.selectUnder(ctx, sel, nil, model, session)
-			if err != nil {
-				return Result{Selections: selections}, err
+			var tgt Target
+			if hasPre {
+				tgt, hasPre = preT, false
+			} else {
+				if selections >= t.cfg.MaxAttempts {
+					return t.exhausted(model, session, selections)
+				}
+				selections++
+				var err error
+				if tgt, err = t.selectUnder(ctx, sel, nil, model, session); err != nil {
+					return Result{Selections: selections}, err
+				}
 			}
 			now := time.Now()
 			rec := recordFor(model, session, tgt, t.cfg.DefaultMode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
@@ -175,7 +183,13 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 				return t.done(Created, tgt, st.rec.binding(st.rev), selections), nil
 			}
 			unknown = unknown || amb
-			cur, hasPre = st, false
+			// Still unbound (our create lost to a marker, or went
+			// unanswered and did not land): the selection stands.
+			// Bound by someone else: select again under their binding.
+			cur = st
+			if !st.present {
+				preT, hasPre = tgt, true
+			}
 			continue
 		}
 

@@ -615,7 +615,7 @@ func TestAmbiguousWrites(t *testing.T) {
 			return real(ctx, m, opts...)
 		}
 		r := mustRoute(t, tb, model, "s", always("w1"))
-		if r.Outcome != Created || r.Target.Worker != "w1" || r.Selections != 2 {
+		if r.Outcome != Created || r.Target.Worker != "w1" || r.Selections != 1 {
 			t.Fatalf("%+v", r)
 		}
 		if s := tb.Stats(); s.Ambiguous != 1 || s.AmbiguousLanded != 0 || s.Writes != 2 {
