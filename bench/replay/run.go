@@ -207,7 +207,7 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		if probe == nil {
 			return metrics.Summary{}, fmt.Errorf("%w: the stack has no cache probe for the oracle", ErrConfig)
 		}
-		d.oracle = newOracle(probe, stack.Workers(), cfg.BlockSize, cfg.Seed)
+		d.oracle = newOracle(probe, stack.Workers(), cfg.BlockSize, cfg.MaxBatchedTokens, cfg.Seed)
 	}
 	if cfg.Progress != nil {
 		d.bar = progress.New(cfg.Progress, pol.Name, len(reqs), progress.Options{Lines: cfg.ProgressLines})

@@ -1,6 +1,10 @@
 package workload
 
-import "strconv"
+import (
+	"sort"
+	"strconv"
+	"time"
+)
 
 // InferSessions gives session ids to a block-id workload that has none (the
 // Mooncake traces carry no session field). A request continues the session of
@@ -71,4 +75,71 @@ func rootDepth(w *Workload) int {
 			return depth
 		}
 	}
+}
+
+// SampleSessions keeps every request of n sessions drawn deterministically
+// (from seed) among the sessions with at least minRequests requests, in
+// their original order and timing, re-based so the first kept request
+// arrives at 0. It turns a long trace into a short one that keeps the
+// reuse within sessions (a plain time slice of a conversation trace loses
+// most of it: turns of one conversation are minutes apart). Requests
+// without a session are dropped. n <= 0 or more than there are keeps all
+// qualifying sessions.
+func (w *Workload) SampleSessions(n, minRequests int, seed uint64) *Workload {
+	count := map[string]int{}
+	var order []string
+	for i := range w.Requests {
+		s := w.Requests[i].Session
+		if s == "" {
+			continue
+		}
+		if count[s] == 0 {
+			order = append(order, s)
+		}
+		count[s]++
+	}
+	var eligible []string
+	for _, s := range order {
+		if count[s] >= minRequests {
+			eligible = append(eligible, s)
+		}
+	}
+	keep := map[string]bool{}
+	if n <= 0 || n >= len(eligible) {
+		for _, s := range eligible {
+			keep[s] = true
+		}
+	} else {
+		// Rank sessions by a seeded hash of their id: a deterministic draw
+		// that does not depend on the order sessions appear in.
+		type ranked struct {
+			s string
+			h uint64
+		}
+		rs := make([]ranked, len(eligible))
+		for i, s := range eligible {
+			h := seed
+			for j := 0; j < len(s); j++ {
+				h = mix64(h ^ uint64(s[j]))
+			}
+			rs[i] = ranked{s, h}
+		}
+		sort.Slice(rs, func(i, j int) bool { return rs[i].h < rs[j].h })
+		for _, r := range rs[:n] {
+			keep[r.s] = true
+		}
+	}
+	out := &Workload{Name: w.Name, BlockTokens: w.BlockTokens}
+	var base time.Duration = -1
+	for _, r := range w.Requests {
+		if !keep[r.Session] {
+			continue
+		}
+		if base < 0 {
+			base = r.Arrival
+		}
+		r.Arrival -= base
+		out.Requests = append(out.Requests, r)
+	}
+	return out
 }

@@ -312,3 +312,27 @@ func FuzzMooncakeReader(f *testing.F) {
 		}
 	})
 }
+
+func TestSampleSessions(t *testing.T) {
+	w := Chat(ChatConfig{Seed: 5, Sessions: 30, Turns: 4})
+	s := w.SampleSessions(10, 2, 1)
+	if s.Sessions() != 10 || s.Requests[0].Arrival != 0 {
+		t.Fatalf("%d sessions, first at %v", s.Sessions(), s.Requests[0].Arrival)
+	}
+	again := w.SampleSessions(10, 2, 1)
+	if !reflect.DeepEqual(s, again) {
+		t.Fatal("not deterministic")
+	}
+	if other := w.SampleSessions(10, 2, 2); reflect.DeepEqual(s, other) {
+		t.Fatal("seed ignored")
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if all := w.SampleSessions(0, 1, 1); len(all.Requests) != len(w.Requests) {
+		t.Fatalf("all: %d of %d", len(all.Requests), len(w.Requests))
+	}
+	if none := w.SampleSessions(5, 1000, 1); len(none.Requests) != 0 {
+		t.Fatal("min requests ignored")
+	}
+}

@@ -1,0 +1,16 @@
+// Package stack builds the real routing stack a replay runs against, in one
+// process: an embedded NATS server with JetStream (router/host's
+// StartEmbedded, in-process connections), a fleet of simulated workers
+// (workers/sim: step loops, KV events through kvevents publishers, registry
+// heartbeats, load reports, the generate endpoint over NATS), and router
+// replicas (router/host) in one queue group. The replay driver reaches it only
+// as a client would: host.Client for the route API and sim.Generate for the
+// workers' endpoints.
+//
+// For the oracle policy it also mirrors each simulated worker's cache
+// exactly: every event the engine emits is applied, synchronously and
+// before it is published, to an in-memory copy (Mirror), so the oracle reads
+// the engines' true contents without event lag.
+//
+// Start at New.
+package stack

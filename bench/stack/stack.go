@@ -1,0 +1,362 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/replay"
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/kvrouter/kvrouter/workers/sim"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options tune what New builds beyond replay.StackConfig.
+type Options struct {
+	Prefix string // subject prefix (default "kvr")
+	// GenConns is the number of client connections the generate traffic is
+	// spread over (default 4): one connection's reader would serialise every
+	// streamed chunk.
+	GenConns int
+	// ReadyTimeout bounds the wait for replicas to be ready and to see the
+	// whole fleet (default 30 s).
+	ReadyTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Factory returns a replay.StackFactory building stacks with these options.
+func Factory(opt Options) replay.StackFactory {
+	return func(ctx context.Context, cfg replay.StackConfig) (replay.Stack, error) {
+		return New(ctx, cfg, opt)
+	}
+}
+
+// Stack is a running fleet, its replicas and the client side.
+type Stack struct {
+	cfg      replay.StackConfig
+	opt      Options
+	emb      *host.Embedded
+	conns    []*nats.Conn
+	fleet    *sim.Fleet
+	replicas []*host.Replica
+	client   *host.Client
+	router   *router
+	gen      *generator
+	mirror   *Mirror
+	workers  []string
+}
+
+var _ replay.Stack = (*Stack)(nil)
+
+// New starts everything and returns once every replica is ready and sees the
+// whole fleet. On error what was started is stopped.
+func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, err error) {
+	if opt.Prefix == "" {
+		opt.Prefix = host.DefaultPrefix
+	}
+	if opt.GenConns <= 0 {
+		opt.GenConns = 4
+	}
+	if opt.ReadyTimeout <= 0 {
+		opt.ReadyTimeout = 30 * time.Second
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers < 1 || cfg.Replicas < 1 || cfg.BlockSize < 1 || cfg.Model == "" {
+		return nil, fmt.Errorf("%w: stack needs workers, replicas, block size and model (%+v)", replay.ErrConfig, cfg)
+	}
+	s := &Stack{cfg: cfg, opt: opt}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = s.Close(cctx)
+			cancel()
+		}
+	}()
+	ncfg := host.NATSConfig{Embedded: true}
+	if s.emb, err = host.StartEmbedded(ncfg, nil); err != nil {
+		return nil, err
+	}
+	connect := func(name string) (*nats.Conn, error) {
+		c := ncfg
+		c.Name = name
+		nc, err := host.Connect(ctx, c, s.emb, nil)
+		if err != nil {
+			return nil, err
+		}
+		s.conns = append(s.conns, nc)
+		return nc, nil
+	}
+	wnc, err := connect("bench-workers")
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(wnc)
+	if err != nil {
+		return nil, fmt.Errorf("stack: jetstream: %w", err)
+	}
+	// The event stream must exist before the first publish.
+	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Prefix: opt.Prefix}); err != nil {
+		return nil, fmt.Errorf("stack: event stream: %w", err)
+	}
+	if err := s.startFleet(ctx, wnc, js); err != nil {
+		return nil, err
+	}
+	for i := 0; i < cfg.Replicas; i++ {
+		nc, err := connect("bench-replica-" + strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		r, err := host.New(nc, s.replicaConfig(i))
+		if err != nil {
+			return nil, fmt.Errorf("stack: replica %d: %w", i, err)
+		}
+		s.replicas = append(s.replicas, r)
+		if err := r.Start(ctx); err != nil {
+			return nil, fmt.Errorf("stack: start replica %d: %w", i, err)
+		}
+	}
+	cnc, err := connect("bench-client")
+	if err != nil {
+		return nil, err
+	}
+	s.client = host.NewClient(cnc, opt.Prefix, nil)
+	s.router = &router{c: s.client, model: cfg.Model, deadline: cfg.RouteDeadline}
+	s.gen = &generator{}
+	for i := 0; i < opt.GenConns; i++ {
+		nc, err := connect("bench-gen-" + strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		s.gen.conns = append(s.gen.conns, nc)
+	}
+	if err := s.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
+	cfg := s.cfg
+	if cfg.Probe {
+		s.mirror = NewMirror()
+	}
+	var publish func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error)
+	if cfg.Policy.Events {
+		publish = sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: s.opt.Prefix, Model: cfg.Model})
+	}
+	mirror := s.mirror
+	var newEmitter func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error)
+	if publish != nil || mirror != nil {
+		newEmitter = func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error) {
+			e := &emitter{m: mirror, key: kvevents.WorkerKey{Worker: worker, Rank: rank}}
+			if publish != nil {
+				next, err := publish(worker, rank, epoch)
+				if err != nil {
+					return nil, err
+				}
+				e.next = next
+			}
+			return e, nil
+		}
+	}
+	f, err := sim.NewFleet(sim.FleetConfig{
+		Count:    cfg.Workers,
+		IDPrefix: "w",
+		Engine: sim.Config{
+			Model: cfg.Model, Prefix: s.opt.Prefix, BlockSize: cfg.BlockSize, KVBlocks: cfg.KVBlocks,
+			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, Speedup: cfg.Speedup,
+		},
+		NewEmitter: newEmitter,
+		Registry:   registryConfig(),
+		Logger:     s.opt.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("stack: fleet: %w", err)
+	}
+	s.fleet = f
+	if err := f.Start(ctx, nc, js); err != nil {
+		return fmt.Errorf("stack: start fleet: %w", err)
+	}
+	for _, e := range f.Engines() {
+		s.workers = append(s.workers, e.Config().Worker)
+	}
+	return nil
+}
+
+// registryConfig is shared by workers and replicas. The TTL is longer than
+// the default 3 s so that a replay saturating both cores cannot starve a
+// heartbeat into a departure: worker liveness is not what is measured here.
+func registryConfig() workers.RegistryConfig {
+	return workers.RegistryConfig{TTL: 10 * time.Second, Heartbeat: time.Second}
+}
+
+func (s *Stack) replicaConfig(i int) host.Config {
+	cfg := s.cfg
+	mode := bindings.Hard
+	if cfg.SessionMode == replay.SessionSoft {
+		mode = bindings.Soft
+	}
+	hc := host.Config{
+		ReplicaID: "bench-r" + strconv.Itoa(i),
+		Prefix:    s.opt.Prefix,
+		Models:    []string{cfg.Model},
+		BlockSize: cfg.BlockSize,
+		Registry:  registryConfig(),
+		Bindings:  bindings.Config{DefaultMode: mode},
+		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy},
+		Logger:    s.opt.Logger,
+	}
+	if cfg.Policy.PredictedTTL > 0 {
+		hc.PredictedTTL = cfg.Policy.PredictedTTL
+	}
+	if cfg.RouteDeadline > 0 {
+		hc.DefaultDeadline = cfg.RouteDeadline
+	}
+	return hc
+}
+
+// waitReady waits for every replica's readiness, then until the route API
+// lists the whole fleet on several answers in a row (the queue group spreads
+// them over the replicas).
+func (s *Stack) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opt.ReadyTimeout)
+	defer cancel()
+	for i, r := range s.replicas {
+		select {
+		case <-r.Ready():
+		case <-ctx.Done():
+			return fmt.Errorf("stack: replica %d not ready: %w", i, ctx.Err())
+		}
+	}
+	want, streak := len(s.workers), 0
+	for streak < 4*len(s.replicas) {
+		resp, err := s.client.Workers(ctx, s.cfg.Model)
+		switch {
+		case err == nil && len(resp.Workers) >= want:
+			streak++
+			continue
+		case ctx.Err() != nil:
+			got := -1
+			if resp != nil {
+				got = len(resp.Workers)
+			}
+			return fmt.Errorf("stack: replicas do not see the %d workers (last answer %d, %v): %w", want, got, err, ctx.Err())
+		}
+		streak = 0
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// Router returns the route API client.
+func (s *Stack) Router() replay.Router { return s.router }
+
+// Generator returns the worker endpoint client.
+func (s *Stack) Generator() replay.Generator { return s.gen }
+
+// Workers lists the fleet's worker ids.
+func (s *Stack) Workers() []string { return s.workers }
+
+// Probe returns the cache mirror when it was asked for.
+func (s *Stack) Probe() replay.CacheProbe {
+	if s.mirror == nil {
+		return nil
+	}
+	return s.mirror
+}
+
+// Mirror is the exact cache copy (nil unless StackConfig.Probe).
+func (s *Stack) Mirror() *Mirror { return s.mirror }
+
+// Fleet is the simulated fleet.
+func (s *Stack) Fleet() *sim.Fleet { return s.fleet }
+
+// Close stops replicas, the fleet, the connections and the server.
+func (s *Stack) Close(ctx context.Context) error {
+	var errs []error
+	for _, r := range s.replicas {
+		if err := r.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.replicas = nil
+	if s.fleet != nil {
+		if err := s.fleet.Stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		s.fleet = nil
+	}
+	for _, nc := range s.conns {
+		nc.Close()
+	}
+	s.conns = nil
+	if s.emb != nil {
+		s.emb.Shutdown()
+		s.emb = nil
+	}
+	return errors.Join(errs...)
+}
+
+// router adapts host.Client to replay.Router.
+type router struct {
+	c        *host.Client
+	model    string
+	deadline time.Duration
+}
+
+func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.Routed, error) {
+	hr := host.RouteRequest{
+		V: host.APIVersion, RequestID: req.ID, Model: req.Model, BlockHashes: req.BlockHashes, BlockSize: req.BlockSize,
+		InputTokens: req.InputTokens, SessionID: req.SessionID, ExpectedOutputTokens: req.ExpectedOutput,
+	}
+	if req.Pin != "" {
+		hr.Pin = &host.WorkerRef{Worker: req.Pin}
+	}
+	if r.deadline > 0 {
+		hr.DeadlineMS = int(r.deadline / time.Millisecond)
+	}
+	resp, err := r.c.Route(ctx, &hr)
+	if err != nil {
+		var he *host.Error
+		if errors.As(err, &he) {
+			rejected := he.Status == 409 || he.Status == 503 || he.Status == host.StatusOverloaded
+			return nil, &replay.RouteError{Code: he.Code, Rejected: rejected, Err: err}
+		}
+		return nil, &replay.RouteError{Code: "transport", Err: err}
+	}
+	out := &replay.Routed{Worker: resp.Worker, Endpoint: resp.Endpoint, Overlap: resp.OverlapBlocks, Handle: resp}
+	if resp.Binding != nil {
+		out.Binding = resp.Binding.Outcome
+	}
+	return out, nil
+}
+
+func (r *router) PrefillDone(ctx context.Context, x *replay.Routed) error {
+	return r.c.PrefillDone(ctx, r.model, x.Handle.(*host.RouteResponse))
+}
+
+func (r *router) Free(ctx context.Context, x *replay.Routed) error {
+	return r.c.Free(ctx, r.model, x.Handle.(*host.RouteResponse))
+}
+
+// generator sends generate requests over a few connections.
+type generator struct {
+	conns []*nats.Conn
+	next  atomic.Uint64
+}
+
+func (g *generator) Generate(ctx context.Context, endpoint string, req *sim.GenerateRequest, first func()) (*sim.GenerateReply, error) {
+	nc := g.conns[g.next.Add(1)%uint64(len(g.conns))]
+	return sim.Generate(ctx, nc, endpoint, req, func(*sim.GenerateReply) { first() })
+}

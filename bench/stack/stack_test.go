@@ -1,0 +1,154 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/replay"
+	"github.com/kvrouter/kvrouter/bench/report"
+	"github.com/kvrouter/kvrouter/bench/workload"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// nats-server and the client library leave timers and flushers
+		// that end shortly after shutdown.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats.go.(*Conn).flusher"),
+	)
+}
+
+// traceFile finds a Mooncake trace in ../shared/data/mooncake by walking up.
+func traceFile(t *testing.T, name string) string {
+	t.Helper()
+	dir, _ := os.Getwd()
+	for {
+		for _, c := range []string{filepath.Join(dir, "shared", "data", "mooncake", name), filepath.Join(dir, "..", "shared", "data", "mooncake", name)} {
+			if _, err := os.Stat(c); err == nil {
+				return c
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skipf("%s not found (../shared/data/mooncake)", name)
+		}
+		dir = parent
+	}
+}
+
+// checkOrdering asserts what must hold on any workload with prefix reuse.
+// The oracle gets a small allowance: both runs are real concurrent
+// replays, so a few requests can land differently by timing alone.
+func checkOrdering(t *testing.T, rep *report.Report, minGap float64) {
+	t.Helper()
+	kv, rr, or := rep.Policy("kvrouter"), rep.Policy("round-robin"), rep.Policy("oracle")
+	if kv == nil || rr == nil || or == nil {
+		t.Fatalf("missing policies: %+v", rep.Policies)
+	}
+	for _, p := range rep.Policies {
+		t.Logf("%-12s done %d/%d hit %.3f (bound %.3f) TTFT p50 %.0f p99 %.0f ms moved %d/%d route p50 %.2f p99 %.2f ms wall %.1fs", p.Policy, p.Done, p.Requests, p.HitRatio, p.UpperBound, p.TTFT.P50, p.TTFT.P99, p.SessionsMoved, p.Sessions, p.Route.P50, p.Route.P99, p.WallSeconds)
+		if p.Done < p.Requests*9/10 {
+			t.Errorf("%s: only %d of %d requests served (%v)", p.Policy, p.Done, p.Requests, p.Codes)
+		}
+	}
+	if or.HitRatio < kv.HitRatio-0.02 {
+		t.Errorf("oracle hit %.3f below kvrouter's %.3f", or.HitRatio, kv.HitRatio)
+	}
+	if kv.HitRatio < rr.HitRatio+minGap {
+		t.Errorf("kvrouter hit %.3f not clearly above round-robin's %.3f (+%.2f)", kv.HitRatio, rr.HitRatio, minGap)
+	}
+}
+
+func checkFiles(t *testing.T, rep *report.Report) {
+	t.Helper()
+	dir := t.TempDir()
+	files, err := rep.WriteAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(files.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back report.Report
+	if err := json.Unmarshal(data, &back); err != nil || len(back.Policies) != len(rep.Policies) {
+		t.Fatalf("report.json: %v", err)
+	}
+	for _, c := range files.Charts {
+		f, err := os.Open(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+	}
+	if md, err := os.ReadFile(files.Markdown); err != nil || len(md) < 500 {
+		t.Fatalf("report.md: %v (%d bytes)", err, len(md))
+	}
+}
+
+func TestShortReplaySynthetic(t *testing.T) {
+	w := workload.SharedPrefix(workload.SharedPrefixConfig{Seed: 3, Groups: 24, PromptsPerGroup: 5, SystemTokens: 1024, QuestionTokens: 64, OutputTokens: 16, Rate: 40})
+	pols, _ := replay.LookupPolicies([]string{"kvrouter,round-robin,oracle"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := replay.Run(ctx, replay.Config{
+		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Speedup: 20, KVBlocks: 4096,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkOrdering(t, rep, 0.15)
+	checkFiles(t, rep)
+}
+
+func TestShortReplayMooncake(t *testing.T) {
+	path := traceFile(t, "mooncake_fast25_conversation_trace.jsonl")
+	full, err := workload.ReadMooncake(path, workload.ReadOptions{Sessions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 80 multi-turn conversations (about 240 requests) keep the reuse
+	// within sessions; squeeze their hour into a minute of workload time.
+	w := full.SampleSessions(80, 2, 1)
+	load := w.Span().Seconds() / 60
+	pols, _ := replay.LookupPolicies([]string{"kvrouter,round-robin,oracle"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := replay.Run(ctx, replay.Config{
+		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Speedup: 50, LoadScale: load,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("upper bound %.3f over %d requests", rep.Workload.UpperBound.Ratio, len(w.Requests))
+	checkOrdering(t, rep, 0.15)
+	checkFiles(t, rep)
+
+	// Hard sessions through two replicas: no session ever changes worker
+	// (every worker stays alive).
+	pols, _ = replay.LookupPolicies([]string{"kvrouter"})
+	rep, err = replay.Run(ctx, replay.Config{
+		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Replicas: 2, Speedup: 50, LoadScale: load,
+		SessionMode: replay.SessionHard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := rep.Policy("kvrouter")
+	t.Logf("hard, 2 replicas: done %d/%d hit %.3f moved %d/%d codes %v", kv.Done, kv.Requests, kv.HitRatio, kv.SessionsMoved, kv.Sessions, kv.Codes)
+	if kv.SessionsMoved != 0 || kv.Sessions != w.Sessions() {
+		t.Errorf("Hard sessions moved: %d of %d (%d in the workload)", kv.SessionsMoved, kv.Sessions, w.Sessions())
+	}
+}
