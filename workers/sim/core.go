@@ -247,6 +247,7 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 		if c.cache.available()-inLRU-need < c.wmark {
 			break // head of line waits for memory
 		}
+		c.waiting[0] = nil
 		c.waiting = c.waiting[1:]
 		for k := 0; k < hit; k++ {
 			b, _ := c.cache.lookup(r.hashes[k])

@@ -53,6 +53,8 @@ type Fleet struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	nc      *nats.Conn
+	js      jetstream.JetStream
 }
 
 type fleetWorker struct {
@@ -119,6 +121,7 @@ func (f *Fleet) Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 		return errors.New("sim: fleet already started")
 	}
 	f.started = true
+	f.nc, f.js = nc, js
 	for _, w := range f.ws {
 		if err := f.startWorker(ctx, w, nc, js, f.cfg.Registry); err != nil {
 			f.stopped = true
@@ -195,7 +198,7 @@ func (f *Fleet) stopWorker(w *fleetWorker) {
 // Restart simulates a crash and restart of worker i: its requests fail, its
 // cache empties, it gets a new epoch (new emitters, Cleared first) and
 // registers again under the same id, taking the key over at once.
-func (f *Fleet) Restart(ctx context.Context, i int, nc *nats.Conn, js jetstream.JetStream) error {
+func (f *Fleet) Restart(ctx context.Context, i int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if i < 0 || i >= len(f.ws) {
@@ -211,7 +214,7 @@ func (f *Fleet) Restart(ctx context.Context, i int, nc *nats.Conn, js jetstream.
 	}
 	rc := f.cfg.Registry
 	rc.TakeOver = true
-	return f.startWorker(ctx, w, nc, js, rc)
+	return f.startWorker(ctx, w, f.nc, f.js, rc)
 }
 
 // Stop drains every worker at once (workers.Registration.Drain: draining

@@ -226,7 +226,7 @@ func TestFleetEndToEnd(t *testing.T) {
 
 	// Restart sim-1: new epoch, registered again, old blocks dropped.
 	oldEpoch := engines[1].Epoch()
-	if err := f.Restart(ctx, 1, nc, js); err != nil {
+	if err := f.Restart(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "re-incarnation", func() bool {

@@ -13,13 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// nats-server and nats.go leave these behind briefly after shutdown.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).acceptConnections"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 // recorder is an in-memory EventEmitter that deep-copies what it gets.
