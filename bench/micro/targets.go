@@ -46,34 +46,34 @@ func (t Target) Matches(b *Bench) bool {
 // measured" in the report, so a rename shows up instead of passing silently.
 var Targets = []Target{
 	// Issue 2: kvevents.
-	{Issue: 2, Goal: "decode one vLLM BlockStored (16 blocks x 16 tokens) with hashing", Package: "kvevents", Bench: `(?i)decode.*vllm|vllm.*decode`, Unit: "ns/op", Max: 3000},
-	{Issue: 2, Goal: "decode one vLLM BlockStored: allocations", Package: "kvevents", Bench: `(?i)decode.*vllm|vllm.*decode`, Unit: "allocs/op", Max: 2},
-	{Issue: 2, Goal: "publisher to subscriber through the embedded server", Package: "kvevents", Bench: `(?i)pub.*sub|end.?to.?end|throughput`, Unit: "blocks/s", Min: 200000},
+	{Issue: 2, Goal: "decode one vLLM BlockStored (16 blocks x 16 tokens) with hashing", Package: "kvevents", Bench: `^VLLMStored16x16/`, Unit: "ns/op", Max: 3000},
+	{Issue: 2, Goal: "decode one vLLM BlockStored: allocations", Package: "kvevents", Bench: `^VLLMStored16x16/`, Unit: "allocs/op", Max: 2},
+	{Issue: 2, Goal: "publisher to subscriber through the embedded server, batched", Package: "kvevents", Bench: `^PublishSubscribe/.*max_batch=default`, Unit: "blocks/s", Min: 200000},
 
 	// Issue 3: router/index.
-	{Issue: 3, Goal: "apply stored blocks at 1,000 workers, one core", Package: "router/index", Bench: `(?i)apply`, Unit: "blocks/s", Min: 5e6},
-	{Issue: 3, Goal: "lookup 128-block prompt, 1M blocks over 1,000 workers", Package: "router/index", Bench: `(?i)lookup`, Unit: "ns/op", Max: 5000},
-	{Issue: 3, Goal: "lookup: per matched block", Package: "router/index", Bench: `(?i)lookup`, Unit: "ns/block", Max: 30},
-	{Issue: 3, Goal: "lookup: no allocation", Package: "router/index", Bench: `(?i)lookup`, Unit: "allocs/op", Max: 0},
+	{Issue: 3, Goal: "apply stored blocks at 1,000 workers, one core", Package: "router/index", Bench: `^Apply/`, Unit: "stored-blocks/s", Min: 5e6},
+	{Issue: 3, Goal: "lookup 128-block prompt, 1M blocks over 1,000 workers", Package: "router/index", Bench: `^Lookup/`, Unit: "ns/op", Max: 5000},
+	{Issue: 3, Goal: "lookup: per matched block", Package: "router/index", Bench: `^Lookup/`, Unit: "ns/matched-block", Max: 30},
+	{Issue: 3, Goal: "lookup: no allocation", Package: "router/index", Bench: `^Lookup/`, Unit: "allocs/op", Max: 0},
 
 	// Issue 5: router/scheduler, a quarter of the Rust medians of the design note.
-	{Issue: 5, Goal: "default selection, 2 workers, T=0", Package: "router/scheduler", Bench: `(?i)default.*/workers=2/t=0$`, Unit: "ns/op", Max: 78.56 / 4},
-	{Issue: 5, Goal: "default selection, 32 workers, T=0", Package: "router/scheduler", Bench: `(?i)default.*/workers=32/t=0$`, Unit: "ns/op", Max: 632.53 / 4},
-	{Issue: 5, Goal: "default selection, 2,048 workers, T=0", Package: "router/scheduler", Bench: `(?i)default.*/workers=2048/t=0$`, Unit: "ns/op", Max: 42374 / 4},
-	{Issue: 5, Goal: "default selection, 10,000 workers, T=0", Package: "router/scheduler", Bench: `(?i)default.*/workers=10000/t=0$`, Unit: "ns/op", Max: 270990 / 4},
-	{Issue: 5, Goal: "default selection, 2 workers, T=0.7", Package: "router/scheduler", Bench: `(?i)default.*/workers=2/t=0\.7$`, Unit: "ns/op", Max: 105.61 / 4},
-	{Issue: 5, Goal: "default selection, 2,048 workers, T=0.7", Package: "router/scheduler", Bench: `(?i)default.*/workers=2048/t=0\.7$`, Unit: "ns/op", Max: 51961 / 4},
-	{Issue: 5, Goal: "custom policy, 10,000 workers, no filter", Package: "router/scheduler", Bench: `(?i)custom.*10000.*no.?filter`, Unit: "ns/op", Max: 217830 / 4},
-	{Issue: 5, Goal: "custom policy, 10,000 workers, keep-all filter", Package: "router/scheduler", Bench: `(?i)custom.*10000.*keep.?all`, Unit: "ns/op", Max: 353030 / 4},
-	{Issue: 5, Goal: "selection allocates nothing", Package: "router/scheduler", Bench: `(?i)select|default|custom`, Unit: "allocs/op", Max: 0},
+	{Issue: 5, Goal: "default selection, 2 workers, T=0", Package: "router/scheduler", Bench: `^DefaultSelection/T=0/workers=2$`, Unit: "ns/op", Max: 78.56 / 4},
+	{Issue: 5, Goal: "default selection, 32 workers, T=0", Package: "router/scheduler", Bench: `^DefaultSelection/T=0/workers=32$`, Unit: "ns/op", Max: 632.53 / 4},
+	{Issue: 5, Goal: "default selection, 2,048 workers, T=0", Package: "router/scheduler", Bench: `^DefaultSelection/T=0/workers=2048$`, Unit: "ns/op", Max: 42374 / 4},
+	{Issue: 5, Goal: "default selection, 10,000 workers, T=0", Package: "router/scheduler", Bench: `^DefaultSelection/T=0/workers=10000$`, Unit: "ns/op", Max: 270990 / 4},
+	{Issue: 5, Goal: "default selection, 2 workers, T=0.7", Package: "router/scheduler", Bench: `^DefaultSelection/T=0.7/workers=2$`, Unit: "ns/op", Max: 105.61 / 4},
+	{Issue: 5, Goal: "default selection, 2,048 workers, T=0.7", Package: "router/scheduler", Bench: `^DefaultSelection/T=0.7/workers=2048$`, Unit: "ns/op", Max: 51961 / 4},
+	{Issue: 5, Goal: "custom policy, 10,000 workers, no filter", Package: "router/scheduler", Bench: `^CustomSelection/no_filter/workers=10000$`, Unit: "ns/op", Max: 217830 / 4},
+	{Issue: 5, Goal: "custom policy, 10,000 workers, keep-all filter", Package: "router/scheduler", Bench: `^CustomSelection/keep_all_filter/workers=10000$`, Unit: "ns/op", Max: 353030 / 4},
+	{Issue: 5, Goal: "selection allocates nothing", Package: "router/scheduler", Bench: `^(DefaultSelection|CustomSelection|SelectionUnderHard)`, Unit: "allocs/op", Max: 0},
 
 	// Issue 6: bindings.
-	{Issue: 6, Goal: "commit on a single embedded server, p50", Package: "bindings", Bench: `(?i)commit.*single|commit/server|commit$`, Unit: "p50-µs", Max: 60},
-	{Issue: 6, Goal: "commit on a 3-node cluster, p50", Package: "bindings", Bench: `(?i)commit.*cluster`, Unit: "p50-µs", Max: 250},
+	{Issue: 6, Goal: "commit on a single embedded server, p50", Package: "bindings", Bench: `^CommitSingle`, Unit: "p50-µs", Max: 60},
+	{Issue: 6, Goal: "commit on a 3-node cluster, p50", Package: "bindings", Bench: `^CommitCluster`, Unit: "p50-µs", Max: 250},
 
 	// Issue 7: the replica's NATS route API.
-	{Issue: 7, Goal: "route over NATS, one replica, 2,048-token requests", Package: "router/host", Bench: `(?i)route.*nats`, Unit: "routes/s", Min: 20000},
-	{Issue: 7, Goal: "route over NATS, p50 client to client", Package: "router/host", Bench: `(?i)route.*nats`, Unit: "p50-µs", Max: 150},
+	{Issue: 7, Goal: "route over NATS, one replica, 2,048-token requests", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "routes/s", Min: 20000},
+	{Issue: 7, Goal: "route over NATS, p50 client to client", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "p50-µs", Max: 150},
 }
 
 // Format prints a figure with its unit, scaling ns to µs or ms when large.
