@@ -20,12 +20,17 @@ const (
 	CodeNotReady         = "not_ready"          // 503: replica still catching up with the event stream
 	CodeShuttingDown     = "shutting_down"      // 503: replica is draining
 	CodeOverloaded       = "overloaded"         // 529: queue full or queue wait exceeded the deadline
+	CodeCanceled         = "canceled"           // 499: the request was canceled (cancel call or caller gone)
 	CodeInternal         = "internal"           // 500: a bug or an unexpected dependency failure
 )
 
 // StatusOverloaded is the HTTP status for an overloaded router (not in
 // net/http: it is the de facto "site is overloaded" code).
 const StatusOverloaded = 529
+
+// StatusCanceled is the status of a request canceled by its client while it
+// waited (nginx's "client closed request").
+const StatusCanceled = 499
 
 // statusOf maps an error code to its HTTP status.
 func statusOf(code string) int {
@@ -40,6 +45,8 @@ func statusOf(code string) int {
 		return http.StatusServiceUnavailable
 	case CodeOverloaded:
 		return StatusOverloaded
+	case CodeCanceled:
+		return StatusCanceled
 	}
 	return http.StatusInternalServerError
 }
@@ -54,6 +61,7 @@ var (
 	ErrNotReady         = errors.New("replica not ready")
 	ErrShuttingDown     = errors.New("replica shutting down")
 	ErrOverloaded       = errors.New("overloaded")
+	ErrCanceled         = errors.New("request canceled")
 	ErrInternal         = errors.New("internal error")
 )
 
@@ -66,6 +74,7 @@ var sentinelOf = map[string]error{
 	CodeNotReady:         ErrNotReady,
 	CodeShuttingDown:     ErrShuttingDown,
 	CodeOverloaded:       ErrOverloaded,
+	CodeCanceled:         ErrCanceled,
 	CodeInternal:         ErrInternal,
 }
 

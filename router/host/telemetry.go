@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
@@ -84,7 +84,7 @@ type metrics struct {
 
 // route result labels
 var routeCodes = []string{"ok", CodeBadRequest, CodeNotFound, CodePinConflict, CodeBindingRejected,
-	CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown, CodeOverloaded, CodeInternal}
+	CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown, CodeOverloaded, CodeCanceled, CodeInternal}
 
 var bindingOutcomes = []string{OutcomeCreated, OutcomeFresh, OutcomeRenewed, OutcomeRebound,
 	OutcomeKeptOther, OutcomeRejected, OutcomeConflict}
@@ -141,7 +141,26 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	for _, o := range bindingOutcomes {
 		x.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
 	}
+	if err == nil {
+		x.touch()
+	}
 	return x, err
+}
+
+// touch records zero on every fixed label set, so that dashboards and
+// alerts see each series from the start rather than after its first event.
+func (x *metrics) touch() {
+	ctx := context.Background()
+	for _, c := range routeCodes {
+		x.routes.Add(ctx, 0, x.byCode[c])
+	}
+	for _, o := range bindingOutcomes {
+		x.bindingOutcomes.Add(ctx, 0, x.byOutcome[o])
+	}
+	for _, k := range []string{"gap", "new_epoch"} {
+		x.resyncs.Add(ctx, 0, attr(attribute.String("kind", k)))
+	}
+	x.badRequests.Add(ctx, 0, attr(attribute.String("field", "body")))
 }
 
 func (x *metrics) codeOpt(code string) metric.MeasurementOption {

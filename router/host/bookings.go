@@ -1,0 +1,135 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// Replica booking sync. Each replica publishes its own booking changes
+// (add, prefill_done, free) on <prefix>.bookings.<model> and folds the
+// other replicas' into its scheduler, so every replica sees the fleet's
+// predicted load. Messages are JSON arrays of scheduler.BookingEvent,
+// batched for at most BookingSyncInterval; the buffer is bounded (changes
+// past it are dropped and counted; the workers' load reports correct the
+// drift). A replica ignores its own echoes.
+
+// bookingBatch is the wire form: {"v":1,"replica":"r-1","events":[...]}.
+type bookingBatch struct {
+	V       int                      `json:"v"`
+	Replica string                   `json:"replica"`
+	Events  []scheduler.BookingEvent `json:"events"`
+}
+
+// maxBookingBatch bounds one message (about 200 bytes per event).
+const maxBookingBatch = 512
+
+// onBookingChange is the scheduler's hook: it must not block (it runs in
+// the scheduler's actor).
+func (r *Replica) onBookingChange(ms *modelState, ev scheduler.BookingEvent) {
+	if ev.Kind == scheduler.BookingFree && ev.Replica == r.id {
+		// Expired or rolled back: the request id no longer has a booking.
+		ms.fences.del(scheduler.Fence{RequestID: ev.RequestID, Worker: workerKeyOf(ev.Worker, ev.Rank), Attempt: ev.Attempt})
+	}
+	select {
+	case ms.bookings <- ev:
+	default:
+		if ms.dropped.Add(1)&1023 == 1 {
+			r.log.Warn("booking sync buffer full: changes dropped (load reports will correct)", "model", ms.name,
+				"dropped", ms.dropped.Load())
+		}
+	}
+}
+
+func (r *Replica) startBookingSync() error {
+	for _, name := range r.modelList {
+		ms := r.models[name]
+		sub, err := r.nc.Subscribe(BookingsSubject(r.cfg.Prefix, name), func(m *nats.Msg) { r.onRemoteBookings(ms, m) })
+		if err != nil {
+			return fmt.Errorf("host: subscribe booking sync of %q: %w", name, err)
+		}
+		_ = sub.SetPendingLimits(-1, 256<<20)
+		r.syncSubs = append(r.syncSubs, sub)
+		r.bg.Add(1)
+		go r.publishBookings(ms)
+	}
+	return nil
+}
+
+func (r *Replica) onRemoteBookings(ms *modelState, m *nats.Msg) {
+	var b bookingBatch
+	if err := json.Unmarshal(m.Data, &b); err != nil || b.V != 1 {
+		r.m.bookingSync.Add(context.Background(), 1, attr(attribute.String("direction", "bad")))
+		return
+	}
+	if b.Replica == r.id {
+		return // own echo
+	}
+	for _, ev := range b.Events {
+		if ev.Replica == r.id {
+			continue
+		}
+		ms.sched.ApplyRemote(ev)
+	}
+	r.m.bookingSync.Add(context.Background(), int64(len(b.Events)), attr(attribute.String("direction", "applied")))
+}
+
+// publishBookings batches the model's booking changes and publishes them
+// until the replica stops, then flushes what is left.
+func (r *Replica) publishBookings(ms *modelState) {
+	defer r.bg.Done()
+	subject := BookingsSubject(r.cfg.Prefix, ms.name)
+	batch := bookingBatch{V: 1, Replica: r.id}
+	sentOpt := attr(attribute.String("direction", "sent"))
+	flush := func() {
+		if len(batch.Events) == 0 {
+			return
+		}
+		data, err := json.Marshal(&batch)
+		if err == nil {
+			err = r.nc.Publish(subject, data)
+		}
+		if err != nil {
+			r.log.Debug("booking sync publish failed", "err", err)
+		} else {
+			r.m.bookingSync.Add(context.Background(), int64(len(batch.Events)), sentOpt)
+		}
+		batch.Events = batch.Events[:0]
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	armed := false
+	for {
+		select {
+		case ev := <-ms.bookings:
+			batch.Events = append(batch.Events, ev)
+			if len(batch.Events) >= maxBookingBatch {
+				flush()
+			} else if !armed {
+				timer.Reset(r.cfg.BookingSyncInterval)
+				armed = true
+			}
+		case <-timer.C:
+			armed = false
+			flush()
+		case <-r.stop:
+			for {
+				select {
+				case ev := <-ms.bookings:
+					batch.Events = append(batch.Events, ev)
+					if len(batch.Events) >= maxBookingBatch {
+						flush()
+					}
+				default:
+					flush()
+					return
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Client calls the route API over NATS. It is what the demo, the bench
+// harness and the tests use, and a reference for clients in other
+// languages: every call is one NATS request with a JSON body; the reply is
+// the answer or an error envelope. Safe for concurrent use.
+type Client struct {
+	nc     *nats.Conn
+	prefix string
+	prop   propagation.TextMapPropagator
+	pool   sync.Pool // *[]byte request buffers
+}
+
+// NewClient returns a client for the replicas behind prefix ("" = kvr).
+// prop injects trace context into request headers; nil = W3C trace context.
+func NewClient(nc *nats.Conn, prefix string, prop propagation.TextMapPropagator) *Client {
+	if prop == nil {
+		prop = propagation.TraceContext{}
+	}
+	return &Client{nc: nc, prefix: orDefault(prefix), prop: prop}
+}
+
+// ErrNoRouter means no replica answered: none is subscribed (or ready) for
+// the model.
+var ErrNoRouter = errors.New("no router replica answered")
+
+func (c *Client) request(ctx context.Context, subject string, body []byte) ([]byte, error) {
+	m := nats.NewMsg(subject)
+	m.Data = body
+	c.prop.Inject(ctx, HeaderCarrier(m.Header))
+	reply, err := c.nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, fmt.Errorf("%w on %s: %w", ErrNoRouter, subject, err)
+		}
+		return nil, fmt.Errorf("request %s: %w", subject, err)
+	}
+	if st := reply.Header.Get(HeaderStatus); st != "" && st != "200" {
+		if e := DecodeError(reply.Data); e != nil {
+			return nil, e
+		}
+		code, _ := strconv.Atoi(st)
+		return nil, &Error{Code: CodeInternal, Status: code, Message: "reply status " + st + " without an error body"}
+	}
+	return reply.Data, nil
+}
+
+// Route asks for a worker. An API error is returned as an *Error (test it
+// with errors.Is against ErrPinConflict, ErrOverloaded...).
+func (c *Client) Route(ctx context.Context, req *RouteRequest) (*RouteResponse, error) {
+	var resp RouteResponse
+	if err := c.RouteInto(ctx, req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// RouteInto is Route writing into a caller-owned response.
+func (c *Client) RouteInto(ctx context.Context, req *RouteRequest, resp *RouteResponse) error {
+	bp, _ := c.pool.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	body := AppendRouteRequest((*bp)[:0], req)
+	data, err := c.request(ctx, RouteSubject(c.prefix, req.Model), body)
+	*bp = body
+	c.pool.Put(bp)
+	if err != nil {
+		return err
+	}
+	*resp = RouteResponse{}
+	if err := json.Unmarshal(data, resp); err != nil {
+		return fmt.Errorf("decode route reply: %w", err)
+	}
+	return nil
+}
+
+// PrefillDone reports that the request's prefill finished (its first token
+// was produced): its prefill tokens leave the worker's predicted load.
+func (c *Client) PrefillDone(ctx context.Context, model string, r *RouteResponse) error {
+	return c.lifecycle(ctx, OpPrefillDone, model, r)
+}
+
+// Free reports that the request finished: its booking is released.
+func (c *Client) Free(ctx context.Context, model string, r *RouteResponse) error {
+	return c.lifecycle(ctx, OpFree, model, r)
+}
+
+// Cancel withdraws a request: it leaves the queue if it is waiting, and its
+// booking is released if it was routed.
+func (c *Client) Cancel(ctx context.Context, model, requestID string) error {
+	return c.lifecycle(ctx, OpCancel, model, &RouteResponse{RequestID: requestID})
+}
+
+func (c *Client) lifecycle(ctx context.Context, op, model string, r *RouteResponse) error {
+	body, err := json.Marshal(&LifecycleRequest{V: APIVersion, RequestID: r.RequestID, Model: model, Attempt: r.Attempt, Replica: r.Replica})
+	if err != nil {
+		return err
+	}
+	// Address the replica holding the booking directly when it is known;
+	// any replica would forward it there.
+	subject := LifecycleSubject(c.prefix, op, model)
+	if r.Replica != "" {
+		subject = ReplicaSubject(c.prefix, r.Replica, op)
+	}
+	_, err = c.request(ctx, subject, body)
+	return err
+}
+
+// Workers lists a model's workers as one replica sees them.
+func (c *Client) Workers(ctx context.Context, model string) (*WorkersResponse, error) {
+	data, err := c.request(ctx, WorkersSubject(c.prefix, model), []byte(`{"v":1}`))
+	if err != nil {
+		return nil, err
+	}
+	var out WorkersResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("decode workers reply: %w", err)
+	}
+	return &out, nil
+}
+
+// Session reads a session's binding.
+func (c *Client) Session(ctx context.Context, model, session string) (*SessionResponse, error) {
+	body, _ := json.Marshal(&SessionRequest{V: APIVersion, Model: model, SessionID: session})
+	data, err := c.request(ctx, SessionGetSubject(c.prefix, model), body)
+	if err != nil {
+		return nil, err
+	}
+	var out SessionResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("decode session reply: %w", err)
+	}
+	return &out, nil
+}
+
+// EndSession removes a session's binding.
+func (c *Client) EndSession(ctx context.Context, model, session string) error {
+	body, _ := json.Marshal(&SessionRequest{V: APIVersion, Model: model, SessionID: session})
+	_, err := c.request(ctx, SessionEndSubject(c.prefix, model), body)
+	return err
+}

@@ -1,0 +1,191 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/nats-io/nuid"
+)
+
+// Config configures a Replica. Zero values take the defaults named on each
+// field; Models is the only required field.
+type Config struct {
+	// ReplicaID names this replica in booking sync, binding values,
+	// lifecycle addressing and logs. Default: "r-" + a random id.
+	ReplicaID string
+	// Prefix is the first token of every subject (default "kvr").
+	Prefix string
+	// Models are the models this replica routes (at least one). Each gets
+	// its own prefix index, scheduler and route subject.
+	Models []string
+	// BlockSize is the KV block size in tokens used until a worker of the
+	// model registers its own (default 16). Workers of one model must agree.
+	BlockSize int
+	// QueueGroup is the NATS queue group of the route API (default
+	// "kvr-router"): replicas sharing it split the requests.
+	QueueGroup string
+
+	// EventStream is the JetStream stream of KV events (default
+	// "KVR_EVENTS"); created when missing with EventMaxAge and
+	// StreamReplicas.
+	EventStream    string
+	EventMaxAge    time.Duration // default 1 h
+	StreamReplicas int           // replicas of streams and buckets this replica creates (default 1)
+
+	// Registry configures the worker registry watch (bucket "kvr-workers").
+	Registry workers.RegistryConfig
+	// Bindings configures the session bindings table (bucket
+	// "kvr-bindings", default mode Hard, idle TTL 10 min). ReplicaID,
+	// Liveness and Logger are filled in by the replica.
+	Bindings bindings.Config
+	// Scheduler is the template of every model's scheduler configuration
+	// (Model, Replica, BlockSize and OnBookingChange are set per model).
+	Scheduler scheduler.Config
+	// Policy names the selection policy and its parameters (default
+	// "default", the cost function of the scheduler issue). Each model gets
+	// its own instance built by PolicyRegistry (default
+	// scheduler.NewRegistry(), the builtins).
+	Policy         scheduler.PolicyConfig
+	PolicyRegistry *scheduler.Registry
+
+	// SnapshotBucket is the object store bucket of index snapshots (default
+	// "kvr-index-snapshots"). SnapshotInterval is how often this replica writes
+	// one (0 = never); LoadSnapshot makes the replica start from the newest
+	// snapshot and replay the stream from there instead of from the start.
+	SnapshotBucket   string
+	SnapshotInterval time.Duration
+	LoadSnapshot     bool
+
+	// PredictedTTL is how long the predicted index remembers this replica's
+	// own routing decisions, covering the time before the chosen worker's
+	// Stored events arrive (default 5 s; negative = off).
+	PredictedTTL time.Duration
+
+	// DefaultDeadline bounds a request's wait in the scheduler queue when
+	// the request gives no deadline_ms (default 30 s).
+	DefaultDeadline time.Duration
+	// MaxInFlight bounds the route requests handled at once over NATS
+	// (default 8192); past it requests are answered 529 at once.
+	MaxInFlight int
+
+	// BookingSyncInterval is the longest a booking change waits before it
+	// is published to the other replicas (default 2 ms); BookingSyncBuffer
+	// bounds the changes waiting (default 65,536; past it changes are
+	// dropped and counted, and the workers' load reports correct the
+	// drift).
+	BookingSyncInterval time.Duration
+	BookingSyncBuffer   int
+
+	// HTTPAddr, when set, serves the HTTP API there (":8080"). Handler()
+	// serves the same API for callers that run their own server.
+	HTTPAddr string
+	// MetricsHandler serves GET /metrics (for example NewPrometheus().Handler).
+	MetricsHandler http.Handler
+
+	Telemetry Telemetry
+	Logger    *slog.Logger
+}
+
+// ErrConfig reports an unusable replica configuration.
+var ErrConfig = errors.New("host: invalid config")
+
+// Defaults.
+const (
+	DefaultSnapshotBucket      = index.DefaultSnapshotBucket
+	DefaultPolicy              = "default"
+	DefaultBlockSize           = 16
+	DefaultPredictedTTL        = 5 * time.Second
+	DefaultDeadline            = 30 * time.Second
+	DefaultMaxInFlight         = 8192
+	DefaultBookingSyncInterval = 2 * time.Millisecond
+	DefaultBookingSyncBuffer   = 65536
+	DefaultEventMaxAge         = time.Hour
+)
+
+func (c *Config) normalize() error {
+	if c.ReplicaID == "" {
+		c.ReplicaID = "r-" + strings.ToLower(nuid.Next()[12:])
+	}
+	if len(c.ReplicaID) > MaxWorkerIDLen {
+		return fmt.Errorf("%w: replica id %q longer than %d bytes", ErrConfig, c.ReplicaID, MaxWorkerIDLen)
+	}
+	c.Prefix = orDefault(c.Prefix)
+	if len(c.Models) == 0 {
+		return fmt.Errorf("%w: no model to serve (Config.Models is empty)", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for _, m := range c.Models {
+		if m == "" || len(m) > MaxModelLen {
+			return fmt.Errorf("%w: model name %q (want 1..%d bytes)", ErrConfig, m, MaxModelLen)
+		}
+		if seen[m] {
+			return fmt.Errorf("%w: model %q listed twice", ErrConfig, m)
+		}
+		seen[m] = true
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.BlockSize < 1 || c.BlockSize > MaxBlockSize {
+		return fmt.Errorf("%w: block size %d (want 1..%d)", ErrConfig, c.BlockSize, MaxBlockSize)
+	}
+	if c.QueueGroup == "" {
+		c.QueueGroup = DefaultQueueGroup
+	}
+	if c.EventStream == "" {
+		c.EventStream = kvevents.DefaultStream
+	}
+	if c.EventMaxAge == 0 {
+		c.EventMaxAge = DefaultEventMaxAge
+	}
+	if c.StreamReplicas == 0 {
+		c.StreamReplicas = 1
+	}
+	if c.Policy.Name == "" {
+		c.Policy.Name = DefaultPolicy
+	}
+	if c.PolicyRegistry == nil {
+		c.PolicyRegistry = scheduler.NewRegistry()
+	}
+	if c.SnapshotBucket == "" {
+		c.SnapshotBucket = DefaultSnapshotBucket
+	}
+	if c.SnapshotInterval < 0 {
+		return fmt.Errorf("%w: snapshot interval %v is negative", ErrConfig, c.SnapshotInterval)
+	}
+	if c.PredictedTTL == 0 {
+		c.PredictedTTL = DefaultPredictedTTL
+	}
+	if c.DefaultDeadline == 0 {
+		c.DefaultDeadline = DefaultDeadline
+	}
+	if c.DefaultDeadline < 0 {
+		return fmt.Errorf("%w: default deadline %v is negative", ErrConfig, c.DefaultDeadline)
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxInFlight < 1 {
+		return fmt.Errorf("%w: max in flight %d", ErrConfig, c.MaxInFlight)
+	}
+	if c.BookingSyncInterval == 0 {
+		c.BookingSyncInterval = DefaultBookingSyncInterval
+	}
+	if c.BookingSyncBuffer == 0 {
+		c.BookingSyncBuffer = DefaultBookingSyncBuffer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Telemetry = c.Telemetry.withDefaults()
+	return nil
+}

@@ -1,0 +1,562 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/kvrouter/kvrouter/workers/sim"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded nats-server's shutdown leaves these behind briefly.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
+		// http.Server keep-alive connections of the default client transport.
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+const testModel = "m"
+
+// testRegistry: short TTLs so departures show within a second or two.
+func testRegistry() workers.RegistryConfig {
+	return workers.RegistryConfig{TTL: time.Second, Heartbeat: 300 * time.Millisecond, MarkerTTL: time.Second,
+		Logger: slog.New(slog.DiscardHandler)}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("KVR_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// stack is an embedded server, a simulated fleet and router replicas in one
+// process.
+type stack struct {
+	t        testing.TB
+	srv      *server.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	fleets   []*sim.Fleet
+	replicas []*Replica
+	proms    []*Prometheus
+	spans    *tracetest.SpanRecorder
+	client   *Client
+}
+
+type stackOpts struct {
+	workers  int
+	replicas int
+	mutate   func(i int, c *Config)
+}
+
+func startStack(t testing.TB, o stackOpts) *stack {
+	t.Helper()
+	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(8<<20))}
+	st.nc, st.js = natstest.JetStream(t, st.srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if o.workers > 0 {
+		st.addFleet(ctx, "sim", o.workers)
+	}
+	st.spans = tracetest.NewSpanRecorder()
+	for i := 0; i < o.replicas; i++ {
+		prom, err := NewPrometheus(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(st.spans))
+		nc := natstest.Connect(t, st.srv)
+		cfg := Config{
+			ReplicaID:      fmt.Sprintf("rep-%d", i),
+			Models:         []string{testModel},
+			Registry:       testRegistry(),
+			Bindings:       bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second},
+			HTTPAddr:       "127.0.0.1:0",
+			MetricsHandler: prom.Handler,
+			Telemetry:      Telemetry{TracerProvider: tp, MeterProvider: prom.Provider},
+			Logger:         testLogger(t).With("replica", i),
+		}
+		if o.mutate != nil {
+			o.mutate(i, &cfg)
+		}
+		r, err := New(nc, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(ctx); err != nil {
+			_ = r.Close(context.Background())
+			t.Fatalf("replica %d start: %v", i, err)
+		}
+		st.replicas = append(st.replicas, r)
+		st.proms = append(st.proms, prom)
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := r.Close(cctx); err != nil {
+				t.Errorf("replica close: %v", err)
+			}
+			_ = prom.Shutdown(cctx)
+			_ = tp.Shutdown(cctx)
+		})
+	}
+	st.client = NewClient(st.nc, "", nil)
+	return st
+}
+
+// addFleet starts n simulated workers with ids <prefix>-0..n-1.
+func (st *stack) addFleet(ctx context.Context, prefix string, n int) *sim.Fleet {
+	st.t.Helper()
+	f, err := sim.NewFleet(sim.FleetConfig{
+		Count: n, IDPrefix: prefix,
+		Engine:     sim.Config{Model: testModel, KVBlocks: 4096, Speedup: 50},
+		NewEmitter: sim.PublisherFactory(st.js, kvevents.PublisherConfig{Model: testModel, MaxDelay: time.Millisecond}),
+		Registry:   testRegistry(),
+		Logger:     slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	if err := f.Start(ctx, st.nc, st.js); err != nil {
+		st.t.Fatal(err)
+	}
+	st.fleets = append(st.fleets, f)
+	st.t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = f.Stop(cctx)
+	})
+	return f
+}
+
+// waitWorkers waits until every replica knows n workers.
+func (st *stack) waitWorkers(n int) {
+	st.t.Helper()
+	eventually(st.t, 10*time.Second, func() bool {
+		for _, r := range st.replicas {
+			w, _ := r.Workers(testModel)
+			if len(w.Workers) != n {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("replicas do not all see %d workers", n) })
+}
+
+// waitWorker waits until every replica's view of worker satisfies cond.
+func (st *stack) waitWorker(worker string, cond func(WorkerStatus) bool) {
+	st.t.Helper()
+	eventually(st.t, 10*time.Second, func() bool {
+		for _, r := range st.replicas {
+			w, _ := r.Workers(testModel)
+			ok := false
+			for _, ws := range w.Workers {
+				if ws.Worker == worker && cond(ws) {
+					ok = true
+				}
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	}, func() string { return "worker " + worker + " not in the expected state on every replica" })
+}
+
+func eventually(t testing.TB, d time.Duration, cond func() bool, what func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tokens(seed, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(seed*1_000_003+i*7919) % 100_000
+	}
+	return out
+}
+
+// generate runs the request on the worker the router chose, as a client
+// would, and reports prefill-done and free.
+func (st *stack) generate(ctx context.Context, resp *RouteResponse, toks []uint32) {
+	st.t.Helper()
+	var once sync.Once
+	_, err := sim.Generate(ctx, st.nc, resp.Endpoint, &sim.GenerateRequest{RequestID: resp.RequestID, TokenIDs: toks,
+		MaxTokens: 4, Rank: resp.Rank}, func(*sim.GenerateReply) {
+		once.Do(func() {
+			if err := st.client.PrefillDone(ctx, testModel, resp); err != nil {
+				st.t.Errorf("prefill_done %s: %v", resp.RequestID, err)
+			}
+		})
+	})
+	if err != nil {
+		st.t.Fatalf("generate on %s: %v", resp.Endpoint, err)
+	}
+	if err := st.client.Free(ctx, testModel, resp); err != nil {
+		st.t.Errorf("free %s: %v", resp.RequestID, err)
+	}
+}
+
+func httpDo(t testing.TB, method, url string, body []byte) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestEndToEnd(t *testing.T) {
+	st := startStack(t, stackOpts{workers: 4, replicas: 2})
+	st.waitWorkers(4)
+	ctx := ctxT(t)
+
+	t.Run("prefix lands on the worker that holds it", func(t *testing.T) {
+		prefix := tokens(1, 512)
+		first, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.PromptBlocks != 32 || first.Endpoint == "" || first.Replica == "" {
+			t.Fatalf("first route: %+v", first)
+		}
+		st.generate(ctx, first, prefix)
+		// Wait until both replicas indexed the worker's blocks and saw the
+		// request's booking freed (booking sync is asynchronous).
+		st.waitWorker(first.Worker, func(ws WorkerStatus) bool {
+			return ws.IndexedBlocks >= 32 && (ws.Load == nil || ws.Load.ActiveRequests == 0)
+		})
+		for i := 0; i < 6; i++ {
+			req := &RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(100+i, 64)...), ExpectedOutputTokens: 4}
+			got, err := st.client.Route(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Worker != first.Worker || got.OverlapBlocks != 32 || got.PromptBlocks != 36 {
+				for _, r := range st.replicas {
+					w, _ := r.Workers(testModel)
+					t.Logf("%s: %+v", r.ID(), w.Workers)
+				}
+				t.Logf("resp %+v first %+v", got, first)
+				t.Fatalf("request %d went to %s with overlap %d/%d, want %s with 32/36", i, got.Worker, got.OverlapBlocks, got.PromptBlocks, first.Worker)
+			}
+			if err := st.client.Free(ctx, testModel, got); err != nil {
+				t.Fatal(err)
+			}
+			// The other replica learns of the free through booking sync;
+			// until then it counts the request as load on the worker.
+			st.waitWorker(first.Worker, func(ws WorkerStatus) bool { return ws.Load == nil || ws.Load.ActiveRequests == 0 })
+		}
+	})
+
+	t.Run("session stays on its worker across replicas", func(t *testing.T) {
+		var worker string
+		for i := 0; i < 8; i++ {
+			r := st.replicas[i%2]
+			body := AppendRouteRequest(nil, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(200+i, 64)})
+			code, b := httpDo(t, "POST", "http://"+r.HTTPAddr()+"/v1/route", body)
+			if code != 200 {
+				t.Fatalf("route via %s: %d %s", r.ID(), code, b)
+			}
+			var resp RouteResponse
+			if err := json.Unmarshal(b, &resp); err != nil {
+				t.Fatal(err)
+			}
+			if resp.Binding == nil {
+				t.Fatalf("no binding info: %s", b)
+			}
+			if i == 0 {
+				worker = resp.Worker
+				if resp.Binding.Outcome != OutcomeCreated {
+					t.Fatalf("first outcome %q", resp.Binding.Outcome)
+				}
+			} else if resp.Worker != worker || resp.Binding.Outcome == OutcomeCreated {
+				t.Fatalf("request %d via %s went to %s (%s), session bound to %s", i, r.ID(), resp.Worker, resp.Binding.Outcome, worker)
+			}
+			// free through the other replica: forwarded to the owner
+			other := st.replicas[(i+1)%2]
+			code, b = httpDo(t, "DELETE", "http://"+other.HTTPAddr()+"/v1/requests/"+resp.RequestID+"?model=m&replica="+resp.Replica, nil)
+			if code != 200 {
+				t.Fatalf("free via other replica: %d %s", code, b)
+			}
+		}
+		// Via NATS too (either replica answers).
+		for i := 0; i < 4; i++ {
+			resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(300+i, 64)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Worker != worker {
+				t.Fatalf("NATS route went to %s, session bound to %s", resp.Worker, worker)
+			}
+			_ = st.client.Free(ctx, testModel, resp)
+		}
+		s, err := st.client.Session(ctx, testModel, "chat-1")
+		if err != nil || s.Worker != worker || s.Mode != "hard" {
+			t.Fatalf("session: %+v %v", s, err)
+		}
+		code, b := httpDo(t, "GET", "http://"+st.replicas[1].HTTPAddr()+"/v1/sessions/chat-1", nil)
+		if code != 200 || !strings.Contains(string(b), worker) {
+			t.Fatalf("GET session: %d %s", code, b)
+		}
+		// A pin that disagrees with the binding: 409.
+		other := "sim-0"
+		if worker == other {
+			other = "sim-1"
+		}
+		_, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(1, 32), Pin: &WorkerRef{Worker: other}})
+		if !errors.Is(err, ErrPinConflict) {
+			t.Fatalf("conflicting pin: %v", err)
+		}
+		if err := st.client.EndSession(ctx, testModel, "chat-1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.client.Session(ctx, testModel, "chat-1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("ended session: %v", err)
+		}
+	})
+
+	t.Run("departed worker is routed around", func(t *testing.T) {
+		extra := st.addFleet(ctx, "gone", 1)
+		st.waitWorkers(5)
+		resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(400, 64), Pin: &WorkerRef{Worker: "gone-0"}})
+		if err != nil || resp.Worker != "gone-0" {
+			t.Fatalf("pinned route: %+v %v", resp, err)
+		}
+		_ = st.client.Free(ctx, testModel, resp)
+		// A session bound (Hard) to the worker that will depart.
+		resp, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(401, 64), Pin: &WorkerRef{Worker: "gone-0"}})
+		if err != nil || resp.Worker != "gone-0" {
+			t.Fatalf("pinned session route: %+v %v", resp, err)
+		}
+		_ = st.client.Free(ctx, testModel, resp)
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := extra.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		st.waitWorkers(4)
+		for i := 0; i < 20; i++ {
+			resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(500+i, 64)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Worker == "gone-0" {
+				t.Fatal("routed to a departed worker")
+			}
+			_ = st.client.Free(ctx, testModel, resp)
+		}
+		resp, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(402, 64)})
+		if err != nil || resp.Worker == "gone-0" || resp.Binding.Outcome != OutcomeRebound {
+			t.Fatalf("session of a departed worker: %+v %v", resp, err)
+		}
+		_ = st.client.Free(ctx, testModel, resp)
+		_, err = st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(403, 64), Pin: &WorkerRef{Worker: "gone-0"}})
+		if !errors.Is(err, ErrNoEligibleWorker) {
+			t.Fatalf("pin to departed worker: %v", err)
+		}
+	})
+
+	t.Run("bad requests get the documented errors", func(t *testing.T) {
+		long := strings.Repeat("s", MaxSessionIDLen+1)
+		cases := []struct {
+			name, body string
+			status     int
+			code       string
+			field      string
+		}{
+			{"bad JSON", `{"model":`, 400, CodeBadRequest, "model"},
+			{"bad JSON body", `{"model":"m",}`, 400, CodeBadRequest, "body"},
+			{"not an object", `[1,2]`, 400, CodeBadRequest, "body"},
+			{"missing model", `{"token_ids":[1,2,3]}`, 400, CodeBadRequest, "model"},
+			{"unknown model", `{"model":"nope","token_ids":[1]}`, 400, CodeBadRequest, "model"},
+			{"no prompt", `{"model":"m"}`, 400, CodeBadRequest, "token_ids"},
+			{"both prompts", `{"model":"m","token_ids":[1],"block_hashes":[1],"block_size":16}`, 400, CodeBadRequest, "token_ids"},
+			{"hashes without block size", `{"model":"m","block_hashes":[1]}`, 400, CodeBadRequest, "block_size"},
+			{"wrong block size", `{"model":"m","token_ids":[1],"block_size":32}`, 400, CodeBadRequest, "block_size"},
+			{"negative token", `{"model":"m","token_ids":[-1]}`, 400, CodeBadRequest, "token_ids"},
+			{"over-long session id", `{"model":"m","token_ids":[1],"session_id":"` + long + `"}`, 400, CodeBadRequest, "session_id"},
+			{"negative output", `{"model":"m","token_ids":[1],"expected_output_tokens":-5}`, 400, CodeBadRequest, "expected_output_tokens"},
+			{"bad version", `{"v":2,"model":"m","token_ids":[1]}`, 400, CodeBadRequest, "v"},
+			{"pin and prefer", `{"model":"m","token_ids":[1],"pin":{"worker":"sim-0"},"prefer":{"worker":"sim-1"}}`, 400, CodeBadRequest, "prefer"},
+			{"pin without worker", `{"model":"m","token_ids":[1],"pin":{"rank":0}}`, 400, CodeBadRequest, "pin.worker"},
+			{"unknown pinned worker", `{"model":"m","token_ids":[1],"pin":{"worker":"nobody"}}`, 503, CodeNoEligibleWorker, ""},
+			{"allowed set of unknown workers", `{"model":"m","token_ids":[1],"allowed_workers":["nobody"]}`, 503, CodeNoEligibleWorker, ""},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				check := func(via string, e *Error) {
+					t.Helper()
+					if e == nil || e.Status != c.status || e.Code != c.code || (c.field != "" && e.Field != c.field) {
+						t.Fatalf("%s: got %#v, want %d %s field %q", via, e, c.status, c.code, c.field)
+					}
+				}
+				code, b := httpDo(t, "POST", "http://"+st.replicas[0].HTTPAddr()+"/v1/route", []byte(c.body))
+				e := DecodeError(b)
+				if code != c.status {
+					t.Fatalf("HTTP status %d, want %d: %s", code, c.status, b)
+				}
+				check("HTTP", e)
+				reply, err := st.nc.Request(RouteSubject("", testModel), []byte(c.body), 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := reply.Header.Get(HeaderStatus); got != fmt.Sprint(c.status) {
+					t.Fatalf("NATS %s header %q, want %d", HeaderStatus, got, c.status)
+				}
+				check("NATS", DecodeError(reply.Data))
+			})
+		}
+		// Lifecycle and session errors.
+		for _, c := range []struct {
+			name, method, path string
+			status             int
+			field              string
+		}{
+			{"unknown request", "DELETE", "/v1/requests/nope?model=m", 404, "request_id"},
+			{"unknown request prefill", "POST", "/v1/requests/nope/prefill_done?model=m", 404, "request_id"},
+			{"unknown session", "GET", "/v1/sessions/nope?model=m", 404, "session_id"},
+			{"end unknown session", "DELETE", "/v1/sessions/nope?model=m", 404, "session_id"},
+			{"bad attempt", "DELETE", "/v1/requests/x?attempt=-1", 400, "attempt"},
+			{"unknown model on workers", "GET", "/v1/workers?model=zzz", 400, "model"},
+			{"no such endpoint", "GET", "/v2/route", 404, ""},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				code, b := httpDo(t, c.method, "http://"+st.replicas[1].HTTPAddr()+c.path, nil)
+				e := DecodeError(b)
+				if code != c.status || e == nil || e.Status != c.status || e.Field != c.field {
+					t.Fatalf("%s %s: %d %s", c.method, c.path, code, b)
+				}
+			})
+		}
+		if err := st.client.Cancel(ctx, testModel, "nope"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("cancel unknown over NATS: %v", err)
+		}
+		// The replicas are still fine.
+		if _, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(9, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("trace context passes through NATS and HTTP", func(t *testing.T) {
+		const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		m := nats.NewMsg(RouteSubject("", testModel))
+		m.Header["traceparent"] = []string{tp} // lowercase, as W3C clients write it
+		m.Data = AppendRouteRequest(nil, &RouteRequest{Model: testModel, TokenIDs: tokens(10, 64)})
+		reply, err := st.nc.RequestMsg(m, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := reply.Header.Get("traceparent")
+		if !strings.HasPrefix(got, "00-4bf92f3577b34da6a3ce929d0e0e4736-") || got == tp {
+			t.Fatalf("reply traceparent %q: want the route span in the caller's trace", got)
+		}
+		names := map[string]bool{}
+		for _, s := range st.spans.Ended() {
+			if s.SpanContext().TraceID().String() == "4bf92f3577b34da6a3ce929d0e0e4736" {
+				names[s.Name()] = true
+			}
+		}
+		for _, n := range []string{"kvrouter.route", "index.lookup", "scheduler.queue_wait", "scheduler.select"} {
+			if !names[n] {
+				t.Errorf("span %q missing from the caller's trace (have %v)", n, names)
+			}
+		}
+		req, _ := http.NewRequest("POST", "http://"+st.replicas[0].HTTPAddr()+"/v1/route",
+			bytes.NewReader(AppendRouteRequest(nil, &RouteRequest{Model: testModel, SessionID: "traced", TokenIDs: tokens(11, 64)})))
+		propagation.TraceContext{}.Inject(context.Background(), propagation.HeaderCarrier(req.Header))
+		req.Header.Set("traceparent", "00-11111111111111111111111111111111-00f067aa0ba902b7-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if !strings.HasPrefix(resp.Header.Get("traceparent"), "00-11111111111111111111111111111111-") {
+			t.Fatalf("HTTP reply traceparent %q", resp.Header.Get("traceparent"))
+		}
+		found := false
+		for _, s := range st.spans.Ended() {
+			if s.Name() == "bindings.commit" && s.SpanContext().TraceID().String() == "11111111111111111111111111111111" {
+				found = true
+			}
+		}
+		if !found {
+			t.Error("no bindings.commit span in the HTTP caller's trace")
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		code, b := httpDo(t, "GET", "http://"+st.replicas[0].HTTPAddr()+"/metrics", nil)
+		if code != 200 {
+			t.Fatalf("/metrics: %d", code)
+		}
+		text := string(b)
+		for _, name := range []string{
+			"kvr_route_duration_seconds_bucket", "kvr_route_requests_total{code=\"ok\"}",
+			"kvr_queue_depth", "kvr_queue_wait_seconds_bucket", "kvr_route_overlap_ratio_bucket",
+			"kvr_binding_outcomes_total{outcome=\"created\"}", "kvr_binding_outcomes_total{outcome=\"rebound\"}",
+			"kvr_binding_outcomes_total{outcome=\"conflict\"}", "kvr_binding_outcomes_total{outcome=\"rejected\"}",
+			"kvr_events_lag", "kvr_events_gaps_total", "kvr_events_resyncs_total", "kvr_index_blocks",
+			"kvr_index_entries", "kvr_worker_predicted_active_requests", "kvr_worker_predicted_prefill_tokens",
+			"kvr_bad_requests_total", "kvr_ready 1",
+		} {
+			if !strings.Contains(text, name) {
+				t.Errorf("/metrics lacks %s", name)
+			}
+		}
+		if t.Failed() {
+			t.Log(text)
+		}
+	})
+
+	t.Run("health and readiness", func(t *testing.T) {
+		for _, p := range []string{"/healthz", "/readyz"} {
+			if code, b := httpDo(t, "GET", "http://"+st.replicas[0].HTTPAddr()+p, nil); code != 200 {
+				t.Fatalf("%s: %d %s", p, code, b)
+			}
+		}
+	})
+}

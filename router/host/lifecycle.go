@@ -1,0 +1,179 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
+// to a request booked by this replica. A call addressed to another replica
+// (lr.Replica) is forwarded there over NATS.
+func (r *Replica) Lifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+	if e := r.enter(); e != nil {
+		return nil, e
+	}
+	defer r.leave()
+	resp, err := r.lifecycle(ctx, op, lr)
+	result := "ok"
+	if err != nil {
+		result = asAPIError(err).Code
+	}
+	r.m.lifecycle.Add(ctx, 1, attr(attribute.String("op", op), attribute.String("result", result)))
+	return resp, err
+}
+
+func (r *Replica) lifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+	switch op {
+	case OpPrefillDone, OpFree, OpCancel:
+	default:
+		return nil, badField("op", "unknown lifecycle operation %q", op)
+	}
+	if lr.V != 0 && lr.V != APIVersion {
+		return nil, badField("v", "version %d is not supported (this replica speaks %d)", lr.V, APIVersion)
+	}
+	if lr.RequestID == "" {
+		return nil, badField("request_id", "is required")
+	}
+	if len(lr.RequestID) > MaxRequestIDLen {
+		return nil, badField("request_id", "is %d bytes long, the limit is %d", len(lr.RequestID), MaxRequestIDLen)
+	}
+	lr.Model = r.defaultModel(lr.Model)
+	if lr.Replica != "" && lr.Replica != r.id {
+		return r.forwardLifecycle(ctx, op, lr)
+	}
+	ms, e := r.model(lr.Model)
+	if e != nil {
+		return nil, e
+	}
+	fe, ok := ms.fences.get(lr.RequestID)
+	if ok && lr.Attempt != 0 && lr.Attempt != fe.Attempt {
+		return nil, &Error{Code: CodeNotFound, Status: 404, Field: "attempt",
+			Message: "request " + strconv.Quote(lr.RequestID) + " attempt " + strconv.FormatUint(lr.Attempt, 10) +
+				" is not its current booking (attempt " + strconv.FormatUint(fe.Attempt, 10) + ")"}
+	}
+	var err error
+	switch {
+	case op == OpCancel && !ok:
+		err = ms.sched.Cancel(lr.RequestID)
+	case !ok:
+		return nil, &Error{Code: CodeNotFound, Status: 404, Field: "request_id",
+			Message: "request " + strconv.Quote(lr.RequestID) + " has no booking on replica " + r.id + " (model " + strconv.Quote(lr.Model) + ")"}
+	case op == OpPrefillDone:
+		err = ms.sched.PrefillDone(fe)
+	default: // free, or cancel of a routed request
+		err = ms.sched.Free(fe)
+		ms.fences.del(fe)
+	}
+	if err != nil {
+		if errors.Is(err, scheduler.ErrUnknownBooking) || errors.Is(err, scheduler.ErrUnknownRequest) || errors.Is(err, scheduler.ErrStaleFence) {
+			ms.fences.del(fe)
+			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "request_id",
+				Message: "request " + strconv.Quote(lr.RequestID) + ": " + err.Error(), cause: err}
+		}
+		return nil, err
+	}
+	return &LifecycleResponse{V: APIVersion, RequestID: lr.RequestID, Op: op, Replica: r.id}, nil
+}
+
+// Session returns a session's binding.
+func (r *Replica) Session(ctx context.Context, model, session string) (*SessionResponse, error) {
+	if e := r.enter(); e != nil {
+		return nil, e
+	}
+	defer r.leave()
+	model = r.defaultModel(model)
+	if _, e := r.model(model); e != nil {
+		return nil, e
+	}
+	if e := checkSession(session); e != nil {
+		return nil, e
+	}
+	b, err := r.table.Get(ctx, model, session)
+	if err != nil {
+		if errors.Is(err, bindings.ErrNotFound) {
+			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "session_id",
+				Message: "session " + strconv.Quote(session) + " of model " + strconv.Quote(model) + " has no binding", cause: err}
+		}
+		return nil, err
+	}
+	return &SessionResponse{V: APIVersion, Model: model, SessionID: session, Worker: b.Worker, Rank: b.Rank, HasRank: b.HasRank,
+		Mode: b.Mode.String(), Version: b.Version, Writer: b.Writer, Created: b.Created, Renewed: b.Renewed}, nil
+}
+
+// EndSession removes a session's binding.
+func (r *Replica) EndSession(ctx context.Context, model, session string) error {
+	if e := r.enter(); e != nil {
+		return e
+	}
+	defer r.leave()
+	model = r.defaultModel(model)
+	if _, e := r.model(model); e != nil {
+		return e
+	}
+	if e := checkSession(session); e != nil {
+		return e
+	}
+	if err := r.table.End(ctx, model, session); err != nil {
+		if errors.Is(err, bindings.ErrNotFound) {
+			return &Error{Code: CodeNotFound, Status: 404, Field: "session_id",
+				Message: "session " + strconv.Quote(session) + " of model " + strconv.Quote(model) + " has no binding", cause: err}
+		}
+		return err
+	}
+	r.log.Debug("session ended", "model", model, "session", session)
+	return nil
+}
+
+func checkSession(s string) *Error {
+	switch {
+	case s == "":
+		return badField("session_id", "is required")
+	case len(s) > MaxSessionIDLen:
+		return badField("session_id", "is %d bytes long, the limit is %d", len(s), MaxSessionIDLen)
+	}
+	return nil
+}
+
+// Workers lists the workers of one model (every model when model is "")
+// with this replica's predicted load and index size per rank.
+func (r *Replica) Workers(model string) (*WorkersResponse, error) {
+	out := &WorkersResponse{V: APIVersion, Replica: r.id, Workers: []WorkerStatus{}}
+	names := r.modelList
+	if model != "" {
+		if _, e := r.model(model); e != nil {
+			return nil, e
+		}
+		names = []string{model}
+	}
+	for _, name := range names {
+		ms := r.models[name]
+		loads := map[[2]string]WorkerLoad{}
+		all, _ := ms.sched.Loads(context.Background())
+		for _, l := range all {
+			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = WorkerLoad{
+				ActiveRequests: l.ActiveRequests, PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks}
+		}
+		sizes := map[kvevents.WorkerKey]int{}
+		for _, d := range ms.index.Dump() {
+			sizes[d.Key] = len(d.Blocks)
+		}
+		for _, w := range ms.workerList() {
+			for _, rank := range w.Ranks {
+				ws := WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
+					BlockSize: w.BlockSize, KVBlocks: w.KVBlocks, MaxBatchedTokens: w.MaxBatchedTokens, MaxSeqs: w.MaxSeqs,
+					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: sizes[workerKeyOf(w.ID, rank)]}
+				if l, ok := loads[[2]string{w.ID, strconv.FormatUint(uint64(rank), 10)}]; ok {
+					ws.Load = &l
+				}
+				out.Workers = append(out.Workers, ws)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,120 @@
+package host
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workers"
+)
+
+// startMembership watches the worker registry and the load reports and
+// feeds the schedulers, the indexes and the endpoint table.
+func (r *Replica) startMembership(ctx context.Context) error {
+	rc := r.cfg.Registry
+	rc.Model = "" // one view for every model; callbacks dispatch
+	rc.Logger = r.log.With("component", "workers.membership")
+	if rc.Replicas == 0 {
+		rc.Replicas = r.cfg.StreamReplicas
+	}
+	m, err := workers.WatchMembership(ctx, r.js, rc, workers.Callbacks{
+		OnJoin:   r.onJoin,
+		OnUpdate: r.onUpdate,
+		OnDepart: r.onDepart,
+	})
+	if err != nil {
+		return fmt.Errorf("host: worker membership: %w", err)
+	}
+	r.mem.Store(m)
+	ls, err := workers.SubscribeLoad(r.nc, r.cfg.Prefix, "", r.onLoad, workers.WithLoadLogger(r.log))
+	if err != nil {
+		return fmt.Errorf("host: load reports: %w", err)
+	}
+	r.loadSub = ls
+	return nil
+}
+
+func (r *Replica) onJoin(i workers.Info) {
+	ms, ok := r.models[i.Model]
+	if !ok {
+		return
+	}
+	if i.BlockSize != 0 && i.BlockSize != ms.blockSize {
+		// The index and the scheduler hash at one block size per model:
+		// a worker with another cannot be matched, so it is not used.
+		r.log.Error("worker ignored: its block size differs from the model's", "worker", i.ID, "model", i.Model,
+			"worker_block_size", i.BlockSize, "model_block_size", ms.blockSize)
+		return
+	}
+	ms.setWorker(i.ID, &i)
+	r.upsert(ms, i)
+	r.log.Info("worker joined", "worker", i.ID, "model", i.Model, "ranks", len(i.Ranks), "endpoint", i.Endpoint,
+		"kv_blocks", i.KVBlocks, "epoch", i.Epoch)
+}
+
+func (r *Replica) onUpdate(i workers.Info) {
+	ms, ok := r.models[i.Model]
+	if !ok {
+		return
+	}
+	if _, known := (*ms.workers.Load())[i.ID]; !known {
+		return // ignored at join (block size)
+	}
+	ms.setWorker(i.ID, &i)
+	r.upsert(ms, i)
+	r.log.Info("worker updated", "worker", i.ID, "model", i.Model, "state", i.State)
+}
+
+func (r *Replica) upsert(ms *modelState, i workers.Info) {
+	for _, rank := range i.Ranks {
+		ms.sched.UpsertWorker(scheduler.WorkerInfo{
+			Key:              workerKeyOf(i.ID, rank),
+			BlockSize:        i.BlockSize,
+			KVBlocks:         i.KVBlocks,
+			MaxBatchedTokens: i.MaxBatchedTokens,
+			MaxSeqs:          i.MaxSeqs,
+			Available:        i.Available(),
+		})
+	}
+}
+
+func (r *Replica) onDepart(i workers.Info) {
+	ms, ok := r.models[i.Model]
+	if !ok {
+		return
+	}
+	ms.setWorker(i.ID, nil)
+	ms.sched.RemoveWorker(i.ID)
+	// A re-incarnation (same id, new epoch) departs the old one after the
+	// new one may already have published events: the subscriber's epoch
+	// signal resyncs the index then, so only a real departure drops the
+	// worker from the index here.
+	var cur workers.Info
+	live := false
+	if m := r.mem.Load(); m != nil {
+		cur, live = m.Get(i.ID)
+	}
+	if !live || cur.Epoch == i.Epoch {
+		ms.index.RemoveWorker(i.ID)
+		if ms.pred != nil {
+			ms.pred.RemoveWorker(i.ID)
+		}
+	}
+	r.log.Info("worker departed", "worker", i.ID, "model", i.Model, "epoch", i.Epoch)
+}
+
+func (r *Replica) onLoad(l workers.LoadReport) {
+	ms, ok := r.models[l.Model]
+	if !ok {
+		return
+	}
+	ms.sched.ObserveLoad(scheduler.LoadReport{
+		Key:             workerKeyOf(l.Worker, l.Rank),
+		ActiveRequests:  l.ActiveRequests,
+		WaitingRequests: l.WaitingRequests,
+		KVUsedBlocks:    l.KVUsedBlocks,
+		KVTotalBlocks:   l.KVTotalBlocks,
+		PrefillTokens:   l.PrefillTokens,
+		At:              l.At,
+	})
+}

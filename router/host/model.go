@@ -1,0 +1,191 @@
+package host
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workers"
+)
+
+// modelState is everything a replica keeps for one model.
+type modelState struct {
+	name  string
+	index *index.Index
+	pred  *index.Approx // predicted index: this replica's recent decisions; nil when off
+	sched *scheduler.Scheduler
+
+	blockSize int // fixed per model: the scheduler and the index hash at it
+
+	// workers and endpoints change rarely (membership) and are read on
+	// every request: copy-on-write behind an atomic pointer.
+	mu      sync.Mutex // serialises writers
+	workers atomic.Pointer[map[string]workers.Info]
+
+	// fences maps request id -> booking fence of the requests this replica
+	// booked, so lifecycle calls need only the request id.
+	fences fenceMap
+
+	bookings chan scheduler.BookingEvent // local booking changes to publish
+	dropped  atomic.Uint64               // booking changes dropped (buffer full)
+}
+
+func (r *Replica) newModel(name string) (*modelState, error) {
+	ms := &modelState{
+		name:      name,
+		blockSize: r.cfg.BlockSize,
+		bookings:  make(chan scheduler.BookingEvent, r.cfg.BookingSyncBuffer),
+	}
+	ms.fences.init()
+	empty := map[string]workers.Info{}
+	ms.workers.Store(&empty)
+	ms.index = index.New(index.Config{Model: name})
+	if r.cfg.PredictedTTL > 0 {
+		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.PredictedTTL})
+	}
+	pol, err := r.cfg.PolicyRegistry.Build(r.cfg.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("%w: model %q: %w", ErrConfig, name, err)
+	}
+	scfg := r.cfg.Scheduler
+	scfg.Model = name
+	scfg.Replica = r.id
+	scfg.BlockSize = ms.blockSize
+	scfg.Logger = r.log.With("component", "scheduler", "model", name)
+	scfg.OnBookingChange = func(ev scheduler.BookingEvent) { r.onBookingChange(ms, ev) }
+	if ms.pred != nil || scfg.Refresh == nil {
+		scfg.Refresh = ms.refresh
+	}
+	ms.sched, err = scheduler.New(scfg, pol)
+	if err != nil {
+		return nil, fmt.Errorf("%w: model %q scheduler: %w", ErrConfig, name, err)
+	}
+	return ms, nil
+}
+
+// refresh recomputes a long waiter's overlaps from the index (called from
+// the scheduler's actor; lookups are lock-free).
+func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) []scheduler.Overlap {
+	var ov index.Overlaps
+	ms.index.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
+	if ms.pred != nil {
+		var p index.Overlaps
+		ms.pred.Lookup(req.SeqHashes, index.LookupOptions{}, &p)
+		index.MergeMax(&ov, &p)
+	}
+	for _, w := range ov.Workers {
+		dst = append(dst, scheduler.Overlap{Key: w.Key, Blocks: w.Blocks})
+	}
+	return dst
+}
+
+func (ms *modelState) close() { ms.sched.Close() }
+
+// endpoint returns the registered endpoint of a worker.
+func (ms *modelState) endpoint(worker string) string {
+	if i, ok := (*ms.workers.Load())[worker]; ok {
+		return i.Endpoint
+	}
+	return ""
+}
+
+// setWorker records or replaces a worker's info (nil info deletes).
+func (ms *modelState) setWorker(id string, info *workers.Info) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	old := *ms.workers.Load()
+	next := make(map[string]workers.Info, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	if info == nil {
+		delete(next, id)
+	} else {
+		next[id] = *info
+	}
+	ms.workers.Store(&next)
+}
+
+// workerList returns the worker infos sorted by id.
+func (ms *modelState) workerList() []workers.Info {
+	m := *ms.workers.Load()
+	out := make([]workers.Info, 0, len(m))
+	for _, i := range m {
+		out = append(out, i)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// fenceMap maps request ids to booking fences, sharded to keep lock
+// contention off the hot path.
+type fenceMap struct {
+	shards [32]fenceShard
+}
+
+type fenceShard struct {
+	mu sync.Mutex
+	m  map[string]scheduler.Fence
+}
+
+func (f *fenceMap) init() {
+	for i := range f.shards {
+		f.shards[i].m = make(map[string]scheduler.Fence)
+	}
+}
+
+func (f *fenceMap) shard(id string) *fenceShard {
+	// FNV-1a over the id.
+	h := uint32(2166136261)
+	for i := 0; i < len(id); i++ {
+		h ^= uint32(id[i])
+		h *= 16777619
+	}
+	return &f.shards[h%uint32(len(f.shards))]
+}
+
+func (f *fenceMap) put(fe scheduler.Fence) {
+	s := f.shard(fe.RequestID)
+	s.mu.Lock()
+	s.m[fe.RequestID] = fe
+	s.mu.Unlock()
+}
+
+func (f *fenceMap) get(id string) (scheduler.Fence, bool) {
+	s := f.shard(id)
+	s.mu.Lock()
+	fe, ok := s.m[id]
+	s.mu.Unlock()
+	return fe, ok
+}
+
+// del removes id's fence if it is fe (a newer attempt's fence stays).
+func (f *fenceMap) del(fe scheduler.Fence) {
+	s := f.shard(fe.RequestID)
+	s.mu.Lock()
+	if cur, ok := s.m[fe.RequestID]; ok && cur == fe {
+		delete(s.m, fe.RequestID)
+	}
+	s.mu.Unlock()
+}
+
+func (f *fenceMap) len() int {
+	n := 0
+	for i := range f.shards {
+		s := &f.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// workerKeyOf converts a bindings/scheduler style target into the key of
+// one rank.
+func workerKeyOf(worker string, rank uint32) kvevents.WorkerKey {
+	return kvevents.WorkerKey{Worker: worker, Rank: rank}
+}

@@ -1,0 +1,270 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// forwardTimeout bounds a call forwarded to another replica and a session
+// read or end.
+const forwardTimeout = 10 * time.Second
+
+func fieldAttr(f string) attribute.KeyValue { return attribute.String("field", f) }
+
+// subscribeAPI joins the queue group of every API subject (once the replica
+// is caught up, so clients never reach a replica that is not ready) and
+// subscribes the replica-addressed lifecycle subjects.
+func (r *Replica) subscribeAPI() error {
+	qs := func(subject string, h nats.MsgHandler) error {
+		s, err := r.nc.QueueSubscribe(subject, r.cfg.QueueGroup, h)
+		if err != nil {
+			return fmt.Errorf("host: subscribe %s: %w", subject, err)
+		}
+		// A burst must not be dropped as a slow consumer: the in-flight
+		// bound (MaxInFlight) is what sheds load, with a clear 529.
+		_ = s.SetPendingLimits(-1, 512<<20)
+		r.apiSubs = append(r.apiSubs, s)
+		return nil
+	}
+	for _, name := range r.modelList {
+		if err := qs(RouteSubject(r.cfg.Prefix, name), r.onRouteMsg); err != nil {
+			return err
+		}
+		for _, op := range []string{OpPrefillDone, OpFree, OpCancel} {
+			if err := qs(LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op)); err != nil {
+				return err
+			}
+		}
+		if err := qs(WorkersSubject(r.cfg.Prefix, name), r.onWorkersMsg(name)); err != nil {
+			return err
+		}
+		if err := qs(SessionGetSubject(r.cfg.Prefix, name), r.onSessionMsg(name, false)); err != nil {
+			return err
+		}
+		if err := qs(SessionEndSubject(r.cfg.Prefix, name), r.onSessionMsg(name, true)); err != nil {
+			return err
+		}
+	}
+	for _, op := range []string{OpPrefillDone, OpFree, OpCancel} {
+		s, err := r.nc.Subscribe(ReplicaSubject(r.cfg.Prefix, r.id, op), r.lifecycleHandler(op))
+		if err != nil {
+			return fmt.Errorf("host: subscribe replica lifecycle: %w", err)
+		}
+		_ = s.SetPendingLimits(-1, 512<<20)
+		// Replica-addressed calls must keep being answered while draining
+		// (the bookings they release are still ours), so they are drained
+		// with the API subscriptions.
+		r.apiSubs = append(r.apiSubs, s)
+	}
+	return r.nc.Flush()
+}
+
+// onRouteMsg runs each route request on its own goroutine, so requests
+// waiting in the scheduler queue never hold up others, bounded by
+// MaxInFlight; beyond it the request is answered 529 at once.
+func (r *Replica) onRouteMsg(m *nats.Msg) {
+	select {
+	case r.sem <- struct{}{}:
+	default:
+		r.replyError(m, nil, newError(CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight", nil))
+		return
+	}
+	go func() {
+		defer func() { <-r.sem }()
+		r.handleRoute(m)
+	}()
+}
+
+func (r *Replica) handleRoute(m *nats.Msg) {
+	ctx := context.Background()
+	if len(m.Header) > 0 {
+		ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
+	}
+	if e := r.enter(); e != nil {
+		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
+		r.replyError(m, ctx, e)
+		return
+	}
+	defer r.leave()
+	s := r.getScratch()
+	defer r.putScratch(s)
+	var err error
+	if derr := DecodeRouteRequest(m.Data, &s.req); derr != nil {
+		e := asAPIError(derr)
+		r.m.badRequests.Add(ctx, 1, attr(fieldAttr(e.Field)))
+		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
+		r.replyError(m, ctx, e)
+		return
+	}
+	var spanCtx context.Context = ctx
+	err = r.routeTraced(&spanCtx, &s.req, &s.resp, s)
+	if err != nil {
+		r.replyError(m, spanCtx, asAPIError(err))
+		return
+	}
+	s.out = AppendRouteResponse(s.out[:0], &s.resp)
+	reply := &nats.Msg{Subject: m.Reply, Data: s.out}
+	if sc := trace.SpanContextFromContext(spanCtx); sc.IsValid() {
+		reply.Header = nats.Header{}
+		r.prop.Inject(spanCtx, HeaderCarrier(reply.Header))
+	}
+	if err := r.nc.PublishMsg(reply); err != nil {
+		// The client will never learn where to go: release the booking.
+		if ms, ok := r.models[s.resp.Model]; ok {
+			if fe, ok := ms.fences.get(s.resp.RequestID); ok {
+				r.rollback(ms, fe)
+			}
+		}
+		r.log.Debug("route reply not sent; booking rolled back", "request_id", s.resp.RequestID, "err", err)
+	}
+}
+
+// routeTraced is route returning, through ctx, the context of the route
+// span so the reply can carry its trace context.
+func (r *Replica) routeTraced(ctx *context.Context, req *RouteRequest, resp *RouteResponse, s *routeScratch) error {
+	s.spanCtx = nil
+	err := r.route(*ctx, req, resp, s)
+	if s.spanCtx != nil {
+		*ctx = s.spanCtx
+	}
+	return err
+}
+
+// replyError answers m with an error envelope and the Kvr-Status header.
+func (r *Replica) replyError(m *nats.Msg, ctx context.Context, e *Error) {
+	if m.Reply == "" {
+		return
+	}
+	reply := &nats.Msg{Subject: m.Reply, Header: nats.Header{}, Data: appendErrorJSON(nil, e)}
+	reply.Header.Set(HeaderStatus, strconv.Itoa(e.Status))
+	if ctx != nil {
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			r.prop.Inject(ctx, HeaderCarrier(reply.Header))
+		}
+	}
+	_ = r.nc.PublishMsg(reply)
+}
+
+func (r *Replica) replyJSON(m *nats.Msg, v any) {
+	if m.Reply == "" {
+		return
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		r.replyError(m, nil, newError(CodeInternal, err.Error(), err))
+		return
+	}
+	_ = m.Respond(data)
+}
+
+func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		// Lifecycle calls are quick (a scheduler call, or one forward):
+		// run them off the subscription goroutine only when forwarding.
+		ctx := context.Background()
+		if len(m.Header) > 0 {
+			ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
+		}
+		var lr LifecycleRequest
+		if err := json.Unmarshal(m.Data, &lr); err != nil {
+			r.replyError(m, ctx, badField("body", "invalid JSON: %v", err))
+			return
+		}
+		if lr.Replica != "" && lr.Replica != r.id {
+			go r.answerLifecycle(ctx, m, op, &lr)
+			return
+		}
+		r.answerLifecycle(ctx, m, op, &lr)
+	}
+}
+
+func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *LifecycleRequest) {
+	resp, err := r.Lifecycle(ctx, op, lr)
+	if err != nil {
+		r.replyError(m, ctx, asAPIError(err))
+		return
+	}
+	r.replyJSON(m, resp)
+}
+
+// forwardLifecycle sends a lifecycle call to the replica that holds the
+// booking and relays its answer.
+func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+	body, _ := json.Marshal(lr)
+	m := nats.NewMsg(ReplicaSubject(r.cfg.Prefix, lr.Replica, op))
+	m.Data = body
+	r.prop.Inject(ctx, HeaderCarrier(m.Header))
+	fctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	reply, err := r.nc.RequestMsgWithContext(fctx, m)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "replica",
+				Message: "replica " + strconv.Quote(lr.Replica) + " holding request " + strconv.Quote(lr.RequestID) + " is gone; its booking expires on its own"}
+		}
+		return nil, fmt.Errorf("forward %s to replica %s: %w", op, lr.Replica, err)
+	}
+	if e := DecodeError(reply.Data); e != nil {
+		return nil, e
+	}
+	var out LifecycleResponse
+	if err := json.Unmarshal(reply.Data, &out); err != nil {
+		return nil, fmt.Errorf("forward %s to replica %s: bad reply: %w", op, lr.Replica, err)
+	}
+	return &out, nil
+}
+
+func (r *Replica) onWorkersMsg(model string) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		resp, err := r.Workers(model)
+		if err != nil {
+			r.replyError(m, nil, asAPIError(err))
+			return
+		}
+		r.replyJSON(m, resp)
+	}
+}
+
+func (r *Replica) onSessionMsg(model string, end bool) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		var sr SessionRequest
+		if err := json.Unmarshal(m.Data, &sr); err != nil {
+			r.replyError(m, nil, badField("body", "invalid JSON: %v", err))
+			return
+		}
+		if sr.Model == "" {
+			sr.Model = model
+		}
+		if sr.Model != model {
+			r.replyError(m, nil, badField("model", "%q does not match the subject's model %q", sr.Model, model))
+			return
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
+			defer cancel()
+			if end {
+				if err := r.EndSession(ctx, sr.Model, sr.SessionID); err != nil {
+					r.replyError(m, nil, asAPIError(err))
+					return
+				}
+				r.replyJSON(m, map[string]any{"v": APIVersion, "session_id": sr.SessionID, "ended": true})
+				return
+			}
+			resp, err := r.Session(ctx, sr.Model, sr.SessionID)
+			if err != nil {
+				r.replyError(m, nil, asAPIError(err))
+				return
+			}
+			r.replyJSON(m, resp)
+		}()
+	}
+}

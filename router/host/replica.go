@@ -1,0 +1,397 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Replica states, in the order a replica goes through them.
+const (
+	stateNew      int32 = iota // New returned; Start not called
+	stateStarting              // catching up with the event stream
+	stateReady                 // serving
+	stateDraining              // Close called: no new requests
+	stateClosed
+)
+
+var stateNames = [...]string{"new", "starting", "ready", "draining", "closed"}
+
+// Replica is one router replica: a prefix index, a scheduler and a
+// predicted index per model, one bindings table, one membership view, and
+// the NATS and HTTP APIs over them. Create it with New, then Start; Close
+// shuts it down gracefully.
+type Replica struct {
+	cfg    Config
+	id     string
+	log    *slog.Logger
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	m      *metrics
+
+	models    map[string]*modelState // read-only after New
+	modelList []string
+
+	table      *bindings.Table
+	mem        atomic.Pointer[workers.Membership]
+	loadSub    *workers.LoadSubscription
+	subscriber *kvevents.Subscriber
+	subCancel  context.CancelFunc
+	subDone    chan struct{}
+	eventSink  *sink
+
+	apiSubs  []*nats.Subscription // queue-group API, joined once ready
+	syncSubs []*nats.Subscription // booking sync, replica-addressed lifecycle
+	httpSrv  *http.Server
+	httpLn   net.Listener
+	handler  http.Handler
+
+	state    atomic.Int32
+	ready    chan struct{}
+	readyErr error
+	sem      chan struct{}  // bounds NATS route handlers in flight
+	inflight sync.WaitGroup // every API call in progress
+	bg       sync.WaitGroup // background loops
+	stop     chan struct{}  // closed by Close: background loops end
+	scratch  sync.Pool      // *routeScratch
+
+	eventLag   atomic.Uint64 // stream messages not yet applied, measured every second
+	streamLast atomic.Uint64 // last stream sequence seen by the lag loop
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg and builds a replica on nc; nothing touches NATS until
+// Start. nc must stay open until Close returns.
+func New(nc *nats.Conn, cfg Config) (*Replica, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil NATS connection", ErrConfig)
+	}
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("host: jetstream: %w", err)
+	}
+	r := &Replica{
+		cfg:    cfg,
+		id:     cfg.ReplicaID,
+		log:    cfg.Logger.With("replica", cfg.ReplicaID),
+		nc:     nc,
+		js:     js,
+		tracer: cfg.Telemetry.TracerProvider.Tracer(instrumentationName),
+		prop:   cfg.Telemetry.Propagator,
+		models: make(map[string]*modelState, len(cfg.Models)),
+		ready:  make(chan struct{}),
+		sem:    make(chan struct{}, cfg.MaxInFlight),
+		stop:   make(chan struct{}),
+	}
+	r.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName))
+	if err != nil {
+		return nil, fmt.Errorf("host: metrics: %w", err)
+	}
+	for _, name := range cfg.Models {
+		ms, err := r.newModel(name)
+		if err != nil {
+			return nil, err
+		}
+		r.models[name] = ms
+		r.modelList = append(r.modelList, name)
+	}
+	r.eventSink = &sink{r: r}
+	r.handler = r.newHTTPHandler()
+	if err := r.registerObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
+		return nil, fmt.Errorf("host: metrics: %w", err)
+	}
+	return r, nil
+}
+
+// ID returns the replica id.
+func (r *Replica) ID() string { return r.id }
+
+// Models returns the models this replica routes.
+func (r *Replica) Models() []string { return append([]string(nil), r.modelList...) }
+
+// Handler returns the HTTP API (routes, lifecycle, workers, sessions,
+// health, metrics).
+func (r *Replica) Handler() http.Handler { return r.handler }
+
+// HTTPAddr returns the address the HTTP API listens on, or "" when
+// Config.HTTPAddr was empty.
+func (r *Replica) HTTPAddr() string {
+	if r.httpLn == nil {
+		return ""
+	}
+	return r.httpLn.Addr().String()
+}
+
+// Ready is closed once the replica serves requests.
+func (r *Replica) Ready() <-chan struct{} { return r.ready }
+
+// IsReady reports whether the replica serves requests.
+func (r *Replica) IsReady() bool { return r.state.Load() == stateReady }
+
+// Start sets the replica up and returns once it is ready (caught up with
+// the event stream, membership and bindings loaded, API subscribed), or
+// with an error. ctx bounds the start-up only. On error, call Close.
+//
+// In order: ensure the event stream, open the bindings table, start the
+// schedulers, watch worker membership and load reports, load the newest
+// index snapshot (when enabled) and replay the stream from there, wait
+// until caught up, then join the route queue group.
+func (r *Replica) Start(ctx context.Context) error {
+	if !r.state.CompareAndSwap(stateNew, stateStarting) {
+		return fmt.Errorf("host: Start called in state %s", stateNames[r.state.Load()])
+	}
+	if r.cfg.HTTPAddr != "" {
+		if err := r.startHTTP(); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	if _, err := kvevents.EnsureStream(ctx, r.js, kvevents.StreamConfig{
+		Name: r.cfg.EventStream, Prefix: r.cfg.Prefix, MaxAge: r.cfg.EventMaxAge, Replicas: r.cfg.StreamReplicas,
+	}); err != nil {
+		return fmt.Errorf("host: event stream %s: %w", r.cfg.EventStream, err)
+	}
+	bcfg := r.cfg.Bindings
+	bcfg.ReplicaID = r.id
+	bcfg.Logger = r.log.With("component", "bindings")
+	if bcfg.Replicas == 0 {
+		bcfg.Replicas = r.cfg.StreamReplicas
+	}
+	bcfg.Liveness = bindings.LivenessFunc(r.workerLive)
+	table, err := bindings.Open(ctx, r.js, r.nc, bcfg)
+	if err != nil {
+		return fmt.Errorf("host: bindings table: %w", err)
+	}
+	r.table = table
+
+	for _, name := range r.modelList {
+		ms := r.models[name]
+		if err := ms.sched.Start(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("host: scheduler of model %q: %w", name, err)
+		}
+	}
+	if err := r.startBookingSync(); err != nil {
+		return err
+	}
+	if err := r.startMembership(ctx); err != nil {
+		return err
+	}
+
+	startSeq := uint64(0)
+	if r.cfg.LoadSnapshot {
+		startSeq = r.loadSnapshots(ctx)
+	}
+	if err := r.startSubscriber(ctx, startSeq); err != nil {
+		return err
+	}
+	if err := r.subscriber.WaitCaughtUp(ctx); err != nil {
+		return fmt.Errorf("host: catching up with event stream %s: %w", r.cfg.EventStream, err)
+	}
+	if err := r.mem.Load().WaitReady(ctx); err != nil {
+		return fmt.Errorf("host: loading worker registry: %w", err)
+	}
+	if err := r.subscribeAPI(); err != nil {
+		return err
+	}
+	if r.cfg.SnapshotInterval > 0 {
+		r.bg.Add(1)
+		go r.snapshotLoop()
+	}
+	r.bg.Add(1)
+	go r.lagLoop()
+	if !r.state.CompareAndSwap(stateStarting, stateReady) {
+		return fmt.Errorf("%w: closed while starting", ErrShuttingDown)
+	}
+	close(r.ready)
+	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(),
+		"event_seq", r.subscriber.LastSeq(), "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+func (r *Replica) startHTTP() error {
+	ln, err := net.Listen("tcp", r.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("host: HTTP listen %s: %w", r.cfg.HTTPAddr, err)
+	}
+	r.httpLn = ln
+	r.httpSrv = &http.Server{
+		Handler:           r.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
+	}
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		if err := r.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("HTTP server stopped", "err", err)
+		}
+	}()
+	r.log.Info("HTTP API listening", "addr", ln.Addr().String())
+	return nil
+}
+
+// Close shuts the replica down gracefully: it stops taking requests (leaves
+// the queue group and readiness), lets in-flight requests and binding
+// commits finish (bounded by ctx), publishes the last booking changes,
+// stops the event subscriber, membership and schedulers, and flushes the
+// connection. The connection itself stays open (the caller owns it).
+// Idempotent.
+func (r *Replica) Close(ctx context.Context) error {
+	r.closeOnce.Do(func() { r.closeErr = r.close(ctx) })
+	return r.closeErr
+}
+
+func (r *Replica) close(ctx context.Context) error {
+	prev := r.state.Swap(stateDraining)
+	r.log.Info("router replica draining", "was", stateNames[prev])
+	var errs []error
+	// 1. Stop taking requests: drain the queue-group subscriptions (the
+	// server stops sending us new requests; already delivered ones are
+	// handled), and stop the HTTP listener.
+	for _, s := range r.apiSubs {
+		if err := s.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("drain %s: %w", s.Subject, err))
+		}
+	}
+	if r.httpSrv != nil {
+		if err := r.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+		}
+	}
+	for _, s := range r.apiSubs {
+		waitDrained(ctx, s)
+	}
+	// 2. Finish in-flight requests (their binding commits included).
+	done := make(chan struct{})
+	go func() { r.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("waiting for in-flight requests: %w", ctx.Err()))
+	}
+	// 3. Background: snapshots, booking sync (flushes what is buffered),
+	// event subscriber, membership, load reports, schedulers.
+	close(r.stop)
+	for _, s := range r.syncSubs {
+		_ = s.Unsubscribe()
+	}
+	if r.subCancel != nil {
+		r.subCancel()
+		<-r.subDone
+	}
+	if m := r.mem.Load(); m != nil {
+		m.Stop()
+	}
+	if r.loadSub != nil {
+		_ = r.loadSub.Stop()
+	}
+	bgDone := make(chan struct{})
+	go func() { r.bg.Wait(); close(bgDone) }()
+	select {
+	case <-bgDone:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("waiting for background loops: %w", ctx.Err()))
+	}
+	for _, name := range r.modelList {
+		r.models[name].close()
+	}
+	if r.table != nil {
+		if err := r.table.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !r.nc.IsClosed() {
+		if err := r.nc.FlushWithContext(ctx); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("flush: %w", err))
+		}
+	}
+	r.state.Store(stateClosed)
+	r.log.Info("router replica closed")
+	return errors.Join(errs...)
+}
+
+// waitDrained waits until a draining subscription has handed over every
+// message it had.
+func waitDrained(ctx context.Context, s *nats.Subscription) {
+	for s.IsValid() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// workerLive is the bindings table's liveness: a worker is live while the
+// registry holds it, whatever its state (a draining worker keeps its
+// sessions).
+func (r *Replica) workerLive(worker string) bool {
+	m := r.mem.Load()
+	return m == nil || m.Live(worker)
+}
+
+// enter admits one API call, or says why not.
+func (r *Replica) enter() *Error {
+	switch r.state.Load() {
+	case stateReady:
+		r.inflight.Add(1)
+		// Re-check: Close may have started between the load and Add.
+		if r.state.Load() != stateReady {
+			r.inflight.Done()
+			return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
+		}
+		return nil
+	case stateNew, stateStarting:
+		return newError(CodeNotReady, "replica "+r.id+" is catching up with the event stream", nil)
+	}
+	return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
+}
+
+func (r *Replica) leave() { r.inflight.Done() }
+
+// model returns the state of a served model.
+func (r *Replica) model(name string) (*modelState, *Error) {
+	if name == "" {
+		return nil, badField("model", "is required")
+	}
+	ms, ok := r.models[name]
+	if !ok {
+		return nil, badField("model", "%q is not routed by this replica (models: %v)", name, r.modelList)
+	}
+	return ms, nil
+}
+
+// defaultModel is the model of a call that names none: the only model,
+// when the replica routes exactly one.
+func (r *Replica) defaultModel(name string) string {
+	if name == "" && len(r.modelList) == 1 {
+		return r.modelList[0]
+	}
+	return name
+}
+
+var _ kvevents.Sink = (*sink)(nil)
+var _ = index.New
