@@ -32,6 +32,7 @@ var (
 	ErrRestarted        = errors.New("sim: engine restarted; request dropped")
 	ErrClosed           = errors.New("sim: engine closed")
 	ErrBusy             = errors.New("sim: engine has requests in flight")
+	ErrFutureArrival    = errors.New("sim: arrival after the engine's clock")
 )
 
 // Config describes one simulated worker. A worker has Ranks data-parallel

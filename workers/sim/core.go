@@ -112,7 +112,7 @@ func newCore(cfg *Config, rank uint32, em EventEmitter) *core {
 		model:   cfg.Model,
 		wmark:   int(cfg.Watermark * float64(cfg.KVBlocks)),
 		timing:  cfg.Timing,
-		clock:   cfg.Clock,
+		clock:   rankClock(cfg.Clock, rank),
 		speedup: cfg.Speedup,
 		wake:    make(chan struct{}, 1),
 		cache:   newKVCache(cfg.KVBlocks),
@@ -120,6 +120,16 @@ func newCore(cfg *Config, rank uint32, em EventEmitter) *core {
 		emitter: em,
 	}
 	c.salt = engineSalt(cfg.Worker, rank)
+	return c
+}
+
+// rankClock gives ranks after the first their own VirtualClock, starting
+// where the configured one is: ranks run in parallel, so their virtual
+// times must not add up. Other clocks are shared.
+func rankClock(c Clock, rank uint32) Clock {
+	if vc, ok := c.(*VirtualClock); ok && rank > 0 {
+		return NewVirtualClock(vc.Now())
+	}
 	return c
 }
 
@@ -619,4 +629,20 @@ func (c *core) reannounce() {
 		c.emit(ev)
 	}
 	c.storeBuf = run
+}
+
+// advanceTo steps while the rank has work and its clock is before t, then
+// moves an idle rank's virtual clock to t.
+func (c *core) advanceTo(ctx context.Context, vc *VirtualClock, t time.Time) error {
+	for vc.Now().Before(t) {
+		did, err := c.stepOnce(ctx)
+		if err != nil {
+			return err
+		}
+		if !did {
+			vc.Advance(t.Sub(vc.Now()))
+			return nil
+		}
+	}
+	return nil
 }

@@ -20,10 +20,12 @@
 //     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
 //     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
 //     salt hashed from (worker, rank);
-//   - the Go API (engine.go, stream.go): New, Submit → Stream, Run,
-//     RunUntilIdle, Restart (new epoch, new emitters from EmitterFactory),
-//     Reset, Close, Dump (ground truth for convergence tests), Load
-//     (workers.LoadReport per rank), Info (workers.Info);
+//   - the Go API (engine.go, stream.go): New, Submit → Stream, Run (step
+//     loops on the clock), RunUntilIdle and AdvanceTo (synchronous, for
+//     deterministic virtual-time simulations and trace replays), Restart
+//     (new epoch, new emitters from EmitterFactory),
+//     Reset, Reannounce, Close, Dump (ground truth for convergence tests),
+//     Load (workers.LoadReport per rank), Info (workers.Info);
 //   - the NATS generate protocol (serve.go, docs/parts/protocol-sim.md):
 //     Serve answers on <prefix>.worker.<model>.<worker>.generate with
 //     streamed chunks and a final message with ttft_ms, itl_ms, e2e_ms and

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 )
@@ -175,6 +176,13 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		return nil, fmt.Errorf("%w: %q", ErrDuplicateRequest, id)
 	}
 	r.arrival = c.clock.Now()
+	if !req.Arrival.IsZero() {
+		if req.Arrival.After(r.arrival) {
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%w: %v is after %v on %s rank %d", ErrFutureArrival, req.Arrival, r.arrival, c.key.Worker, c.key.Rank)
+		}
+		r.arrival = req.Arrival
+	}
 	c.byID[id] = r
 	c.waiting = append(c.waiting, r)
 	if ctx.Done() != nil {
@@ -231,6 +239,36 @@ func (e *Engine) RunUntilIdle(ctx context.Context) error {
 		}
 	}
 }
+
+// ErrNotVirtual: AdvanceTo needs the engine to run on a VirtualClock.
+var ErrNotVirtual = errors.New("sim: engine clock is not a *VirtualClock")
+
+// AdvanceTo runs the engine synchronously on virtual time until t, for
+// deterministic discrete-event simulations of many engines (a trace replay
+// submits each request after advancing every engine to its arrival time).
+// Each rank steps while it has work and its clock is before t; a step that
+// starts before t completes even if it ends after t, as on a GPU. An idle
+// rank's clock then jumps to t. It needs Config.Clock to be a *VirtualClock
+// (ranks beyond the first keep their own copies); do not use it while Run is
+// active.
+func (e *Engine) AdvanceTo(ctx context.Context, t time.Time) error {
+	if _, ok := e.cfg.Clock.(*VirtualClock); !ok {
+		return ErrNotVirtual
+	}
+	if !e.running.CompareAndSwap(false, true) {
+		return errors.New("sim: engine already running")
+	}
+	defer e.running.Store(false)
+	for _, c := range e.ranks {
+		if err := c.advanceTo(ctx, c.clock.(*VirtualClock), t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Now is the engine's time: its clock's (rank 0's for a VirtualClock).
+func (e *Engine) Now() time.Time { return e.ranks[0].clock.Now() }
 
 // Restart simulates a worker restart: every request in flight fails with
 // ErrRestarted, every rank's cache is emptied, a new epoch begins with new

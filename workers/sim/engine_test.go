@@ -693,3 +693,46 @@ func TestReannounce(t *testing.T) {
 		t.Errorf("%d Stored events for %d blocks", len(evs)-1, len(want))
 	}
 }
+
+// A discrete-event replay: AdvanceTo the arrival, Submit backdated.
+func TestAdvanceToDiscreteEvents(t *testing.T) {
+	e, _, _ := newTestEngine(t, Config{Ranks: 2})
+	ctx := context.Background()
+	a := submit(t, e, Request{ID: "a", Tokens: seq(1, 1000), MaxTokens: 1})
+	t10 := t0.Add(10 * time.Millisecond)
+	if err := e.AdvanceTo(ctx, t10); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Now(); !got.Equal(t0.Add(prefillDur(1000))) {
+		t.Fatalf("clock %v after a step started before t: want the step's end", got.Sub(t0))
+	}
+	b := submit(t, e, Request{ID: "b", Tokens: seq(5000, 500), MaxTokens: 1, Arrival: t10})
+	// Rank 1 is idle: its own clock jumps to the arrival.
+	c := submit(t, e, Request{ID: "c", Tokens: seq(9000, 500), MaxTokens: 1, Rank: 1, Arrival: t10})
+	if err := e.AdvanceTo(ctx, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := result(t, a).TTFT; got != prefillDur(1000) {
+		t.Fatalf("a: ttft %v", got)
+	}
+	if got, want := result(t, b).TTFT, prefillDur(1000)-10*time.Millisecond+prefillDur(500); got != want {
+		t.Fatalf("b: ttft %v, want the wait for a's step plus its own prefill %v", got, want)
+	}
+	if got := result(t, c).TTFT; got != prefillDur(500) {
+		t.Fatalf("c on idle rank 1: ttft %v, want %v", got, prefillDur(500))
+	}
+	if !e.Now().Equal(t0.Add(time.Second)) {
+		t.Fatalf("idle engine clock %v, want t0+1s", e.Now().Sub(t0))
+	}
+	if _, err := e.Submit(ctx, Request{Tokens: seq(1, 5), MaxTokens: 1, Arrival: t0.Add(time.Hour)}); !errors.Is(err, ErrFutureArrival) {
+		t.Fatalf("future arrival: %v", err)
+	}
+	wall, err := New(Config{Worker: "w", Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wall.Close(ctx)
+	if err := wall.AdvanceTo(ctx, time.Now()); !errors.Is(err, ErrNotVirtual) {
+		t.Fatalf("wall clock: %v", err)
+	}
+}

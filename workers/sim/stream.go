@@ -21,6 +21,12 @@ type Request struct {
 	MaxTokens int      // tokens to generate, >= 1
 	LoRA      string   // adapter name; changes the KV hash seed
 	Rank      uint32   // data-parallel rank to run on
+
+	// Arrival backdates the request's arrival (zero = the rank's clock now),
+	// for discrete-event replays with AdvanceTo: an engine that was busy
+	// past the trace time still charges the queueing from the trace time.
+	// It must not be after the rank's clock (ErrFutureArrival).
+	Arrival time.Time
 }
 
 // Chunk is a run of generated tokens, in order.

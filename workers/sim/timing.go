@@ -95,9 +95,10 @@ func (WallClock) Sleep(ctx context.Context, d time.Duration) error {
 }
 
 // VirtualClock is a clock that only moves when someone sleeps on it: Sleep(d)
-// advances it by d and returns at once. Give each engine (each rank, really:
-// ranks sleep independently) its own VirtualClock when their times must not
-// add up; one engine with one rank on a VirtualClock is fully deterministic.
+// advances it by d and returns at once. Give each engine its own
+// VirtualClock (an engine gives its ranks after the first their own copies):
+// engines sharing one would add their step times up. An engine on a
+// VirtualClock driven by RunUntilIdle or AdvanceTo is fully deterministic.
 type VirtualClock struct {
 	mu  sync.Mutex
 	now time.Time
