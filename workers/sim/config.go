@@ -33,6 +33,7 @@ var (
 	ErrClosed           = errors.New("sim: engine closed")
 	ErrBusy             = errors.New("sim: engine has requests in flight")
 	ErrFutureArrival    = errors.New("sim: arrival after the engine's clock")
+	ErrRunning          = errors.New("sim: already running")
 )
 
 // Config describes one simulated worker. A worker has Ranks data-parallel

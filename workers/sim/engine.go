@@ -198,7 +198,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 // nil after Close, ctx.Err() otherwise.
 func (e *Engine) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
-		return errors.New("sim: engine already running")
+		return fmt.Errorf("%w: engine %s is driven by Run, RunUntilIdle or AdvanceTo", ErrRunning, e.cfg.Worker)
 	}
 	defer e.running.Store(false)
 	outer := ctx
@@ -222,7 +222,7 @@ func (e *Engine) Run(ctx context.Context) error {
 // discrete-event simulation; do not use it while Run is active.
 func (e *Engine) RunUntilIdle(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
-		return errors.New("sim: engine already running")
+		return fmt.Errorf("%w: engine %s is driven by Run, RunUntilIdle or AdvanceTo", ErrRunning, e.cfg.Worker)
 	}
 	defer e.running.Store(false)
 	for {
@@ -256,7 +256,7 @@ func (e *Engine) AdvanceTo(ctx context.Context, t time.Time) error {
 		return ErrNotVirtual
 	}
 	if !e.running.CompareAndSwap(false, true) {
-		return errors.New("sim: engine already running")
+		return fmt.Errorf("%w: engine %s is driven by Run, RunUntilIdle or AdvanceTo", ErrRunning, e.cfg.Worker)
 	}
 	defer e.running.Store(false)
 	for _, c := range e.ranks {

@@ -118,7 +118,7 @@ func (f *Fleet) Start(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.started {
-		return errors.New("sim: fleet already started")
+		return fmt.Errorf("%w: fleet started twice", ErrRunning)
 	}
 	f.started = true
 	f.nc, f.js = nc, js
@@ -205,7 +205,7 @@ func (f *Fleet) Restart(ctx context.Context, i int) error {
 		return fmt.Errorf("%w: fleet worker %d of %d", ErrBadConfig, i, len(f.ws))
 	}
 	if !f.started || f.stopped {
-		return errors.New("sim: fleet not running")
+		return fmt.Errorf("%w: fleet not running", ErrClosed)
 	}
 	w := f.ws[i]
 	f.stopWorker(w)
