@@ -88,12 +88,14 @@ type PublisherStats struct {
 // event stream in order. Emit encodes (and so copies) each event into a
 // pending buffer; one sender goroutine takes the pending events, cuts them
 // into batches and publishes each with a synchronous JetStream publish,
-// retrying the same batch until it is acknowledged. Event ids start at 1
+// retrying the same batch (same Nats-Msg-Id, see MsgID) until it is
+// acknowledged. Event ids start at 1
 // and are consecutive. Safe for concurrent use.
 type Publisher struct {
 	js       jetstream.JetStream
 	cfg      PublisherConfig
 	subject  string
+	msgID    string // Nats-Msg-Id prefix: MsgID without the first event id
 	epoch    uint64
 	maxBytes int // batch payload limit
 	log      *logLimiter
@@ -166,6 +168,7 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 	p := &Publisher{
 		js: js, cfg: cfg, epoch: cfg.Epoch, maxBytes: maxBytes,
 		subject:  EventSubject(cfg.Prefix, cfg.Model, cfg.Worker),
+		msgID:    msgIDPrefix(cfg.Model, cfg.Worker, cfg.Rank, cfg.Epoch),
 		log:      newLogLimiter(cfg.Logger, cfg.LogInterval),
 		nextID:   1,
 		takenID:  1,
@@ -405,17 +408,27 @@ func (p *Publisher) appendHeader(dst []byte, firstID uint64, n int) []byte {
 	return appendArrayHeader(dst, n)
 }
 
-// MsgID returns the Nats-Msg-Id of the batch whose first event is firstID:
-// "<epoch>-<firstID>" in decimal.
-func MsgID(epoch, firstID uint64) string {
-	return strconv.FormatUint(epoch, 10) + "-" + strconv.FormatUint(firstID, 10)
+// MsgID returns the Nats-Msg-Id of the batch of (model, worker, rank) in
+// epoch whose first event is firstID:
+// "<model token>.<worker token>.<rank>.<epoch>.<firstID>", numbers in
+// decimal, names escaped by SubjectToken. The stream deduplicates ids across
+// all its subjects, so the id names everything that scopes an event id:
+// ranks of one worker process share its epoch, and two workers may be given
+// the same epoch.
+func MsgID(model, worker string, rank uint32, epoch, firstID uint64) string {
+	return msgIDPrefix(model, worker, rank, epoch) + strconv.FormatUint(firstID, 10)
+}
+
+func msgIDPrefix(model, worker string, rank uint32, epoch uint64) string {
+	return SubjectToken(model) + "." + SubjectToken(worker) + "." +
+		strconv.FormatUint(uint64(rank), 10) + "." + strconv.FormatUint(epoch, 10) + "."
 }
 
 // publish sends one batch until the stream acknowledges it; it returns
 // false only when ctx ends first.
 func (p *Publisher) publish(ctx context.Context, data []byte, firstID uint64, n int) bool {
 	msg := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, MsgID(p.epoch, firstID))
+	msg.Header.Set(jetstream.MsgIDHeader, p.msgID+strconv.FormatUint(firstID, 10))
 	backoff := p.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)

@@ -293,7 +293,7 @@ func TestPublisherRetryIsStoredOnce(t *testing.T) {
 	}
 	// The same id published by hand is a duplicate too.
 	data, _ := AppendBatch(nil, rawBatch("w", pub.Epoch(), 1, 3))
-	if ack := e.publishRaw(t, pub.Subject(), data, MsgID(pub.Epoch(), 1)); !ack.Duplicate {
+	if ack := e.publishRaw(t, pub.Subject(), data, MsgID("m", "w", 0, pub.Epoch(), 1)); !ack.Duplicate {
 		t.Fatal("republish with the same Nats-Msg-Id was stored again")
 	}
 }
@@ -524,5 +524,36 @@ func TestRunTwiceAndWaitWithoutMessages(t *testing.T) {
 	}
 	if _, err := NewSubscriber(e.js, SubscriberConfig{}); err == nil {
 		t.Fatal("NewSubscriber without a sink succeeded")
+	}
+}
+
+// Ranks of one worker share its epoch, and two workers may be configured
+// with the same epoch: their batches must not deduplicate each other.
+func TestPublishersSharingAnEpoch(t *testing.T) {
+	e := newEnv(t)
+	var pubs []*Publisher
+	for _, k := range []WorkerKey{{"w", 0}, {"w", 1}, {"v", 0}} {
+		p, err := NewPublisher(e.js, PublisherConfig{Model: "m", Worker: k.Worker, Rank: k.Rank, Epoch: 77})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Emit(Event{Kind: KindCleared}); err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	for _, p := range pubs {
+		if err := p.Close(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st := p.Stats(); st.Duplicates != 0 {
+			t.Fatalf("%s: ack flagged duplicate: %+v", p.Subject(), st)
+		}
+	}
+	sink := &recSink{}
+	sub := e.startSub(t, SubscriberConfig{Sink: sink})
+	waitCaughtUp(t, sub)
+	if _, _, batches := sink.snapshot(); len(batches) != 3 {
+		t.Fatalf("%d batches applied, want one per (worker, rank)", len(batches))
 	}
 }

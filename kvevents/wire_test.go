@@ -305,7 +305,19 @@ func benchBatch(events, blocks int) *Batch {
 }
 
 func TestMsgID(t *testing.T) {
-	if got := MsgID(0x0123456789abcdef, 42); got != "81985529216486895-42" {
+	if got := MsgID("llama.3", "w1", 1, 0x0123456789abcdef, 42); got != "llama%2E3.w1.1.81985529216486895.42" {
 		t.Fatalf("MsgID = %q", got)
+	}
+	// Everything that scopes an event id is in the id.
+	ids := map[string]bool{}
+	for _, id := range []string{
+		MsgID("m", "w", 0, 1, 1), MsgID("m", "w", 1, 1, 1), MsgID("m", "v", 0, 1, 1),
+		MsgID("n", "w", 0, 1, 1), MsgID("m", "w", 0, 2, 1), MsgID("m", "w", 0, 1, 2),
+		MsgID("m.w", "", 0, 1, 1), MsgID("m", "w.", 0, 1, 1),
+	} {
+		if ids[id] {
+			t.Fatalf("MsgID %q produced twice", id)
+		}
+		ids[id] = true
 	}
 }
