@@ -127,8 +127,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: max batched tokens %d", ErrBadConfig, c.MaxBatchedTokens)
 	case c.MaxSeqs < 1:
 		return fmt.Errorf("%w: max seqs %d", ErrBadConfig, c.MaxSeqs)
-	case c.Watermark >= 1:
-		return fmt.Errorf("%w: watermark %g (want < 1)", ErrBadConfig, c.Watermark)
+	case !(c.Watermark >= 0 && c.Watermark < 1):
+		return fmt.Errorf("%w: watermark %g (want 0 <= w < 1)", ErrBadConfig, c.Watermark)
 	case !(c.Speedup > 0):
 		return fmt.Errorf("%w: speedup %g (want > 0)", ErrBadConfig, c.Speedup)
 	}

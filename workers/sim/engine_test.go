@@ -29,6 +29,7 @@ func TestTimingDefaults(t *testing.T) {
 		{"step mixed", m.StepMs(100, 3, 0.5), m.PrefillMs(100) + m.DecodeMs(0.5)},
 		{"step decode only", m.StepMs(0, 3, 0), 5.74},
 		{"step idle", m.StepMs(0, 0, 0.9), 0},
+		{"step never negative", Timing{PrefillC: -50}.StepMs(10, 0, 0), 0},
 	}
 	for _, tt := range tests {
 		if math.Abs(tt.got-tt.want) > 1e-9 {
@@ -422,6 +423,11 @@ func TestConfigValidation(t *testing.T) {
 		{Worker: "w", Model: "m", BlockSize: -1},
 		{Worker: "w", Model: "m", KVBlocks: 1},
 		{Worker: "w", Model: "m", Watermark: 1},
+		{Worker: "w", Model: "m", Watermark: math.NaN()},
+		{Worker: "w", Model: "m", Speedup: math.NaN()},
+		{Worker: "w", Model: "m", KVBlocks: 1 << 31},
+		{Worker: "w", Model: "m", MaxSeqs: -1},
+		{Worker: "w", Model: "m", MaxBatchedTokens: -1},
 		{Worker: "w", Model: "m", Speedup: -2},
 		{Worker: "w", Model: "m", Ranks: -1},
 	}

@@ -47,11 +47,15 @@ func (m Timing) DecodeMs(p float64) float64 {
 
 // StepMs is the model time of a step that computes prefillTokens new prompt
 // tokens and decodes decodes sequences at KV usage p. As in Dynamo's mocker,
-// the prefill and decode parts of a mixed step add up.
+// the prefill and decode parts of a mixed step add up. Custom coefficients
+// that would make it negative (or NaN) give 0.
 func (m Timing) StepMs(prefillTokens, decodes int, p float64) float64 {
 	ms := m.PrefillMs(prefillTokens)
 	if decodes > 0 {
 		ms += m.DecodeMs(p)
+	}
+	if !(ms > 0) {
+		return 0
 	}
 	return ms
 }
