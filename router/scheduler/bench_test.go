@@ -56,11 +56,56 @@ func benchSelect(b *testing.B, n int, p Policy, freshKeys bool) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
+	cpu := startCPU()
 	for b.Loop() {
 		if _, _, _, err := c.selectWorker(w); err != nil {
 			b.Fatal(err)
 		}
 	}
+	cpu.report(b)
+}
+
+// cpuMeter reports thread CPU ns/op next to wall ns/op (see threadCPU).
+type cpuMeter struct{ start int64 }
+
+func startCPU() cpuMeter {
+	lockThread()
+	return cpuMeter{start: threadCPU()}
+}
+
+func (m cpuMeter) report(b *testing.B) {
+	end := threadCPU()
+	unlockThread()
+	if m.start > 0 && b.N > 0 {
+		b.ReportMetric(float64(end-m.start)/float64(b.N), "cpu-ns/op")
+	}
+}
+
+// BenchmarkCalibration is a bare cost-and-min loop over 10,000 rows held in
+// plain arrays: the machine's floor for a 10,000-worker selection.
+func BenchmarkCalibration(b *testing.B) {
+	n := 10000
+	p := make([]int64, n)
+	d := make([]int64, n)
+	ov := make([]int32, n)
+	sl := make([]int32, n)
+	for i := range n {
+		p[i], d[i], ov[i], sl[i] = int64(i*16), int64(i%127), int32(i%32*4), int32(i)
+	}
+	var sink int
+	cpu := startCPU()
+	for b.Loop() {
+		best, bi := 1e300, 0
+		for i, s := range sl {
+			pre := max(0, (float64(p[s])+2048)*0.0625-float64(ov[i]))
+			if c := pre + float64(d[s]+128); c < best {
+				best, bi = c, i
+			}
+		}
+		sink += bi
+	}
+	cpu.report(b)
+	_ = sink
 }
 
 // BenchmarkDefaultSelection is one selection by the default policy: overlap
@@ -126,11 +171,13 @@ func BenchmarkSelectionUnderHard(b *testing.B) {
 	w.req.Affinity = hardTo(workerOnly("worker-00100"))
 	w.plan, _ = applyPinRule(w.req, nil)
 	b.ReportAllocs()
+	cpu := startCPU()
 	for b.Loop() {
 		if s, _, _, err := c.selectWorker(w); err != nil || c.fl.key[s].Worker != "worker-00100" {
 			b.Fatal(err)
 		}
 	}
+	cpu.report(b)
 }
 
 // BenchmarkSchedule is a full Schedule call through the actor (validation,

@@ -63,8 +63,8 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		return pickMinCost(x, c, &p.Cost, only), nil
 	}
 	cost := x.costs(c.Len())
-	scoreDefault(x, c, &p.Cost, cost)
-	return pickSoftmax(x, c, cost, p.Temperature, only), nil
+	lo, hi, m := scoreDefaultRange(x, c, &p.Cost, cost, only)
+	return sampleSoftmax(x, cost, lo, hi, m, p.Temperature), nil
 }
 
 // anyAffinityTarget reports whether the Soft target is among the candidates.
@@ -86,7 +86,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		return pickMinCostPlain(x, c, cp)
 	}
 	f := c.f
-	inv := 1 / float64(x.BlockSize)
+	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
 	newBlks := c.newBlks
@@ -124,7 +124,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 // active-request weight. Same costs, same tie-break draws.
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 	f := c.f
-	inv := 1 / float64(x.BlockSize)
+	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
 	newBlks := float64(c.newBlks)
@@ -155,7 +155,7 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 
 func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	f := c.f
-	inv := 1 / float64(x.BlockSize)
+	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
 	newBlks := c.newBlks
@@ -208,9 +208,89 @@ func pickSoftmax(x *Context, c *Candidates, cost []float64, t float64, only bool
 			continue
 		}
 		m++
-		lo = min(lo, v)
-		hi = max(hi, v)
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
 	}
+	return sampleSoftmax(x, cost, lo, hi, m, t)
+}
+
+// scoreDefaultRange writes the default costs and returns their range and
+// count; with only, rows outside the Soft target get NaN (excluded). The
+// range is tracked with plain compares: the min/max builtins handle NaN and
+// signed zeros, which costs more than the rest of the loop.
+func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64, only bool) (lo, hi float64, m int) {
+	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+		return scoreDefaultRangePlain(x, c, cp, cost)
+	}
+	scoreDefault(x, c, cp, cost)
+	cost = cost[:len(c.slots)]
+	lo, hi = math.Inf(1), math.Inf(-1)
+	if !only {
+		for _, v := range cost {
+			if v < lo {
+				lo = v
+			}
+			if v > hi {
+				hi = v
+			}
+		}
+		return lo, hi, len(cost)
+	}
+	for i, v := range cost {
+		if !c.aff.matches(c.f, c.slots[i]) {
+			cost[i] = math.NaN()
+			continue
+		}
+		m++
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
+	}
+	return lo, hi, m
+}
+
+// scoreDefaultRangePlain is scoreDefaultRange in one pass for the common
+// case (see pickMinCostPlain).
+func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []float64) (lo, hi float64, m int) {
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
+	newBlks := float64(c.newBlks)
+	prefill, decode := c.prefill, c.decode
+	ov, ep := c.ov, c.epoch
+	cost = cost[:len(c.slots)]
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for i, s := range c.slots {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		v := scale*pre + (float64(decode[s]) + newBlks)
+		cost[i] = v
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
+	}
+	return lo, hi, len(cost)
+}
+
+// sampleSoftmax draws a row from costs whose included values (non-NaN, m
+// of them) span [lo, hi]. It overwrites cost with the weights.
+func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64) int {
 	if hi <= lo { // one row or all equal: uniform over the included rows
 		k := x.rng.intn(m)
 		for i, v := range cost {
@@ -230,7 +310,7 @@ func pickSoftmax(x *Context, c *Candidates, cost []float64, t float64, only bool
 			cost[i] = 0
 			continue
 		}
-		e := math.Exp((v - lo) * scale)
+		e := expNeg((v - lo) * scale)
 		cost[i] = e
 		sum += e
 	}
@@ -247,6 +327,24 @@ func pickSoftmax(x *Context, c *Candidates, cost []float64, t float64, only bool
 		}
 	}
 	return last // rounding: u landed on the total
+}
+
+// expNeg is e^x for x <= 0, to a relative error below 2e-7 (plenty for
+// sampling weights) and several times faster than math.Exp: x·log2(e) is
+// split into an integer k (the float's exponent) and a remainder whose e^f,
+// |f| <= ln2/2, is a degree-6 polynomial evaluated in Estrin's scheme (short
+// dependency chains: with two workers the latency is what counts).
+func expNeg(x float64) float64 {
+	if x < -700 {
+		return 0
+	}
+	const shifter = 0x1.8p52 // adding it rounds to an integer in the low bits
+	t := x * math.Log2E
+	n := (t + shifter) - shifter
+	f := (t - n) * math.Ln2
+	f2 := f * f
+	p := (1 + f) + f2*((1.0/2+f*(1.0/6))+f2*((1.0/24+f*(1.0/120))+f2*(1.0/720)))
+	return math.Float64frombits(uint64(int64(n)+1023)<<52) * p
 }
 
 // DefaultCost is the default cost function as a pipeline Scorer.
@@ -320,7 +418,7 @@ func (ActiveRequestsScorer) Score(_ *Context, c *Candidates, cost []float64) {
 }
 
 func (PrefillTokensScorer) Score(x *Context, c *Candidates, cost []float64) {
-	inv := 1 / float64(x.BlockSize)
+	inv := x.invBlockSize()
 	for i := range c.slots {
 		v := (float64(c.ActivePrefillTokens(i)+x.PromptTokens))*inv - float64(c.OverlapBlocks(i))
 		cost[i] = max(0, v)

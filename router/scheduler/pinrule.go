@@ -88,7 +88,12 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 // validates its choice. It books nothing.
 func (c *core) selectWorker(w *waiter) (slot int32, overlap int, fellBack bool, err error) {
 	c.prepare(w)
-	defer c.unprepare()
+	slot, overlap, fellBack, err = c.runPinPlan(w)
+	c.unprepare()
+	return slot, overlap, fellBack, err
+}
+
+func (c *core) runPinPlan(w *waiter) (slot int32, overlap int, fellBack bool, err error) {
 	x := c.context(w)
 	p := &w.plan
 	switch {
@@ -143,12 +148,23 @@ func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
 	return cs.slots[i], int(cs.ovAt(cs.slots[i])), nil
 }
 
+// blocks is n / BlockSize, by shift when the block size is a power of two
+// (it always is in practice; a division costs more than a selection over
+// two workers).
+func (c *core) blocks(n int64) int64 {
+	if c.bsShift >= 0 {
+		return n >> c.bsShift
+	}
+	return n / int64(c.cfg.BlockSize)
+}
+
 // context fills the reusable selection context for w.
 func (c *core) context(w *waiter) *Context {
 	x := &c.x
 	r := w.req
 	x.Request = r
 	x.BlockSize = c.cfg.BlockSize
+	x.invBS = c.invBS
 	x.RequestBlocks = len(r.SeqHashes)
 	x.PromptTokens = r.Tokens
 	x.Seq = c.seq
@@ -172,7 +188,7 @@ func (c *core) prepare(w *waiter) {
 	}
 	r := w.req
 	ov, ep := cs.ov, cs.epoch
-	limit := uint32(max(len(r.SeqHashes), r.Tokens/max(1, c.cfg.BlockSize)))
+	limit := uint32(max(int64(len(r.SeqHashes)), c.blocks(int64(r.Tokens))))
 	for i, o := range w.overlaps() {
 		if o.Blocks <= 0 {
 			continue
@@ -204,9 +220,9 @@ func (c *core) prepare(w *waiter) {
 			}
 		}
 	}
-	bs := int64(max(1, c.cfg.BlockSize))
-	total := (int64(r.Tokens) + int64(r.ExpectedOutput) + bs - 1) / bs
+	total := c.blocks(int64(r.Tokens) + int64(r.ExpectedOutput) + int64(c.cfg.BlockSize) - 1)
 	cs.f = fl
+	cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
 	cs.shared = c.shared
 	cs.anyShared = len(c.shTouched) > 0
 	cs.newBlks = max(total, int64(len(r.SeqHashes)))

@@ -112,9 +112,17 @@ type Context struct {
 	aff    Target
 	hasAff bool
 	rng    *rng
+	invBS  float64 // 1 / BlockSize
 
 	costBuf, tmpBuf []float64
 	boolBuf         []bool
+}
+
+func (x *Context) invBlockSize() float64 {
+	if x.invBS == 0 {
+		x.invBS = 1 / float64(max(1, x.BlockSize))
+	}
+	return x.invBS
 }
 
 // Affinity returns the Soft target for this request, if any: a Soft session
@@ -168,6 +176,9 @@ type Candidates struct {
 	owned     bool    // slots is our scratch (safe to compact)
 	own       []int32 // scratch backing for owned slots
 	f         *fleet
+	prefill   []int64 // the fleet's arrays, copied here so accessors skip a hop
+	decode    []int64
+	active    []int32
 	ov        []uint64 // by slot: epoch | overlap blocks (stale epoch = 0 blocks)
 	epoch     uint64   // current selection's epoch, in the high 32 bits
 	shared    []int32  // by slot: request blocks already active there
@@ -195,21 +206,21 @@ func (c *Candidates) Key(i int) kvevents.WorkerKey { return c.f.key[c.slots[i]] 
 func (c *Candidates) OverlapBlocks(i int) int { return int(c.ovAt(c.slots[i])) }
 
 // ActivePrefillTokens is the prefill work booked on candidate i (tokens).
-func (c *Candidates) ActivePrefillTokens(i int) int { return int(c.f.prefill[c.slots[i]]) }
+func (c *Candidates) ActivePrefillTokens(i int) int { return int(c.prefill[c.slots[i]]) }
 
 // ActiveDecodeBlocks is the decode blocks booked on candidate i.
-func (c *Candidates) ActiveDecodeBlocks(i int) int { return int(c.f.decode[c.slots[i]]) }
+func (c *Candidates) ActiveDecodeBlocks(i int) int { return int(c.decode[c.slots[i]]) }
 
 // PotentialDecodeBlocks is candidate i's decode blocks if this request were
 // added: its booked blocks plus the request's blocks, with the prompt
 // blocks already active there counted once.
 func (c *Candidates) PotentialDecodeBlocks(i int) int {
 	s := c.slots[i]
-	return int(c.f.decode[s] + c.newBlks - int64(c.shared[s]))
+	return int(c.decode[s] + c.newBlks - int64(c.shared[s]))
 }
 
 // ActiveRequests is the number of requests booked on candidate i.
-func (c *Candidates) ActiveRequests(i int) int { return int(c.f.active[c.slots[i]]) }
+func (c *Candidates) ActiveRequests(i int) int { return int(c.active[c.slots[i]]) }
 
 // KVBlocks is candidate i's KV capacity in blocks (0 = unknown).
 func (c *Candidates) KVBlocks(i int) int { return int(c.f.kvBlocks[c.slots[i]]) }
@@ -229,13 +240,21 @@ func (c *Candidates) IsAffinityTarget(i int) bool {
 // Retain keeps the candidates whose keep flag is set, in order; len(keep)
 // must be Len().
 func (c *Candidates) Retain(keep []bool) {
+	keep = keep[:len(c.slots)]
+	first := 0
+	for first < len(keep) && keep[first] {
+		first++
+	}
+	if first == len(keep) {
+		return // all kept: nothing to copy
+	}
 	if !c.owned {
 		c.own = append(c.own[:0], c.slots...)
 		c.slots, c.owned = c.own, true
 	}
-	j := 0
-	for i, k := range keep[:len(c.slots)] {
-		if k {
+	j := first
+	for i := first + 1; i < len(keep); i++ {
+		if keep[i] {
 			c.slots[j] = c.slots[i]
 			j++
 		}
@@ -276,6 +295,7 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *T
 		c.anyShared = c.anyShared || row.SharedBlocks > 0
 		c.slots = append(c.slots, s)
 	}
+	c.prefill, c.decode, c.active = f.prefill, f.decode, f.active
 	if r == nil {
 		r = &Request{}
 	}

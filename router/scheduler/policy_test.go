@@ -454,3 +454,21 @@ func TestScorersFinite(t *testing.T) {
 	}
 	_ = kvevents.SeqHash(0)
 }
+
+func TestExpNeg(t *testing.T) {
+	for x := 0.0; x > -745; x -= 0.0137 {
+		got, want := expNeg(x), math.Exp(x)
+		if x < -700 {
+			if got != 0 {
+				t.Fatalf("expNeg(%v) = %v, want 0 below the cut", x, got)
+			}
+			continue
+		}
+		if rel := math.Abs(got-want) / want; rel > 2e-7 {
+			t.Fatalf("expNeg(%v) = %v, math.Exp = %v (rel err %.2e)", x, got, want, rel)
+		}
+	}
+	if expNeg(0) != 1 {
+		t.Fatal(expNeg(0))
+	}
+}

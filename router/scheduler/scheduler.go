@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,9 @@ type core struct {
 	shared    []int32
 	shTouched []int32
 
+	invBS   float64 // 1 / BlockSize
+	bsShift int     // log2(BlockSize) when a power of two, else −1
+
 	stats    *counters
 	onChange func() func(BookingEvent)
 	setTimer func(at time.Time)          // the actor's deadline timer
@@ -56,6 +60,11 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 		q:        newQueueState(),
 		stats:    st,
 		onChange: func() func(BookingEvent) { return nil },
+	}
+	c.invBS = 1 / float64(cfg.BlockSize)
+	c.bsShift = -1
+	if bs := cfg.BlockSize; bs&(bs-1) == 0 {
+		c.bsShift = bits.TrailingZeros(uint(bs))
 	}
 	seed, ok := cfg.Seed, cfg.HasSeed
 	if !ok {
