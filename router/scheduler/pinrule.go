@@ -134,7 +134,7 @@ func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
 		cs.aff, cs.hasAff = c.fl.resolve(*soft), true
 	}
 	c.seq++
-	i, err := c.policy.Select(x, cs)
+	i, err := c.callPolicy(x, cs)
 	if err != nil {
 		if !errors.Is(err, ErrNoCandidate) {
 			c.stats.policyErrors.Add(1)
@@ -156,6 +156,18 @@ func (c *core) blocks(n int64) int64 {
 		return n >> c.bsShift
 	}
 	return n / int64(c.cfg.BlockSize)
+}
+
+// callPolicy runs the policy, turning a panic in it (a custom policy's bug)
+// into ErrPolicy for this request instead of a dead actor.
+func (c *core) callPolicy(x *Context, cs *Candidates) (i int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.cfg.Logger.Error("scheduler: policy panicked", "policy", c.policy.Name(), "panic", fmt.Sprint(p))
+			i, err = -1, fmt.Errorf("%w: policy %s panicked: %v", ErrPolicy, c.policy.Name(), p)
+		}
+	}()
+	return c.policy.Select(x, cs)
 }
 
 // context fills the reusable selection context for w.

@@ -387,3 +387,29 @@ func TestPinnedTargetMustBeSchedulable(t *testing.T) {
 		})
 	}
 }
+
+type panicky struct{}
+
+func (panicky) Name() string                              { return "panicky" }
+func (panicky) Select(*Context, *Candidates) (int, error) { panic("bug") }
+
+type outOfRange struct{}
+
+func (outOfRange) Name() string                                  { return "out-of-range" }
+func (outOfRange) Select(_ *Context, c *Candidates) (int, error) { return c.Len(), nil }
+
+// A broken custom policy fails the request, not the scheduler.
+func TestBrokenPolicy(t *testing.T) {
+	for _, p := range []Policy{panicky{}, outOfRange{}} {
+		t.Run(p.Name(), func(t *testing.T) {
+			h := newHarness(t, Config{}, p, wi("a", 0))
+			res, ok := h.poll(h.submit(&Request{ID: "r", Tokens: 10}))
+			if !ok || !errors.Is(res.err, ErrPolicy) || StatusCode(res.err) != http.StatusInternalServerError {
+				t.Fatalf("%v", res.err)
+			}
+			if st := h.s.Stats(); st.PolicyErrors != 1 || st.Bookings != 0 {
+				t.Fatalf("%+v", st)
+			}
+		})
+	}
+}

@@ -114,8 +114,8 @@ type Context struct {
 	rng    *rng
 	invBS  float64 // 1 / BlockSize
 
-	costBuf, tmpBuf []float64
-	boolBuf         []bool
+	costBuf, tmpBuf, userBuf []float64
+	boolBuf                  []bool
 }
 
 func (x *Context) invBlockSize() float64 {
@@ -139,9 +139,16 @@ func (x *Context) IntN(n int) int { return x.rng.intn(n) }
 // Float64 returns a uniform random float in [0, 1).
 func (x *Context) Float64() float64 { return x.rng.float64() }
 
-// Scratch returns a float64 slice of length n that is valid until Select
-// returns; it is not the slice a Pipeline hands to its picker.
-func (x *Context) Scratch(n int) []float64 { return x.tmp(n) }
+// Scratch returns a float64 slice of length n (contents undefined) that is
+// valid until Select returns, for a custom policy, filter, scorer or picker;
+// no builtin uses it. Repeated calls return the same memory.
+func (x *Context) Scratch(n int) []float64 {
+	if cap(x.userBuf) < n {
+		x.userBuf = make([]float64, n, n+n/4)
+	}
+	x.userBuf = x.userBuf[:n]
+	return x.userBuf
+}
 
 func (x *Context) costs(n int) []float64 {
 	if cap(x.costBuf) < n {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"errors"
 	"container/heap"
 	"fmt"
 	"slices"
@@ -417,7 +418,9 @@ func (c *core) admit(w *waiter, now time.Time) {
 	}
 	slot, overlap, fellBack, err := c.selectWorker(w)
 	if err != nil {
-		c.stats.noEligible.Add(1)
+		if errors.Is(err, ErrNoEligibleWorker) || errors.Is(err, ErrNoCandidate) {
+			c.stats.noEligible.Add(1)
+		}
 		c.reject(w, err)
 		return
 	}
