@@ -49,11 +49,6 @@ func (s *mirrorSink) seqs(k kvevents.WorkerKey) ([]kvevents.SeqHash, error) {
 func TestEventsThroughPublisherAndSubscriber(t *testing.T) {
 	t.Run("one rank", func(t *testing.T) { testThroughPublisher(t, 1) })
 	t.Run("two ranks", func(t *testing.T) {
-		// Known kvevents bug: kvevents.MsgID is "<epoch>-<firstID>" with no
-		// worker or rank, and the ranks of one worker share its epoch, so
-		// the stream's duplicate window drops rank 1's batches as copies
-		// of rank 0's. Remove this skip once MsgID names (worker, rank).
-		t.Skip("kvevents.MsgID collides across ranks of one epoch (reported)")
 		testThroughPublisher(t, 2)
 	})
 }
