@@ -88,9 +88,9 @@ func (r *fakeRouter) Route(ctx context.Context, req *RouteRequest) (*Routed, err
 	defer s.mu.Unlock()
 	var w string
 	switch {
-	case req.Pin != "":
+	case req.Pin != "" || req.Prefer != "":
 		s.pins.Add(1)
-		w = req.Pin
+		w = req.Pin + req.Prefer
 	case s.cfg.Policy.RouterPolicy == "round-robin":
 		w = s.workers[s.rr%len(s.workers)]
 		s.rr++

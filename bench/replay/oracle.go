@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
 // oracle picks workers with perfect knowledge of their caches: the true
@@ -18,10 +17,13 @@ import (
 //	cost = max(0, (prefill_tokens + ISL)/block_size − overlap) + active_blocks + (request_blocks − overlap)
 //
 // It is the upper bound an event-driven router can reach: same cost
-// function, no event lag, no stale index.
+// function, no event lag, no stale index. Its choice reaches the router as
+// a Soft preference, which the default policy keeps while the worker is a
+// candidate: admission (waiting in the router when every worker is busy)
+// stays the router's, as for kvrouter. A pin would instead make the request
+// wait for that one worker whenever it is busy.
 type oracle struct {
 	mu      sync.Mutex
-	busyAt  int // booked prefill tokens at which a worker is busy (the router's default queue threshold)
 	probe   CacheProbe
 	bs      float64
 	workers []string
@@ -44,11 +46,8 @@ type booking struct {
 	hashes  []kvevents.SeqHash
 }
 
-func newOracle(probe CacheProbe, workers []string, blockSize, maxBatched int, seed uint64) *oracle {
-	if maxBatched <= 0 {
-		maxBatched = sim.DefaultMaxBatchedTokens
-	}
-	o := &oracle{probe: probe, busyAt: maxBatched, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+func newOracle(probe CacheProbe, workers []string, blockSize int, seed uint64) *oracle {
+	o := &oracle{probe: probe, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
 		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
 	for _, w := range workers {
 		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}
@@ -63,20 +62,10 @@ func (o *oracle) pick(p *prepared) *booking {
 	o.probe.CachedPrefix(p.hashes, o.cached)
 	isl := float64(p.req.InputLength)
 	n := len(p.hashes)
-	// Like the router's queue, consider only workers that are not busy
-	// while there is one: a pinned request would otherwise wait in the
-	// router for its worker while others are free.
-	anyFree := false
-	for _, w := range o.workers {
-		anyFree = anyFree || o.load[w].prefillTokens < o.busyAt
-	}
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
 	for _, w := range o.workers {
 		l := o.load[w]
-		if anyFree && l.prefillTokens >= o.busyAt {
-			continue
-		}
 		ov := o.cached[w]
 		k := 0
 		for k < n && l.inflight[p.hashes[k]] > 0 {

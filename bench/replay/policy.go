@@ -19,7 +19,7 @@ type Policy struct {
 	// cached blocks (0 = the replica's default).
 	PredictedTTL time.Duration
 	// Oracle: the client picks the worker by the true cached prefix plus the
-	// default cost's load term, and pins it.
+	// default cost's load term and sends it as a Soft preference.
 	Oracle bool
 	About  string
 }
@@ -31,7 +31,7 @@ var Catalog = []Policy{
 	{Name: "round-robin", RouterPolicy: "round-robin", Events: true, About: "cycle through the workers"},
 	{Name: "random", RouterPolicy: "random", Events: true, About: "uniformly random worker"},
 	{Name: "least-loaded", RouterPolicy: "least-loaded", Events: true, About: "fewest active requests"},
-	{Name: "oracle", RouterPolicy: "default", Events: true, Oracle: true, About: "true cached prefix read from the simulated workers + default cost load term, pinned"},
+	{Name: "oracle", RouterPolicy: "default", Events: true, Oracle: true, About: "true cached prefix read from the simulated workers + default cost load term, sent as a Soft preference"},
 }
 
 // DefaultPolicies is the order of a full comparison.

@@ -19,7 +19,7 @@ type prepared struct {
 // prepare hashes every prompt the way engine and router do: Mooncake block
 // ids expand to tokens with sim.ExpandBlockIDs, then kvevents.SeqHashes with
 // the default seed (no LoRA, no salt).
-func prepare(w *workload.Workload, blockSize int) []prepared {
+func prepare(w *workload.Workload, blockSize, maxOutput int) []prepared {
 	seed := kvevents.SeedFor("", "")
 	out := make([]prepared, len(w.Requests))
 	var buf []uint32
@@ -35,7 +35,11 @@ func prepare(w *workload.Workload, blockSize int) []prepared {
 		for j, h := range hs {
 			u[j] = uint64(h)
 		}
-		out[i] = prepared{req: r, hashes: hs, blockHashes: u, promptBlocks: len(hs), outputTokens: max(1, r.OutputLength)}
+		outTok := max(1, r.OutputLength)
+		if maxOutput > 0 {
+			outTok = min(outTok, maxOutput)
+		}
+		out[i] = prepared{req: r, hashes: hs, blockHashes: u, promptBlocks: len(hs), outputTokens: outTok}
 	}
 	return out
 }

@@ -45,6 +45,10 @@ type Config struct {
 	// MaxBatchedTokens and MaxSeqs of each simulated worker (0 = sim defaults).
 	MaxBatchedTokens int
 	MaxSeqs          int
+	// MaxOutputTokens caps every request's output (0 = as the workload
+	// says). Streaming output dominates the replay's own CPU cost; prefix
+	// reuse and TTFT do not depend on it, decode load does.
+	MaxOutputTokens int
 
 	Title         string
 	Progress      io.Writer // progress bar destination (nil = none)
@@ -112,6 +116,8 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: speedup %g (want > 0)", ErrConfig, c.Speedup)
 	case !(c.LoadScale > 0) || c.LoadScale > 1e6:
 		return fmt.Errorf("%w: load scale %g (want > 0)", ErrConfig, c.LoadScale)
+	case c.MaxOutputTokens < 0:
+		return fmt.Errorf("%w: max output tokens %d", ErrConfig, c.MaxOutputTokens)
 	case c.MaxInFlight < 1:
 		return fmt.Errorf("%w: max in flight %d", ErrConfig, c.MaxInFlight)
 	}
@@ -140,7 +146,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		}
 		w = &scaled
 	}
-	reqs := prepare(w, cfg.BlockSize)
+	reqs := prepare(w, cfg.BlockSize, cfg.MaxOutputTokens)
 	bound := w.UpperBound(cfg.BlockSize)
 	rep := &report.Report{
 		Version: report.Version,
@@ -176,10 +182,13 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	for _, p := range cfg.Policies {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s.", p.Name, p.About))
 	}
+	if cfg.MaxOutputTokens > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Output lengths were capped at %d tokens.", cfg.MaxOutputTokens))
+	}
 	if cfg.SessionMode == SessionNone {
 		rep.Notes = append(rep.Notes, "Session ids were not sent (session mode none).")
 	} else {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("Session ids were sent with %s bindings; the oracle sends none (it pins every request).", cfg.SessionMode))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Session ids were sent with %s bindings; the oracle sends none (it names its own worker as a Soft preference).", cfg.SessionMode))
 	}
 	return rep, nil
 }
@@ -207,7 +216,7 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		if probe == nil {
 			return metrics.Summary{}, fmt.Errorf("%w: the stack has no cache probe for the oracle", ErrConfig)
 		}
-		d.oracle = newOracle(probe, stack.Workers(), cfg.BlockSize, cfg.MaxBatchedTokens, cfg.Seed)
+		d.oracle = newOracle(probe, stack.Workers(), cfg.BlockSize, cfg.Seed)
 	}
 	if cfg.Progress != nil {
 		d.bar = progress.New(cfg.Progress, pol.Name, len(reqs), progress.Options{Lines: cfg.ProgressLines})
@@ -278,7 +287,7 @@ func (d *driver) one(ctx context.Context, p *prepared, due time.Time) {
 	var bk *booking
 	if d.oracle != nil {
 		bk = d.oracle.pick(p)
-		rr.Pin = bk.worker
+		rr.Prefer = bk.worker
 		defer d.oracle.free(bk)
 	}
 	t0 := time.Now()

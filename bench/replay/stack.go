@@ -21,6 +21,7 @@ type RouteRequest struct {
 	ExpectedOutput int
 	SessionID      string // empty = no session
 	Pin            string // exact worker, empty = let the router choose
+	Prefer         string // Soft preference: taken while the worker is a candidate
 }
 
 // Routed is the route API's answer. Handle is the adapter's own state for

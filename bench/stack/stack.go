@@ -323,6 +323,9 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 	if req.Pin != "" {
 		hr.Pin = &host.WorkerRef{Worker: req.Pin}
 	}
+	if req.Prefer != "" {
+		hr.Prefer = &host.WorkerRef{Worker: req.Prefer}
+	}
 	if r.deadline > 0 {
 		hr.DeadlineMS = int(r.deadline / time.Millisecond)
 	}

@@ -119,15 +119,15 @@ func TestShortReplayMooncake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 80 multi-turn conversations (about 240 requests) keep the reuse
-	// within sessions; squeeze their hour into a minute of workload time.
-	w := full.SampleSessions(80, 2, 1)
-	load := w.Span().Seconds() / 60
+	// 60 multi-turn conversations (about 200 requests) keep the reuse
+	// within sessions; squeeze their hour into two minutes of workload time.
+	w := full.SampleSessions(60, 2, 1)
+	load := w.Span().Seconds() / 120
 	pols, _ := replay.LookupPolicies([]string{"kvrouter,round-robin,oracle"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := replay.Run(ctx, replay.Config{
-		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Speedup: 50, LoadScale: load,
+		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Speedup: 50, LoadScale: load, MaxOutputTokens: 32,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestShortReplayMooncake(t *testing.T) {
 	// (every worker stays alive).
 	pols, _ = replay.LookupPolicies([]string{"kvrouter"})
 	rep, err = replay.Run(ctx, replay.Config{
-		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Replicas: 2, Speedup: 50, LoadScale: load,
+		Workload: w, Policies: pols, NewStack: Factory(Options{}), Workers: 4, Replicas: 2, Speedup: 50, LoadScale: load, MaxOutputTokens: 32,
 		SessionMode: replay.SessionHard,
 	})
 	if err != nil {
