@@ -18,15 +18,13 @@ const engMinCap = 8
 
 func (m *engMap) len() int { return m.n }
 
+// init empties m and sizes it for capacity entries.
 func (m *engMap) init(capacity int) {
 	c := engMinCap
 	for c*3 < capacity*4 {
 		c <<= 1
 	}
-	m.s = make([]uint64, 2*c)
-	m.mask = uint64(c - 1)
-	m.n = 0
-	m.hasZero = false
+	*m = engMap{s: make([]uint64, 2*c), mask: uint64(c - 1)}
 }
 
 // touch loads the bucket key k hashes to and returns a word of it; the
@@ -40,7 +38,10 @@ func (m *engMap) touch(k uint64) uint64 {
 
 func (m *engMap) get(k uint64) (uint64, bool) {
 	if k == 0 {
-		return m.zeroVal, m.hasZero
+		if !m.hasZero {
+			return 0, false
+		}
+		return m.zeroVal, true
 	}
 	if m.s == nil {
 		return 0, false
@@ -68,7 +69,7 @@ func (m *engMap) put(k, v uint64) {
 		return
 	}
 	if m.s == nil {
-		m.init(0)
+		m.s, m.mask = make([]uint64, 2*engMinCap), engMinCap-1
 	}
 	if (m.n+1)*4 > int(m.mask+1)*3 {
 		m.rehash(int(m.mask+1) * 2)

@@ -85,7 +85,7 @@ func (o *op) applyIndex(x *Index, seq uint64) {
 	case opClear:
 		x.ClearWorker(o.key)
 	case opResync:
-		x.resync(o.key)
+		x.Resync(kvevents.Signal{Kind: kvevents.SignalGap, Worker: o.key.Worker, Rank: o.key.Rank})
 	case opRemoveWorker:
 		x.RemoveWorker(o.key.Worker)
 	case opLoad:
@@ -162,6 +162,8 @@ func (g *gen) storeEvent(k kvevents.WorkerKey) kvevents.Event {
 			blk.Engine = kvevents.EngineHash(g.rng.Uint64())
 		case 1: // an engine id reused for other content
 			blk.Seq = g.u.seq[g.rng.IntN(len(g.u.seq))]
+		case 2: // zero is an ordinary engine hash
+			blk.Engine = 0
 		}
 		ev.Blocks = append(ev.Blocks, blk)
 	}

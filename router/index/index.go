@@ -88,19 +88,10 @@ type worker struct {
 	multi   map[kvevents.SeqHash]uint32
 	entries int // distinct sequence hashes indexed for this worker
 
-	cursor Cursor
+	cursor kvevents.Cursor // position after the last batch applied
 
 	seqBuf []kvevents.SeqHash // scratch for removals
 	sink   uint64             // folds pre-touched words so the loads stay
-}
-
-// Cursor is the last event a (worker, rank) had applied, as carried by its
-// batches. The index does not act on it (ordering, gaps and epochs are the
-// subscriber's job); it records it so snapshots and dumps can say how far
-// each worker's state goes.
-type Cursor struct {
-	Epoch       uint64
-	LastEventID uint64
 }
 
 type counters struct {
@@ -288,8 +279,11 @@ func (x *Index) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 	for i := range b.Events {
 		x.applyEvent(w, &b.Events[i], &c)
 	}
-	if b.FirstEventID != 0 && len(b.Events) > 0 {
-		w.cursor = Cursor{Epoch: b.Epoch, LastEventID: b.FirstEventID + uint64(len(b.Events)) - 1}
+	if b.FirstEventID != 0 {
+		// Recorded, not acted on: ordering, gaps and epochs are the
+		// subscriber's job. Snapshots carry it so that a restored index
+		// can tell the subscriber where each worker stands.
+		w.cursor = kvevents.Cursor{Epoch: b.Epoch, NextID: b.NextEventID()}
 	}
 	w.mu.Unlock()
 	x.flush(&c)
@@ -480,7 +474,7 @@ func (x *Index) resync(k kvevents.WorkerKey) {
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	w.cursor = Cursor{}
+	w.cursor = kvevents.Cursor{}
 	w.mu.Unlock()
 	x.flush(&c)
 }
@@ -526,10 +520,10 @@ func (x *Index) removeKey(k kvevents.WorkerKey) {
 // dump fetched from the worker after a resync. It is one ordered write of
 // k: concurrent lookups may see the old blocks, none, or the new ones.
 func (x *Index) LoadWorker(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
-	x.loadWorker(k, Cursor{}, blocks)
+	x.loadWorker(k, kvevents.Cursor{}, blocks)
 }
 
-func (x *Index) loadWorker(k kvevents.WorkerKey, cur Cursor, blocks []kvevents.StoredBlock) bool {
+func (x *Index) loadWorker(k kvevents.WorkerKey, cur kvevents.Cursor, blocks []kvevents.StoredBlock) bool {
 	w := x.lockWorker(k, true)
 	if w == nil {
 		x.ctr.refused.Add(uint64(len(blocks)))

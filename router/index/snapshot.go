@@ -22,8 +22,8 @@ import (
 //	workers    uvarint  count, then per worker, sorted by (name, rank):
 //	  name        uvarint length + bytes (1..MaxWorkerNameLen)
 //	  rank        uvarint (< 2^32)
-//	  epoch       u64
-//	  lastEventID u64
+//	  epoch       u64      the worker's cursor: epoch of its last batch
+//	  nextEventID u64      and the id of the next event expected (0 = none)
 //	  blocks      uvarint count, then count × (engine u64, seq u64),
 //	              strictly increasing by engine hash
 //	crc        u32      CRC-32C (Castagnoli) of every byte before it
@@ -36,7 +36,7 @@ const (
 	MaxModelNameLen = 1024
 
 	snapshotHeaderLen = 4 + 2 + 2 + 8
-	minWorkerLen      = 1 + 1 + 1 + 8 + 8 + 1 // name len, name, rank, epoch, last id, count
+	minWorkerLen      = 1 + 1 + 1 + 8 + 8 + 1 // name len, name, rank, epoch, next id, count
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -103,7 +103,7 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 		b = append(b, w.Key.Worker...)
 		b = binary.AppendUvarint(b, uint64(w.Key.Rank))
 		b = binary.LittleEndian.AppendUint64(b, w.Cursor.Epoch)
-		b = binary.LittleEndian.AppendUint64(b, w.Cursor.LastEventID)
+		b = binary.LittleEndian.AppendUint64(b, w.Cursor.NextID)
 		blocks := w.Blocks
 		if !slices.IsSortedFunc(blocks, cmpBlock) {
 			blocks = slices.Clone(blocks)
@@ -232,7 +232,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		if w.Cursor.Epoch, err = r.u64("epoch"); err != nil {
 			return nil, err
 		}
-		if w.Cursor.LastEventID, err = r.u64("last event id"); err != nil {
+		if w.Cursor.NextID, err = r.u64("next event id"); err != nil {
 			return nil, err
 		}
 		nb, err := r.uvarint("block count")

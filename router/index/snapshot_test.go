@@ -37,7 +37,7 @@ func dumpsEqual(t testing.TB, a, b []WorkerDump) {
 			if len(d.Blocks) == 0 {
 				continue // an empty worker answers like an absent one
 			}
-			d.Cursor = Cursor{}
+			d.Cursor = kvevents.Cursor{}
 			out = append(out, d)
 		}
 		return out

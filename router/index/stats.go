@@ -105,7 +105,7 @@ func (x *Index) Stats() Stats {
 // WorkerDump is one (worker, rank)'s indexed state.
 type WorkerDump struct {
 	Key    kvevents.WorkerKey
-	Cursor Cursor
+	Cursor kvevents.Cursor // zero when its batches carried no event ids
 	// Blocks sorted by engine hash, then sequence hash.
 	Blocks []kvevents.StoredBlock
 }
@@ -153,19 +153,23 @@ func cmpBlock(a, b kvevents.StoredBlock) int {
 	return 0
 }
 
-// Cursors returns each (worker, rank)'s last applied event, for seeding a
-// subscriber after a restore.
-func (x *Index) Cursors() map[kvevents.WorkerKey]Cursor {
+// Cursors returns where each (worker, rank) stands in its event sequence
+// (kvevents.CursorSource): a subscriber replaying the stream into an index
+// restored from a snapshot skips the events each worker already reflects
+// and signals a restart or a gap in between. Workers whose batches carried
+// no event ids (or that were bulk-loaded) are left out, so their first
+// batch is taken as it comes.
+func (x *Index) Cursors() map[kvevents.WorkerKey]kvevents.Cursor {
 	x.wmu.RLock()
 	ws := make([]*worker, 0, len(x.workers))
 	for _, w := range x.workers {
 		ws = append(ws, w)
 	}
 	x.wmu.RUnlock()
-	out := make(map[kvevents.WorkerKey]Cursor, len(ws))
+	out := make(map[kvevents.WorkerKey]kvevents.Cursor, len(ws))
 	for _, w := range ws {
 		w.mu.Lock()
-		if !w.removed {
+		if !w.removed && w.cursor.NextID != 0 {
 			out[w.key] = w.cursor
 		}
 		w.mu.Unlock()

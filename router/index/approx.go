@@ -1,0 +1,330 @@
+package index
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Defaults of ApproxConfig (Dynamo's PruneConfig values).
+const (
+	DefaultApproxTTL         = 120 * time.Second
+	DefaultPredictedTTL      = 5 * time.Second
+	DefaultApproxMaxBlocks   = 1 << 20
+	DefaultApproxPruneTarget = 0.8
+)
+
+// ApproxConfig sets up an Approx.
+type ApproxConfig struct {
+	// TTL is how long a recorded block counts as cached; recording it
+	// again restarts the clock. Default DefaultApproxTTL (120 s); a
+	// predicted index uses a few seconds (DefaultPredictedTTL).
+	TTL time.Duration
+	// MaxBlocks caps the (block, worker) entries (default 2^20). Past it,
+	// the entries closest to expiry (the least recently recorded) are
+	// evicted until PruneTarget × MaxBlocks remain (default 0.8).
+	MaxBlocks   int
+	PruneTarget float64
+	// Clock is the time source of Lookup's opportunistic expiry (default
+	// time.Now); tests inject a fake one. Record and Prune take the time
+	// as an argument.
+	Clock func() time.Time
+	// Shards of the underlying block table (see Config.Shards).
+	Shards int
+}
+
+// Approx is an index fed by the router's own routing decisions rather than
+// by engine events: Record(worker, hashes) says "this worker is about to
+// hold these blocks". It serves two uses:
+//
+//   - approximate mode, for engines that publish no events (TTL 120 s);
+//   - the predicted index next to the event-fed one (TTL a few seconds),
+//     which covers the window between a routing decision and the Stored
+//     events it causes, so a burst of sibling requests does not scatter.
+//     Combine with MergeMax: each worker's score is the larger of the two.
+//
+// Expiry is lazy: expiries sit in a min-heap that holds one node per live
+// entry (a re-record only moves the entry's deadline; the stale node is
+// re-queued when it surfaces). Record and Prune drop everything expired;
+// Lookup drops at most lookupPruneMax expired entries and only when it can
+// take the writer lock without waiting, so a lookup may still see an entry
+// shortly past its TTL when writes are rare. Call Prune periodically for
+// exact expiry.
+type Approx struct {
+	cfg ApproxConfig
+	idx *Index
+
+	mu    sync.Mutex
+	ids   map[kvevents.WorkerKey]uint32
+	keys  []kvevents.WorkerKey // by id
+	exp   map[approxKey]int64  // deadline (Unix ns) per entry
+	heap  []heapNode
+	buf   []kvevents.SeqHash
+	first atomic.Int64 // earliest deadline in the heap, MaxInt64 when empty
+
+	recorded, refreshed, expired, evicted atomic.Uint64
+}
+
+type approxKey struct {
+	id  uint32
+	seq kvevents.SeqHash
+}
+
+type heapNode struct {
+	at  int64
+	key approxKey
+}
+
+// lookupPruneMax bounds the expiry work a Lookup may do.
+const lookupPruneMax = 64
+
+// NewApprox returns an empty approximate index.
+func NewApprox(cfg ApproxConfig) *Approx {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultApproxTTL
+	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultApproxMaxBlocks
+	}
+	if cfg.PruneTarget <= 0 || cfg.PruneTarget >= 1 {
+		cfg.PruneTarget = DefaultApproxPruneTarget
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	a := &Approx{
+		cfg: cfg,
+		idx: New(Config{Shards: cfg.Shards}),
+		ids: map[kvevents.WorkerKey]uint32{},
+		exp: map[approxKey]int64{},
+	}
+	a.first.Store(math.MaxInt64)
+	return a
+}
+
+// Config returns the configuration with defaults filled.
+func (a *Approx) Config() ApproxConfig { return a.cfg }
+
+// Record notes that k will hold hashes (a request's leading blocks) from
+// now until now+TTL. Blocks already recorded for k get their TTL restarted.
+func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now time.Time) {
+	if len(hashes) == 0 || k.Worker == "" {
+		return
+	}
+	deadline := now.Add(a.cfg.TTL).UnixNano()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id, ok := a.ids[k]
+	if !ok {
+		id = uint32(len(a.keys))
+		a.ids[k] = id
+		a.keys = append(a.keys, k)
+	}
+	fresh := a.buf[:0]
+	for _, h := range hashes {
+		key := approxKey{id, h}
+		if old, ok := a.exp[key]; ok {
+			if deadline > old {
+				a.exp[key] = deadline
+			}
+			a.refreshed.Add(1)
+			continue
+		}
+		a.exp[key] = deadline
+		a.push(heapNode{deadline, key})
+		fresh = append(fresh, h)
+	}
+	a.buf = fresh[:0]
+	if len(fresh) > 0 {
+		a.idx.storeSeqs(k, fresh)
+		a.recorded.Add(uint64(len(fresh)))
+	}
+	a.pruneLocked(now.UnixNano(), -1)
+	if len(a.exp) > a.cfg.MaxBlocks {
+		a.evictLocked(int(float64(a.cfg.MaxBlocks) * a.cfg.PruneTarget))
+	}
+	a.publishFirst()
+}
+
+// Lookup is Index.Lookup over the recorded blocks (see Approx for the
+// expiry caveat). It does not wait for writers.
+func (a *Approx) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
+	if now := a.cfg.Clock().UnixNano(); a.first.Load() <= now && a.mu.TryLock() {
+		a.pruneLocked(now, lookupPruneMax)
+		a.publishFirst()
+		a.mu.Unlock()
+	}
+	a.idx.Lookup(hashes, opt, out)
+}
+
+// Prune drops every entry whose TTL has passed at now.
+func (a *Approx) Prune(now time.Time) {
+	a.mu.Lock()
+	a.pruneLocked(now.UnixNano(), -1)
+	a.publishFirst()
+	a.mu.Unlock()
+}
+
+// RemoveWorker forgets every rank of worker.
+func (a *Approx) RemoveWorker(worker string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	gone := map[uint32]bool{}
+	for k, id := range a.ids {
+		if k.Worker == worker {
+			gone[id] = true
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	for key := range a.exp {
+		if gone[key.id] {
+			delete(a.exp, key) // heap nodes are dropped when they surface
+		}
+	}
+	a.idx.RemoveWorker(worker)
+}
+
+// pruneLocked removes entries whose deadline is at or before now; at most
+// limit of them when limit >= 0.
+func (a *Approx) pruneLocked(now int64, limit int) {
+	for len(a.heap) > 0 && a.heap[0].at <= now && limit != 0 {
+		n := a.pop()
+		at, ok := a.exp[n.key]
+		switch {
+		case !ok: // removed with its worker
+		case at > n.at: // re-recorded since: re-queue at its deadline
+			a.push(heapNode{at, n.key})
+		default:
+			a.drop(n.key)
+			a.expired.Add(1)
+			limit--
+		}
+	}
+}
+
+// evictLocked removes the entries closest to expiry until target remain.
+func (a *Approx) evictLocked(target int) {
+	for len(a.exp) > target && len(a.heap) > 0 {
+		n := a.pop()
+		at, ok := a.exp[n.key]
+		switch {
+		case !ok:
+		case at > n.at:
+			a.push(heapNode{at, n.key})
+		default:
+			a.drop(n.key)
+			a.evicted.Add(1)
+		}
+	}
+}
+
+func (a *Approx) drop(key approxKey) {
+	delete(a.exp, key)
+	a.idx.removeSeqs(a.keys[key.id], key.seq)
+}
+
+func (a *Approx) publishFirst() {
+	if len(a.heap) == 0 {
+		a.first.Store(math.MaxInt64)
+		return
+	}
+	a.first.Store(a.heap[0].at)
+}
+
+func (a *Approx) push(n heapNode) {
+	a.heap = append(a.heap, n)
+	i := len(a.heap) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if a.heap[p].at <= a.heap[i].at {
+			break
+		}
+		a.heap[p], a.heap[i] = a.heap[i], a.heap[p]
+		i = p
+	}
+}
+
+func (a *Approx) pop() heapNode {
+	h := a.heap
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			break
+		}
+		m := l
+		if r := l + 1; r < len(h) && h[r].at < h[l].at {
+			m = r
+		}
+		if h[i].at <= h[m].at {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	a.heap = h
+	return top
+}
+
+// ApproxStats describes an Approx.
+type ApproxStats struct {
+	Entries   int    // live (block, worker) entries
+	HeapNodes int    // expiry heap size (one per entry)
+	Recorded  uint64 // new entries recorded
+	Refreshed uint64 // re-records that restarted a TTL
+	Expired   uint64 // entries dropped at their TTL
+	Evicted   uint64 // entries dropped by the MaxBlocks cap
+	Index     Stats  // the underlying block table
+}
+
+// Stats returns counters and sizes.
+func (a *Approx) Stats() ApproxStats {
+	a.mu.Lock()
+	s := ApproxStats{Entries: len(a.exp), HeapNodes: len(a.heap)}
+	a.mu.Unlock()
+	s.Recorded, s.Refreshed = a.recorded.Load(), a.refreshed.Load()
+	s.Expired, s.Evicted = a.expired.Load(), a.evicted.Load()
+	s.Index = a.idx.Stats()
+	return s
+}
+
+// storeSeqs indexes hashes for k with the sequence hash standing in for
+// the engine hash (the router has no engine ids for its own predictions).
+func (x *Index) storeSeqs(k kvevents.WorkerKey, hashes []kvevents.SeqHash) {
+	w := x.lockWorker(k, true)
+	if w == nil {
+		x.ctr.refused.Add(uint64(len(hashes)))
+		return
+	}
+	var c batchCounts
+	for _, h := range hashes {
+		x.storeLocked(w, kvevents.StoredBlock{Engine: kvevents.EngineHash(h), Seq: h}, &c)
+	}
+	w.mu.Unlock()
+	x.flush(&c)
+}
+
+func (x *Index) removeSeqs(k kvevents.WorkerKey, hashes ...kvevents.SeqHash) {
+	w := x.lockWorker(k, false)
+	if w == nil {
+		return
+	}
+	var c batchCounts
+	for _, h := range hashes {
+		if s, ok := w.engines.del(uint64(h)); ok {
+			x.dropRef(w, kvevents.SeqHash(s), &c)
+			c.removed++
+		}
+	}
+	w.mu.Unlock()
+	x.flush(&c)
+}
