@@ -12,7 +12,17 @@ import (
 // blocks and i % 17 active requests.
 const benchISL = 2048
 
-func benchCore(b testing.TB, n int, p Policy, freshKeys bool) (*core, *waiter) {
+// keyMode says how the overlap keys' worker-name strings relate to the
+// ones the scheduler saw before.
+type keyMode int
+
+const (
+	keysStable      keyMode = iota // the same strings every time (the index stores each name once)
+	keysAlternating                // two copies used in turn: positional hints miss, the hash cache hits
+	keysUncached                   // caches invalidated before each selection: every key goes through the map
+)
+
+func benchCore(b testing.TB, n int, p Policy) (*core, *waiter, [2][]Overlap) {
 	s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, p)
 	if err != nil {
 		b.Fatal(err)
@@ -32,80 +42,50 @@ func benchCore(b testing.TB, n int, p Policy, freshKeys bool) (*core, *waiter) {
 		fl.refresh(sl, &c.th)
 	}
 	r := &Request{ID: "bench", Tokens: benchISL, SeqHashes: hashes(benchISL/16, 1)}
-	for i := range n {
-		if cached := (i % 32) * 64; cached > 0 {
-			name := names[i]
-			if freshKeys { // a copy with other backing memory: the resolve cache misses
-				name = strings.Clone(name)
+	var sets [2][]Overlap
+	for k := range sets {
+		for i := range n {
+			if cached := (i % 32) * 64; cached > 0 {
+				name := names[i]
+				if k == 1 {
+					name = strings.Clone(name) // same name, other memory
+				}
+				sets[k] = append(sets[k], Overlap{Key: wk(name, 0), Blocks: cached / 16})
 			}
-			r.Overlaps = append(r.Overlaps, Overlap{Key: wk(name, 0), Blocks: cached / 16})
 		}
 	}
+	r.Overlaps = sets[0]
 	w := &waiter{req: r, dlIndex: -1}
 	plan, err := applyPinRule(r, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	w.plan = plan
-	return c, w
+	return c, w, sets
 }
 
-func benchSelect(b *testing.B, n int, p Policy, freshKeys bool) {
-	c, w := benchCore(b, n, p, freshKeys)
+func benchSelect(b *testing.B, n int, p Policy, keys keyMode) {
+	c, w, sets := benchCore(b, n, p)
 	if _, _, _, err := c.selectWorker(w); err != nil { // warm the scratch
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	cpu := startCPU()
+	k := 0
 	for b.Loop() {
+		switch keys {
+		case keysAlternating:
+			k ^= 1
+			w.req.Overlaps = sets[k]
+		case keysUncached:
+			c.fl.resizeCache(n)
+			c.fl.hints = c.fl.hints[:0]
+		}
 		if _, _, _, err := c.selectWorker(w); err != nil {
 			b.Fatal(err)
 		}
 	}
 	cpu.report(b)
-}
-
-// cpuMeter reports thread CPU ns/op next to wall ns/op (see threadCPU).
-type cpuMeter struct{ start int64 }
-
-func startCPU() cpuMeter {
-	lockThread()
-	return cpuMeter{start: threadCPU()}
-}
-
-func (m cpuMeter) report(b *testing.B) {
-	end := threadCPU()
-	unlockThread()
-	if m.start > 0 && b.N > 0 {
-		b.ReportMetric(float64(end-m.start)/float64(b.N), "cpu-ns/op")
-	}
-}
-
-// BenchmarkCalibration is a bare cost-and-min loop over 10,000 rows held in
-// plain arrays: the machine's floor for a 10,000-worker selection.
-func BenchmarkCalibration(b *testing.B) {
-	n := 10000
-	p := make([]int64, n)
-	d := make([]int64, n)
-	ov := make([]int32, n)
-	sl := make([]int32, n)
-	for i := range n {
-		p[i], d[i], ov[i], sl[i] = int64(i*16), int64(i%127), int32(i%32*4), int32(i)
-	}
-	var sink int
-	cpu := startCPU()
-	for b.Loop() {
-		best, bi := 1e300, 0
-		for i, s := range sl {
-			pre := max(0, (float64(p[s])+2048)*0.0625-float64(ov[i]))
-			if c := pre + float64(d[s]+128); c < best {
-				best, bi = c, i
-			}
-		}
-		sink += bi
-	}
-	cpu.report(b)
-	_ = sink
 }
 
 // BenchmarkDefaultSelection is one selection by the default policy: overlap
@@ -114,19 +94,24 @@ func BenchmarkDefaultSelection(b *testing.B) {
 	for _, temp := range []float64{0, 0.7} {
 		for _, n := range []int{2, 32, 1024, 2048, 10000} {
 			b.Run(fmt.Sprintf("T=%v/workers=%d", temp, n), func(b *testing.B) {
-				benchSelect(b, n, NewDefaultPolicy(temp), false)
+				benchSelect(b, n, NewDefaultPolicy(temp), keysStable)
 			})
 		}
 	}
 }
 
-// BenchmarkDefaultSelectionFreshKeys: overlaps whose worker-name strings are
-// new copies each time, so every key goes through the name map.
-func BenchmarkDefaultSelectionFreshKeys(b *testing.B) {
-	for _, n := range []int{32, 2048, 10000} {
-		b.Run(fmt.Sprintf("T=0/workers=%d", n), func(b *testing.B) {
-			benchSelect(b, n, NewDefaultPolicy(0), true)
-		})
+// BenchmarkKeyResolution: the default selection at T=0 when the overlap
+// keys are not the strings seen last time (see keyMode).
+func BenchmarkKeyResolution(b *testing.B) {
+	for _, km := range []struct {
+		name string
+		mode keyMode
+	}{{"alternating", keysAlternating}, {"uncached", keysUncached}} {
+		for _, n := range []int{32, 2048, 10000} {
+			b.Run(fmt.Sprintf("%s/workers=%d", km.name, n), func(b *testing.B) {
+				benchSelect(b, n, NewDefaultPolicy(0), km.mode)
+			})
+		}
 	}
 }
 
@@ -160,14 +145,14 @@ func BenchmarkCustomSelection(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/workers=10000", tc.name), func(b *testing.B) {
 			p := &Pipeline{PolicyName: "custom", Filters: tc.filters,
 				Scorers: []WeightedScorer{{Scorer: customScorer{}, Weight: 1}}, Picker: MinPicker{}}
-			benchSelect(b, 10000, p, false)
+			benchSelect(b, 10000, p, keysStable)
 		})
 	}
 }
 
 // BenchmarkSelectionUnderHard: the pin rule narrows to one worker.
 func BenchmarkSelectionUnderHard(b *testing.B) {
-	c, w := benchCore(b, 2048, NewDefaultPolicy(0), false)
+	c, w, _ := benchCore(b, 2048, NewDefaultPolicy(0))
 	w.req.Affinity = hardTo(workerOnly("worker-00100"))
 	w.plan, _ = applyPinRule(w.req, nil)
 	b.ReportAllocs()
@@ -216,4 +201,47 @@ func BenchmarkSchedule(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cpuMeter reports thread CPU ns/op next to wall ns/op (see threadCPU).
+type cpuMeter struct{ start int64 }
+
+func startCPU() cpuMeter {
+	lockThread()
+	return cpuMeter{start: threadCPU()}
+}
+
+func (m cpuMeter) report(b *testing.B) {
+	end := threadCPU()
+	unlockThread()
+	if m.start > 0 && b.N > 0 {
+		b.ReportMetric(float64(end-m.start)/float64(b.N), "cpu-ns/op")
+	}
+}
+
+// BenchmarkCalibration is a bare cost-and-min loop over 10,000 rows held in
+// plain arrays: the machine's floor for a 10,000-worker selection.
+func BenchmarkCalibration(b *testing.B) {
+	n := 10000
+	p := make([]int64, n)
+	d := make([]int64, n)
+	ov := make([]int32, n)
+	sl := make([]int32, n)
+	for i := range n {
+		p[i], d[i], ov[i], sl[i] = int64(i*16), int64(i%127), int32(i%32*4), int32(i)
+	}
+	var sink int
+	cpu := startCPU()
+	for b.Loop() {
+		best, bi := 1e300, 0
+		for i, s := range sl {
+			pre := max(0, (float64(p[s])+2048)*0.0625-float64(ov[i]))
+			if c := pre + float64(d[s]+128); c < best {
+				best, bi = c, i
+			}
+		}
+		sink += bi
+	}
+	cpu.report(b)
+	_ = sink
 }

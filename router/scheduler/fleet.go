@@ -71,85 +71,109 @@ type fleet struct {
 	workers   []worker
 	freeWIDs  []int32
 	byName    map[string]int32
-	nonBusy   int    // live, available, not busy slots
-	gen       uint32 // bumped on membership change (invalidates the resolve cache)
-	cache     []resolveEntry
-	cacheBits uint
+	nonBusy   int            // live, available, not busy slots
+	gen       uint32         // bumped on membership change
+	cache     []resolveEntry // open addressing, keyed by the name's address and the rank
+	cacheMask uint64
+	cacheUsed int
 	hints     []resolveHint
 }
 
 // resolveHint remembers how the i-th overlap of the previous request
 // resolved: the index reports workers in a stable order, so the same
-// position usually names the same worker (same string memory) again.
+// position usually names the same worker (same string memory) again. p
+// points into the name's bytes, which keeps them alive: an equal pointer
+// and length mean the same name. Hints are dropped on membership changes.
 type resolveHint struct {
-	name string
-	rank uint32
-	gen  uint32
+	p    *byte
+	lr   uint64 // len(name)<<32 | rank
 	slot int32
 }
 
+// resolveEntry caches one (name address, rank) → slot. p keeps the name's
+// bytes alive, so an equal address and length mean the same name.
 type resolveEntry struct {
-	name string // kept so its memory cannot be reused while cached
-	rank uint32
-	gen  uint32
+	p    *byte
+	lr   uint32 // len(name)<<16 | rank; names or ranks >= 65536 are not cached
 	slot int32
 }
 
 func newFleet() *fleet {
 	f := &fleet{byName: make(map[string]int32)}
-	f.resizeCache(64)
+	f.resizeCache(0)
 	return f
 }
 
-func (f *fleet) resizeCache(n int) {
-	bits := uint(6)
-	for (1 << bits) < 2*n {
-		bits++
+// resizeCache sizes the table to at least 4 entries per worker (two name
+// copies per worker stay under half full) and empties it.
+func (f *fleet) resizeCache(workers int) {
+	n := 64
+	for n < 4*workers {
+		n <<= 1
 	}
-	if bits == f.cacheBits {
-		return
+	if n != len(f.cache) {
+		f.cache = make([]resolveEntry, n)
+	} else {
+		clear(f.cache)
 	}
-	f.cacheBits = bits
-	f.cache = make([]resolveEntry, 1<<bits)
+	f.cacheMask = uint64(n - 1)
+	f.cacheUsed = 0
 }
 
-// slotOf returns the slot of k, or -1. The fast path is a direct-mapped
-// cache keyed by the address of the worker-name bytes: the index hands out
-// keys whose strings it stores once, so the same address comes back on every
-// lookup and the map (string hashing) is skipped. The cache entry keeps the
-// string alive, so an equal address and length mean the same bytes.
+// slotOf returns the slot of k, or -1. The fast path is a cache keyed by the
+// address of the worker-name bytes: the index hands out keys whose strings
+// it stores once, so the same address comes back on every lookup and the
+// name map (string hashing and comparing) is skipped.
 func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 	if len(k.Worker) == 0 {
 		return -1
 	}
-	p := uintptr(unsafe.Pointer(unsafe.StringData(k.Worker)))
-	h := ((uint64(p) ^ uint64(k.Rank)<<48) * 0x9E3779B97F4A7C15) >> (64 - f.cacheBits)
-	e := &f.cache[h]
-	if e.gen == f.gen && e.rank == k.Rank && len(e.name) == len(k.Worker) &&
-		unsafe.StringData(e.name) == unsafe.StringData(k.Worker) {
-		return e.slot
+	if len(k.Worker) >= 1<<16 || k.Rank >= 1<<16 {
+		return f.lookup(k.Worker, k.Rank)
 	}
-	s := f.lookup(k.Worker, k.Rank)
-	*e = resolveEntry{name: k.Worker, rank: k.Rank, gen: f.gen, slot: s}
-	return s
+	p := unsafe.StringData(k.Worker)
+	lr := uint32(len(k.Worker))<<16 | k.Rank
+	h := ((uint64(uintptr(unsafe.Pointer(p))) ^ uint64(k.Rank)<<40) * 0x9E3779B97F4A7C15) >> 24
+	for {
+		e := &f.cache[h&f.cacheMask]
+		if e.p == p && e.lr == lr {
+			return e.slot
+		}
+		if e.p == nil {
+			s := f.lookup(k.Worker, k.Rank)
+			if 2*(f.cacheUsed+1) > len(f.cache) {
+				f.resizeCache(len(f.order)) // full of old addresses: start over
+				return s
+			}
+			*e = resolveEntry{p: p, lr: lr, slot: s}
+			f.cacheUsed++
+			return s
+		}
+		h++
+	}
 }
 
 // slotAt resolves the i-th overlap key of a request: the positional hint
-// first (a sequential scan, no hashing), then slotOf.
+// first (a sequential scan, no hashing), then slotOf. Small enough to inline.
 func (f *fleet) slotAt(i int, k kvevents.WorkerKey) int32 {
-	if i < len(f.hints) {
+	if uint(i) < uint(len(f.hints)) {
 		h := &f.hints[i]
-		if h.gen == f.gen && h.rank == k.Rank && len(h.name) == len(k.Worker) &&
-			unsafe.StringData(h.name) == unsafe.StringData(k.Worker) {
+		if h.p == unsafe.StringData(k.Worker) && h.lr == uint64(len(k.Worker))<<32|uint64(k.Rank) {
 			return h.slot
 		}
-	} else if i == len(f.hints) && i < 1<<20 {
-		f.hints = append(f.hints, resolveHint{})
-	} else {
-		return f.slotOf(k)
 	}
+	return f.slotAtSlow(i, k)
+}
+
+func (f *fleet) slotAtSlow(i int, k kvevents.WorkerKey) int32 {
 	s := f.slotOf(k)
-	f.hints[i] = resolveHint{name: k.Worker, rank: k.Rank, gen: f.gen, slot: s}
+	if i >= 1<<20 {
+		return s
+	}
+	for len(f.hints) <= i {
+		f.hints = append(f.hints, resolveHint{lr: ^uint64(0)}) // matches nothing
+	}
+	f.hints[i] = resolveHint{p: unsafe.StringData(k.Worker), lr: uint64(len(k.Worker))<<32 | uint64(k.Rank), slot: s}
 	return s
 }
 
@@ -278,11 +302,8 @@ func (f *fleet) remove(name string, freed []int32) []int32 {
 // now name another worker) and sizes the cache to the fleet.
 func (f *fleet) membershipChanged() {
 	f.eligDirty = true
+	f.hints = f.hints[:0]
 	f.gen++
-	if f.gen == 0 { // wrapped: clear so no entry can match by accident
-		clear(f.cache)
-		f.gen = 1
-	}
 	f.resizeCache(len(f.order))
 }
 

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // pinPlan is the pin rule's verdict for one request: what limits its
@@ -201,11 +202,20 @@ func (c *core) prepare(w *waiter) {
 	r := w.req
 	ov, ep := cs.ov, cs.epoch
 	limit := uint32(max(int64(len(r.SeqHashes)), c.blocks(int64(r.Tokens))))
+	hints := fl.hints
 	for i, o := range w.overlaps() {
 		if o.Blocks <= 0 {
 			continue
 		}
-		s := fl.slotAt(i, o.Key)
+		var s int32
+		// fleet.slotAt, inlined by hand (it is over the inlining budget)
+		if i < len(hints) && hints[i].p == unsafe.StringData(o.Key.Worker) &&
+			hints[i].lr == uint64(len(o.Key.Worker))<<32|uint64(o.Key.Rank) {
+			s = hints[i].slot
+		} else {
+			s = fl.slotAtSlow(i, o.Key)
+			hints = fl.hints
+		}
 		if s < 0 {
 			continue
 		}

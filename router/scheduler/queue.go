@@ -2,8 +2,8 @@ package scheduler
 
 import (
 	"cmp"
-	"errors"
 	"container/heap"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
