@@ -18,6 +18,14 @@ import (
 // bucket order, from the view's goroutine, after the view's own state has
 // changed (so a callback may call the view). A slow callback delays the
 // view. nil callbacks are skipped.
+//
+// The view follows the latest state of each key, not every write: the
+// bucket keeps one revision per key, so a revision replaced before the
+// watch delivered it is never seen. Callbacks report transitions between
+// the states the view did see (a worker that registered and deregistered
+// within a few milliseconds may produce no callback at all; a restart
+// whose departure was overwritten still shows as OnDepart(old)+OnJoin(new)
+// because epochs are compared).
 type Callbacks struct {
 	// OnJoin: a worker (incarnation) appeared.
 	OnJoin func(Info)

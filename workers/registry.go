@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -310,7 +311,7 @@ func (r *Registration) claim(ctx context.Context) (uint64, error) {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, fmt.Errorf("workers: register %q: create key %q: %w", r.info.ID, r.key, err)
 		}
-		e, err := r.kv.Get(ctx, r.key)
+		e, err := r.readLatest(ctx)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 				return 0, fmt.Errorf("workers: register %q: %w", r.info.ID, err)
@@ -320,12 +321,12 @@ func (r *Registration) claim(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("workers: register %q: read key %q: %w", r.info.ID, r.key, err)
 		}
-		theirs, derr := DecodeInfo(e.Value())
+		theirs, derr := DecodeInfo(e.value)
 		if derr == nil && theirs.ID == r.info.ID && theirs.Epoch == r.info.Epoch {
-			return e.Revision(), nil // our own create whose reply was lost
+			return e.rev, nil // our own create whose reply was lost
 		}
 		if r.cfg.TakeOver {
-			rev, err := r.publish(ctx, e.Revision(), r.val)
+			rev, err := r.publish(ctx, e.rev, r.val)
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -335,9 +336,9 @@ func (r *Registration) claim(ctx context.Context) (uint64, error) {
 			r.log.Warn("took over the key of another incarnation", "their_epoch", theirs.Epoch, "their_endpoint", theirs.Endpoint)
 			return rev, nil
 		}
-		dup := &DuplicateError{Key: r.key, Ours: r.info.Clone(), Theirs: theirs, Revision: e.Revision()}
+		dup := &DuplicateError{Key: r.key, Ours: r.info.Clone(), Theirs: theirs, Revision: e.rev}
 		switch {
-		case waitingOn != 0 && e.Revision() != waitingOn:
+		case waitingOn != 0 && e.rev != waitingOn:
 			dup.Reason = "renewed while waiting for it to expire: a live process uses this id"
 			return 0, dup
 		case time.Now().After(deadline):
@@ -348,7 +349,7 @@ func (r *Registration) claim(ctx context.Context) (uint64, error) {
 			r.log.Info("worker id is registered by another epoch; waiting for its key to expire",
 				"their_epoch", theirs.Epoch, "their_endpoint", theirs.Endpoint, "max_wait", r.cfg.TTL+r.cfg.Heartbeat)
 		}
-		waitingOn = e.Revision()
+		waitingOn = e.rev
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return 0, fmt.Errorf("workers: register %q: waiting for key %q to expire: %w", r.info.ID, r.key, err)
 		}
@@ -392,7 +393,7 @@ func (r *Registration) write(ctx context.Context) error {
 			return fmt.Errorf("workers: renew %q: %w", r.key, err)
 		}
 		r.conflicts.Add(1)
-		e, err := r.kv.Get(ctx, r.key)
+		e, err := r.readLatest(ctx)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			newRev, err := r.kv.Create(ctx, r.key, val, jetstream.KeyTTL(r.cfg.TTL))
 			if errors.Is(err, jetstream.ErrKeyExists) {
@@ -412,16 +413,16 @@ func (r *Registration) write(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("workers: renew %q: re-read after conflict: %w", r.key, err)
 		}
-		theirs, derr := DecodeInfo(e.Value())
+		theirs, derr := DecodeInfo(e.value)
 		if derr == nil && theirs.ID == info.ID && theirs.Epoch == info.Epoch {
-			r.setRev(e.Revision())
+			r.setRev(e.rev)
 			continue
 		}
 		reason := "another incarnation wrote the key; this one stops renewing"
 		if derr != nil {
 			reason = "the key holds a value that is not a valid worker info (" + derr.Error() + "); this one stops renewing"
 		}
-		dup := &DuplicateError{Key: r.key, Ours: info.Clone(), Theirs: theirs, Revision: e.Revision(), Reason: reason}
+		dup := &DuplicateError{Key: r.key, Ours: info.Clone(), Theirs: theirs, Revision: e.rev, Reason: reason}
 		r.mu.Lock()
 		r.lost = dup
 		r.mu.Unlock()
@@ -573,22 +574,82 @@ func (r *Registration) Deregister(ctx context.Context) error {
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return fmt.Errorf("workers: deregister %q: %w", r.key, err)
 		}
-		e, err := r.kv.Get(ctx, r.key)
+		e, err := r.readLatest(ctx)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("workers: deregister %q: re-read after conflict: %w", r.key, err)
 		}
-		theirs, derr := DecodeInfo(e.Value())
+		theirs, derr := DecodeInfo(e.value)
 		if derr == nil && theirs.ID == info.ID && theirs.Epoch == info.Epoch {
-			r.setRev(e.Revision())
+			r.setRev(e.rev)
 			continue
 		}
-		return &DuplicateError{Key: r.key, Ours: info.Clone(), Theirs: theirs, Revision: e.Revision(),
+		return &DuplicateError{Key: r.key, Ours: info.Clone(), Theirs: theirs, Revision: e.rev,
 			Reason: "another incarnation holds the key; left it in place"}
 	}
 	return fmt.Errorf("workers: deregister %q: %w: still conflicting after 3 attempts", r.key, ErrConflict)
+}
+
+// latest is the last message of a registry key.
+type latest struct {
+	value []byte
+	rev   uint64
+}
+
+// readLatest reads the key's last value from the stream leader
+// ($JS.API.STREAM.MSG.GET). kv.Get is a direct get that any replica may
+// answer from a lagging state; deciding "another incarnation holds my key"
+// on a stale read would make a healthy worker give up its id. A key whose
+// last message is a delete, purge or expiry marker is ErrKeyNotFound.
+// (JetStream domains and API prefixes are not supported here.)
+func (r *Registration) readLatest(ctx context.Context) (latest, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	req, err := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{r.subject})
+	if err != nil {
+		return latest{}, err
+	}
+	msg, err := r.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+r.cfg.Bucket, req)
+	if err != nil {
+		return latest{}, fmt.Errorf("workers: read key %q from the stream leader: %w", r.key, err)
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return latest{}, fmt.Errorf("workers: read key %q: bad response: %w", r.key, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return latest{}, fmt.Errorf("workers: key %q: %w", r.key, jetstream.ErrKeyNotFound)
+		}
+		return latest{}, fmt.Errorf("workers: read key %q: %w", r.key, resp.Error)
+	}
+	if resp.Message == nil {
+		return latest{}, fmt.Errorf("workers: read key %q: response without a message", r.key)
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return latest{}, fmt.Errorf("workers: read key %q: bad headers: %w", r.key, err)
+		}
+		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return latest{}, fmt.Errorf("workers: key %q deleted or expired: %w", r.key, jetstream.ErrKeyNotFound)
+		}
+	}
+	return latest{value: resp.Message.Data, rev: resp.Message.Seq}, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/natstest"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -614,28 +616,90 @@ func TestRestartCallbackOrder(t *testing.T) {
 	}
 	close(ready)
 	defer m.Stop()
-	for _, ep := range []uint64{1, 2} {
+	// With History 1 a watcher may skip a revision that was replaced before
+	// it was delivered, so each step waits for the view to catch up.
+	want := []string{"join 1", "depart 1 (view: live=true epoch=2)", "join 2", "depart 2 (view: live=false epoch=0)"}
+	waitLog := func(n int) {
+		eventually(t, 2*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(log) >= n
+		}, func() string { return fmt.Sprint(log, m.Stats()) })
+	}
+	for i, ep := range []uint64{1, 2} {
 		in := validInfo("w1")
 		in.Epoch = ep
 		val, _ := EncodeInfo(in)
 		if _, err := kv.Put(ctxT(t), KeyFor("w1"), val); err != nil {
 			t.Fatal(err)
 		}
+		waitLog(1 + 2*i)
 	}
 	if err := kv.Delete(ctxT(t), KeyFor("w1")); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"join 1", "depart 1 (view: live=true epoch=2)", "join 2", "depart 2 (view: live=false epoch=0)"}
-	eventually(t, 2*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(log) == len(want)
-	}, func() string { return fmt.Sprint(log) })
+	waitLog(len(want))
 	mu.Lock()
 	defer mu.Unlock()
-	for i := range want {
-		if log[i] != want[i] {
-			t.Fatalf("callbacks %q, want %q", log, want)
-		}
+	if fmt.Sprint(log) != fmt.Sprint(want) {
+		t.Fatalf("callbacks %q, want %q", log, want)
 	}
+}
+
+// On an R3 bucket (conflicts may come back as 10164, direct gets may be
+// stale) heartbeats, draining, take-over and expiry behave as on R1.
+func TestReplicatedBucket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	t.Parallel()
+	c := natstest.StartCluster(t, 3)
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testCfg()
+	cfg.Replicas = 3
+	// The meta leader may not know every peer yet ("no suitable peers").
+	eventually(t, 10*time.Second, func() bool {
+		_, err = EnsureBucket(ctxT(t), js, cfg)
+		return err == nil
+	}, func() string { return fmt.Sprint(err) })
+	m, rec := watch(t, js, cfg)
+	first := register(t, js, cfg, validInfo("w1"))
+	rec.wait(t, "join", "w1", 2*time.Second)
+	if err := first.SetDraining(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, "update", "w1", time.Second)
+	rec.none(t, "depart", "w1", 2*testTTL)
+	if m.Available("w1") || !m.Live("w1") || first.Stats().Renewals < 3 {
+		t.Fatalf("draining on R3: available=%v live=%v stats=%+v", m.Available("w1"), m.Live("w1"), first.Stats())
+	}
+
+	tcfg := cfg
+	tcfg.TakeOver = true
+	in := validInfo("w1")
+	in.Epoch = 43
+	second := register(t, js, tcfg, in)
+	rec.wait(t, "depart", "w1", time.Second)
+	rec.wait(t, "join", "w1", time.Second)
+	select {
+	case <-first.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("old incarnation kept heartbeating")
+	}
+	if !errors.Is(first.Err(), ErrDuplicateWorker) {
+		t.Fatalf("old Err = %v", first.Err())
+	}
+	stopped := time.Now()
+	second.Stop()
+	// Expiry runs on the stream leader's timers: allow a loaded cluster more.
+	e := rec.wait(t, "depart", "w1", testTTL+3*slack)
+	t.Logf("R3: departed %v after the heartbeat stopped", e.at.Sub(stopped))
 }
