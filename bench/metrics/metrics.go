@@ -49,6 +49,7 @@ type Record struct {
 	E2E          time.Duration // arrival to last token, workload time
 	Finish       time.Duration // workload time of the last token
 	Route        time.Duration // routing decision, wall clock
+	QueueWait    time.Duration // part of Route spent waiting in the router's queue, wall clock
 }
 
 // Recorder collects records concurrently.
@@ -130,6 +131,7 @@ type Summary struct {
 	ITL   Dist `json:"itl"`
 	E2E   Dist `json:"e2e"`
 	Route Dist `json:"route_decision"` // wall clock
+	Queue Dist `json:"router_queue_wait"` // wall clock, the part of Route spent queued
 
 	// TTFTCDF holds CDFPoints quantiles (0, 1 %, ..., 100 %) of TTFT in ms.
 	TTFTCDF []float64 `json:"ttft_cdf_ms"`
@@ -163,7 +165,7 @@ type Options struct {
 // that were served (Done); counts cover all.
 func Summarize(recs []Record, opt Options) Summary {
 	s := Summary{Policy: opt.Policy, Requests: len(recs), UpperBound: opt.UpperBound, WallSeconds: opt.Wall.Seconds()}
-	var ttft, itl, e2e, route []float64
+	var ttft, itl, e2e, route, queue []float64
 	loads := make(map[string]*WorkerLoad)
 	for _, w := range opt.Workers {
 		loads[w] = &WorkerLoad{Worker: w}
@@ -178,6 +180,7 @@ func Summarize(recs []Record, opt Options) Summary {
 		r := &sorted[i]
 		if r.Route > 0 {
 			route = append(route, ms(r.Route))
+			queue = append(queue, ms(r.QueueWait))
 		}
 		switch r.Outcome {
 		case Rejected:
@@ -247,6 +250,7 @@ func Summarize(recs []Record, opt Options) Summary {
 	s.ITL, _ = dist(itl, false)
 	s.E2E, _ = dist(e2e, false)
 	s.Route, _ = dist(route, false)
+	s.Queue, _ = dist(queue, false)
 	if first >= 0 && last > first {
 		span := (last - first).Seconds()
 		s.MakespanSeconds = span

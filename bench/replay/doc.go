@@ -19,8 +19,11 @@
 // Client flow per request: wait for its arrival (workload time divided by
 // the speed-up) → route → generate on the chosen worker → prefill_done at the
 // first token → free at the end. Latencies are in workload time: the
-// engine's own TTFT/ITL/E2E (model time) plus the wall time spent getting a
-// routing decision, multiplied by the speed-up.
+// engine's own TTFT/ITL/E2E (model time) plus the time the request waited in
+// the router's queue (reported by the router), multiplied by the speed-up.
+// Transport and the replay's own CPU time are not counted (a speed-up would
+// multiply them); the routing decision's wall-clock latency is reported
+// separately.
 //
 // Start at Run.
 package replay

@@ -30,6 +30,8 @@ type Routed struct {
 	Worker   string
 	Endpoint string
 	Overlap  int // blocks the router believed cached on Worker
+	// QueueWait is how long the request waited in the router's queue (wall).
+	QueueWait time.Duration
 	Binding  string
 	Handle   any
 }

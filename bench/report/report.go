@@ -220,7 +220,7 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 	s := r.Setup
 	fmt.Fprintf(&b, "| fleet | %d simulated workers, %d KV blocks of %d tokens each |\n", s.Workers, s.KVBlocks, s.BlockSize)
 	fmt.Fprintf(&b, "| routers | %d replica(s), session mode %s |\n", s.Replicas, s.SessionMode)
-	fmt.Fprintf(&b, "| clock | %gx real time (all latencies below are in workload time, except routing decisions: wall clock) |\n", s.Speedup)
+	fmt.Fprintf(&b, "| clock | %gx real time; latencies are in workload time (router queue wait x speed-up + the engine's model time), except routing decisions: wall clock |\n", s.Speedup)
 	if s.Machine != "" {
 		fmt.Fprintf(&b, "| machine | %s, %s |\n", s.Machine, s.GoVersion)
 	}

@@ -338,7 +338,8 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 		}
 		return nil, &replay.RouteError{Code: "transport", Err: err}
 	}
-	out := &replay.Routed{Worker: resp.Worker, Endpoint: resp.Endpoint, Overlap: resp.OverlapBlocks, Handle: resp}
+	out := &replay.Routed{Worker: resp.Worker, Endpoint: resp.Endpoint, Overlap: resp.OverlapBlocks, Handle: resp,
+		QueueWait: time.Duration(resp.QueueWaitUS) * time.Microsecond}
 	if resp.Binding != nil {
 		out.Binding = resp.Binding.Outcome
 	}

@@ -54,7 +54,8 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 // benchEnv fills every flag not given on the command line from the
-// environment variable KVR_BENCH_<FLAG> (upper case, '-' as '_').
+// environment variable KVR_<FLAG> (upper case, '-' as '_'), the binary's
+// convention for every subcommand.
 func benchEnv(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -63,7 +64,7 @@ func benchEnv(fs *flag.FlagSet) error {
 		if set[f.Name] || err != nil {
 			return
 		}
-		name := "KVR_BENCH_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		name := "KVR_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(name); ok {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("bench: %s=%q: %w", name, v, e)
@@ -78,7 +79,7 @@ func benchFlagUsage(fs *flag.FlagSet, out io.Writer, head string) func() {
 		fmt.Fprint(out, head)
 		fs.SetOutput(out)
 		fs.PrintDefaults()
-		fmt.Fprintln(out, "\nEvery flag can also be set with the environment variable KVR_BENCH_<FLAG> (upper case, '-' as '_').")
+		fmt.Fprintln(out, "\nEvery flag can also be set with the environment variable KVR_<FLAG> (upper case, '-' as '_').")
 	}
 }
 
@@ -109,6 +110,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		speedup    = fs.Float64("speedup", 10, "run the workload this many times faster than real time (workers' clocks too)")
 		policies   = fs.String("policies", strings.Join(replay.DefaultPolicies, ","), "policies to compare, comma separated, or all")
 		limit      = fs.Int("limit", 0, "replay at most this many requests (0 = all)")
+		sample     = fs.Int("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions")
 		start      = fs.Duration("start", 0, "skip requests arriving before this offset into the workload")
 		window     = fs.Duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)")
 		sessMode   = fs.String("session-mode", "none", "session ids and binding mode: none, hard or soft")
@@ -160,6 +162,13 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if err != nil {
 		return err
+	}
+	if *sample > 0 {
+		n := len(w.Requests)
+		w = w.SampleSessions(*sample, 2, *seed)
+		if len(w.Requests) == 0 {
+			return fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *sample, n)
+		}
 	}
 	if err := w.Validate(); err != nil {
 		return err
