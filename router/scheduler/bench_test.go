@@ -119,8 +119,9 @@ func BenchmarkKeyResolution(b *testing.B) {
 type customScorer struct{}
 
 func (customScorer) Score(x *Context, c *Candidates, cost []float64) {
+	inv := 1 / float64(x.BlockSize)
 	for i := range c.Len() {
-		cost[i] = float64(c.ActivePrefillTokens(i)+x.PromptTokens)/float64(x.BlockSize) -
+		cost[i] = float64(c.ActivePrefillTokens(i)+x.PromptTokens)*inv -
 			float64(c.OverlapBlocks(i)) + float64(c.PotentialDecodeBlocks(i))
 	}
 }

@@ -190,9 +190,13 @@ func (c *core) context(w *waiter) *Context {
 func (c *core) prepare(w *waiter) {
 	fl := c.fl
 	cs := &c.cands
-	if n := len(fl.key); len(c.shared) < n {
+	if n := len(fl.key); len(c.shared) < n || len(cs.prefill) != n {
+		// the fleet grew: resize the per-slot scratch, re-take its arrays
 		c.shared = append(c.shared, make([]int32, n-len(c.shared))...)
 		cs.ov = append(cs.ov, make([]uint64, n-len(cs.ov))...)
+		cs.f = fl
+		cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
+		cs.shared = c.shared
 	}
 	cs.epoch += 1 << 32
 	if cs.epoch == 0 { // wrapped after 2^32 selections: old stamps could match
@@ -243,9 +247,6 @@ func (c *core) prepare(w *waiter) {
 		}
 	}
 	total := c.blocks(int64(r.Tokens) + int64(r.ExpectedOutput) + int64(c.cfg.BlockSize) - 1)
-	cs.f = fl
-	cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
-	cs.shared = c.shared
 	cs.anyShared = len(c.shTouched) > 0
 	cs.newBlks = max(total, int64(len(r.SeqHashes)))
 }

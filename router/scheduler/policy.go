@@ -81,10 +81,10 @@ func (p *Pipeline) Select(x *Context, c *Candidates) (int, error) {
 		return 0, ErrNoCandidate
 	}
 	cost := x.costs(n)
-	clear(cost)
 	if len(p.Scorers) == 1 && p.Scorers[0].Weight == 1 {
-		p.Scorers[0].Scorer.Score(x, c, cost)
-	} else if len(p.Scorers) > 0 {
+		p.Scorers[0].Scorer.Score(x, c, cost) // a scorer writes every row
+	} else {
+		clear(cost)
 		tmp := x.tmp(n)
 		for _, ws := range p.Scorers {
 			ws.Scorer.Score(x, c, tmp)
