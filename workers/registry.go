@@ -110,8 +110,9 @@ type RegistryConfig struct {
 	// restarted pod with a stable name); a live holder then loses its key
 	// on its next heartbeat and stops with ErrDuplicateWorker.
 	TakeOver bool
-	// OnRecreate (worker side) is called, from the heartbeat goroutine,
-	// after the key had vanished (it expired during a pause longer than
+	// OnRecreate (worker side) is called (from the heartbeat goroutine, or
+	// from SetState if that write found the key gone) after the key had
+	// vanished (it expired during a pause longer than
 	// the TTL, or someone deleted it) and was created again. Routers
 	// departed the worker in between and dropped what their indexes held
 	// for it; an engine may re-announce its cache here, or accept that
@@ -217,6 +218,7 @@ type Registration struct {
 	cfg     RegistryConfig
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
+	id      string // immutable copy of info.ID
 	key     string
 	subject string
 	log     *slog.Logger
@@ -280,6 +282,7 @@ func Register(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, i
 		cfg:     cfg,
 		js:      js,
 		kv:      kv,
+		id:      info.ID,
 		key:     key,
 		subject: "$KV." + cfg.Bucket + "." + key,
 		log:     cfg.Logger.With("component", "workers.registration", "worker", info.ID, "epoch", info.Epoch),
@@ -373,24 +376,33 @@ func (r *Registration) publish(ctx context.Context, expect uint64, val []byte) (
 // another incarnation holds it, which is final.
 func (r *Registration) write(ctx context.Context) error {
 	r.wmu.Lock()
-	defer r.wmu.Unlock()
+	recreated, err := r.writeLocked(ctx)
+	r.wmu.Unlock()
+	// The hook runs outside wmu so that it may call SetState.
+	if recreated && r.cfg.OnRecreate != nil {
+		r.cfg.OnRecreate(r.Info())
+	}
+	return err
+}
+
+func (r *Registration) writeLocked(ctx context.Context) (recreated bool, err error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		r.mu.Lock()
 		val, rev, lost, stopped, info := r.val, r.rev, r.lost, r.stopped, r.info
 		r.mu.Unlock()
 		if lost != nil {
-			return lost
+			return false, lost
 		}
 		if stopped {
-			return ErrStopped
+			return false, ErrStopped
 		}
 		newRev, err := r.publish(ctx, rev, val)
 		if err == nil {
 			r.setRev(newRev)
-			return nil
+			return false, nil
 		}
 		if !errors.Is(err, ErrConflict) {
-			return fmt.Errorf("workers: renew %q: %w", r.key, err)
+			return false, fmt.Errorf("workers: renew %q: %w", r.key, err)
 		}
 		r.conflicts.Add(1)
 		e, err := r.readLatest(ctx)
@@ -400,18 +412,15 @@ func (r *Registration) write(ctx context.Context) error {
 				continue // someone created it meanwhile: look again
 			}
 			if err != nil {
-				return fmt.Errorf("workers: re-create %q: %w", r.key, err)
+				return false, fmt.Errorf("workers: re-create %q: %w", r.key, err)
 			}
 			r.setRev(newRev)
 			r.recreated.Add(1)
 			r.log.Warn("registry key had vanished (expired or deleted); created it again", "revision", newRev)
-			if r.cfg.OnRecreate != nil {
-				r.cfg.OnRecreate(info.Clone())
-			}
-			return nil
+			return true, nil
 		}
 		if err != nil {
-			return fmt.Errorf("workers: renew %q: re-read after conflict: %w", r.key, err)
+			return false, fmt.Errorf("workers: renew %q: re-read after conflict: %w", r.key, err)
 		}
 		theirs, derr := DecodeInfo(e.value)
 		if derr == nil && theirs.ID == info.ID && theirs.Epoch == info.Epoch {
@@ -427,9 +436,9 @@ func (r *Registration) write(ctx context.Context) error {
 		r.lost = dup
 		r.mu.Unlock()
 		r.log.Error("lost the registry key to another incarnation", "err", dup)
-		return dup
+		return false, dup
 	}
-	return fmt.Errorf("workers: renew %q: %w: still conflicting after 3 attempts", r.key, ErrConflict)
+	return false, fmt.Errorf("workers: renew %q: %w: still conflicting after 3 attempts", r.key, ErrConflict)
 }
 
 func (r *Registration) setRev(rev uint64) {
@@ -514,7 +523,7 @@ func (r *Registration) Stats() RegistrationStats {
 // to write it; the error is returned.
 func (r *Registration) SetState(ctx context.Context, s State) error {
 	if !s.Valid() {
-		return &InfoError{ID: r.key, Field: "state", Reason: fmt.Sprintf("%q, want %q or %q", s, StateReady, StateDraining)}
+		return &InfoError{ID: r.id, Field: "state", Reason: fmt.Sprintf("%q, want %q or %q", s, StateReady, StateDraining)}
 	}
 	r.mu.Lock()
 	if r.stopped {
