@@ -86,7 +86,7 @@ type Cluster struct {
 }
 
 // StartCluster runs n JetStream nodes clustered over loopback and waits
-// until they have elected a meta leader. Nodes are shut down when the test
+// until the meta leader sees all n peers. Nodes are shut down when the test
 // ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
@@ -127,17 +127,25 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			t.Fatalf("natstest: cluster node %s not ready", s.Name())
 		}
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	c.WaitPeers(n, 15*time.Second)
+	return c
+}
+
+// WaitPeers waits until the meta leader counts want JetStream peers that
+// are online and have reported stats: only then can an R3 stream be placed
+// ("no suitable peers for placement" otherwise).
+func (c *Cluster) WaitPeers(want int, timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, s := range c.Servers {
-			if s.Running() && s.JetStreamIsLeader() {
-				return c
+			if s.Running() && s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) >= want {
+				return
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("natstest: no JetStream meta leader within 15s")
-	return nil
+	c.t.Fatalf("natstest: no JetStream meta leader with %d peers within %v", want, timeout)
 }
 
 // URLs returns the client URLs of the running nodes, comma separated, for
