@@ -13,7 +13,7 @@ import (
 func (r *Replica) startMembership(ctx context.Context) error {
 	rc := r.cfg.Registry
 	rc.Model = "" // one view for every model; callbacks dispatch
-	rc.Logger = r.log.With("component", "workers.membership")
+	rc.Logger = r.log
 	if rc.Replicas == 0 {
 		rc.Replicas = r.cfg.StreamReplicas
 	}

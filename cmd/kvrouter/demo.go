@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/bench/replay"
+	"github.com/kvrouter/kvrouter/bench/report"
+	"github.com/kvrouter/kvrouter/bench/stack"
+	"github.com/kvrouter/kvrouter/bench/workload"
+)
+
+const demoAbout = `The main job on one machine with nothing installed but Go: an embedded NATS
+server (temporary store), simulated workers publishing KV events, two router
+replicas in one queue group, and a built-in synthetic workload (multi-turn
+chat sessions sharing a few system prompts, plus agents firing bursts of
+sibling requests). The workload runs once through kvrouter's default policy
+and once through round-robin, each on a fresh stack, with live progress; then
+a table compares them: requests, prefix-cache hit ratio, time to first token
+p50/p99, per-worker load spread and sessions that stayed on one worker.
+
+--trace FILE replays a Mooncake-format trace (JSONL: timestamp, input_length,
+output_length, hash_ids of 512-token blocks) instead of the synthetic
+workload. The whole comparison takes about a minute with the defaults.`
+
+// demoWorkload is the built-in workload: chat sessions and agent bursts
+// on one timeline, about 35 s of workload time: 48 chat sessions over 12
+// system prompts of 2,048 tokens, and 12 agents firing 3 bursts of 8
+// siblings over 4,096 tokens of context. Sized so that 4 workers of 2,048
+// blocks cannot all hold every prefix (round-robin has to recompute) and
+// load is high enough for recomputation to queue.
+func demoWorkload(seed uint64, scale float64) *workload.Workload {
+	n := func(v int) int { return max(1, int(float64(v)*scale)) }
+	return workload.Merge("demo: chat sessions + agent bursts",
+		workload.Chat(workload.ChatConfig{Seed: seed, Sessions: n(48), Turns: 5, SystemPrompts: 12, SystemTokens: 2048,
+			UserTokens: 192, OutputTokens: 96, SessionRate: 3, ThinkTime: 2 * time.Second}),
+		workload.FanOut(workload.FanOutConfig{Seed: seed + 1, Agents: n(12), Rounds: 3, Siblings: 8, SystemTokens: 2048,
+			ContextTokens: 2048, TaskTokens: 96, ResultTokens: 256, OutputTokens: 64, AgentRate: 1.2, RoundGap: 2 * time.Second}),
+	)
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newFlags("kvrouter demo", demoAbout)
+	c.SetOutput(stderr)
+	c.helpOut = stdout
+	var (
+		trace     = c.str("trace", "", "Mooncake-format JSONL trace to replay instead of the synthetic workload")
+		limit     = c.integer("limit", 600, "with --trace: replay at most this many requests (0 = all)")
+		nworkers  = c.integer("workers", 4, "simulated workers")
+		replicas  = c.integer("replicas", 2, "router replicas in the queue group")
+		speedup   = c.float("speedup", 1.5, "run the workload (and the workers' clocks) this many times faster than real time")
+		load      = c.float("load", 1, "multiply the workload's arrival rate")
+		scale     = c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents")
+		kvBlocks  = c.integer("kv-blocks", 0, "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)")
+		sessMode  = c.str("session-mode", "hard", "session bindings: hard, soft or none (no session ids sent)")
+		policies  = c.str("policies", "kvrouter,round-robin", "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)")
+		seed      = c.uint64("seed", 7, "seed of the synthetic workload and of random choices")
+		out       = c.str("out", "", "also write report.md, report.json and PNG charts to this directory (\"\" = table only)")
+		quiet     = c.boolean("quiet", false, "no live progress")
+		showNotes = c.boolean("verbose", false, "print the full bench table and notes after the summary")
+		baseSess  = c.boolean("baseline-sessions", false, "send session ids to the baseline policies too (by default they run without affinity, as deployed elsewhere)")
+	)
+	if err := c.parse(args); err != nil {
+		if helpRequested(err) {
+			return err
+		}
+		return usageError{err}
+	}
+	mode, err := replay.ParseSessionMode(*sessMode)
+	if err != nil {
+		return usageError{err}
+	}
+	pols, err := replay.LookupPolicies([]string{*policies})
+	if err != nil {
+		return usageError{err}
+	}
+	var w *workload.Workload
+	blockSize, kv := 16, *kvBlocks
+	if *trace != "" {
+		w, err = workload.ReadMooncake(*trace, workload.ReadOptions{Limit: *limit, Sessions: true})
+		if err != nil {
+			return err
+		}
+		blockSize = 512
+		if kv == 0 {
+			kv = 1024
+		}
+	} else {
+		w = demoWorkload(*seed, *scale)
+		if kv == 0 {
+			kv = 2048
+		}
+	}
+	if err := w.Validate(); err != nil {
+		return err
+	}
+	st := w.Stats()
+	fmt.Fprintf(stdout, "kvrouter demo: %s\n  %d requests, %d sessions, %.0f s of workload at %gx speed-up (about %.0f s per policy)\n"+
+		"  %d simulated workers (%d KV blocks of %d tokens each), %d router replicas, embedded NATS, %s session bindings for kvrouter\n"+
+		"  policies: %s\n\n",
+		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *speedup, st.SpanSeconds / *load / *speedup,
+		*nworkers, kv, blockSize, *replicas, mode, replay.PolicyNames(pols))
+	// kvrouter runs with session bindings (its own feature); the baselines
+	// run as they are deployed elsewhere, without affinity, unless
+	// --baseline-sessions is set. Each policy gets a fresh stack.
+	began := time.Now()
+	rep := &report.Report{}
+	for i, pol := range pols {
+		m := mode
+		if !pol.Events || pol.RouterPolicy != "default" || pol.Oracle {
+			if !*baseSess {
+				m = replay.SessionNone
+			}
+		}
+		cfg := replay.Config{
+			Workload: w, Policies: []replay.Policy{pol}, NewStack: stack.Factory(stack.Options{}),
+			Model: "demo", Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: m, Seed: *seed,
+			KVBlocks: kv, BlockSize: blockSize, LoadScale: *load, Title: "kvrouter demo",
+			Logf: func(format string, a ...any) { fmt.Fprintf(stderr, "  "+format+"\n", a...) },
+		}
+		if !*quiet {
+			cfg.Progress = stderr
+			cfg.ProgressLines = !isTerminal(stderr)
+		}
+		r, err := replay.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			*rep = *r
+			rep.Policies = nil
+			rep.Notes = nil
+		}
+		for _, p := range r.Policies {
+			p.Policy = fmt.Sprintf("%s (sessions: %s)", p.Policy, m)
+			rep.Policies = append(rep.Policies, p)
+		}
+		rep.Notes = append(rep.Notes, r.Notes...)
+	}
+	rep.Setup.SessionMode = "per policy"
+	rep.Checks = replay.Checks(rep)
+	fmt.Fprintln(stdout)
+	printDemoTable(stdout, rep.Policies)
+	fmt.Fprintf(stdout, "\nhit ratio = prompt blocks found in the chosen worker's KV cache; infinite-cache bound of this workload %.1f%%.\n",
+		100*rep.Workload.UpperBound.Ratio)
+	fmt.Fprintf(stdout, "TTFT is model time (the simulated engines' clock, Dynamo's mocker timing) plus routing time. Took %.0f s.\n",
+		time.Since(began).Seconds())
+	if *showNotes {
+		fmt.Fprintln(stdout)
+		if err := rep.Table(stdout); err != nil {
+			return err
+		}
+	}
+	if *out != "" {
+		files, err := rep.WriteAll(*out)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s, %s and %d charts\n", files.Markdown, files.JSON, len(files.Charts))
+	}
+	return nil
+}
+
+// printDemoTable prints the side-by-side comparison the demo is about.
+func printDemoTable(w io.Writer, ps []metrics.Summary) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t") }
+	head := []string{""}
+	for _, p := range ps {
+		head = append(head, p.Policy)
+	}
+	row(head...)
+	line := func(name string, f func(p *metrics.Summary) string) {
+		cells := []string{name}
+		for i := range ps {
+			cells = append(cells, f(&ps[i]))
+		}
+		row(cells...)
+	}
+	line("requests done", func(p *metrics.Summary) string { return fmt.Sprintf("%d/%d", p.Done, p.Requests) })
+	line("prefix-cache hit ratio", func(p *metrics.Summary) string { return fmt.Sprintf("%.1f%%", 100*p.HitRatio) })
+	line("TTFT p50", func(p *metrics.Summary) string { return fmt.Sprintf("%.0f ms", p.TTFT.P50) })
+	line("TTFT p99", func(p *metrics.Summary) string { return fmt.Sprintf("%.0f ms", p.TTFT.P99) })
+	line("prefill tokens computed", func(p *metrics.Summary) string {
+		var n int64
+		for _, wl := range p.Workers {
+			n += wl.PrefillTokens
+		}
+		return fmt.Sprintf("%d", n)
+	})
+	line("load spread (max/mean requests)", func(p *metrics.Summary) string { return fmt.Sprintf("%.2f", p.RequestSpread.MaxOverMean) })
+	line("requests per worker", func(p *metrics.Summary) string {
+		var parts []string
+		for _, wl := range p.Workers {
+			parts = append(parts, fmt.Sprint(wl.Requests))
+		}
+		return strings.Join(parts, "/")
+	})
+	line("sessions on one worker", func(p *metrics.Summary) string {
+		if p.Sessions == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%d/%d", p.Sessions-p.SessionsMoved, p.Sessions)
+	})
+	line("routing decision p50", func(p *metrics.Summary) string { return fmt.Sprintf("%.2f ms", p.Route.P50) })
+	tw.Flush()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router/host"
+)
+
+// cmdFlags is a flag set in which every flag also reads an environment
+// variable: --nats-url <-> KVR_NATS_URL. A flag given on the command line
+// wins over its variable, which wins over the default. --help lists every
+// flag with its variable and default.
+type cmdFlags struct {
+	*flag.FlagSet
+	name  string
+	about string
+	env   map[string]string // flag name -> variable
+	order []string
+	// helpOut receives --help (stdout); errors go to the flag set's
+	// output (stderr).
+	helpOut io.Writer
+}
+
+func newFlags(name, about string) *cmdFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	c := &cmdFlags{FlagSet: fs, name: name, about: about, env: map[string]string{}, helpOut: os.Stdout}
+	fs.Usage = func() { c.usage(fs.Output()) }
+	return c
+}
+
+// envName is the variable of a flag: KVR_ + upper case, '-' as '_'.
+func envName(flagName string) string {
+	return "KVR_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func (c *cmdFlags) track(name string) {
+	c.env[name] = envName(name)
+	c.order = append(c.order, name)
+}
+
+func (c *cmdFlags) str(name, def, usage string) *string {
+	c.track(name)
+	return c.String(name, def, usage)
+}
+
+func (c *cmdFlags) integer(name string, def int, usage string) *int {
+	c.track(name)
+	return c.Int(name, def, usage)
+}
+
+func (c *cmdFlags) float(name string, def float64, usage string) *float64 {
+	c.track(name)
+	return c.Float64(name, def, usage)
+}
+
+func (c *cmdFlags) boolean(name string, def bool, usage string) *bool {
+	c.track(name)
+	return c.Bool(name, def, usage)
+}
+
+func (c *cmdFlags) duration(name string, def time.Duration, usage string) *time.Duration {
+	c.track(name)
+	return c.Duration(name, def, usage)
+}
+
+func (c *cmdFlags) uint64(name string, def uint64, usage string) *uint64 {
+	c.track(name)
+	return c.Uint64(name, def, usage)
+}
+
+// parse reads args, then the environment for every flag not given. It
+// returns flag.ErrHelp after printing the help for -h/--help.
+func (c *cmdFlags) parse(args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			c.usage(c.helpOut)
+			return flag.ErrHelp
+		}
+	}
+	if err := c.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	c.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range c.order {
+		if given[name] {
+			continue
+		}
+		v, ok := os.LookupEnv(c.env[name])
+		if !ok {
+			continue
+		}
+		if err := c.Set(name, v); err != nil {
+			return fmt.Errorf("%s: %s=%q: %w", c.name, c.env[name], v, err)
+		}
+	}
+	if c.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q (flags only; see --help)", c.name, c.Arg(0))
+	}
+	return nil
+}
+
+func (c *cmdFlags) usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: %s [flags]\n\n%s\n\nFlags (each also read from the environment variable shown; a flag given on the\ncommand line wins over its variable):\n\n", c.name, strings.TrimSpace(c.about))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	names := append([]string(nil), c.order...)
+	sort.Strings(names)
+	for _, name := range names {
+		f := c.Lookup(name)
+		typ, usage := flag.UnquoteUsage(f)
+		def := f.DefValue
+		switch {
+		case def == "":
+			def = `""`
+		case typ == "" && def == "false":
+			def = "false"
+		}
+		arg := "--" + name
+		if typ != "" {
+			arg += " " + typ
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", arg, c.env[name])
+		for _, line := range strings.Split(usage, "\n") {
+			fmt.Fprintf(tw, "      \t%s\n", line)
+		}
+		fmt.Fprintf(tw, "      \t(default %s)\n", def)
+	}
+	tw.Flush()
+}
+
+// natsFlags are the connection flags shared by serve and worker.
+type natsFlags struct {
+	url, creds, nkey, user, password, ca, cert, key *string
+	embedded                                        *bool
+	dataDir, listen                                 *string
+}
+
+func addNATSFlags(c *cmdFlags, embeddedDefault bool) *natsFlags {
+	return &natsFlags{
+		url:      c.str("nats-url", "nats://127.0.0.1:4222", "NATS server URLs, comma separated (ignored with --embedded-nats)"),
+		creds:    c.str("nats-creds", "", "NATS credentials file (JWT + nkey seed, as written by nsc)"),
+		nkey:     c.str("nats-nkey", "", "NATS nkey seed file"),
+		user:     c.str("nats-user", "", "NATS user name (with --nats-password)"),
+		password: c.str("nats-password", "", "NATS password"),
+		ca:       c.str("nats-tls-ca", "", "PEM file of the CA that signed the NATS server's certificate (enables TLS)"),
+		cert:     c.str("nats-tls-cert", "", "PEM client certificate for mutual TLS (with --nats-tls-key)"),
+		key:      c.str("nats-tls-key", "", "PEM private key of --nats-tls-cert"),
+		embedded: c.boolean("embedded-nats", embeddedDefault, "run a NATS server with JetStream inside this process instead of connecting to one"),
+		dataDir:  c.str("data-dir", "", "JetStream store directory of the embedded server (\"\" = a temporary directory, removed at exit)"),
+		listen:   c.str("embedded-listen", "127.0.0.1:4222", "address the embedded server listens on for other processes (\"\" = in-process only)"),
+	}
+}
+
+func (n *natsFlags) config(name string) host.NATSConfig {
+	return host.NATSConfig{
+		URLs: *n.url, CredsFile: *n.creds, NKeySeedFile: *n.nkey, User: *n.user, Password: *n.password,
+		TLSCAFile: *n.ca, TLSCertFile: *n.cert, TLSKeyFile: *n.key, Name: name,
+		Embedded: *n.embedded, DataDir: *n.dataDir, EmbeddedListen: *n.listen,
+	}
+}
+
+// logFlags configure slog.
+type logFlags struct{ level, format *string }
+
+func addLogFlags(c *cmdFlags) *logFlags {
+	return &logFlags{
+		level:  c.str("log-level", "info", "log level: debug, info, warn or error (debug logs per-request events)"),
+		format: c.str("log-format", "text", "log format: text or json"),
+	}
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*l.level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", *l.level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch *l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", *l.format)
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// helpRequested reports whether err is the flag package's -h/--help.
+func helpRequested(err error) bool { return errors.Is(err, flag.ErrHelp) }
