@@ -235,6 +235,9 @@ func (c *Candidates) KVBlocks(i int) int { return int(c.f.kvBlocks[c.slots[i]]) 
 // MaxBatchedTokens is candidate i's batch budget in tokens (0 = unknown).
 func (c *Candidates) MaxBatchedTokens(i int) int { return int(c.f.maxBatched[c.slots[i]]) }
 
+// MaxSeqs is candidate i's concurrent-sequence limit (0 = unknown).
+func (c *Candidates) MaxSeqs(i int) int { return int(c.f.maxSeqs[c.slots[i]]) }
+
 // Busy reports whether candidate i is over a queue threshold (it is still a
 // candidate: only overloaded workers are not).
 func (c *Candidates) Busy(i int) bool { return c.f.flags[c.slots[i]]&fBusy != 0 }
