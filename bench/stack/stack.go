@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -179,7 +180,11 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 		},
 		NewEmitter: newEmitter,
 		Registry:   registryConfig(),
-		Logger:     s.opt.Logger,
+		// Load reports every second of model time, as a real worker would:
+		// at a speed-up a wall-clock second would leave the routers'
+		// load corrections that many times staler.
+		LoadInterval: loadInterval(cfg.Speedup),
+		Logger:       s.opt.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("stack: fleet: %w", err)
@@ -363,4 +368,13 @@ type generator struct {
 func (g *generator) Generate(ctx context.Context, endpoint string, req *sim.GenerateRequest, first func()) (*sim.GenerateReply, error) {
 	nc := g.conns[g.next.Add(1)%uint64(len(g.conns))]
 	return sim.Generate(ctx, nc, endpoint, req, func(*sim.GenerateReply) { first() })
+}
+
+func loadInterval(speedup float64) time.Duration {
+	if v := os.Getenv("KVR_BENCH_LOAD_INTERVAL"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return max(20*time.Millisecond, time.Duration(float64(time.Second)/speedup))
 }
