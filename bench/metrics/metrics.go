@@ -130,7 +130,7 @@ type Summary struct {
 	TTFT  Dist `json:"ttft"`
 	ITL   Dist `json:"itl"`
 	E2E   Dist `json:"e2e"`
-	Route Dist `json:"route_decision"` // wall clock
+	Route Dist `json:"route_decision"`    // wall clock
 	Queue Dist `json:"router_queue_wait"` // wall clock, the part of Route spent queued
 
 	// TTFTCDF holds CDFPoints quantiles (0, 1 %, ..., 100 %) of TTFT in ms.

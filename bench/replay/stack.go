@@ -32,8 +32,8 @@ type Routed struct {
 	Overlap  int // blocks the router believed cached on Worker
 	// QueueWait is how long the request waited in the router's queue (wall).
 	QueueWait time.Duration
-	Binding  string
-	Handle   any
+	Binding   string
+	Handle    any
 }
 
 // RouteError is a refusal by the route API. Rejected marks the refusals a
