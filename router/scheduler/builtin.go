@@ -58,8 +58,11 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 	if c.Len() == 0 {
 		return 0, ErrNoCandidate
 	}
-	only := c.anyAffinityTarget()
+	only := c.hasAff && c.anyAffinityTarget()
 	if p.Temperature <= 0 {
+		if !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+			return pickMinCostPlain(x, c, &p.Cost), nil
+		}
 		return pickMinCost(x, c, &p.Cost, only), nil
 	}
 	cost := x.costs(c.Len())
@@ -123,12 +126,11 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 // the candidates, no prompt blocks shared with active requests, no
 // active-request weight. Same costs, same tie-break draws.
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
-	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
 	newBlks := float64(c.newBlks)
-	prefill, decode := f.prefill, f.decode
+	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
 	best, bi, ties := math.Inf(1), 0, 0
 	for i, s := range c.slots {
@@ -136,11 +138,11 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 		if v := ov[s]; v >= ep {
 			o = float64(uint32(v))
 		}
-		pre := (float64(prefill[s])+isl)*inv - credit*o
+		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
 		}
-		cost := scale*pre + (float64(decode[s]) + newBlks)
+		cost := scale*pre + (decode[s] + newBlks)
 		if cost < best {
 			best, bi, ties = cost, i, 1
 		} else if cost == best {
@@ -263,7 +265,7 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 	isl := float64(x.PromptTokens)
 	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
 	newBlks := float64(c.newBlks)
-	prefill, decode := c.prefill, c.decode
+	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
 	cost = cost[:len(c.slots)]
 	lo, hi = math.Inf(1), math.Inf(-1)
@@ -272,11 +274,11 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 		if v := ov[s]; v >= ep {
 			o = float64(uint32(v))
 		}
-		pre := (float64(prefill[s])+isl)*inv - credit*o
+		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
 		}
-		v := scale*pre + (float64(decode[s]) + newBlks)
+		v := scale*pre + (decode[s] + newBlks)
 		cost[i] = v
 		if v < lo {
 			lo = v
@@ -304,6 +306,21 @@ func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64)
 		return 0
 	}
 	scale := -1 / ((hi - lo) * t)
+	if m == len(cost) { // every row included: no NaN or zero-weight checks
+		sum := 0.0
+		for i, v := range cost {
+			e := expNeg((v - lo) * scale)
+			cost[i] = e
+			sum += e
+		}
+		u := x.rng.float64() * sum
+		for i, e := range cost {
+			if u -= e; u < 0 {
+				return i
+			}
+		}
+		return len(cost) - 1 // rounding: u landed on the total
+	}
 	sum := 0.0
 	for i, v := range cost {
 		if v != v {

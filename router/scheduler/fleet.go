@@ -47,6 +47,9 @@ type fleet struct {
 	prefill []int64
 	decode  []int64
 	active  []int32
+	// the same as floats, so the hot cost loops skip the conversions
+	prefillF []float64
+	decodeF  []float64
 
 	// load booked by this replica (l) and learned from other replicas (r)
 	lPrefill []int64
@@ -219,6 +222,8 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 			f.maxBatched = append(f.maxBatched, 0)
 			f.maxSeqs = append(f.maxSeqs, 0)
 			f.prefill = append(f.prefill, 0)
+			f.prefillF = append(f.prefillF, 0)
+			f.decodeF = append(f.decodeF, 0)
 			f.decode = append(f.decode, 0)
 			f.active = append(f.active, 0)
 			f.lPrefill = append(f.lPrefill, 0)
@@ -323,6 +328,7 @@ func (f *fleet) refresh(s int32, th *Thresholds) {
 	f.prefill[s] = f.lPrefill[s] + f.rPrefill[s] + f.xPrefill[s]
 	f.decode[s] = f.lDecode[s] + f.rDecode[s] + f.xDecode[s]
 	f.active[s] = f.lActive[s] + f.rActive[s] + f.xActive[s]
+	f.prefillF[s], f.decodeF[s] = float64(f.prefill[s]), float64(f.decode[s])
 	fl := f.flags[s] &^ (fOverloaded | fBusy)
 	if fl&fLive != 0 {
 		if over(f.prefill[s], f.maxBatched[s], th.OverloadPrefillFrac) || over(f.decode[s], f.kvBlocks[s], th.OverloadDecodeFrac) {

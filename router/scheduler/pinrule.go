@@ -135,7 +135,13 @@ func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
 		cs.aff, cs.hasAff = c.fl.resolve(*soft), true
 	}
 	c.seq++
-	i, err := c.callPolicy(x, cs)
+	var i int
+	var err error
+	if c.defaultPolicy != nil {
+		i, err = c.defaultPolicy.Select(x, cs) // builtin: no panic guard, no dynamic call
+	} else {
+		i, err = c.callPolicy(x, cs)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrNoCandidate) {
 			c.stats.policyErrors.Add(1)
@@ -196,6 +202,7 @@ func (c *core) prepare(w *waiter) {
 		cs.ov = append(cs.ov, make([]uint64, n-len(cs.ov))...)
 		cs.f = fl
 		cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
+		cs.prefillF, cs.decodeF = fl.prefillF, fl.decodeF
 		cs.shared = c.shared
 	}
 	cs.epoch += 1 << 32

@@ -186,6 +186,8 @@ type Candidates struct {
 	prefill   []int64 // the fleet's arrays, copied here so accessors skip a hop
 	decode    []int64
 	active    []int32
+	prefillF  []float64
+	decodeF   []float64
 	ov        []uint64 // by slot: epoch | overlap blocks (stale epoch = 0 blocks)
 	epoch     uint64   // current selection's epoch, in the high 32 bits
 	shared    []int32  // by slot: request blocks already active there
@@ -305,7 +307,11 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *T
 		c.anyShared = c.anyShared || row.SharedBlocks > 0
 		c.slots = append(c.slots, s)
 	}
+	for _, s := range c.slots {
+		f.prefillF[s], f.decodeF[s] = float64(f.prefill[s]), float64(f.decode[s])
+	}
 	c.prefill, c.decode, c.active = f.prefill, f.decode, f.active
+	c.prefillF, c.decodeF = f.prefillF, f.decodeF
 	if r == nil {
 		r = &Request{}
 	}

@@ -42,6 +42,8 @@ type core struct {
 	invBS   float64 // 1 / BlockSize
 	bsShift int     // log2(BlockSize) when a power of two, else −1
 
+	defaultPolicy *DefaultPolicy // policy, when it is the builtin default (called directly)
+
 	stats    *counters
 	onChange func() func(BookingEvent)
 	setTimer func(at time.Time)          // the actor's deadline timer
@@ -61,6 +63,7 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 		stats:    st,
 		onChange: func() func(BookingEvent) { return nil },
 	}
+	c.defaultPolicy, _ = p.(*DefaultPolicy)
 	c.invBS = 1 / float64(cfg.BlockSize)
 	c.bsShift = -1
 	if bs := cfg.BlockSize; bs&(bs-1) == 0 {
