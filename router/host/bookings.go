@@ -62,6 +62,9 @@ func (r *Replica) startBookingSync() error {
 }
 
 func (r *Replica) onRemoteBookings(ms *modelState, m *nats.Msg) {
+	if m.Header.Get(HeaderReplica) == r.id {
+		return // own echo: skip before decoding
+	}
 	var b bookingBatch
 	if err := json.Unmarshal(m.Data, &b); err != nil || b.V != 1 {
 		r.m.bookingSync.Add(context.Background(), 1, attr(attribute.String("direction", "bad")))
@@ -86,13 +89,14 @@ func (r *Replica) publishBookings(ms *modelState) {
 	subject := BookingsSubject(r.cfg.Prefix, ms.name)
 	batch := bookingBatch{V: 1, Replica: r.id}
 	sentOpt := attr(attribute.String("direction", "sent"))
+	hdr := nats.Header{HeaderReplica: []string{r.id}}
 	flush := func() {
 		if len(batch.Events) == 0 {
 			return
 		}
 		data, err := json.Marshal(&batch)
 		if err == nil {
-			err = r.nc.Publish(subject, data)
+			err = r.nc.PublishMsg(&nats.Msg{Subject: subject, Header: hdr, Data: data})
 		}
 		if err != nil {
 			r.log.Debug("booking sync publish failed", "err", err)

@@ -30,6 +30,7 @@ type modelState struct {
 	// booked, so lifecycle calls need only the request id.
 	fences fenceMap
 
+	predCh   chan predRecord               // decisions waiting to be recorded in pred
 	bookings chan scheduler.BookingEvent // local booking changes to publish
 	dropped  atomic.Uint64               // booking changes dropped (buffer full)
 }
@@ -46,6 +47,7 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	ms.index = index.New(index.Config{Model: name})
 	if r.cfg.PredictedTTL > 0 {
 		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.PredictedTTL})
+		ms.predCh = make(chan predRecord, predQueue)
 	}
 	pol, err := r.cfg.PolicyRegistry.Build(r.cfg.Policy)
 	if err != nil {

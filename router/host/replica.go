@@ -195,6 +195,12 @@ func (r *Replica) Start(ctx context.Context) error {
 	if err := r.startBookingSync(); err != nil {
 		return err
 	}
+	for _, ms := range r.models {
+		if ms.pred != nil {
+			r.bg.Add(1)
+			go r.predLoop(ms)
+		}
+	}
 	if err := r.startMembership(ctx); err != nil {
 		return err
 	}

@@ -241,9 +241,7 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 	}
 
 	ms.fences.put(dec.Fence)
-	if ms.pred != nil {
-		ms.pred.Record(dec.Worker, hashes, t0)
-	}
+	ms.recordPredicted(dec.Worker, hashes, t0)
 	nblocks := len(hashes)
 	resp.V = APIVersion
 	resp.RequestID = req.RequestID

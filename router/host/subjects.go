@@ -66,4 +66,7 @@ const (
 	// HeaderTraceparent is the W3C trace context header, lowercase as W3C
 	// writes it; see HeaderCarrier.
 	HeaderTraceparent = "traceparent"
+	// HeaderReplica names the replica that published a booking sync
+	// message, so replicas drop their own echoes without decoding them.
+	HeaderReplica = "Kvr-Replica"
 )

@@ -1,0 +1,230 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/nats-io/nats.go"
+)
+
+// benchStack is an embedded server, nWorkers registered workers (no
+// engines: the benchmark measures routing, not serving) whose caches are
+// announced through real KV events, and nReplicas replicas.
+func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
+	b.Helper()
+	st := startStack(b, stackOpts{replicas: nReplicas, mutate: func(i int, c *Config) {
+		c.HTTPAddr = ""
+		c.Telemetry = Telemetry{} // no-op providers: measure the router, not the exporter
+		c.MetricsHandler = nil
+		c.Logger = slog.New(slog.DiscardHandler)
+		if os.Getenv("KVR_BENCH_NOPRED") != "" {
+			c.PredictedTTL = -1
+		}
+	}})
+	ctx := context.Background()
+	rc := testRegistry()
+	rc.TTL, rc.Heartbeat = 30*time.Second, 5*time.Second
+	// A few shared prefixes cached on each worker, as events.
+	prefixes := make([][]uint32, 16)
+	for i := range prefixes {
+		prefixes[i] = tokens(1000+i, 1024)
+	}
+	for w := 0; w < nWorkers; w++ {
+		id := fmt.Sprintf("bw-%d", w)
+		reg, err := workers.Register(ctx, st.js, rc, workers.Info{ID: id, Model: testModel, Endpoint: "kvr.worker.m." + id + ".generate",
+			Ranks: []uint32{0}, BlockSize: 16, KVBlocks: 1 << 20, MaxBatchedTokens: 1 << 20, MaxSeqs: 1 << 16, Epoch: uint64(w + 1), State: workers.StateReady})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(reg.Stop)
+		pub, err := kvevents.NewPublisher(st.js, kvevents.PublisherConfig{Model: testModel, Worker: id, Epoch: uint64(w + 1)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range prefixes[w%len(prefixes):][:2] {
+			h := kvevents.SeqHashes(nil, p, 16, kvevents.HashSeed)
+			ev := kvevents.Event{Kind: kvevents.KindStored}
+			for j, x := range h {
+				ev.Blocks = append(ev.Blocks, kvevents.StoredBlock{Engine: kvevents.EngineHash(uint64(w)<<32 | uint64(j) | uint64(len(ev.Blocks))<<48), Seq: x})
+			}
+			if err := pub.Emit(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := pub.Close(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st.waitWorkers(nWorkers)
+	eventually(b, 10*time.Second, func() bool {
+		for _, r := range st.replicas {
+			if r.models[testModel].index.Stats().Entries < int64(nWorkers*64) {
+				return false
+			}
+		}
+		return true
+	}, func() string { return "events not indexed" })
+	return st, prefixes
+}
+
+// benchRequests builds session-less 2,048-token requests: half share a
+// cached 1,024-token prefix, half are fresh.
+func benchRequests(prefixes [][]uint32, n int) [][]byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	out := make([][]byte, n)
+	for i := range out {
+		toks := make([]uint32, 0, 2048)
+		if i%2 == 0 {
+			toks = append(toks, prefixes[r.IntN(len(prefixes))]...)
+		}
+		for len(toks) < 2048 {
+			toks = append(toks, uint32(r.IntN(100_000)))
+		}
+		out[i] = AppendRouteRequest(nil, &RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128})
+	}
+	return out
+}
+
+// routeOnce sends one route request and frees the booking with a
+// fire-and-forget publish (no reply), as a client that does not wait for
+// the acknowledgement would. It returns the client-to-client latency.
+func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *RouteResponse, lc []byte) time.Duration {
+	t0 := time.Now()
+	reply, err := nc.Request(subject, body, 5*time.Second)
+	d := time.Since(t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if e := DecodeError(reply.Data); e != nil && reply.Header.Get(HeaderStatus) != "" {
+		b.Fatal(e)
+	}
+	if err := decodeRouteResponseIDs(reply.Data, resp); err != nil {
+		b.Fatal(err)
+	}
+	lc = append(lc[:0], `{"request_id":"`...)
+	lc = append(lc, resp.RequestID...)
+	lc = append(lc, `","model":"m"}`...)
+	if err := nc.Publish(ReplicaSubject("", resp.Replica, OpFree), lc); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// decodeRouteResponseIDs pulls request_id and replica out of a reply
+// without encoding/json, so the client's own decoding cost does not weigh
+// on the 2-core measurement.
+func decodeRouteResponseIDs(data []byte, resp *RouteResponse) error {
+	get := func(key string) string {
+		k := `"` + key + `":"`
+		for i := 0; i+len(k) < len(data); i++ {
+			if string(data[i:i+len(k)]) == k {
+				j := i + len(k)
+				for e := j; e < len(data); e++ {
+					if data[e] == '"' {
+						return string(data[j:e])
+					}
+				}
+			}
+		}
+		return ""
+	}
+	resp.RequestID, resp.Replica = get("request_id"), get("replica")
+	if resp.RequestID == "" || resp.Replica == "" {
+		return fmt.Errorf("reply without request_id/replica: %.200s", data)
+	}
+	return nil
+}
+
+// BenchmarkRouteNATS measures routing through the NATS API: session-less
+// 2,048-token requests (token ids in JSON) on an embedded server with 8
+// workers. Throughput with concurrent clients (routes/s) and the latency
+// of a single client (p50/p99 client to client).
+func BenchmarkRouteNATS(b *testing.B) {
+	for _, nrep := range []int{1, 2} {
+		b.Run(fmt.Sprintf("replicas=%d/throughput", nrep), func(b *testing.B) {
+			st, prefixes := benchStack(b, 8, nrep)
+			reqs := benchRequests(prefixes, 512)
+			subject := RouteSubject("", testModel)
+			conns := make([]*nats.Conn, 4)
+			for i := range conns {
+				conns[i] = natstest.Connect(b, st.srv)
+			}
+			var next atomic.Int64
+			b.SetParallelism(16) // 16 x GOMAXPROCS in-flight requests
+			b.ResetTimer()
+			t0 := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				i := next.Add(1)
+				nc := conns[int(i)%len(conns)]
+				var resp RouteResponse
+				var lc []byte
+				for pb.Next() {
+					routeOnce(b, nc, subject, reqs[int(next.Add(1))%len(reqs)], &resp, lc)
+				}
+			})
+			el := time.Since(t0)
+			b.ReportMetric(float64(b.N)/el.Seconds(), "routes/s")
+		})
+		b.Run(fmt.Sprintf("replicas=%d/latency", nrep), func(b *testing.B) {
+			st, prefixes := benchStack(b, 8, nrep)
+			reqs := benchRequests(prefixes, 512)
+			subject := RouteSubject("", testModel)
+			nc := natstest.Connect(b, st.srv)
+			var resp RouteResponse
+			var lc []byte
+			for i := 0; i < 200; i++ { // warm up
+				routeOnce(b, nc, subject, reqs[i%len(reqs)], &resp, lc)
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				lat = append(lat, routeOnce(b, nc, subject, reqs[i%len(reqs)], &resp, lc))
+			}
+			b.StopTimer()
+			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
+			b.ReportMetric(q(0.5), "p50-µs")
+			b.ReportMetric(q(0.99), "p99-µs")
+		})
+	}
+}
+
+// BenchmarkRouteInProcess is Replica.Route without NATS: decode excluded,
+// hashing, lookup, scheduling and booking included (the replica's own cost
+// per route).
+func BenchmarkRouteInProcess(b *testing.B) {
+	st, prefixes := benchStack(b, 8, 1)
+	r := st.replicas[0]
+	ms := r.models[testModel]
+	bodies := benchRequests(prefixes, 64)
+	reqs := make([]RouteRequest, len(bodies))
+	for i := range bodies {
+		if err := DecodeRouteRequest(bodies[i], &reqs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := reqs[i%len(reqs)]
+		req.RequestID = ""
+		var resp RouteResponse
+		if err := r.Route(ctx, &req, &resp); err != nil {
+			b.Fatal(err)
+		}
+		fe, _ := ms.fences.get(resp.RequestID)
+		_ = ms.sched.Free(fe)
+		ms.fences.del(fe)
+	}
+}

@@ -1,0 +1,57 @@
+package host
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// Recording a decision in the predicted index costs a map insert and a
+// heap push per prompt block (tens of microseconds for 2,048 tokens), so it
+// runs off the request path on one goroutine per model. When that
+// goroutine falls behind by predQueue decisions, the request records
+// inline instead: the predicted index is what keeps a burst of siblings
+// together, so it must not drop decisions.
+
+const predQueue = 4096
+
+type predRecord struct {
+	key    kvevents.WorkerKey
+	hashes *[]kvevents.SeqHash
+	at     time.Time
+}
+
+var hashPool = sync.Pool{New: func() any { s := make([]kvevents.SeqHash, 0, 256); return &s }}
+
+// recordPredicted queues (or, when the queue is full, applies) one routing
+// decision in the model's predicted index.
+func (ms *modelState) recordPredicted(k kvevents.WorkerKey, hashes []kvevents.SeqHash, at time.Time) {
+	if ms.pred == nil || len(hashes) == 0 {
+		return
+	}
+	hp := hashPool.Get().(*[]kvevents.SeqHash)
+	*hp = append((*hp)[:0], hashes...)
+	select {
+	case ms.predCh <- predRecord{key: k, hashes: hp, at: at}:
+	default:
+		ms.pred.Record(k, *hp, at)
+		hashPool.Put(hp)
+	}
+}
+
+// predLoop applies queued decisions until the replica stops.
+func (r *Replica) predLoop(ms *modelState) {
+	defer r.bg.Done()
+	for {
+		select {
+		case rec := <-ms.predCh:
+			ms.pred.Record(rec.key, *rec.hashes, rec.at)
+			if cap(*rec.hashes) <= 1<<16 {
+				hashPool.Put(rec.hashes)
+			}
+		case <-r.stop:
+			return
+		}
+	}
+}
