@@ -30,7 +30,7 @@ type modelState struct {
 	// booked, so lifecycle calls need only the request id.
 	fences fenceMap
 
-	predCh   chan predRecord               // decisions waiting to be recorded in pred
+	predCh   chan predRecord             // decisions waiting to be recorded in pred
 	bookings chan scheduler.BookingEvent // local booking changes to publish
 	dropped  atomic.Uint64               // booking changes dropped (buffer full)
 }
