@@ -33,7 +33,7 @@ type worker struct {
 
 // fleet is the per-(worker, rank) state, struct-of-arrays indexed by slot,
 // so that a selection over thousands of workers walks dense arrays.
-// Effective load = local + remote bookings + correction from load reports;
+// Effective load = local + max(0, remote bookings + correction from load reports);
 // the effective arrays are what selection reads.
 type fleet struct {
 	key        []kvevents.WorkerKey
@@ -325,9 +325,12 @@ func (f *fleet) compareSlots(a, b int32) int {
 func (f *fleet) refresh(s int32, th *Thresholds) {
 	wasFree := f.flags[s]&freeMask == fLive|fAvail
 	wasElig := f.flags[s]&eligibleMask == eligibleWant
-	f.prefill[s] = f.lPrefill[s] + f.rPrefill[s] + f.xPrefill[s]
-	f.decode[s] = f.lDecode[s] + f.rDecode[s] + f.xDecode[s]
-	f.active[s] = f.lActive[s] + f.rActive[s] + f.xActive[s]
+	// Local bookings count in full; remote bookings plus the report's
+	// correction never below zero (a correction that cancelled remote
+	// bookings must not go negative once they are freed).
+	f.prefill[s] = f.lPrefill[s] + max(0, f.rPrefill[s]+f.xPrefill[s])
+	f.decode[s] = f.lDecode[s] + max(0, f.rDecode[s]+f.xDecode[s])
+	f.active[s] = f.lActive[s] + max(0, f.rActive[s]+f.xActive[s])
 	f.prefillF[s], f.decodeF[s] = float64(f.prefill[s]), float64(f.decode[s])
 	fl := f.flags[s] &^ (fOverloaded | fBusy)
 	if fl&fLive != 0 {
