@@ -282,7 +282,9 @@ func (c *core) dropRemote(k remoteKey, rb *remoteBooking) {
 // until the next report (or LoadReportTTL), and floored at −remote so that
 // it can cancel remote bookings the worker does not see (a replica that
 // died, a lost free) but never this replica's own bookings, which may be
-// newer than the report.
+// newer than the report. fleet.refresh applies it as local + max(0,
+// remote + x), so it cannot push a load below zero once those remote
+// bookings are gone.
 func (c *core) observeLoad(rep LoadReport) {
 	fl := c.fl
 	s := fl.lookup(rep.Key.Worker, rep.Key.Rank)
