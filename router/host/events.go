@@ -31,6 +31,7 @@ func (s *sink) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 		return
 	}
 	ms.index.ApplyBatch(streamSeq, b)
+	s.r.m.eventBatches.Add(context.Background(), 1)
 	s.applied.Add(1)
 	s.lastSeq.Store(streamSeq)
 	s.lastTime.Store(time.Now().UnixNano())

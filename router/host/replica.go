@@ -330,7 +330,10 @@ func (r *Replica) close(ctx context.Context) error {
 		}
 	}
 	if !r.nc.IsClosed() {
-		if err := r.nc.FlushWithContext(ctx); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second) // FlushWithContext needs a deadline
+		err := r.nc.FlushWithContext(fctx)
+		cancel()
+		if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			errs = append(errs, fmt.Errorf("flush: %w", err))
 		}
 	}
