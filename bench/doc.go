@@ -8,13 +8,19 @@
 //   - metrics: per-request records aggregated into per-policy summaries
 //     (bench/metrics);
 //   - report: terminal table, Markdown, JSON and PNG charts (bench/report);
-//   - replay: the driver, its Router and Fleet interfaces and the comparison
-//     policies that are not the router's own (the oracle) (bench/replay);
+//   - replay: the driver, its Router, Generator and CacheProbe interfaces,
+//     the policy catalog and the client-side oracle (bench/replay);
+//   - stack: the real stack a replay runs against, in one process: embedded
+//     NATS, simulated workers, router replicas, an exact cache mirror for
+//     the oracle (bench/stack);
+//   - progress: the stderr progress bar (bench/progress);
 //   - micro: running every Go microbenchmark and writing docs/benchmarks.md
 //     next to the targets of the issues (bench/micro).
 //
 // It does not own the router, the scheduler, the index, the simulated engine
 // or the NATS APIs: it only calls them, as a client would.
 //
-// Start reading at replay.Run (one comparison run) and workload.Request.
+// Start reading at replay.Run (one comparison run), stack.New and
+// workload.Request. The CLI is cmd/kvrouter/bench.go (kvrouter bench replay,
+// kvrouter bench micro).
 package bench

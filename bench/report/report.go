@@ -228,14 +228,14 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 		fmt.Fprintf(&b, "| unloaded TTFT | p50 %s ms, p99 %s ms (one request at a time) |\n", num(r.Unloaded.P50), num(r.Unloaded.P99))
 	}
 	b.WriteString("\n## Results\n\n")
-	b.WriteString("| policy | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| policy | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 | queued p99 |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f µs | %.0f µs |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f µs | %.0f µs | %s ms |\n",
 			p.Policy, p.Done, p.Rejected+p.Failed, 100*p.HitRatio, 100*p.OfUpperBound,
 			num(p.TTFT.P50), num(p.TTFT.P90), num(p.TTFT.P99), num(p.ITL.P50), num(p.E2E.P50), num(p.E2E.P99),
 			p.RequestsPerSec, p.OutputTokPerSec, p.RequestSpread.MaxOverMean, p.RequestSpread.CV, p.PrefillSpread.MaxOverMean,
-			moved(p), 1000*p.Route.P50, 1000*p.Route.P99)
+			moved(p), 1000*p.Route.P50, 1000*p.Route.P99, num(p.Queue.P99))
 	}
 	if len(r.Checks) > 0 {
 		b.WriteString("\n## Targets\n\n| target | want | got | |\n|---|---|---|---|\n")
@@ -259,6 +259,7 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 			fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
 		}
 	}
+	b.WriteString("\nRoute and queued are wall-clock times of the routing call and of its wait in the router's queue.\n")
 	b.WriteString("\nHit ratio = prompt blocks the engine found cached / prompt blocks (full blocks of the served requests), " +
 		"as reported by the simulated engines. The upper bound is the same ratio for one infinite cache shared by the whole fleet.\n")
 	if _, err := io.WriteString(w, b.String()); err != nil {
