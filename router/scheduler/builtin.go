@@ -428,12 +428,14 @@ type (
 	KVUsageScorer struct{}
 )
 
+// Score implements Scorer.
 func (ActiveRequestsScorer) Score(_ *Context, c *Candidates, cost []float64) {
 	for i := range c.slots {
 		cost[i] = float64(c.ActiveRequests(i))
 	}
 }
 
+// Score implements Scorer.
 func (PrefillTokensScorer) Score(x *Context, c *Candidates, cost []float64) {
 	inv := x.invBlockSize()
 	for i := range c.slots {
@@ -442,18 +444,21 @@ func (PrefillTokensScorer) Score(x *Context, c *Candidates, cost []float64) {
 	}
 }
 
+// Score implements Scorer.
 func (DecodeBlocksScorer) Score(_ *Context, c *Candidates, cost []float64) {
 	for i := range c.slots {
 		cost[i] = float64(c.PotentialDecodeBlocks(i))
 	}
 }
 
+// Score implements Scorer.
 func (OverlapScorer) Score(_ *Context, c *Candidates, cost []float64) {
 	for i := range c.slots {
 		cost[i] = -float64(c.OverlapBlocks(i))
 	}
 }
 
+// Score implements Scorer.
 func (KVUsageScorer) Score(_ *Context, c *Candidates, cost []float64) {
 	for i := range c.slots {
 		if kv := c.KVBlocks(i); kv > 0 {
@@ -520,8 +525,10 @@ func (p softAffinity) Select(x *Context, c *Candidates) (int, error) {
 // counter (pure: the counter is in the context).
 type RoundRobin struct{}
 
+// Name implements Policy.
 func (RoundRobin) Name() string { return "round-robin" }
 
+// Select implements Policy.
 func (RoundRobin) Select(x *Context, c *Candidates) (int, error) {
 	if c.Len() == 0 {
 		return 0, ErrNoCandidate
@@ -532,8 +539,10 @@ func (RoundRobin) Select(x *Context, c *Candidates) (int, error) {
 // Random picks uniformly.
 type Random struct{}
 
+// Name implements Policy.
 func (Random) Name() string { return "random" }
 
+// Select implements Policy.
 func (Random) Select(x *Context, c *Candidates) (int, error) {
 	if c.Len() == 0 {
 		return 0, ErrNoCandidate
@@ -587,8 +596,10 @@ func leastLoaded(x *Context, c *Candidates, in func(i int) bool) int {
 // least booked prefill), ties at random.
 type LeastLoaded struct{}
 
+// Name implements Policy.
 func (LeastLoaded) Name() string { return "least-loaded" }
 
+// Select implements Policy.
 func (LeastLoaded) Select(x *Context, c *Candidates) (int, error) {
 	if c.Len() == 0 {
 		return 0, ErrNoCandidate
@@ -599,8 +610,10 @@ func (LeastLoaded) Select(x *Context, c *Candidates) (int, error) {
 // PowerOfTwo samples two distinct candidates and keeps the lighter.
 type PowerOfTwo struct{}
 
+// Name implements Policy.
 func (PowerOfTwo) Name() string { return "power-of-two" }
 
+// Select implements Policy.
 func (PowerOfTwo) Select(x *Context, c *Candidates) (int, error) {
 	n := c.Len()
 	switch n {
@@ -637,8 +650,10 @@ type TwoTier struct {
 // NewTwoTier returns the policy with SGLang's library defaults 0.5, 32, 1.1.
 func NewTwoTier() *TwoTier { return &TwoTier{CacheThreshold: 0.5, BalanceAbs: 32, BalanceRel: 1.1} }
 
+// Name implements Policy.
 func (*TwoTier) Name() string { return "two-tier" }
 
+// Select implements Policy.
 func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
 	n := c.Len()
 	if n == 0 {

@@ -61,6 +61,7 @@ const (
 	WSPT              // shortest uncached work first (ties: first come)
 )
 
+// String returns fcfs or wspt.
 func (o Order) String() string {
 	if o == WSPT {
 		return "wspt"
@@ -68,9 +69,10 @@ func (o Order) String() string {
 	return "fcfs"
 }
 
-// MarshalText / UnmarshalText make Order readable in YAML and JSON.
+// MarshalText makes Order readable in YAML and JSON.
 func (o Order) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
 
+// UnmarshalText parses fcfs or wspt (empty = fcfs).
 func (o *Order) UnmarshalText(b []byte) error {
 	switch string(b) {
 	case "", "fcfs":

@@ -51,6 +51,7 @@ const (
 	Hard
 )
 
+// String returns soft or hard.
 func (s Strength) String() string {
 	switch s {
 	case Soft:
@@ -106,6 +107,7 @@ type Fence struct {
 	Attempt   uint64
 }
 
+// String renders request@worker/rank#attempt.
 func (f Fence) String() string {
 	return fmt.Sprintf("%s@%s#%d", f.RequestID, f.Worker, f.Attempt)
 }
@@ -158,6 +160,7 @@ const (
 
 var bookingKindNames = [...]string{"", "add", "prefill_done", "free"}
 
+// String returns add, prefill_done or free.
 func (k BookingKind) String() string {
 	if int(k) > 0 && int(k) < len(bookingKindNames) {
 		return bookingKindNames[k]
