@@ -291,7 +291,16 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 }
 
 // sampleSoftmax draws a row from costs whose included values (non-NaN, m
-// of them) span [lo, hi]. It overwrites cost with the weights.
+// of them) span [lo, hi], with p ∝ exp(−(c−lo)/((hi−lo)·T)). It may
+// overwrite cost with the weights.
+//
+// It first tries rejection sampling: propose a row uniformly and accept it
+// with probability equal to its weight (at most 1: the cheapest row has
+// weight 1). An accepted proposal is an exact draw, and the expected number
+// of proposals is n/Σweights — a handful unless the temperature is tiny —
+// so most selections skip the pass that exponentiates every row. After
+// rejectionTrials refusals it falls back to the exact linear pass; a draw
+// from the target either way is a draw from the target.
 func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64) int {
 	if hi <= lo { // one row or all equal: uniform over the included rows
 		k := x.rng.intn(m)
@@ -306,6 +315,20 @@ func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64)
 		return 0
 	}
 	scale := -1 / ((hi - lo) * t)
+	trials := rejectionTrials
+	if len(cost) <= 8 {
+		trials = 0 // a few rows: the linear pass is as cheap as the proposals
+	}
+	for range trials {
+		i := x.rng.intn(len(cost))
+		v := cost[i]
+		if v != v {
+			continue // excluded row: weight 0
+		}
+		if x.rng.float64() < expNeg((v-lo)*scale) {
+			return i
+		}
+	}
 	if m == len(cost) { // every row included: no NaN or zero-weight checks
 		sum := 0.0
 		for i, v := range cost {
@@ -345,6 +368,9 @@ func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64)
 	}
 	return last // rounding: u landed on the total
 }
+
+// rejectionTrials bounds the rejection attempts before the linear pass.
+const rejectionTrials = 16
 
 // expNeg is e^x for x <= 0, to a relative error below 2e-7 (plenty for
 // sampling weights) and several times faster than math.Exp: x·log2(e) is

@@ -472,3 +472,78 @@ func TestExpNeg(t *testing.T) {
 		t.Fatal(expNeg(0))
 	}
 }
+
+// The sampler's empirical distribution matches the exact softmax, for a
+// high temperature (rejection path), a tiny one (linear fallback) and with
+// excluded rows (Soft target), within a chi-square bound.
+func TestSoftmaxDistributionExact(t *testing.T) {
+	small := []float64{3, 7, 7.5, 12, 3.2, 20, 9, 4}                      // linear pass only
+	large := []float64{3, 7, 7.5, 12, 3.2, 20, 9, 4, 5, 15, 6.5, 3.1, 11} // rejection first
+	pick := []bool{false, true, true, false, false, true, false, true, true, false, false, true, false}
+	for _, tc := range []struct {
+		costs []float64
+		temp  float64
+		only  []bool
+	}{
+		{small, 0.7, nil}, {small, 0.05, nil}, {small, 0.7, pick[:8]},
+		{large, 0.7, nil}, {large, 5, nil}, {large, 0.05, nil}, {large, 0.7, pick}, {large, 0.02, pick},
+	} {
+		costs := tc.costs
+		t.Run(fmt.Sprint(len(costs), tc.temp, tc.only != nil), func(t *testing.T) {
+			lo, hi := math.Inf(1), math.Inf(-1)
+			for i, v := range costs {
+				if tc.only != nil && !tc.only[i] {
+					continue
+				}
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+			}
+			want := make([]float64, len(costs))
+			sum := 0.0
+			for i, v := range costs {
+				if tc.only != nil && !tc.only[i] {
+					continue
+				}
+				want[i] = math.Exp(-(v - lo) / ((hi - lo) * tc.temp))
+				sum += want[i]
+			}
+			x := &Context{rng: newRNG(11)}
+			const draws = 200000
+			got := make([]float64, len(costs))
+			buf := make([]float64, len(costs))
+			m := 0
+			for i := range costs {
+				if tc.only == nil || tc.only[i] {
+					m++
+				}
+			}
+			for range draws {
+				for i, v := range costs {
+					buf[i] = v
+					if tc.only != nil && !tc.only[i] {
+						buf[i] = math.NaN()
+					}
+				}
+				got[sampleSoftmax(x, buf, lo, hi, m, tc.temp)]++
+			}
+			chi2, dof := 0.0, -1
+			for i := range costs {
+				e := want[i] / sum * draws
+				if e == 0 {
+					if got[i] != 0 {
+						t.Fatalf("row %d has weight 0 but was drawn %v times", i, got[i])
+					}
+					continue
+				}
+				if e < 5 {
+					continue
+				}
+				chi2 += (got[i] - e) * (got[i] - e) / e
+				dof++
+			}
+			// p = 0.001 critical values for up to 12 degrees of freedom are < 33
+			if chi2 > 33 {
+				t.Fatalf("chi2 %.1f (dof %d): got %v want %v", chi2, dof, got, want)
+			}
+		})
+	}
+}
