@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// syncBuf is a goroutine-safe output buffer.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Every subcommand's --help explains every flag, with its variable and
+// default, and the flags the issue names are there.
+func TestHelpListsEveryFlag(t *testing.T) {
+	want := map[string][]string{
+		"serve": {"nats-url", "nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-tls-ca", "embedded-nats", "data-dir",
+			"models", "http-addr", "queue-group", "policy", "policy-file", "session-mode", "snapshot-interval", "log-level", "trace-file"},
+		"worker": {"sim", "count", "model", "kv-blocks", "block-size", "speedup", "nats-url", "embedded-nats"},
+		"demo":   {"trace", "workers", "replicas", "speedup", "policies", "session-mode"},
+	}
+	for cmd, names := range want {
+		t.Run(cmd, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := run(context.Background(), []string{cmd, "--help"}, &out, &errOut); code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut.String())
+			}
+			lines := strings.Split(out.String(), "\n")
+			listed := map[string]bool{}
+			for i, line := range lines {
+				f := strings.Fields(line)
+				if len(f) < 2 || !strings.HasPrefix(line, "  --") {
+					continue
+				}
+				name := f[0][2:]
+				if f[len(f)-1] != envName(name) {
+					t.Errorf("--%s: no variable on its line: %q", name, line)
+				}
+				// the explanation and the default follow
+				if i+3 >= len(lines) || strings.TrimSpace(lines[i+1]) == "" || !strings.Contains(lines[i+2]+lines[i+3], "(default ") {
+					t.Errorf("--%s: no explanation or default", name)
+				}
+				listed[name] = true
+			}
+			for _, n := range names {
+				if !listed[n] {
+					t.Errorf("help of %s lacks --%s", cmd, n)
+				}
+			}
+		})
+	}
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"help"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "serve") {
+		t.Fatalf("kvrouter help: %d %q", code, out.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"nope"},
+		{},
+		{"serve", "--no-such-flag"},
+		{"serve", "--session-mode", "sticky"},
+		{"serve", "--log-level", "loud"},
+		{"worker"}, // --sim is required
+		{"worker", "--sim", "--count", "0"},
+		{"demo", "--session-mode", "x"},
+		{"demo", "stray-argument"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), args, &out, &errOut); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, code, errOut.String())
+		}
+	}
+}
+
+func TestEnvironmentSetsFlags(t *testing.T) {
+	c := newFlags("t", "about")
+	c.SetOutput(io.Discard)
+	url := c.str("nats-url", "default", "u")
+	n := c.integer("count", 1, "n")
+	t.Setenv("KVR_NATS_URL", "nats://from-env:4222")
+	t.Setenv("KVR_COUNT", "7")
+	if err := c.parse([]string{"--count", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if *url != "nats://from-env:4222" || *n != 3 {
+		t.Fatalf("url %q count %d: want the variable for nats-url and the flag for count", *url, *n)
+	}
+	c2 := newFlags("t", "about")
+	c2.SetOutput(io.Discard)
+	c2.integer("count", 1, "n")
+	t.Setenv("KVR_COUNT", "seven")
+	if err := c2.parse(nil); err == nil || !strings.Contains(err.Error(), "KVR_COUNT") {
+		t.Fatalf("bad variable: %v", err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// serve with an embedded NATS server and worker --sim in another "process"
+// connected to it: route over HTTP, then stop both with their contexts.
+func TestServeAndWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server, a replica and workers")
+	}
+	natsPort, httpPort := freePort(t), freePort(t)
+	sctx, stopServe := context.WithCancel(context.Background())
+	wctx, stopWorker := context.WithCancel(context.Background())
+	var serveOut, serveErr, workerOut, workerErr syncBuf
+	serveDone, workerDone := make(chan int, 1), make(chan int, 1)
+	go func() {
+		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
+	}()
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitHTTP(t, base+"/readyz", 200, 20*time.Second)
+	go func() {
+		workerDone <- run(wctx, []string{"worker", "--sim", "--count", "2", "--model", "llama", "--speedup", "20",
+			"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--log-level", "warn"}, &workerOut, &workerErr)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(base + "/v1/workers")
+		if err == nil {
+			var w struct{ Workers []json.RawMessage }
+			_ = json.NewDecoder(resp.Body).Decode(&w)
+			resp.Body.Close()
+			if len(w.Workers) == 2 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workers never registered; worker stderr: %s", workerErr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Post(base+"/v1/route", "application/json", strings.NewReader(`{"model":"llama","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"session_id":"s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"endpoint":"kvr.worker.llama.sim-`) {
+		t.Fatalf("route: %d %s", resp.StatusCode, body)
+	}
+	stopWorker()
+	if code := <-workerDone; code != 0 {
+		t.Fatalf("worker exit %d: %s", code, workerErr.String())
+	}
+	stopServe()
+	if code := <-serveDone; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	}
+	if !strings.Contains(serveOut.String(), "ready") || !strings.Contains(workerOut.String(), "simulated workers") {
+		t.Fatalf("banners: %q %q", serveOut.String(), workerOut.String())
+	}
+}
+
+func waitHTTP(t *testing.T, url string, status int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == status {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered %d (last err %v)", url, status, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A tiny demo run: the comparison table comes out with both policies.
+func TestDemoSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo workload twice")
+	}
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"demo", "--quiet", "--scale", "0.1", "--speedup", "20", "--workers", "2"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("demo exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"kvrouter (sessions: hard)", "round-robin (sessions: none)", "prefix-cache hit ratio", "TTFT p99", "sessions on one worker"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
