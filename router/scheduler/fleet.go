@@ -75,7 +75,6 @@ type fleet struct {
 	freeWIDs  []int32
 	byName    map[string]int32
 	nonBusy   int            // live, available, not busy slots
-	gen       uint32         // bumped on membership change
 	cache     []resolveEntry // open addressing, keyed by the name's address and the rank
 	cacheMask uint64
 	cacheUsed int
@@ -144,6 +143,9 @@ func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 		}
 		if e.p == nil {
 			s := f.lookup(k.Worker, k.Rank)
+			if s < 0 {
+				return s // misses are not cached: a later join must not find a stale one
+			}
 			if 2*(f.cacheUsed+1) > len(f.cache) {
 				f.resizeCache(len(f.order)) // full of old addresses: start over
 				return s
@@ -273,7 +275,7 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 	if added {
 		i, _ := slices.BinarySearchFunc(f.order, s, f.compareSlots)
 		f.order = slices.Insert(f.order, i, s)
-		f.membershipChanged()
+		f.membershipChanged(false)
 	}
 	f.flags[s] |= fBusy // not counted as free until refresh says so
 	f.refresh(s, th)
@@ -299,17 +301,21 @@ func (f *fleet) remove(name string, freed []int32) []int32 {
 	f.workers[w] = worker{}
 	f.freeWIDs = append(f.freeWIDs, w)
 	f.order = slices.DeleteFunc(f.order, func(s int32) bool { return f.flags[s]&fLive == 0 })
-	f.membershipChanged()
+	f.membershipChanged(true)
 	return freed
 }
 
-// membershipChanged invalidates every cached key resolution (a slot may
-// now name another worker) and sizes the cache to the fleet.
-func (f *fleet) membershipChanged() {
+// membershipChanged keeps the key caches right: a departure may leave
+// entries naming a slot that is now free or reused, so it empties them; a
+// join cannot invalidate anything (misses are never cached), it only grows
+// the table when the fleet outgrows it. Positional hints are dropped either
+// way (they may hold misses).
+func (f *fleet) membershipChanged(departed bool) {
 	f.eligDirty = true
 	f.hints = f.hints[:0]
-	f.gen++
-	f.resizeCache(len(f.order))
+	if departed || 4*len(f.order) > len(f.cache) {
+		f.resizeCache(len(f.order))
+	}
 }
 
 // compareSlots orders slots by (worker, rank): the candidate order.

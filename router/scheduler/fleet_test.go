@@ -52,6 +52,25 @@ func TestKeyResolution(t *testing.T) {
 	if got := f.slotOf(wk(a, 0)); got != -1 {
 		t.Fatalf("departed worker resolved to the reused slot %d", got)
 	}
+	// A miss is not remembered: the worker can join afterwards.
+	late := "late"
+	if got := f.slotOf(wk(late, 0)); got != -1 {
+		t.Fatal(got)
+	}
+	sl, _ := f.upsert(WorkerInfo{Key: wk("late", 0), Available: true}, th)
+	if got := f.slotOf(wk(late, 0)); got != sl {
+		t.Fatalf("joined worker resolved to %d, want %d", got, sl)
+	}
+	// Joins grow the table without emptying it (no quadratic start-up).
+	for i := range 3000 {
+		f.upsert(WorkerInfo{Key: wk(fmt.Sprint("j", i), 0), Available: true}, th)
+	}
+	if len(f.cache) < 4*3000 {
+		t.Fatalf("cache not grown: %d", len(f.cache))
+	}
+	if got := f.slotOf(wk(late, 0)); got != sl {
+		t.Fatal(got)
+	}
 }
 
 // Positional hints: the same overlaps in another order, or with other
