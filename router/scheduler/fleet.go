@@ -88,7 +88,7 @@ type fleet struct {
 // and length mean the same name. Hints are dropped on membership changes.
 type resolveHint struct {
 	p    *byte
-	lr   uint64 // len(name)<<32 | rank
+	lr   uint32 // len(name)<<16 | rank (longer names or higher ranks get no hint)
 	slot int32
 }
 
@@ -158,27 +158,18 @@ func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 	}
 }
 
-// slotAt resolves the i-th overlap key of a request: the positional hint
-// first (a sequential scan, no hashing), then slotOf. Small enough to inline.
-func (f *fleet) slotAt(i int, k kvevents.WorkerKey) int32 {
-	if uint(i) < uint(len(f.hints)) {
-		h := &f.hints[i]
-		if h.p == unsafe.StringData(k.Worker) && h.lr == uint64(len(k.Worker))<<32|uint64(k.Rank) {
-			return h.slot
-		}
-	}
-	return f.slotAtSlow(i, k)
-}
-
+// slotAtSlow resolves the i-th overlap key of a request when its
+// positional hint (checked inline in prepare) does not match, and records
+// the hint for next time.
 func (f *fleet) slotAtSlow(i int, k kvevents.WorkerKey) int32 {
 	s := f.slotOf(k)
-	if i >= 1<<20 {
+	if i >= 1<<20 || len(k.Worker) >= 1<<16 || k.Rank >= 1<<16 {
 		return s
 	}
 	for len(f.hints) <= i {
-		f.hints = append(f.hints, resolveHint{lr: ^uint64(0)}) // matches nothing
+		f.hints = append(f.hints, resolveHint{lr: ^uint32(0)}) // matches nothing
 	}
-	f.hints[i] = resolveHint{p: unsafe.StringData(k.Worker), lr: uint64(len(k.Worker))<<32 | uint64(k.Rank), slot: s}
+	f.hints[i] = resolveHint{p: unsafe.StringData(k.Worker), lr: uint32(len(k.Worker))<<16 | k.Rank, slot: s}
 	return s
 }
 

@@ -219,9 +219,12 @@ func (c *core) prepare(w *waiter) {
 			continue
 		}
 		var s int32
-		// fleet.slotAt, inlined by hand (it is over the inlining budget)
+		// the positional hint, inlined by hand (as a function it is over
+		// the inlining budget); a truncating uint32 cannot match a wrong
+		// hint because hints only exist for lengths and ranks < 2^16 and
+		// the name address is compared too
 		if i < len(hints) && hints[i].p == unsafe.StringData(o.Key.Worker) &&
-			hints[i].lr == uint64(len(o.Key.Worker))<<32|uint64(o.Key.Rank) {
+			hints[i].lr == uint32(len(o.Key.Worker))<<16|o.Key.Rank {
 			s = hints[i].slot
 		} else {
 			s = fl.slotAtSlow(i, o.Key)
