@@ -54,7 +54,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		limit     = c.integer("limit", 600, "with --trace: replay at most this many requests (0 = all)")
 		nworkers  = c.integer("workers", 4, "simulated workers")
 		replicas  = c.integer("replicas", 2, "router replicas in the queue group")
-		speedup   = c.float("speedup", 1.5, "run the workload (and the workers' clocks) this many times faster than real time")
+		speedup   = c.float("speedup", 0, "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)")
 		load      = c.float("load", 1, "multiply the workload's arrival rate")
 		scale     = c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents")
 		kvBlocks  = c.integer("kv-blocks", 0, "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)")
@@ -71,6 +71,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		return usageError{err}
+	}
+	if *speedup < 0 {
+		return usageError{fmt.Errorf("--speedup %g: want > 0", *speedup)}
 	}
 	mode, err := replay.ParseSessionMode(*sessMode)
 	if err != nil {
@@ -91,10 +94,16 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if kv == 0 {
 			kv = 1024
 		}
+		if *speedup == 0 {
+			*speedup = 10
+		}
 	} else {
 		w = demoWorkload(*seed, *scale)
 		if kv == 0 {
 			kv = 2048
+		}
+		if *speedup == 0 {
+			*speedup = 1.5
 		}
 	}
 	if err := w.Validate(); err != nil {
