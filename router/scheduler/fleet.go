@@ -163,7 +163,9 @@ func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 // the hint for next time.
 func (f *fleet) slotAtSlow(i int, k kvevents.WorkerKey) int32 {
 	s := f.slotOf(k)
-	if i >= 1<<20 || len(k.Worker) >= 1<<16 || k.Rank >= 1<<16 {
+	if i >= max(1024, 2*len(f.order)) || len(k.Worker) >= 1<<16 || k.Rank >= 1<<16 {
+		// past any sensible overlap list (one entry per worker): no hint,
+		// so a malformed request cannot grow the hints without bound
 		return s
 	}
 	for len(f.hints) <= i {
