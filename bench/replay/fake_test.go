@@ -57,6 +57,7 @@ func (s *fakeStack) Probe() CacheProbe {
 	return (*fakeProbe)(s)
 }
 func (s *fakeStack) Close(context.Context) error { return nil }
+func (s *fakeStack) Loads() LoadProbe            { return nil }
 
 type fakeProbe fakeStack
 

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -17,13 +18,18 @@ import (
 //	cost = max(0, (prefill_tokens + ISL)/block_size − overlap) + active_blocks + (request_blocks − overlap)
 //
 // It is the upper bound an event-driven router can reach: same cost
-// function, no event lag, no stale index. Its choice reaches the router as
+// function, no event lag, no stale index. The load term comes from the
+// router's own load view when the stack exposes it (LoadProbe: one request
+// to the route API's workers call per decision), so that only the overlap
+// differs from kvrouter's; otherwise from the oracle's bookkeeping. Its choice reaches the router as
 // a Soft preference, which the default policy keeps while the worker is a
 // candidate: admission (waiting in the router when every worker is busy)
 // stays the router's, as for kvrouter. A pin would instead make the request
 // wait for that one worker whenever it is busy.
 type oracle struct {
 	mu      sync.Mutex
+	loads   LoadProbe // the router's load view; nil = own bookkeeping
+	view    map[string]WorkerLoad
 	probe   CacheProbe
 	bs      float64
 	workers []string
@@ -46,8 +52,8 @@ type booking struct {
 	hashes  []kvevents.SeqHash
 }
 
-func newOracle(probe CacheProbe, workers []string, blockSize int, seed uint64) *oracle {
-	o := &oracle{probe: probe, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+func newOracle(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64) *oracle {
+	o := &oracle{probe: probe, loads: loads, view: map[string]WorkerLoad{}, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
 		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
 	for _, w := range workers {
 		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}
@@ -55,9 +61,14 @@ func newOracle(probe CacheProbe, workers []string, blockSize int, seed uint64) *
 	return o
 }
 
-func (o *oracle) pick(p *prepared) *booking {
+func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	useView := false
+	if o.loads != nil {
+		clear(o.view)
+		useView = o.loads.Loads(ctx, o.view) == nil
+	}
 	clear(o.cached)
 	o.probe.CachedPrefix(p.hashes, o.cached)
 	isl := float64(p.req.InputLength)
@@ -72,8 +83,13 @@ func (o *oracle) pick(p *prepared) *booking {
 			k++
 		}
 		ov = max(ov, k)
-		pre := math.Max(0, (float64(l.prefillTokens)+isl)/o.bs-float64(ov))
-		cost := pre + float64(l.blocks) + float64(n-ov)
+		prefill, blocks := l.prefillTokens, l.blocks
+		if useView {
+			v := o.view[w]
+			prefill, blocks = v.PrefillTokens, v.DecodeBlocks
+		}
+		pre := math.Max(0, (float64(prefill)+isl)/o.bs-float64(ov))
+		cost := pre + float64(blocks) + float64(n-ov)
 		switch {
 		case cost < bestCost:
 			best, bestCost, ties, bestOverlap = w, cost, 1, ov

@@ -45,6 +45,8 @@ type Config struct {
 	// MaxBatchedTokens and MaxSeqs of each simulated worker (0 = sim defaults).
 	MaxBatchedTokens int
 	MaxSeqs          int
+	// QueueThreshold: see StackConfig.QueueThreshold.
+	QueueThreshold float64
 	// MaxOutputTokens caps every request's output (0 = as the workload
 	// says). Streaming output dominates the replay's own CPU cost; prefix
 	// reuse and TTFT do not depend on it, decode load does.
@@ -182,6 +184,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	for _, p := range cfg.Policies {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s.", p.Name, p.About))
 	}
+	switch {
+	case cfg.QueueThreshold < 0:
+		rep.Notes = append(rep.Notes, "Router-side queueing was off: every request went to a worker at once and waited there.")
+	case cfg.QueueThreshold > 0:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Router queue threshold %g: a worker counts as busy from %g x its max batched tokens of booked prefill (or that fraction of its KV blocks).", cfg.QueueThreshold, cfg.QueueThreshold))
+	}
 	if cfg.MaxOutputTokens > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Output lengths were capped at %d tokens.", cfg.MaxOutputTokens))
 	}
@@ -199,6 +207,7 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		Policy: pol, Model: cfg.Model, Workers: cfg.Workers, KVBlocks: cfg.KVBlocks, BlockSize: cfg.BlockSize,
 		Replicas: cfg.Replicas, Speedup: cfg.Speedup, SessionMode: cfg.SessionMode, Seed: cfg.Seed, Probe: pol.Oracle,
 		MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, RouteDeadline: cfg.RouteDeadline,
+		QueueThreshold: cfg.QueueThreshold,
 	})
 	if err != nil {
 		return metrics.Summary{}, fmt.Errorf("build stack: %w", err)
@@ -216,7 +225,7 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		if probe == nil {
 			return metrics.Summary{}, fmt.Errorf("%w: the stack has no cache probe for the oracle", ErrConfig)
 		}
-		d.oracle = newOracle(probe, stack.Workers(), cfg.BlockSize, cfg.Seed)
+		d.oracle = newOracle(probe, stack.Loads(), stack.Workers(), cfg.BlockSize, cfg.Seed)
 	}
 	if cfg.Progress != nil {
 		d.bar = progress.New(cfg.Progress, pol.Name, len(reqs), progress.Options{Lines: cfg.ProgressLines})
@@ -286,7 +295,7 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	}
 	var bk *booking
 	if d.oracle != nil {
-		bk = d.oracle.pick(p)
+		bk = d.oracle.pick(ctx, p)
 		rr.Prefer = bk.worker
 		defer d.oracle.free(bk)
 	}

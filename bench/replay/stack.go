@@ -68,6 +68,18 @@ type CacheProbe interface {
 	CachedPrefix(hashes []kvevents.SeqHash, out map[string]int)
 }
 
+// WorkerLoad is a worker's load as a router replica predicts it.
+type WorkerLoad struct {
+	PrefillTokens  int
+	DecodeBlocks   int
+	ActiveRequests int
+}
+
+// LoadProbe reads the router's own load view (the default cost's inputs).
+type LoadProbe interface {
+	Loads(ctx context.Context, out map[string]WorkerLoad) error
+}
+
 // Stack is one fleet with its routers, fresh for one policy.
 type Stack interface {
 	Router() Router
@@ -76,6 +88,9 @@ type Stack interface {
 	Workers() []string
 	// Probe is nil unless StackConfig.Probe was set.
 	Probe() CacheProbe
+	// Loads is the router's load view; nil when the stack has none (the
+	// oracle then uses its own bookkeeping).
+	Loads() LoadProbe
 	Close(ctx context.Context) error
 }
 
@@ -121,4 +136,10 @@ type StackConfig struct {
 	MaxSeqs          int
 	// RouteDeadline bounds a request's wait in a router queue (wall clock).
 	RouteDeadline time.Duration
+	// QueueThreshold is the routers' queue threshold: a worker is busy when
+	// its booked prefill tokens reach this fraction of its max batched
+	// tokens (or its decode blocks this fraction of its KV blocks), and a
+	// request waits in the router when every worker is busy. 0 = the
+	// scheduler's default (1.0); negative = no router-side queueing.
+	QueueThreshold float64
 }

@@ -231,11 +231,11 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 	b.WriteString("| policy | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 | queued p99 |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f µs | %.0f µs | %s ms |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s ms | %s ms | %s ms |\n",
 			p.Policy, p.Done, p.Rejected+p.Failed, 100*p.HitRatio, 100*p.OfUpperBound,
 			num(p.TTFT.P50), num(p.TTFT.P90), num(p.TTFT.P99), num(p.ITL.P50), num(p.E2E.P50), num(p.E2E.P99),
 			p.RequestsPerSec, p.OutputTokPerSec, p.RequestSpread.MaxOverMean, p.RequestSpread.CV, p.PrefillSpread.MaxOverMean,
-			moved(p), 1000*p.Route.P50, 1000*p.Route.P99, num(p.Queue.P99))
+			moved(p), num(p.Route.P50), num(p.Route.P99), num(p.Queue.P99))
 	}
 	if len(r.Checks) > 0 {
 		b.WriteString("\n## Targets\n\n| target | want | got | |\n|---|---|---|---|\n")

@@ -179,7 +179,7 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, Speedup: cfg.Speedup,
 		},
 		NewEmitter: newEmitter,
-		Registry:   registryConfig(),
+		Registry:   registryConfig(s.opt.Logger),
 		// Load reports every second of model time, as a real worker would:
 		// at a speed-up a wall-clock second would leave the routers'
 		// load corrections that many times staler.
@@ -202,8 +202,8 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 // registryConfig is shared by workers and replicas. The TTL is longer than
 // the default 3 s so that a replay saturating both cores cannot starve a
 // heartbeat into a departure: worker liveness is not what is measured here.
-func registryConfig() workers.RegistryConfig {
-	return workers.RegistryConfig{TTL: 10 * time.Second, Heartbeat: time.Second}
+func registryConfig(log *slog.Logger) workers.RegistryConfig {
+	return workers.RegistryConfig{TTL: 10 * time.Second, Heartbeat: time.Second, Logger: log}
 }
 
 func (s *Stack) replicaConfig(i int) host.Config {
@@ -217,7 +217,7 @@ func (s *Stack) replicaConfig(i int) host.Config {
 		Prefix:    s.opt.Prefix,
 		Models:    []string{cfg.Model},
 		BlockSize: cfg.BlockSize,
-		Registry:  registryConfig(),
+		Registry:  registryConfig(s.opt.Logger),
 		Bindings:  bindings.Config{DefaultMode: mode},
 		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy},
 		Logger:    s.opt.Logger,
@@ -227,6 +227,13 @@ func (s *Stack) replicaConfig(i int) host.Config {
 	}
 	if cfg.RouteDeadline > 0 {
 		hc.DefaultDeadline = cfg.RouteDeadline
+	}
+	switch {
+	case cfg.QueueThreshold < 0:
+		hc.Scheduler.Thresholds, hc.Scheduler.ThresholdsSet = scheduler.Thresholds{}, true
+	case cfg.QueueThreshold > 0:
+		hc.Scheduler.Thresholds = scheduler.Thresholds{QueuePrefillFrac: cfg.QueueThreshold, QueueDecodeFrac: cfg.QueueThreshold}
+		hc.Scheduler.ThresholdsSet = true
 	}
 	return hc
 }
@@ -280,6 +287,9 @@ func (s *Stack) Probe() replay.CacheProbe {
 	}
 	return s.mirror
 }
+
+// Loads returns the replicas' load view through the route API.
+func (s *Stack) Loads() replay.LoadProbe { return s.router }
 
 // Mirror is the exact cache copy (nil unless StackConfig.Probe).
 func (s *Stack) Mirror() *Mirror { return s.mirror }
@@ -349,6 +359,25 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 		out.Binding = resp.Binding.Outcome
 	}
 	return out, nil
+}
+
+// Loads asks one replica (the queue group picks it) for its load view.
+func (r *router) Loads(ctx context.Context, out map[string]replay.WorkerLoad) error {
+	resp, err := r.c.Workers(ctx, r.model)
+	if err != nil {
+		return err
+	}
+	for _, w := range resp.Workers {
+		if w.Load == nil {
+			continue
+		}
+		l := out[w.Worker]
+		l.PrefillTokens += w.Load.PrefillTokens
+		l.DecodeBlocks += w.Load.DecodeBlocks
+		l.ActiveRequests += w.Load.ActiveRequests
+		out[w.Worker] = l
+	}
+	return nil
 }
 
 func (r *router) PrefillDone(ctx context.Context, x *replay.Routed) error {
