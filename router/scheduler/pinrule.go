@@ -42,9 +42,10 @@ type pinPlan struct {
 //  4. A classifier's target is Soft: it replaces a Soft target but can
 //     neither replace nor clear a Hard one (it is consulted only if the Hard
 //     target is ineligible).
-//  5. An explicit pinned target is exact, has its own queue lane and waits
-//     in the router while it is busy; a blocked lane never blocks requests
-//     for other workers.
+//  5. An explicit pinned target is exact (its eligible rows are the only
+//     candidates; no classifier is consulted), has its own queue lane and
+//     waits in the router while it is busy; a blocked lane never blocks
+//     requests for other workers.
 //  6. A pin and an affinity requirement that disagree are rejected here,
 //     before selection, with ErrPinConflict. They agree when the pin lies
 //     inside the affinity target (same worker; same rank if the affinity
