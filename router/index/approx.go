@@ -300,31 +300,39 @@ func (a *Approx) Stats() ApproxStats {
 // storeSeqs indexes hashes for k with the sequence hash standing in for
 // the engine hash (the router has no engine ids for its own predictions).
 func (x *Index) storeSeqs(k kvevents.WorkerKey, hashes []kvevents.SeqHash) {
-	w := x.lockWorker(k, true)
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	w := x.worker(k, true)
 	if w == nil {
 		x.ctr.refused.Add(uint64(len(hashes)))
 		return
 	}
 	var c batchCounts
-	for _, h := range hashes {
-		x.storeLocked(w, kvevents.StoredBlock{Engine: kvevents.EngineHash(h), Seq: h}, &c)
+	var blks [touchChunk]kvevents.StoredBlock
+	for len(hashes) > 0 {
+		n := min(len(hashes), touchChunk)
+		for i, h := range hashes[:n] {
+			blks[i] = kvevents.StoredBlock{Engine: kvevents.EngineHash(h), Seq: h}
+		}
+		x.storeChunk(w, blks[:n], &c)
+		hashes = hashes[n:]
 	}
-	w.mu.Unlock()
 	x.flush(&c)
 }
 
 func (x *Index) removeSeqs(k kvevents.WorkerKey, hashes ...kvevents.SeqHash) {
-	w := x.lockWorker(k, false)
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	w := x.worker(k, false)
 	if w == nil {
 		return
 	}
 	var c batchCounts
 	for _, h := range hashes {
 		if s, ok := w.engines.del(uint64(h)); ok {
-			x.dropRef(w, kvevents.SeqHash(s), &c)
+			x.dropRef(w, kvevents.SeqHash(s), mix(s), &c)
 			c.removed++
 		}
 	}
-	w.mu.Unlock()
 	x.flush(&c)
 }

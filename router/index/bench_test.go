@@ -197,14 +197,20 @@ func BenchmarkLookup(b *testing.B) {
 			var out Overlaps
 			f.x.Lookup(ps[0], LookupOptions{}, &out)
 			matched := out.Total
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu0 := threadCPU()
 			for i := 0; i < b.N; i++ {
 				f.x.Lookup(ps[i%len(ps)], LookupOptions{}, &out)
 			}
+			cpu := threadCPU() - cpu0
 			b.StopTimer()
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 			if matched > 0 {
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(matched), "ns/matched-block")
+				b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N)/float64(matched), "cpu-ns/matched-block")
 			}
 		})
 	}

@@ -12,12 +12,13 @@ import (
 // bitmap otherwise, so a block shared by 4 of 10,000 workers costs 16 bytes
 // of members and one shared by all of them 1,250 bytes.
 type bigSet struct {
+	key  uint64 // the block's sequence hash: readers check it (see table.go)
 	n    int
 	list []uint32 // sorted members; nil when bits is used
 	bits []uint64 // bitmap over slots; nil when list is used
 }
 
-const bigSetHeader = 8 + 24 + 24 // n + two slice headers
+const bigSetHeader = 8 + 8 + 24 + 24 // key, n, two slice headers
 
 func (b *bigSet) bytes() int {
 	return bigSetHeader + 4*cap(b.list) + 8*cap(b.bits)
@@ -32,10 +33,10 @@ func wantBitmap(n, words int, isBitmap bool) bool {
 	return n >= 2*words
 }
 
-func newBigSet(members []uint32) *bigSet {
+func newBigSet(key uint64, members []uint32) *bigSet {
 	l := slices.Clone(members)
 	slices.Sort(l)
-	b := &bigSet{n: len(l), list: l}
+	b := &bigSet{key: key, n: len(l), list: l}
 	if w := int(l[len(l)-1]/64) + 1; wantBitmap(len(l), w, false) {
 		return b.toBitmap(w)
 	}
@@ -43,7 +44,7 @@ func newBigSet(members []uint32) *bigSet {
 }
 
 func (b *bigSet) toBitmap(words int) *bigSet {
-	nb := &bigSet{n: b.n, bits: make([]uint64, words)}
+	nb := &bigSet{key: b.key, n: b.n, bits: make([]uint64, words)}
 	for _, s := range b.list {
 		nb.bits[s/64] |= 1 << (s % 64)
 	}
@@ -73,7 +74,7 @@ func (b *bigSet) with(s uint32) *bigSet {
 	if b.bits != nil {
 		w := int(s / 64)
 		nw := max(len(b.bits), w+1)
-		nb := &bigSet{n: b.n + 1, bits: make([]uint64, nw)}
+		nb := &bigSet{key: b.key, n: b.n + 1, bits: make([]uint64, nw)}
 		copy(nb.bits, b.bits)
 		nb.bits[w] |= 1 << (s % 64)
 		return nb
@@ -83,7 +84,7 @@ func (b *bigSet) with(s uint32) *bigSet {
 	copy(l, b.list[:i])
 	l[i] = s
 	copy(l[i+1:], b.list[i:])
-	nb := &bigSet{n: len(l), list: l}
+	nb := &bigSet{key: b.key, n: len(l), list: l}
 	if w := int(l[len(l)-1]/64) + 1; wantBitmap(nb.n, w, false) {
 		return nb.toBitmap(w)
 	}
@@ -93,7 +94,7 @@ func (b *bigSet) with(s uint32) *bigSet {
 // without returns a copy with s removed (s must be present).
 func (b *bigSet) without(s uint32) *bigSet {
 	if b.bits != nil {
-		nb := &bigSet{n: b.n - 1}
+		nb := &bigSet{key: b.key, n: b.n - 1}
 		if wantBitmap(nb.n, len(b.bits), true) {
 			nb.bits = slices.Clone(b.bits)
 			nb.bits[s/64] &^= 1 << (s % 64)
@@ -117,7 +118,7 @@ func (b *bigSet) without(s uint32) *bigSet {
 			l = append(l, x)
 		}
 	}
-	return &bigSet{n: len(l), list: l}
+	return &bigSet{key: b.key, n: len(l), list: l}
 }
 
 // appendSlots appends the members in increasing order.

@@ -27,13 +27,45 @@ func (m *engMap) init(capacity int) {
 	*m = engMap{s: make([]uint64, 2*c), mask: uint64(c - 1)}
 }
 
-// touch loads the bucket key k hashes to and returns a word of it; the
-// caller folds the results into a sink so the loads are not elided.
-func (m *engMap) touch(k uint64) uint64 {
+// touch loads the bucket for hash h (mix of the key) and returns a word
+// of it; the caller folds the results into a sink so the loads stay.
+func (m *engMap) touch(h uint64) uint64 {
 	if m.s == nil {
 		return 0
 	}
-	return m.s[2*(mix(k)&m.mask)]
+	return m.s[2*(h&m.mask)]
+}
+
+// find returns the bucket holding k (found) or the empty bucket an insert
+// of k must use, growing the table first if that insert would pass the
+// load limit. k must not be 0; h is mix(k).
+func (m *engMap) find(k, h uint64) (uint64, bool) {
+	if m.s == nil {
+		m.s, m.mask = make([]uint64, 2*engMinCap), engMinCap-1
+	}
+	for {
+		i := h & m.mask
+		for {
+			key := m.s[2*i]
+			if key == k {
+				return i, true
+			}
+			if key == 0 {
+				break
+			}
+			i = (i + 1) & m.mask
+		}
+		if (m.n+1)*4 <= int(m.mask+1)*3 {
+			return i, false
+		}
+		m.rehash(int(m.mask+1) * 2)
+	}
+}
+
+// insertAt fills the empty bucket i returned by find.
+func (m *engMap) insertAt(i, k, v uint64) {
+	m.s[2*i], m.s[2*i+1] = k, v
+	m.n++
 }
 
 func (m *engMap) get(k uint64) (uint64, bool) {
@@ -91,7 +123,10 @@ func (m *engMap) put(k, v uint64) {
 }
 
 // del removes k and returns its value.
-func (m *engMap) del(k uint64) (uint64, bool) {
+func (m *engMap) del(k uint64) (uint64, bool) { return m.delH(k, mix(k)) }
+
+// delH is del with h = mix(k) already computed.
+func (m *engMap) delH(k, h uint64) (uint64, bool) {
 	if k == 0 {
 		if !m.hasZero {
 			return 0, false
@@ -103,7 +138,7 @@ func (m *engMap) del(k uint64) (uint64, bool) {
 	if m.s == nil {
 		return 0, false
 	}
-	i := mix(k) & m.mask
+	i := h & m.mask
 	for {
 		key := m.s[2*i]
 		if key == 0 {

@@ -41,14 +41,18 @@ type Config struct {
 
 // Index is the prefix index of one model: for every (worker, rank), the
 // blocks (sequence hashes) its cache holds. Lookups may run on any number
-// of goroutines at once and in parallel with event application; writes of
-// one (worker, rank) are applied in call order.
+// of goroutines at once and in parallel with event application, and take
+// no lock. Writes (batches, resyncs, worker removal, loads) are serialised
+// by one mutex taken once per call, so a batch is applied as a unit and
+// the writes of one (worker, rank) stay in call order. The index is fed by
+// one subscriber goroutine, so a single writer lock costs nothing in
+// contention and saves a lock per block; see doc.go.
 type Index struct {
 	cfg       Config
 	shardBits uint
 	shards    []shard
 
-	wmu      sync.RWMutex
+	wmu      sync.Mutex // serialises every write, guards workers and writer-only fields
 	workers  map[kvevents.WorkerKey]*worker
 	free     []uint32 // FIFO of freed slots, oldest first
 	nextSlot uint32
@@ -73,13 +77,10 @@ type slotTable struct {
 }
 
 // worker is the per-(worker, rank) state the write path needs: the engine
-// hash → sequence hash map used to resolve removals. mu orders the
-// worker's writes.
+// hash → sequence hash map used to resolve removals. Guarded by Index.wmu.
 type worker struct {
-	mu      sync.Mutex
-	key     kvevents.WorkerKey
-	slot    uint32
-	removed bool
+	key  kvevents.WorkerKey
+	slot uint32
 
 	engines engMap // engine hash -> sequence hash
 	// multi counts extra engine hashes mapping to a sequence hash the
@@ -90,8 +91,7 @@ type worker struct {
 
 	cursor kvevents.Cursor // position after the last batch applied
 
-	seqBuf []kvevents.SeqHash // scratch for removals
-	sink   uint64             // folds pre-touched words so the loads stay
+	sink uint64 // folds pre-touched words so the loads stay
 }
 
 type counters struct {
@@ -137,23 +137,10 @@ func (x *Index) shardOf(h uint64) *shard {
 	return &x.shards[h>>(64-x.shardBits)]
 }
 
-// addEntry records that slot holds seq; false if it already did.
-func (x *Index) addEntry(seq kvevents.SeqHash, slot uint32) bool {
-	h := mix(uint64(seq))
-	sh := x.shardOf(h)
-	sh.mu.Lock()
-	ok := sh.add(uint64(seq), h, slot)
-	sh.mu.Unlock()
-	return ok
-}
-
+// removeEntry takes slot out of seq's set (wmu held).
 func (x *Index) removeEntry(seq kvevents.SeqHash, slot uint32) bool {
 	h := mix(uint64(seq))
-	sh := x.shardOf(h)
-	sh.mu.Lock()
-	ok := sh.remove(uint64(seq), h, slot)
-	sh.mu.Unlock()
-	return ok
+	return x.shardOf(h).remove(uint64(seq), h, slot)
 }
 
 // slot table -------------------------------------------------------------------
@@ -192,37 +179,21 @@ func (x *Index) allocSlot(k kvevents.WorkerKey) (uint32, bool) {
 	return s, true
 }
 
-// lockWorker returns k's state with its mutex held, creating it when
-// create is set. It returns nil when k is unknown (and !create) or when
-// every slot is taken.
-func (x *Index) lockWorker(k kvevents.WorkerKey, create bool) *worker {
-	for {
-		x.wmu.RLock()
-		w := x.workers[k]
-		x.wmu.RUnlock()
-		if w == nil {
-			if !create {
-				return nil
-			}
-			x.wmu.Lock()
-			if w = x.workers[k]; w == nil {
-				slot, ok := x.allocSlot(k)
-				if !ok {
-					x.wmu.Unlock()
-					return nil
-				}
-				w = &worker{key: k, slot: slot}
-				x.workers[k] = w
-			}
-			x.wmu.Unlock()
-		}
-		w.mu.Lock()
-		if !w.removed {
-			return w
-		}
-		// Removed between the map read and the lock: look again.
-		w.mu.Unlock()
+// worker returns k's state, creating it when create is set. It returns
+// nil when k is unknown (and !create) or when every slot is taken. wmu is
+// held.
+func (x *Index) worker(k kvevents.WorkerKey, create bool) *worker {
+	w := x.workers[k]
+	if w != nil || !create {
+		return w
 	}
+	slot, ok := x.allocSlot(k)
+	if !ok {
+		return nil
+	}
+	w = &worker{key: k, slot: slot}
+	x.workers[k] = w
+	return w
 }
 
 // write path -------------------------------------------------------------------
@@ -269,10 +240,16 @@ func (x *Index) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 		x.ctr.foreignModel.Add(1)
 		return
 	}
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	x.ctr.batches.Add(1)
-	w := x.lockWorker(b.Key(), true)
+	w := x.worker(b.Key(), true)
 	if w == nil {
-		x.ctr.refused.Add(uint64(len(b.Events)))
+		n := 0
+		for i := range b.Events {
+			n += len(b.Events[i].Blocks)
+		}
+		x.ctr.refused.Add(uint64(n))
 		return
 	}
 	var c batchCounts
@@ -285,7 +262,6 @@ func (x *Index) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 		// can tell the subscriber where each worker stands.
 		w.cursor = kvevents.Cursor{Epoch: b.Epoch, NextID: b.NextEventID()}
 	}
-	w.mu.Unlock()
 	x.flush(&c)
 }
 
@@ -321,10 +297,7 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 		}
 		for blks := ev.Blocks; len(blks) > 0; {
 			n := min(len(blks), touchChunk)
-			x.touchStores(w, blks[:n])
-			for _, blk := range blks[:n] {
-				x.storeLocked(w, blk, c)
-			}
+			x.storeChunk(w, blks[:n], c)
 			blks = blks[n:]
 		}
 	case kvevents.KindRemoved:
@@ -334,7 +307,7 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 		}
 		for rm := ev.Removed; len(rm) > 0; {
 			n := min(len(rm), touchChunk)
-			x.removeEngines(w, rm[:n], c)
+			x.removeChunk(w, rm[:n], c)
 			rm = rm[n:]
 		}
 	case kvevents.KindCleared:
@@ -350,64 +323,99 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 // touchChunk is how many blocks of an event are pre-touched at once.
 const touchChunk = 32
 
-// touchStores loads the engine-map and block-table buckets of blks before
-// they are written. The loads do not depend on each other, so the CPU
-// overlaps their cache misses; the writes that follow then hit the cache.
-// With a large index this halves the cost of a stored block.
-func (x *Index) touchStores(w *worker, blks []kvevents.StoredBlock) {
+// storeChunk stores up to touchChunk blocks. It first loads the
+// engine-map and block-table buckets of every block: those loads do not
+// depend on each other, so the CPU overlaps their cache misses, and the
+// writes that follow hit the cache. With an index larger than the cache
+// this is most of the cost of a stored block.
+func (x *Index) storeChunk(w *worker, blks []kvevents.StoredBlock, c *batchCounts) {
+	var eh, sh [touchChunk]uint64
 	var sink uint64
 	for i := range blks {
-		sink += w.engines.touch(uint64(blks[i].Engine))
-		h := mix(uint64(blks[i].Seq))
-		sink += x.shardOf(h).touch(h)
+		eh[i] = mix(uint64(blks[i].Engine))
+		sink += w.engines.touch(eh[i])
+		sh[i] = mix(uint64(blks[i].Seq))
+		sink += x.shardOf(sh[i]).touch(sh[i])
 	}
 	w.sink += sink
+	for i := range blks {
+		x.store(w, blks[i], eh[i], sh[i], c)
+	}
 }
 
-// removeEngines removes a chunk of engine hashes: touch their engine-map
-// buckets, resolve them (touching the block buckets), then drop the blocks.
-func (x *Index) removeEngines(w *worker, rm []kvevents.EngineHash, c *batchCounts) {
+// removeChunk removes up to touchChunk engine hashes: touch their
+// engine-map buckets, resolve them (touching the block buckets), then
+// drop the blocks.
+func (x *Index) removeChunk(w *worker, rm []kvevents.EngineHash, c *batchCounts) {
+	var seqs, sh [touchChunk]uint64
 	var sink uint64
-	for _, e := range rm {
-		sink += w.engines.touch(uint64(e))
+	for i, e := range rm {
+		sh[i] = mix(uint64(e))
+		sink += w.engines.touch(sh[i])
 	}
-	w.seqBuf = w.seqBuf[:0]
-	for _, e := range rm {
-		s, ok := w.engines.del(uint64(e))
+	n := 0
+	for i, e := range rm {
+		s, ok := w.engines.delH(uint64(e), sh[i])
 		if !ok {
 			c.unknown++
 			continue
 		}
-		w.seqBuf = append(w.seqBuf, kvevents.SeqHash(s))
-		h := mix(s)
-		sink += x.shardOf(h).touch(h)
+		seqs[n] = s
+		sh[n] = mix(s)
+		sink += x.shardOf(sh[n]).touch(sh[n])
+		n++
 		c.removed++
 	}
-	for _, s := range w.seqBuf {
-		x.dropRef(w, s, c)
+	for i := 0; i < n; i++ {
+		x.dropRef(w, kvevents.SeqHash(seqs[i]), sh[i], c)
 	}
 	w.sink += sink
 }
 
-func (x *Index) storeLocked(w *worker, blk kvevents.StoredBlock, c *batchCounts) {
-	if old, ok := w.engines.get(uint64(blk.Engine)); ok {
-		if kvevents.SeqHash(old) == blk.Seq {
-			c.dup++
-			return
+// store adds one block for w; eh and h are the mixed engine and sequence
+// hashes.
+func (x *Index) store(w *worker, blk kvevents.StoredBlock, eh, h uint64, c *batchCounts) {
+	e, seq := uint64(blk.Engine), uint64(blk.Seq)
+	var at uint64
+	if e == 0 {
+		// Key 0 lives outside the table: take the general path.
+		if old, ok := w.engines.get(0); ok {
+			if old == seq {
+				c.dup++
+				return
+			}
+			w.engines.del(0)
+			x.dropRef(w, kvevents.SeqHash(old), mix(old), c)
+			c.rebound++
 		}
-		// The engine reused a block id for other content: the old
-		// mapping is gone.
-		w.engines.del(uint64(blk.Engine))
-		x.dropRef(w, kvevents.SeqHash(old), c)
-		c.rebound++
+	} else {
+		i, found := w.engines.find(e, eh)
+		if found {
+			old := w.engines.s[2*i+1]
+			if old == seq {
+				c.dup++
+				return
+			}
+			// The engine reused a block id for other content: the old
+			// mapping is gone.
+			w.engines.delH(e, eh)
+			x.dropRef(w, kvevents.SeqHash(old), mix(old), c)
+			c.rebound++
+			i, _ = w.engines.find(e, eh)
+		}
+		at = i
 	}
 	if (x.cfg.MaxEntries > 0 && x.entries.Load()+c.delta >= x.cfg.MaxEntries) ||
 		(x.cfg.MaxEntriesPerWorker > 0 && w.entries >= x.cfg.MaxEntriesPerWorker) {
 		c.refused++
 		return
 	}
-	w.engines.put(uint64(blk.Engine), uint64(blk.Seq))
-	if x.addEntry(blk.Seq, w.slot) {
+	if e == 0 {
+		w.engines.put(0, seq)
+	} else {
+		w.engines.insertAt(at, e, seq)
+	}
+	if x.shardOf(h).add(seq, h, w.slot) {
 		w.entries++
 		c.delta++
 	} else {
@@ -419,8 +427,8 @@ func (x *Index) storeLocked(w *worker, blk kvevents.StoredBlock, c *batchCounts)
 	c.stored++
 }
 
-// dropRef releases one engine-hash reference to seq.
-func (x *Index) dropRef(w *worker, seq kvevents.SeqHash, c *batchCounts) {
+// dropRef releases one engine-hash reference to seq (h = mix(seq)).
+func (x *Index) dropRef(w *worker, seq kvevents.SeqHash, h uint64, c *batchCounts) {
 	if w.multi != nil {
 		if n, ok := w.multi[seq]; ok {
 			if n <= 1 {
@@ -431,7 +439,7 @@ func (x *Index) dropRef(w *worker, seq kvevents.SeqHash, c *batchCounts) {
 			return
 		}
 	}
-	if x.removeEntry(seq, w.slot) {
+	if x.shardOf(h).remove(uint64(seq), h, w.slot) {
 		w.entries--
 		c.delta--
 	}
@@ -454,13 +462,14 @@ func (x *Index) clearLocked(w *worker, c *batchCounts) {
 // ClearWorker drops every block held for k (an engine restart, a gap, an
 // operator action). The worker keeps its slot.
 func (x *Index) ClearWorker(k kvevents.WorkerKey) {
-	w := x.lockWorker(k, false)
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	w := x.worker(k, false)
 	if w == nil {
 		return
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	w.mu.Unlock()
 	x.flush(&c)
 }
 
@@ -468,50 +477,47 @@ func (x *Index) ClearWorker(k kvevents.WorkerKey) {
 // its cursor; the batch that triggered it follows through ApplyBatch.
 func (x *Index) resync(k kvevents.WorkerKey) {
 	x.ctr.resyncs.Add(1)
-	w := x.lockWorker(k, false)
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	w := x.worker(k, false)
 	if w == nil {
 		return
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
 	w.cursor = kvevents.Cursor{}
-	w.mu.Unlock()
 	x.flush(&c)
 }
 
 // RemoveWorker forgets every rank of worker (it left the fleet): their
 // blocks leave the index and their slots become reusable.
 func (x *Index) RemoveWorker(worker string) {
-	x.wmu.RLock()
-	var keys []kvevents.WorkerKey
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	for k := range x.workers {
 		if k.Worker == worker {
-			keys = append(keys, k)
+			x.removeKey(k)
 		}
-	}
-	x.wmu.RUnlock()
-	for _, k := range keys {
-		x.removeKey(k)
 	}
 }
 
 // RemoveKey forgets one (worker, rank).
-func (x *Index) RemoveKey(k kvevents.WorkerKey) { x.removeKey(k) }
+func (x *Index) RemoveKey(k kvevents.WorkerKey) {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	x.removeKey(k)
+}
 
 func (x *Index) removeKey(k kvevents.WorkerKey) {
-	w := x.lockWorker(k, false)
+	w := x.worker(k, false)
 	if w == nil {
 		return
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	w.removed = true
-	x.wmu.Lock()
 	delete(x.workers, k)
 	// Every entry of the slot is gone, so it can be handed out again.
 	x.free = append(x.free, w.slot)
-	x.wmu.Unlock()
-	w.mu.Unlock()
 	x.flush(&c)
 	x.ctr.workersRemoved.Add(1)
 }
@@ -524,7 +530,9 @@ func (x *Index) LoadWorker(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) 
 }
 
 func (x *Index) loadWorker(k kvevents.WorkerKey, cur kvevents.Cursor, blocks []kvevents.StoredBlock) bool {
-	w := x.lockWorker(k, true)
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	w := x.worker(k, true)
 	if w == nil {
 		x.ctr.refused.Add(uint64(len(blocks)))
 		return false
@@ -534,19 +542,20 @@ func (x *Index) loadWorker(k kvevents.WorkerKey, cur kvevents.Cursor, blocks []k
 	if len(blocks) > 0 {
 		w.engines.init(len(blocks))
 	}
-	for _, b := range blocks {
-		x.storeLocked(w, b, &c)
+	for len(blocks) > 0 {
+		n := min(len(blocks), touchChunk)
+		x.storeChunk(w, blocks[:n], &c)
+		blocks = blocks[n:]
 	}
 	w.cursor = cur
-	w.mu.Unlock()
 	x.flush(&c)
 	return true
 }
 
 // Workers returns the (worker, rank) keys the index knows, in no order.
 func (x *Index) Workers() []kvevents.WorkerKey {
-	x.wmu.RLock()
-	defer x.wmu.RUnlock()
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	out := make([]kvevents.WorkerKey, 0, len(x.workers))
 	for k := range x.workers {
 		out = append(out, k)

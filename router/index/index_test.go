@@ -298,7 +298,7 @@ func TestBigSetTransitions(t *testing.T) {
 			switch {
 			case b == nil:
 				members := []uint32{s, s + 1, s + 2, s + 3}
-				b = newBigSet(members)
+				b = newBigSet(7, members)
 				clear(ref)
 				for _, m := range members {
 					ref[m] = true
@@ -339,7 +339,7 @@ func TestBigSetTransitions(t *testing.T) {
 	for i := uint32(0); i < 2000; i++ {
 		members = append(members, i)
 	}
-	b := newBigSet(members)
+	b := newBigSet(7, members)
 	if b.bits == nil {
 		t.Fatal("2000 of 2000 slots is not a bitmap")
 	}

@@ -52,6 +52,7 @@ type Overlaps struct {
 	bitmap bool
 	sbuf   []uint32
 	mbuf   []int32
+	sink   uint64 // folds look-ahead loads so they are not elided
 }
 
 type cand struct {
@@ -85,6 +86,10 @@ func (o *Overlaps) Get(k kvevents.WorkerKey) int {
 // abandoned for a list.
 const listMax = 16
 
+// lookAhead is how many blocks ahead Lookup touches the table, so that
+// the cache misses of a large index overlap instead of queueing.
+const lookAhead = 4
+
 // Lookup computes, for every (worker, rank), how many leading blocks of
 // hashes it holds, into out (reset first). It runs on the caller's
 // goroutine without locks, concurrently with other lookups and with event
@@ -92,9 +97,10 @@ const listMax = 16
 // or may not see changes made while it runs.
 //
 // Cost: one table probe per block until no candidate is left (or one is
-// left, with EarlyExit), plus work proportional to the candidates: a list
-// membership test per candidate per block while few workers remain, one
-// AND per 64 slots per block while many do.
+// left, with EarlyExit), plus work proportional to the candidates: a merge
+// of the sorted candidate list with the block's set while few workers
+// remain, one AND per 64 slots per block while many do, and one result
+// entry per matching worker.
 func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
 	out.Reset()
 	if len(hashes) == 0 {
@@ -106,6 +112,14 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		return
 	}
 	x.initCands(v, big, opt, epoch, out)
+	// mixed[d%16] holds mix(hashes[d]) for the blocks touched ahead.
+	var mixed [16]uint64
+	var sink uint64
+	for k := 1; k <= lookAhead && k < len(hashes); k++ {
+		m := mix(uint64(hashes[k]))
+		mixed[k&15] = m
+		sink += x.shardOf(m).touch(m)
+	}
 	depth := 1
 	for ; depth < len(hashes); depth++ {
 		n := len(out.cand)
@@ -119,7 +133,13 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 			out.EarlyExited = true
 			break
 		}
-		v, big, ok = x.get(hashes[depth])
+		if a := depth + lookAhead; a < len(hashes) {
+			m := mix(uint64(hashes[a]))
+			mixed[a&15] = m
+			sink += x.shardOf(m).touch(m)
+		}
+		m := mixed[depth&15]
+		v, big, ok = x.shardOf(m).get(uint64(hashes[depth]), m)
 		if !ok {
 			break
 		}
@@ -129,6 +149,7 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 			stepList(v, big, depth, out)
 		}
 	}
+	out.sink += sink
 	// Whoever is left holds all depth blocks scanned.
 	if out.bitmap {
 		x.drainBitmap(depth, epoch, out)
@@ -138,20 +159,22 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		}
 		out.cand = out.cand[:0]
 	}
-	// A slot freed and handed to another worker during the scan would
-	// blend two owners' blocks: drop any entry whose slot changed hands.
-	w := 0
-	for i := range out.Workers {
-		if x.info(out.slots[i]) != out.infos[i] {
-			continue
+	if x.slotEpoch.Load() != epoch {
+		// A slot freed and handed to another worker during the scan
+		// would blend two owners' blocks: drop any entry whose slot
+		// changed hands. (No assignment happened otherwise.)
+		w := 0
+		for i := range out.Workers {
+			if x.info(out.slots[i]) == out.infos[i] {
+				out.Workers[w], out.slots[w], out.infos[w] = out.Workers[i], out.slots[i], out.infos[i]
+				w++
+			}
 		}
-		out.Workers[w], out.slots[w], out.infos[w] = out.Workers[i], out.slots[i], out.infos[i]
-		if out.Workers[w].Blocks > out.Total {
-			out.Total = out.Workers[w].Blocks
-		}
-		w++
+		out.Workers, out.slots, out.infos = out.Workers[:w], out.slots[:w], out.infos[:w]
 	}
-	out.Workers, out.slots, out.infos = out.Workers[:w], out.slots[:w], out.infos[:w]
+	for i := range out.Workers {
+		out.Total = max(out.Total, out.Workers[i].Blocks)
+	}
 }
 
 func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
@@ -178,6 +201,8 @@ func (x *Index) usable(slot uint32, epoch uint64, opt *LookupOptions) *slotInfo 
 	return info
 }
 
+// initCands sets the candidates from the first block's set: a list sorted
+// by slot, or a bitmap when the set is a large bitmap.
 func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64, out *Overlaps) {
 	if big == nil {
 		for i := 0; i < inlineCap; i++ {
@@ -189,6 +214,7 @@ func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64
 				out.cand = append(out.cand, cand{uint32(f - 1), info})
 			}
 		}
+		sortCands(out.cand)
 		return
 	}
 	if big.bits == nil || big.n <= listMax {
@@ -202,6 +228,11 @@ func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64
 	}
 	out.bitmap = true
 	out.bits = append(out.bits[:0], big.bits...)
+	if opt.Allowed == nil {
+		// Owners are checked when results are recorded.
+		out.nbits = big.n
+		return
+	}
 	n := 0
 	for w, word := range out.bits {
 		for rest := word; rest != 0; rest &= rest - 1 {
@@ -220,10 +251,21 @@ func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64
 	}
 }
 
-// stepList keeps the candidates holding the block at index depth.
+// sortCands sorts a short candidate list by slot (insertion sort).
+func sortCands(c []cand) {
+	for i := 1; i < len(c); i++ {
+		for j := i; j > 0 && c[j].slot < c[j-1].slot; j-- {
+			c[j], c[j-1] = c[j-1], c[j]
+		}
+	}
+}
+
+// stepList keeps the candidates holding the block at index depth; the
+// candidate list stays sorted by slot.
 func stepList(v uint64, big *bigSet, depth int, out *Overlaps) {
 	w := 0
-	if big == nil {
+	switch {
+	case big == nil:
 		f0, f1, f2 := v&fieldMask, (v>>fieldBits)&fieldMask, (v>>(2*fieldBits))&fieldMask
 		for _, c := range out.cand {
 			if f := uint64(c.slot) + 1; f == f0 || f == f1 || f == f2 {
@@ -233,9 +275,23 @@ func stepList(v uint64, big *bigSet, depth int, out *Overlaps) {
 				out.record(c.slot, c.info, depth)
 			}
 		}
-	} else {
+	case big.bits != nil:
 		for _, c := range out.cand {
-			if big.has(c.slot) {
+			if wd := int(c.slot / 64); wd < len(big.bits) && big.bits[wd]&(1<<(c.slot%64)) != 0 {
+				out.cand[w] = c
+				w++
+			} else {
+				out.record(c.slot, c.info, depth)
+			}
+		}
+	default:
+		// Both sorted: one merge pass.
+		l, j := big.list, 0
+		for _, c := range out.cand {
+			for j < len(l) && l[j] < c.slot {
+				j++
+			}
+			if j < len(l) && l[j] == c.slot {
 				out.cand[w] = c
 				w++
 			} else {
@@ -283,7 +339,7 @@ func (x *Index) stepBitmap(v uint64, big *bigSet, depth int, epoch uint64, out *
 		w := int(s / 64)
 		if w < len(out.bits) && out.bits[w]&(1<<(s%64)) != 0 {
 			out.bits[w] &^= 1 << (s % 64)
-			if info := x.info(s); info != nil {
+			if info := x.info(s); info != nil && info.assignedAt <= epoch {
 				out.tmp = append(out.tmp, cand{s, info})
 			}
 		}
@@ -291,6 +347,7 @@ func (x *Index) stepBitmap(v uint64, big *bigSet, depth int, epoch uint64, out *
 	// Every candidate still in the bitmap dropped out here.
 	x.drainBitmap(depth, epoch, out)
 	out.cand = append(out.cand[:0], out.tmp...)
+	sortCands(out.cand)
 }
 
 func (x *Index) recordSlot(s uint32, depth int, epoch uint64, out *Overlaps) {

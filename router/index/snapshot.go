@@ -271,9 +271,9 @@ func (x *Index) Restore(s *Snapshot) error {
 	if s.Tier != x.cfg.Tier {
 		return fmt.Errorf("%w: snapshot tier %v, index tier %v", ErrSnapshotMismatch, s.Tier, x.cfg.Tier)
 	}
-	x.wmu.RLock()
+	x.wmu.Lock()
 	n := len(x.workers)
-	x.wmu.RUnlock()
+	x.wmu.Unlock()
 	if n != 0 {
 		return fmt.Errorf("%w: %d workers present", ErrNotEmpty, n)
 	}

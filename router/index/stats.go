@@ -48,33 +48,25 @@ type Stats struct {
 	WorkersRemoved      uint64 // (worker, rank) keys removed
 }
 
-// Stats returns counts and a memory estimate. It briefly locks each shard
-// for writing, so it is for metrics, not the hot path.
+// Stats returns counts and a memory estimate. It takes the write lock for
+// a walk over shards and workers, so it is for metrics, not the hot path.
 func (x *Index) Stats() Stats {
 	var s Stats
 	var bytes int64
+	x.wmu.Lock()
 	for i := range x.shards {
 		sh := &x.shards[i]
-		sh.mu.Lock()
 		t := sh.tab.Load()
-		s.Blocks += t.used
+		s.Blocks += t.live
 		s.BigSets += sh.nbig
 		bytes += int64(t.mask+1)*16 + int64(sh.bigMem) + int64(cap(sh.bigs.Load().p))*8
-		sh.mu.Unlock()
 	}
-	x.wmu.RLock()
-	ws := make([]*worker, 0, len(x.workers))
+	s.Workers = len(x.workers)
 	for _, w := range x.workers {
-		ws = append(ws, w)
+		bytes += int64(w.engines.bytes()) + int64(len(w.multi))*engineEntryBytes + workerBytes
 	}
 	slotCap := len(x.slots.Load().p)
-	x.wmu.RUnlock()
-	s.Workers = len(ws)
-	for _, w := range ws {
-		w.mu.Lock()
-		bytes += int64(w.engines.bytes()) + int64(len(w.multi))*engineEntryBytes + workerBytes
-		w.mu.Unlock()
-	}
+	x.wmu.Unlock()
 	bytes += int64(slotCap) * 8
 	s.Entries = x.entries.Load()
 	s.Bytes = bytes
@@ -110,28 +102,25 @@ type WorkerDump struct {
 	Blocks []kvevents.StoredBlock
 }
 
-// Dump returns every worker's blocks, sorted by key, each worker read
-// under its own lock (so each is consistent, the whole only if no batch is
-// being applied). Two indexes with equal dumps answer every lookup alike.
+// Dump returns every worker's blocks, sorted by key. It takes the write
+// lock once per worker, not for the whole walk, so event application goes
+// on meanwhile: each worker is consistent, the whole is exact only if no
+// batch is applied during the call. Two indexes with equal dumps answer
+// every lookup alike.
 func (x *Index) Dump() []WorkerDump {
-	x.wmu.RLock()
-	ws := make([]*worker, 0, len(x.workers))
-	for _, w := range x.workers {
-		ws = append(ws, w)
-	}
-	x.wmu.RUnlock()
-	out := make([]WorkerDump, 0, len(ws))
-	for _, w := range ws {
-		w.mu.Lock()
-		if w.removed {
-			w.mu.Unlock()
+	out := make([]WorkerDump, 0, len(x.Workers()))
+	for _, k := range x.Workers() {
+		x.wmu.Lock()
+		w := x.workers[k]
+		if w == nil {
+			x.wmu.Unlock()
 			continue
 		}
 		d := WorkerDump{Key: w.key, Cursor: w.cursor, Blocks: make([]kvevents.StoredBlock, 0, w.engines.len())}
 		w.engines.each(func(e, s uint64) {
 			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: kvevents.EngineHash(e), Seq: kvevents.SeqHash(s)})
 		})
-		w.mu.Unlock()
+		x.wmu.Unlock()
 		slices.SortFunc(d.Blocks, cmpBlock)
 		out = append(out, d)
 	}
@@ -160,19 +149,13 @@ func cmpBlock(a, b kvevents.StoredBlock) int {
 // no event ids (or that were bulk-loaded) are left out, so their first
 // batch is taken as it comes.
 func (x *Index) Cursors() map[kvevents.WorkerKey]kvevents.Cursor {
-	x.wmu.RLock()
-	ws := make([]*worker, 0, len(x.workers))
-	for _, w := range x.workers {
-		ws = append(ws, w)
-	}
-	x.wmu.RUnlock()
-	out := make(map[kvevents.WorkerKey]kvevents.Cursor, len(ws))
-	for _, w := range ws {
-		w.mu.Lock()
-		if !w.removed && w.cursor.NextID != 0 {
-			out[w.key] = w.cursor
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	out := make(map[kvevents.WorkerKey]kvevents.Cursor, len(x.workers))
+	for k, w := range x.workers {
+		if w.cursor.NextID != 0 {
+			out[k] = w.cursor
 		}
-		w.mu.Unlock()
 	}
 	return out
 }

@@ -1,37 +1,49 @@
 package index
 
 import (
-	"runtime"
-	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The block table maps a sequence hash to the set of worker slots holding
 // it. It is split into shards; each shard is an open-addressing table with
-// linear probing whose words are all read and written atomically, so a
-// reader never takes a lock:
+// linear probing, read without any lock or retry loop. Writers (serialised
+// by Index.wmu) keep three rules that make every single-word read
+// consistent on its own:
 //
-//   - inserts of a new key and updates of an inline set are single-word
-//     stores that a reader sees either before or after (the key is stored
-//     before the value, and an entry whose value is 0 is empty);
-//   - deletions (backward-shift, which moves entries) and the freeing of a
-//     big-set index bump the shard's seqlock counter around the change, so
-//     a reader that overlapped them retries;
-//   - growing or shrinking builds a new table and swaps one atomic pointer;
-//     the old table is never written again, so a reader still probing it
-//     sees a consistent (slightly older) state.
+//  1. Within one table, a bucket's key never changes once written. An
+//     insert stores the key, then the value (0 = empty bucket), so a
+//     reader that sees a value sees its key.
+//  2. A block whose last worker leaves is not removed but marked dead (one
+//     store of deadVal); it is revived in place if stored again. Nothing
+//     moves, so a probe never misses an entry because of a concurrent
+//     delete (backward-shift deletion would need a seqlock: two fenced
+//     stores per delete plus the moves, which measured as a third of the
+//     write path's cost).
+//  3. Dead entries are purged when the table is rebuilt (grown, shrunk or
+//     cleaned once live plus dead entries pass 3/4 of the buckets): the new
+//     table is filled with plain writes while unpublished and then
+//     published with one atomic pointer store. The old table is never
+//     written again, so a reader still probing it sees a consistent,
+//     slightly older state, and the garbage collector frees it once no
+//     reader holds it.
 //
-// Writers of one shard are serialised by the shard mutex. The counter and
-// the table pointer sit on a different cache line from the mutex so that
-// writers locking the shard do not invalidate the line readers poll.
+// Sets of more than inlineCap workers live in immutable bigSets (copy on
+// write) reached through the shard's big-set array; a bigSet records its
+// block's key, so a reader that followed a stale index into a reused array
+// slot notices and probes again.
 
-// Value encoding of one table entry (0 = empty slot):
+// Value encoding of one table entry:
 //
-//	bit 63 = 0: inline set, three 21-bit fields (bits 0-20, 21-41, 42-62),
-//	            each holding slot+1, 0 = unused, filled from field 0 up.
-//	bit 63 = 1: big set; bits 0-31 index the shard's big-set array.
+//	0                      empty bucket
+//	deadVal                a block no worker holds any more (key kept)
+//	bit 63 = 0             inline set: three 21-bit fields (bits 0-20,
+//	                       21-41, 42-62), each slot+1, 0 = unused, filled
+//	                       from field 0 up
+//	bit 63 = 1             big set: bits 0-31 index the big-set array
 const (
 	bigFlag   = uint64(1) << 63
+	deadVal   = bigFlag | 0xffffffff // a big index never handed out
 	fieldBits = 21
 	fieldMask = uint64(1)<<fieldBits - 1
 	inlineCap = 3
@@ -59,19 +71,49 @@ func mix(h uint64) uint64 {
 type table struct {
 	mask uint64
 	s    []atomic.Uint64
-	used int // occupied buckets; written only under the shard mutex
+	used int // non-empty buckets, live or dead; written under Index.wmu
+	live int // buckets holding a set
 }
 
-func newTable(capacity int) *table {
+// buildTable returns a table of capacity c (a power of two) filled with
+// src's live entries. It writes a plain []uint64 and reinterprets it: the
+// table is not reachable by readers until published, and the publishing
+// atomic store orders these writes before any reader's loads.
+func buildTable(c int, src *table) *table {
+	words := make([]uint64, 2*c)
+	mask := uint64(c - 1)
+	n := 0
+	if src != nil {
+		for i := uint64(0); i <= src.mask; i++ {
+			v := src.s[2*i+1].Load()
+			if v == 0 || v == deadVal {
+				continue
+			}
+			k := src.s[2*i].Load()
+			j := mix(k) & mask
+			for words[2*j+1] != 0 {
+				j = (j + 1) & mask
+			}
+			words[2*j], words[2*j+1] = k, v
+			n++
+		}
+	}
+	s := unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(unsafe.SliceData(words))), len(words))
+	return &table{mask: mask, s: s, used: n, live: n}
+}
+
+// capFor returns the capacity for n live entries: load at most 1/2 after a
+// rebuild, so the next rebuild is at least cap/4 inserts or deaths away.
+func capFor(n int) int {
 	c := minTableCap
-	for c < capacity {
+	for c < 2*n {
 		c <<= 1
 	}
-	return &table{mask: uint64(c - 1), s: make([]atomic.Uint64, 2*c)}
+	return c
 }
 
-// find probes for key. It is safe against concurrent writers: it always
-// terminates, and its answer is validated by the caller's seqlock check.
+// find probes for key: its value, or false when absent or dead. Safe
+// against concurrent writers by the rules above; always terminates.
 func (t *table) find(key, h uint64) (uint64, bool) {
 	i := h & t.mask
 	for n := uint64(0); n <= t.mask; n++ {
@@ -80,15 +122,15 @@ func (t *table) find(key, h uint64) (uint64, bool) {
 			return 0, false
 		}
 		if t.s[2*i].Load() == key {
-			return v, true
+			return v, v != deadVal
 		}
 		i = (i + 1) & t.mask
 	}
 	return 0, false
 }
 
-// slot returns the bucket holding key, or the empty bucket where it would
-// go (found=false). Writer only; the table is never full.
+// slot returns the bucket holding key (live or dead), or the empty bucket
+// where it would go (found=false). Writer only; the table is never full.
 func (t *table) slot(key, h uint64) (i uint64, found bool) {
 	i = h & t.mask
 	for {
@@ -108,54 +150,40 @@ type bigArr struct {
 }
 
 type shard struct {
-	seq  atomic.Uint64 // seqlock: odd while a writer moves or frees entries
 	tab  atomic.Pointer[table]
 	bigs atomic.Pointer[bigArr]
-	_    [64 - 24]byte
-
-	mu      sync.Mutex
-	freeBig []uint32 // free indices in bigs, writer only
+	// Writer-only fields (Index.wmu held).
+	freeBig []uint32 // free indices in bigs
 	nbig    int      // live big sets
 	bigMem  int      // bytes held by live big sets
-	_       [64 - 8 - 24 - 16]byte
+	_       [64 - 16 - 24 - 16]byte
 }
 
 func (sh *shard) init() {
-	sh.tab.Store(newTable(minTableCap))
+	sh.tab.Store(buildTable(minTableCap, nil))
 	sh.bigs.Store(&bigArr{})
 }
 
 // get returns the set stored for key: the inline value, or the big set.
-// Lock-free; retries while a writer is moving entries.
-func (sh *shard) get(key, h uint64) (v uint64, big *bigSet, ok bool) {
-	for spins := 0; ; spins++ {
-		s1 := sh.seq.Load()
-		if s1&1 == 0 {
-			t := sh.tab.Load()
-			v, ok = t.find(key, h)
-			big = nil
-			if ok && v&bigFlag != 0 {
-				arr := sh.bigs.Load()
-				if idx := uint32(v); int(idx) < len(arr.p) {
-					big = arr.p[idx].Load()
-				}
-			}
-			if sh.seq.Load() == s1 {
-				if ok && v&bigFlag != 0 && big == nil {
-					// Cannot happen under the protocol; treat as absent
-					// rather than trust a torn read.
-					return 0, nil, false
-				}
-				return v, big, ok
+// Lock-free and wait-free except for the rare retry after following a
+// big-set index that was freed and reused meanwhile.
+func (sh *shard) get(key, h uint64) (uint64, *bigSet, bool) {
+	for {
+		v, ok := sh.tab.Load().find(key, h)
+		if !ok || v&bigFlag == 0 {
+			return v, nil, ok
+		}
+		arr := sh.bigs.Load()
+		if idx := uint32(v); int(idx) < len(arr.p) {
+			if b := arr.p[idx].Load(); b != nil && b.key == key {
+				return v, b, true
 			}
 		}
-		if spins > 8 {
-			runtime.Gosched()
-		}
+		// The set moved on since the value was read: read it again.
 	}
 }
 
-// touch loads the bucket h maps to (see Index.touchStores).
+// touch loads the bucket h maps to (see Index.storeChunk).
 func (sh *shard) touch(h uint64) uint64 {
 	t := sh.tab.Load()
 	return t.s[2*(h&t.mask)+1].Load()
@@ -210,7 +238,7 @@ func inlineWithout(v uint64, slot uint32) uint64 {
 	return out
 }
 
-// writer operations (shard mutex held) ---------------------------------------
+// writer operations (Index.wmu held) -----------------------------------------
 
 // add puts slot into key's set and reports whether it was absent.
 func (sh *shard) add(key, h uint64, slot uint32) bool {
@@ -218,15 +246,21 @@ func (sh *shard) add(key, h uint64, slot uint32) bool {
 	i, found := t.slot(key, h)
 	if !found {
 		if (t.used+1)*4 > int(t.mask+1)*3 {
-			t = sh.resize(int(t.mask+1) * 2)
+			t = sh.rebuild(capFor(t.live + 1))
 			i, _ = t.slot(key, h)
 		}
 		t.s[2*i].Store(key)
 		t.s[2*i+1].Store(uint64(slot) + 1)
 		t.used++
+		t.live++
 		return true
 	}
 	v := t.s[2*i+1].Load()
+	if v == deadVal {
+		t.s[2*i+1].Store(uint64(slot) + 1)
+		t.live++
+		return true
+	}
 	if v&bigFlag == 0 {
 		if inlineHas(v, slot) {
 			return false
@@ -236,8 +270,7 @@ func (sh *shard) add(key, h uint64, slot uint32) bool {
 			return true
 		}
 		var buf [inlineCap + 1]uint32
-		members := append(inlineSlots(buf[:0], v), slot)
-		b := newBigSet(members)
+		b := newBigSet(key, append(inlineSlots(buf[:0], v), slot))
 		idx := sh.allocBig(b)
 		// The big set is reachable before the value names it.
 		t.s[2*i+1].Store(bigFlag | uint64(idx))
@@ -263,15 +296,22 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 		return false
 	}
 	v := t.s[2*i+1].Load()
+	if v == deadVal {
+		return false
+	}
 	if v&bigFlag == 0 {
 		if !inlineHas(v, slot) {
 			return false
 		}
-		if nv := inlineWithout(v, slot); nv != 0 {
-			t.s[2*i+1].Store(nv)
-			return true
+		nv := inlineWithout(v, slot)
+		if nv == 0 {
+			nv = deadVal
+			t.live--
 		}
-		sh.deleteAt(t, i)
+		t.s[2*i+1].Store(nv)
+		if c := int(t.mask + 1); c > minTableCap && t.live*8 < c {
+			sh.rebuild(capFor(t.live))
+		}
 		return true
 	}
 	idx := uint32(v)
@@ -286,74 +326,22 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 		arr.p[idx].Store(nb)
 		return true
 	}
-	// Back to inline: the index is freed and may be reused by another key,
-	// so readers that loaded the old value must retry.
+	// Back to inline: publish the inline value first, then free the index;
+	// a reader still holding the old value finds nil or another key's set
+	// there and probes again.
 	var buf [inlineCap]uint32
 	var nv uint64
 	for k, s := range nb.appendSlots(buf[:0]) {
 		nv |= (uint64(s) + 1) << (k * fieldBits)
 	}
-	sh.seq.Add(1)
 	t.s[2*i+1].Store(nv)
 	sh.freeBigAt(idx, old)
-	sh.seq.Add(1)
 	return true
 }
 
-// deleteAt empties bucket i with backward-shift deletion inside a seqlock
-// write section, then shrinks the table when it is mostly empty.
-func (sh *shard) deleteAt(t *table, i uint64) {
-	v := t.s[2*i+1].Load()
-	sh.seq.Add(1)
-	if v&bigFlag != 0 {
-		sh.freeBigAt(uint32(v), sh.bigs.Load().p[uint32(v)].Load())
-	}
-	j := i
-	for {
-		j = (j + 1) & t.mask
-		vj := t.s[2*j+1].Load()
-		if vj == 0 {
-			break
-		}
-		kj := t.s[2*j].Load()
-		ideal := mix(kj) & t.mask
-		// Entry j may fill the hole at i unless its ideal bucket lies
-		// cyclically in (i, j].
-		if i <= j {
-			if i < ideal && ideal <= j {
-				continue
-			}
-		} else if i < ideal || ideal <= j {
-			continue
-		}
-		t.s[2*i].Store(kj)
-		t.s[2*i+1].Store(vj)
-		i = j
-	}
-	t.s[2*i+1].Store(0)
-	t.s[2*i].Store(0)
-	sh.seq.Add(1)
-	t.used--
-	if c := int(t.mask + 1); c > minTableCap && t.used*8 < c {
-		sh.resize(c / 2)
-	}
-}
-
-// resize rebuilds the table with capacity c and publishes it.
-func (sh *shard) resize(c int) *table {
-	old := sh.tab.Load()
-	nt := newTable(c)
-	for i := uint64(0); i <= old.mask; i++ {
-		v := old.s[2*i+1].Load()
-		if v == 0 {
-			continue
-		}
-		k := old.s[2*i].Load()
-		j, _ := nt.slot(k, mix(k))
-		nt.s[2*j].Store(k)
-		nt.s[2*j+1].Store(v)
-	}
-	nt.used = old.used
+// rebuild publishes a new table of capacity c holding the live entries.
+func (sh *shard) rebuild(c int) *table {
+	nt := buildTable(c, sh.tab.Load())
 	sh.tab.Store(nt)
 	return nt
 }
@@ -389,22 +377,20 @@ func (sh *shard) allocBig(b *bigSet) uint32 {
 
 func (sh *shard) freeBigAt(idx uint32, old *bigSet) {
 	sh.nbig--
-	if old != nil {
-		sh.bigMem -= old.bytes()
-	}
+	sh.bigMem -= old.bytes()
 	sh.bigs.Load().p[idx].Store(nil)
 	sh.freeBig = append(sh.freeBig, idx)
 }
 
-// forEach calls fn for every key and its member slots. Writer lock held by
-// the caller (used by invariant checks and dumps).
+// forEach calls fn for every live key and its member slots. Index.wmu
+// held by the caller (used by invariant checks and dumps).
 func (sh *shard) forEach(fn func(key uint64, slots []uint32)) {
 	t := sh.tab.Load()
 	arr := sh.bigs.Load()
 	var buf []uint32
 	for i := uint64(0); i <= t.mask; i++ {
 		v := t.s[2*i+1].Load()
-		if v == 0 {
+		if v == 0 || v == deadVal {
 			continue
 		}
 		buf = buf[:0]
