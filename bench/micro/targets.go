@@ -22,7 +22,10 @@ func (t Target) re() *regexp.Regexp { return regexp.MustCompile(t.Bench) }
 
 // Want is the target as text, e.g. "≤ 5000 ns/op".
 func (t Target) Want() string {
-	if t.Max > 0 || t.Min == 0 {
+	if t.Max == 0 && t.Min == 0 {
+		return "0 " + t.Unit
+	}
+	if t.Max > 0 {
 		return "≤ " + Format(t.Max, t.Unit)
 	}
 	return "≥ " + Format(t.Min, t.Unit)
