@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +30,9 @@ func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 		c.Logger = slog.New(slog.DiscardHandler)
 		if os.Getenv("KVR_BENCH_NOPRED") != "" {
 			c.PredictedTTL = -1
+		}
+		if d, err := time.ParseDuration(os.Getenv("KVR_BENCH_PREDTTL")); err == nil {
+			c.PredictedTTL = d
 		}
 	}})
 	ctx := context.Background()
@@ -78,8 +82,9 @@ func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 }
 
 // benchRequests builds session-less 2,048-token requests: half share a
-// cached 1,024-token prefix, half are fresh.
-func benchRequests(prefixes [][]uint32, n int) [][]byte {
+// cached 1,024-token prefix, half are fresh. With hashes, the prompt goes
+// as its 128 precomputed block hashes instead of 2,048 token ids.
+func benchRequests(prefixes [][]uint32, n int, hashes bool) [][]byte {
 	r := rand.New(rand.NewPCG(1, 2))
 	out := make([][]byte, n)
 	for i := range out {
@@ -90,7 +95,14 @@ func benchRequests(prefixes [][]uint32, n int) [][]byte {
 		for len(toks) < 2048 {
 			toks = append(toks, uint32(r.IntN(100_000)))
 		}
-		out[i] = AppendRouteRequest(nil, &RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128})
+		req := &RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128}
+		if hashes {
+			for _, h := range kvevents.SeqHashes(nil, toks, 16, kvevents.HashSeed) {
+				req.BlockHashes = append(req.BlockHashes, uint64(h))
+			}
+			req.TokenIDs, req.BlockSize, req.InputTokens = nil, 16, len(toks)
+		}
+		out[i] = AppendRouteRequest(nil, req)
 	}
 	return out
 }
@@ -150,10 +162,15 @@ func decodeRouteResponseIDs(data []byte, resp *RouteResponse) error {
 // workers. Throughput with concurrent clients (routes/s) and the latency
 // of a single client (p50/p99 client to client).
 func BenchmarkRouteNATS(b *testing.B) {
-	for _, nrep := range []int{1, 2} {
-		b.Run(fmt.Sprintf("replicas=%d/throughput", nrep), func(b *testing.B) {
+	for _, c := range []struct {
+		form   string
+		hashes bool
+		nrep   int
+	}{{"tokens", false, 1}, {"tokens", false, 2}, {"hashes", true, 1}, {"hashes", true, 2}} {
+		nrep, hashes := c.nrep, c.hashes
+		b.Run(fmt.Sprintf("%s/replicas=%d/throughput", c.form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
-			reqs := benchRequests(prefixes, 512)
+			reqs := benchRequests(prefixes, 512, hashes)
 			subject := RouteSubject("", testModel)
 			conns := make([]*nats.Conn, 4)
 			for i := range conns {
@@ -163,6 +180,7 @@ func BenchmarkRouteNATS(b *testing.B) {
 			b.SetParallelism(16) // 16 x GOMAXPROCS in-flight requests
 			b.ResetTimer()
 			t0 := time.Now()
+			cpu0 := cpuTime()
 			b.RunParallel(func(pb *testing.PB) {
 				i := next.Add(1)
 				nc := conns[int(i)%len(conns)]
@@ -173,11 +191,16 @@ func BenchmarkRouteNATS(b *testing.B) {
 				}
 			})
 			el := time.Since(t0)
+			cpu := cpuTime() - cpu0
 			b.ReportMetric(float64(b.N)/el.Seconds(), "routes/s")
+			// CPU of the whole process (client, server, replicas) per
+			// route: on a shared machine this, not routes/s, says what
+			// two dedicated cores would do.
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/route")
 		})
-		b.Run(fmt.Sprintf("replicas=%d/latency", nrep), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/replicas=%d/latency", c.form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
-			reqs := benchRequests(prefixes, 512)
+			reqs := benchRequests(prefixes, 512, hashes)
 			subject := RouteSubject("", testModel)
 			nc := natstest.Connect(b, st.srv)
 			var resp RouteResponse
@@ -199,6 +222,15 @@ func BenchmarkRouteNATS(b *testing.B) {
 	}
 }
 
+// cpuTime is the CPU time (user + system) used by this process so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // BenchmarkRouteInProcess is Replica.Route without NATS: decode excluded,
 // hashing, lookup, scheduling and booking included (the replica's own cost
 // per route).
@@ -206,7 +238,7 @@ func BenchmarkRouteInProcess(b *testing.B) {
 	st, prefixes := benchStack(b, 8, 1)
 	r := st.replicas[0]
 	ms := r.models[testModel]
-	bodies := benchRequests(prefixes, 64)
+	bodies := benchRequests(prefixes, 64, false)
 	reqs := make([]RouteRequest, len(bodies))
 	for i := range bodies {
 		if err := DecodeRouteRequest(bodies[i], &reqs[i]); err != nil {

@@ -376,26 +376,33 @@ func (d *decoder) uint32Array(field string, dst []uint32, maxLen int) ([]uint32,
 		if len(dst) >= maxLen {
 			return dst, d.errf(field, "has more than %d entries", maxLen)
 		}
-		// fast path: up to 10 digits followed by ',' or ']'
+		// Fast path: plain digits ended by ',' or ']' (what every encoder
+		// writes); anything else (spaces, signs, fractions, errors) goes
+		// through the general path below.
 		p := d.pos
-		var v uint64
-		n := 0
-		for p < len(buf) && n <= 10 {
-			c := buf[p]
-			if c < '0' || c > '9' {
-				break
+		if p < len(buf) {
+			if v := uint64(buf[p] - '0'); v <= 9 {
+				q := p + 1
+				for q < len(buf) {
+					dg := uint64(buf[q] - '0')
+					if dg > 9 {
+						break
+					}
+					v = v*10 + dg
+					q++
+				}
+				if n := q - p; q < len(buf) && n <= 10 && v <= 1<<32-1 && (n == 1 || buf[p] != '0') {
+					if c := buf[q]; c == ',' {
+						dst = append(dst, uint32(v))
+						d.pos = q + 1
+						continue
+					} else if c == ']' {
+						dst = append(dst, uint32(v))
+						d.pos = q + 1
+						return dst, nil
+					}
+				}
 			}
-			v = v*10 + uint64(c-'0')
-			p++
-			n++
-		}
-		if n > 0 && n <= 10 && v <= 1<<32-1 && (n == 1 || buf[d.pos] != '0') && p < len(buf) && (buf[p] == ',' || buf[p] == ']') {
-			dst = append(dst, uint32(v))
-			d.pos = p + 1
-			if buf[p] == ']' {
-				return dst, nil
-			}
-			continue
 		}
 		d.skipWS()
 		u, e := d.uint(field, 1<<32-1, false)
