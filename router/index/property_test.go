@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,9 +27,9 @@ func TestPropertyAgainstReference(t *testing.T) {
 		ops    int
 		shards int
 	}{
-		{"few-workers", 6, 1, 300, 30, 60, 4},
-		{"many-workers", 40, 2, 1500, 30, 150, 16},
-		{"bitmaps", 160, 2, 800, 12, 400, 64},
+		{"few-workers", 6, 1, 300, 24, 60, 4},
+		{"many-workers", 40, 2, 1500, 20, 150, 16},
+		{"bitmaps", 160, 2, 800, 10, 400, 64},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,6 +81,9 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 				case <-stop:
 					return
 				default:
+				}
+				if i%64 == 63 {
+					runtime.Gosched() // share the two cores with the writers
 				}
 				q := queries[rr.IntN(len(queries))]
 				opt := LookupOptions{EarlyExit: i%3 == 0}

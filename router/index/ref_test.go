@@ -10,23 +10,47 @@ import (
 
 // refModel is the naive reference: per (worker, rank), a map of engine
 // hash to sequence hash; a worker holds a block if any of its engine
-// hashes maps to it.
+// hashes maps to it (held counts those engine hashes per block).
 type refModel struct {
 	tier    kvevents.Tier
 	workers map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
+	held    map[kvevents.WorkerKey]map[kvevents.SeqHash]int
 }
 
 func newRef() *refModel {
-	return &refModel{workers: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{}}
+	return &refModel{
+		workers: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{},
+		held:    map[kvevents.WorkerKey]map[kvevents.SeqHash]int{},
+	}
+}
+
+func (m *refModel) set(k kvevents.WorkerKey, e kvevents.EngineHash, s kvevents.SeqHash) {
+	m.del(k, e)
+	m.workers[k][e] = s
+	m.held[k][s]++
+}
+
+func (m *refModel) del(k kvevents.WorkerKey, e kvevents.EngineHash) {
+	old, ok := m.workers[k][e]
+	if !ok {
+		return
+	}
+	delete(m.workers[k], e)
+	if m.held[k][old]--; m.held[k][old] == 0 {
+		delete(m.held[k], old)
+	}
+}
+
+func (m *refModel) ensure(k kvevents.WorkerKey) {
+	if m.workers[k] == nil {
+		m.workers[k] = map[kvevents.EngineHash]kvevents.SeqHash{}
+		m.held[k] = map[kvevents.SeqHash]int{}
+	}
 }
 
 func (m *refModel) apply(b *kvevents.Batch) {
 	k := b.Key()
-	ws := m.workers[k]
-	if ws == nil {
-		ws = map[kvevents.EngineHash]kvevents.SeqHash{}
-		m.workers[k] = ws
-	}
+	m.ensure(k)
 	for _, ev := range b.Events {
 		switch ev.Kind {
 		case kvevents.KindStored:
@@ -34,24 +58,25 @@ func (m *refModel) apply(b *kvevents.Batch) {
 				continue
 			}
 			for _, blk := range ev.Blocks {
-				ws[blk.Engine] = blk.Seq
+				m.set(k, blk.Engine, blk.Seq)
 			}
 		case kvevents.KindRemoved:
 			if ev.Tier != m.tier {
 				continue
 			}
 			for _, e := range ev.Removed {
-				delete(ws, e)
+				m.del(k, e)
 			}
 		case kvevents.KindCleared:
-			clear(ws)
+			m.clearKey(k)
 		}
 	}
 }
 
 func (m *refModel) clearKey(k kvevents.WorkerKey) {
-	if ws := m.workers[k]; ws != nil {
-		clear(ws)
+	if m.workers[k] != nil {
+		m.workers[k] = map[kvevents.EngineHash]kvevents.SeqHash{}
+		m.held[k] = map[kvevents.SeqHash]int{}
 	}
 }
 
@@ -59,25 +84,17 @@ func (m *refModel) removeWorker(name string) {
 	for k := range m.workers {
 		if k.Worker == name {
 			delete(m.workers, k)
+			delete(m.held, k)
 		}
 	}
 }
 
 func (m *refModel) load(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
-	ws := map[kvevents.EngineHash]kvevents.SeqHash{}
+	m.workers[k] = nil
+	m.ensure(k)
 	for _, b := range blocks {
-		ws[b.Engine] = b.Seq
+		m.set(k, b.Engine, b.Seq)
 	}
-	m.workers[k] = ws
-}
-
-func (m *refModel) holds(ws map[kvevents.EngineHash]kvevents.SeqHash, s kvevents.SeqHash) bool {
-	for _, v := range ws {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // lookup mirrors Index.Lookup, including EarlyExit's cut.
@@ -86,16 +103,12 @@ func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[kve
 	if len(hashes) == 0 {
 		return out, false
 	}
-	for k, ws := range m.workers {
+	for k, held := range m.held {
 		if opt.Allowed != nil && !opt.Allowed(k) {
 			continue
 		}
-		held := map[kvevents.SeqHash]bool{}
-		for _, s := range ws {
-			held[s] = true
-		}
 		d := 0
-		for d < len(hashes) && held[hashes[d]] {
+		for d < len(hashes) && held[hashes[d]] > 0 {
 			d++
 		}
 		if d > 0 {
@@ -155,6 +168,7 @@ func compareLookup(t testing.TB, x *Index, refs []*refModel, hashes []kvevents.S
 		for _, r := range refs {
 			for k, ws := range r.workers {
 				merged.workers[k] = ws
+				merged.held[k] = r.held[k]
 			}
 		}
 		want, wantEarly = merged.lookup(hashes, opt)
