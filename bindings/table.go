@@ -42,9 +42,14 @@ type Config struct {
 	// DefaultMode is the mode of new bindings (default Hard).
 	DefaultMode Mode
 	// IdleTTL is how long an unused binding lives (default 10 min; whole
-	// seconds, at least 2 s). A binding is renewed only once more than half
-	// of it has passed, so a session idle for less than IdleTTL/2 is never
-	// lost and one idle for IdleTTL always is.
+	// seconds, at least 2 s). The server removes a revision IdleTTL after
+	// it stored it (never earlier; its expiry pass may run a few hundred
+	// milliseconds late). A binding is renewed only once more than half of
+	// that has passed since the revision was stored, so it stays stored for
+	// at least IdleTTL/2 after the start of the last successful Route of
+	// its session (less any clock skew between this process and the NATS
+	// servers); once its session has been idle for IdleTTL it goes (as
+	// soon as the server's expiry pass runs).
 	IdleTTL time.Duration
 	// MarkerTTL is how long delete and expiry markers stay in the bucket
 	// (default 1 min, at least 1 s).
