@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/kvrouter/kvrouter/router/scheduler"
@@ -24,6 +25,48 @@ type bookingBatch struct {
 	V       int                      `json:"v"`
 	Replica string                   `json:"replica"`
 	Events  []scheduler.BookingEvent `json:"events"`
+}
+
+// appendBookingBatch appends b as JSON (what json.Marshal writes, without
+// its per-event allocations).
+func appendBookingBatch(dst []byte, b *bookingBatch) []byte {
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(b.V), 10)
+	dst = append(dst, `,"replica":`...)
+	dst = appendJSONString(dst, b.Replica)
+	dst = append(dst, `,"events":[`...)
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"replica":`...)
+		dst = appendJSONString(dst, ev.Replica)
+		dst = append(dst, `,"seq":`...)
+		dst = strconv.AppendUint(dst, ev.Seq, 10)
+		dst = append(dst, `,"kind":`...)
+		dst = appendJSONString(dst, ev.Kind.String())
+		dst = append(dst, `,"request_id":`...)
+		dst = appendJSONString(dst, ev.RequestID)
+		dst = append(dst, `,"worker":`...)
+		dst = appendJSONString(dst, ev.Worker)
+		dst = append(dst, `,"rank":`...)
+		dst = strconv.AppendUint(dst, uint64(ev.Rank), 10)
+		dst = append(dst, `,"attempt":`...)
+		dst = strconv.AppendUint(dst, ev.Attempt, 10)
+		if ev.PrefillTokens != 0 {
+			dst = append(dst, `,"prefill_tokens":`...)
+			dst = strconv.AppendInt(dst, int64(ev.PrefillTokens), 10)
+		}
+		if ev.Blocks != 0 {
+			dst = append(dst, `,"blocks":`...)
+			dst = strconv.AppendInt(dst, int64(ev.Blocks), 10)
+		}
+		dst = append(dst, `,"at":"`...)
+		dst = ev.At.AppendFormat(dst, time.RFC3339Nano)
+		dst = append(dst, `"}`...)
+	}
+	return append(dst, "]}"...)
 }
 
 // maxBookingBatch bounds one message (about 200 bytes per event).
@@ -49,7 +92,8 @@ func (r *Replica) onBookingChange(ms *modelState, ev scheduler.BookingEvent) {
 func (r *Replica) startBookingSync() error {
 	for _, name := range r.modelList {
 		ms := r.models[name]
-		sub, err := r.nc.Subscribe(BookingsSubject(r.cfg.Prefix, name), func(m *nats.Msg) { r.onRemoteBookings(ms, m) })
+		var b bookingBatch // reused: the handler runs on one goroutine
+		sub, err := r.nc.Subscribe(BookingsSubject(r.cfg.Prefix, name), func(m *nats.Msg) { r.onRemoteBookings(ms, m, &b) })
 		if err != nil {
 			return fmt.Errorf("host: subscribe booking sync of %q: %w", name, err)
 		}
@@ -61,12 +105,12 @@ func (r *Replica) startBookingSync() error {
 	return nil
 }
 
-func (r *Replica) onRemoteBookings(ms *modelState, m *nats.Msg) {
+func (r *Replica) onRemoteBookings(ms *modelState, m *nats.Msg, b *bookingBatch) {
 	if m.Header.Get(HeaderReplica) == r.id {
 		return // own echo: skip before decoding
 	}
-	var b bookingBatch
-	if err := json.Unmarshal(m.Data, &b); err != nil || b.V != 1 {
+	b.V, b.Replica, b.Events = 0, "", b.Events[:0]
+	if err := json.Unmarshal(m.Data, b); err != nil || b.V != 1 {
 		r.m.bookingSync.Add(context.Background(), 1, attr(attribute.String("direction", "bad")))
 		return
 	}
@@ -90,14 +134,13 @@ func (r *Replica) publishBookings(ms *modelState) {
 	batch := bookingBatch{V: 1, Replica: r.id}
 	sentOpt := attr(attribute.String("direction", "sent"))
 	hdr := nats.Header{HeaderReplica: []string{r.id}}
+	var buf []byte
 	flush := func() {
 		if len(batch.Events) == 0 {
 			return
 		}
-		data, err := json.Marshal(&batch)
-		if err == nil {
-			err = r.nc.PublishMsg(&nats.Msg{Subject: subject, Header: hdr, Data: data})
-		}
+		buf = appendBookingBatch(buf[:0], &batch)
+		err := r.nc.PublishMsg(&nats.Msg{Subject: subject, Header: hdr, Data: buf})
 		if err != nil {
 			r.log.Debug("booking sync publish failed", "err", err)
 		} else {

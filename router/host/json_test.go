@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
 func TestDecodeRouteRequest(t *testing.T) {
@@ -171,5 +174,20 @@ func BenchmarkEncodingJSONRouteRequest2048(b *testing.B) {
 		if err := json.Unmarshal(body, &r); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestBookingBatchEncoding(t *testing.T) {
+	b := bookingBatch{V: 1, Replica: "r\"1", Events: []scheduler.BookingEvent{
+		{Replica: "r\"1", Seq: 4, Kind: scheduler.BookingAdd, RequestID: "q<1>", Worker: "w", Rank: 2, Attempt: 9,
+			PrefillTokens: 100, Blocks: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)},
+		{Replica: "r", Seq: 5, Kind: scheduler.BookingFree, RequestID: "q", Worker: "w", At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))},
+	}}
+	want, err := json.Marshal(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := appendBookingBatch(nil, &b); string(got) != string(want) {
+		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }

@@ -72,6 +72,9 @@ type Replica struct {
 	stop     chan struct{}  // closed by Close: background loops end
 	scratch  sync.Pool      // *routeScratch
 
+	tracing bool          // a real TracerProvider was configured
+	reqSeq  atomic.Uint64 // numbers generated request ids
+
 	eventLag   atomic.Uint64 // stream messages not yet applied, measured every second
 	streamLast atomic.Uint64 // last stream sequence seen by the lag loop
 
@@ -93,17 +96,18 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 		return nil, fmt.Errorf("host: jetstream: %w", err)
 	}
 	r := &Replica{
-		cfg:    cfg,
-		id:     cfg.ReplicaID,
-		log:    cfg.Logger.With("replica", cfg.ReplicaID),
-		nc:     nc,
-		js:     js,
-		tracer: cfg.Telemetry.TracerProvider.Tracer(instrumentationName),
-		prop:   cfg.Telemetry.Propagator,
-		models: make(map[string]*modelState, len(cfg.Models)),
-		ready:  make(chan struct{}),
-		sem:    make(chan struct{}, cfg.MaxInFlight),
-		stop:   make(chan struct{}),
+		cfg:     cfg,
+		id:      cfg.ReplicaID,
+		log:     cfg.Logger.With("replica", cfg.ReplicaID),
+		nc:      nc,
+		js:      js,
+		tracer:  cfg.Telemetry.TracerProvider.Tracer(instrumentationName),
+		tracing: !isNoopTracer(cfg.Telemetry.TracerProvider),
+		prop:    cfg.Telemetry.Propagator,
+		models:  make(map[string]*modelState, len(cfg.Models)),
+		ready:   make(chan struct{}),
+		sem:     make(chan struct{}, cfg.MaxInFlight),
+		stop:    make(chan struct{}),
 	}
 	r.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName))
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -53,8 +52,17 @@ func (r *Replica) putScratch(s *routeScratch) {
 	r.scratch.Put(s)
 }
 
-// reqCounter numbers generated request ids.
-var reqCounter atomic.Uint64
+// routeSpanOpts are the start options of the route span, built once.
+var routeSpanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+
+// newRequestID returns "<replica>-<n>" (n in base 36) with one allocation.
+func (r *Replica) newRequestID(s *routeScratch) string {
+	b := append(s.out[:0], r.id...)
+	b = append(b, '-')
+	b = strconv.AppendUint(b, r.reqSeq.Add(1), 36)
+	s.out = b
+	return string(b)
+}
 
 // strengthOf is THE mapping from a session binding's mode to the strength
 // of the scheduling requirement (the architecture's "one line in the host").
@@ -82,9 +90,15 @@ func (r *Replica) Route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 
 func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteResponse, s *routeScratch) (err error) {
 	t0 := time.Now()
-	ctx, span := r.tracer.Start(ctx, "kvrouter.route", trace.WithSpanKind(trace.SpanKindServer))
-	rec := span.IsRecording()
-	s.spanCtx = ctx
+	// With no tracer configured, skip span creation entirely (it would
+	// still allocate a context per request).
+	var span trace.Span
+	rec := false
+	if r.tracing {
+		ctx, span = r.tracer.Start(ctx, "kvrouter.route", routeSpanOpts...)
+		rec = span.IsRecording()
+		s.spanCtx = ctx
+	}
 	defer func() {
 		code := "ok"
 		if err != nil {
@@ -99,10 +113,10 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 				span.SetAttributes(attribute.String("kvr.error.code", e.Code))
 			}
 		}
-		opt := r.m.codeOpt(code)
-		r.m.routeDuration.Record(ctx, time.Since(t0).Seconds(), opt)
-		r.m.routes.Add(ctx, 1, opt)
-		span.End()
+		r.m.routeDone(ctx, code, time.Since(t0))
+		if span != nil {
+			span.End()
+		}
 	}()
 
 	ms, e := r.validate(req)
@@ -110,7 +124,7 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 		return e
 	}
 	if req.RequestID == "" {
-		req.RequestID = r.id + "-" + strconv.FormatUint(reqCounter.Add(1), 36)
+		req.RequestID = r.newRequestID(s)
 	}
 	if rec {
 		span.SetAttributes(attribute.String("kvr.model", req.Model), attribute.String("kvr.request_id", req.RequestID))

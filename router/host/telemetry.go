@@ -76,10 +76,14 @@ type metrics struct {
 	snapshots       metric.Int64Counter
 	bookingSync     metric.Int64Counter
 
-	// cached attribute options
+	// cached attribute options; the slices are passed with ... so that
+	// recording does not allocate a variadic slice per call
 	byCode    map[string]metric.MeasurementOption
 	byOutcome map[string]metric.MeasurementOption
-	okOpt     metric.MeasurementOption
+	recCode   map[string][]metric.RecordOption
+	addCode   map[string][]metric.AddOption
+	addOut    map[string][]metric.AddOption
+	noOpts    []metric.RecordOption
 }
 
 // route result labels
@@ -91,7 +95,8 @@ var bindingOutcomes = []string{OutcomeCreated, OutcomeFresh, OutcomeRenewed, Out
 
 func newMetrics(m metric.Meter) (*metrics, error) {
 	var err error
-	x := &metrics{byCode: map[string]metric.MeasurementOption{}, byOutcome: map[string]metric.MeasurementOption{}}
+	x := &metrics{byCode: map[string]metric.MeasurementOption{}, byOutcome: map[string]metric.MeasurementOption{},
+		recCode: map[string][]metric.RecordOption{}, addCode: map[string][]metric.AddOption{}, addOut: map[string][]metric.AddOption{}}
 	must := func(e error) {
 		if err == nil {
 			err = e
@@ -135,11 +140,15 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		metric.WithDescription("Replica booking sync messages, by direction (sent, applied, dropped)."))
 	must(e)
 	for _, c := range routeCodes {
-		x.byCode[c] = metric.WithAttributeSet(attribute.NewSet(attribute.String("code", c)))
+		o := metric.WithAttributeSet(attribute.NewSet(attribute.String("code", c)))
+		x.byCode[c] = o
+		x.recCode[c] = []metric.RecordOption{o}
+		x.addCode[c] = []metric.AddOption{o}
 	}
-	x.okOpt = x.byCode["ok"]
 	for _, o := range bindingOutcomes {
-		x.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
+		opt := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
+		x.byOutcome[o] = opt
+		x.addOut[o] = []metric.AddOption{opt}
 	}
 	if err == nil {
 		x.touch()
@@ -171,9 +180,20 @@ func (x *metrics) codeOpt(code string) metric.MeasurementOption {
 }
 
 func (x *metrics) outcome(ctx context.Context, o string) {
-	if opt, ok := x.byOutcome[o]; ok {
-		x.bindingOutcomes.Add(ctx, 1, opt)
+	if opts, ok := x.addOut[o]; ok {
+		x.bindingOutcomes.Add(ctx, 1, opts...)
 	}
+}
+
+// routeDone records one route's latency and result without allocating.
+func (x *metrics) routeDone(ctx context.Context, code string, d time.Duration) {
+	rec, ok := x.recCode[code]
+	if !ok {
+		code = CodeInternal
+		rec = x.recCode[code]
+	}
+	x.routeDuration.Record(ctx, d.Seconds(), rec...)
+	x.routes.Add(ctx, 1, x.addCode[code]...)
 }
 
 // attr is a shorthand for metric attribute options off the hot path.
@@ -201,6 +221,12 @@ func (t Telemetry) withDefaults() Telemetry {
 		t.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	return t
+}
+
+// isNoopTracer reports whether tp is the no-op provider (no spans at all).
+func isNoopTracer(tp trace.TracerProvider) bool {
+	_, ok := tp.(tracenoop.TracerProvider)
+	return ok
 }
 
 // spanAt records a finished child span of ctx covering [start, end]. The
