@@ -57,3 +57,24 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeLifecycleRequest: never panics; rejections name a field;
+// accepted input is valid JSON.
+func FuzzDecodeLifecycleRequest(f *testing.F) {
+	for _, s := range []string{`{"v":1,"request_id":"r","model":"m","attempt":3,"replica":"x"}`, `{}`, `{"attempt":-1}`, `[`, `{"x":[{"y":null}]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var lr LifecycleRequest
+		if err := DecodeLifecycleRequest(data, &lr); err != nil {
+			var e *Error
+			if !errors.As(err, &e) || e.Code != CodeBadRequest || e.Field == "" {
+				t.Fatalf("rejection %v is not a bad_request with a field", err)
+			}
+			return
+		}
+		if !json.Valid(data) {
+			t.Fatalf("accepted invalid JSON %q", data)
+		}
+	})
+}

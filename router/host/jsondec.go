@@ -570,6 +570,47 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 	return nil
 }
 
+// DecodeLifecycleRequest parses a lifecycle call body into lr (fields not
+// present are left as they are).
+func DecodeLifecycleRequest(data []byte, lr *LifecycleRequest) error {
+	if len(data) > 64<<10 {
+		return badField("body", "is %d bytes, the limit is %d", len(data), 64<<10)
+	}
+	d := decoder{buf: data}
+	if d.peek() != '{' {
+		return d.unexpected("body", "a JSON object")
+	}
+	e := d.object("body", func(key []byte) *Error {
+		if d.isNull() {
+			return nil
+		}
+		var e *Error
+		switch string(key) {
+		case "v":
+			lr.V, e = d.int("v", 1<<20)
+		case "request_id":
+			lr.RequestID, e = d.str("request_id", MaxRequestIDLen)
+		case "model":
+			lr.Model, e = d.str("model", MaxModelLen)
+		case "attempt":
+			lr.Attempt, e = d.uint("attempt", 1<<64-1, false)
+		case "replica":
+			lr.Replica, e = d.str("replica", MaxWorkerIDLen)
+		default:
+			e = d.skipValue(string(key))
+		}
+		return e
+	})
+	if e != nil {
+		return e
+	}
+	d.skipWS()
+	if d.pos != len(d.buf) {
+		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
+	}
+	return nil
+}
+
 func (d *decoder) workerRef(field string, w *WorkerRef) *Error {
 	seen := false
 	e := d.object(field, func(key []byte) *Error {

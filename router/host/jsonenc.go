@@ -115,6 +115,19 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	return append(dst, '}')
 }
 
+// appendLifecycleResponse appends r as JSON; equal to json.Marshal(r).
+func appendLifecycleResponse(dst []byte, r *LifecycleResponse) []byte {
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(r.V), 10)
+	dst = append(dst, `,"request_id":`...)
+	dst = appendJSONString(dst, r.RequestID)
+	dst = append(dst, `,"op":`...)
+	dst = appendJSONString(dst, r.Op)
+	dst = append(dst, `,"replica":`...)
+	dst = appendJSONString(dst, r.Replica)
+	return append(dst, '}')
+}
+
 // AppendRouteRequest appends r as JSON to dst, in the form the decoder reads
 // fastest (token ids and hashes as plain numbers). Clients and benchmarks use
 // it; json.Marshal(r) is equivalent.

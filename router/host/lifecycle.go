@@ -8,7 +8,6 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/scheduler"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
@@ -24,7 +23,7 @@ func (r *Replica) Lifecycle(ctx context.Context, op string, lr *LifecycleRequest
 	if err != nil {
 		result = asAPIError(err).Code
 	}
-	r.m.lifecycle.Add(ctx, 1, attr(attribute.String("op", op), attribute.String("result", result)))
+	r.m.lifecycleDone(ctx, op, result)
 	return resp, err
 }
 

@@ -175,8 +175,8 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 			ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
 		}
 		var lr LifecycleRequest
-		if err := json.Unmarshal(m.Data, &lr); err != nil {
-			r.replyError(m, ctx, badField("body", "invalid JSON: %v", err))
+		if err := DecodeLifecycleRequest(m.Data, &lr); err != nil {
+			r.replyError(m, ctx, asAPIError(err))
 			return
 		}
 		if lr.Replica != "" && lr.Replica != r.id {
@@ -193,7 +193,11 @@ func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, l
 		r.replyError(m, ctx, asAPIError(err))
 		return
 	}
-	r.replyJSON(m, resp)
+	if m.Reply == "" {
+		return // fire-and-forget call
+	}
+	var buf [256]byte
+	_ = m.Respond(appendLifecycleResponse(buf[:0], resp))
 }
 
 // forwardLifecycle sends a lifecycle call to the replica that holds the

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,8 @@ type metrics struct {
 	addCode   map[string][]metric.AddOption
 	addOut    map[string][]metric.AddOption
 	noOpts    []metric.RecordOption
+	lcMu      sync.Mutex
+	lcOpts    map[[2]string][]metric.AddOption
 }
 
 // route result labels
@@ -96,7 +99,8 @@ var bindingOutcomes = []string{OutcomeCreated, OutcomeFresh, OutcomeRenewed, Out
 func newMetrics(m metric.Meter) (*metrics, error) {
 	var err error
 	x := &metrics{byCode: map[string]metric.MeasurementOption{}, byOutcome: map[string]metric.MeasurementOption{},
-		recCode: map[string][]metric.RecordOption{}, addCode: map[string][]metric.AddOption{}, addOut: map[string][]metric.AddOption{}}
+		recCode: map[string][]metric.RecordOption{}, addCode: map[string][]metric.AddOption{}, addOut: map[string][]metric.AddOption{},
+		lcOpts: map[[2]string][]metric.AddOption{}}
 	must := func(e error) {
 		if err == nil {
 			err = e
@@ -183,6 +187,23 @@ func (x *metrics) outcome(ctx context.Context, o string) {
 	if opts, ok := x.addOut[o]; ok {
 		x.bindingOutcomes.Add(ctx, 1, opts...)
 	}
+}
+
+// lifecycleDone counts one lifecycle call, with cached attribute sets for
+// the common results.
+func (x *metrics) lifecycleDone(ctx context.Context, op, result string) {
+	k := [2]string{op, result}
+	x.lcMu.Lock()
+	opts, ok := x.lcOpts[k]
+	if !ok && len(x.lcOpts) < 256 {
+		opts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("op", op), attribute.String("result", result)))}
+		x.lcOpts[k] = opts
+	}
+	x.lcMu.Unlock()
+	if opts == nil {
+		opts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("op", op), attribute.String("result", result)))}
+	}
+	x.lifecycle.Add(ctx, 1, opts...)
 }
 
 // routeDone records one route's latency and result without allocating.
