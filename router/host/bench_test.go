@@ -120,7 +120,7 @@ func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *R
 	if e := DecodeError(reply.Data); e != nil && reply.Header.Get(HeaderStatus) != "" {
 		b.Fatal(e)
 	}
-	if err := decodeRouteResponseIDs(reply.Data, resp); err != nil {
+	if err := DecodeRouteResponse(reply.Data, resp); err != nil {
 		b.Fatal(err)
 	}
 	lc = append(lc[:0], `{"request_id":"`...)
@@ -130,31 +130,6 @@ func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *R
 		b.Fatal(err)
 	}
 	return d
-}
-
-// decodeRouteResponseIDs pulls request_id and replica out of a reply
-// without encoding/json, so the client's own decoding cost does not weigh
-// on the 2-core measurement.
-func decodeRouteResponseIDs(data []byte, resp *RouteResponse) error {
-	get := func(key string) string {
-		k := `"` + key + `":"`
-		for i := 0; i+len(k) < len(data); i++ {
-			if string(data[i:i+len(k)]) == k {
-				j := i + len(k)
-				for e := j; e < len(data); e++ {
-					if data[e] == '"' {
-						return string(data[j:e])
-					}
-				}
-			}
-		}
-		return ""
-	}
-	resp.RequestID, resp.Replica = get("request_id"), get("replica")
-	if resp.RequestID == "" || resp.Replica == "" {
-		return fmt.Errorf("reply without request_id/replica: %.200s", data)
-	}
-	return nil
 }
 
 // BenchmarkRouteNATS measures routing through the NATS API: session-less

@@ -9,7 +9,9 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Client calls the route API over NATS. It is what the demo, the bench
@@ -37,9 +39,13 @@ func NewClient(nc *nats.Conn, prefix string, prop propagation.TextMapPropagator)
 var ErrNoRouter = errors.New("no router replica answered")
 
 func (c *Client) request(ctx context.Context, subject string, body []byte) ([]byte, error) {
-	m := nats.NewMsg(subject)
-	m.Data = body
-	c.prop.Inject(ctx, HeaderCarrier(m.Header))
+	m := &nats.Msg{Subject: subject, Data: body}
+	// Headers only when there is a context to carry: a header map per
+	// request costs allocations the common case does not need.
+	if trace.SpanContextFromContext(ctx).IsValid() || baggage.FromContext(ctx).Len() > 0 {
+		m.Header = nats.Header{}
+		c.prop.Inject(ctx, HeaderCarrier(m.Header))
+	}
 	reply, err := c.nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -80,8 +86,7 @@ func (c *Client) RouteInto(ctx context.Context, req *RouteRequest, resp *RouteRe
 	if err != nil {
 		return err
 	}
-	*resp = RouteResponse{}
-	if err := json.Unmarshal(data, resp); err != nil {
+	if err := DecodeRouteResponse(data, resp); err != nil {
 		return fmt.Errorf("decode route reply: %w", err)
 	}
 	return nil

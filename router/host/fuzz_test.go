@@ -78,3 +78,20 @@ func FuzzDecodeLifecycleRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRouteResponse: the client's decoder never panics and what it
+// accepts re-encodes to the same answer.
+func FuzzDecodeRouteResponse(f *testing.F) {
+	f.Add(AppendRouteResponse(nil, &RouteResponse{V: 1, RequestID: "r", Worker: "w", Binding: &BindingInfo{SessionID: "s", Outcome: "fresh", HasRank: true}}))
+	f.Add([]byte(`{"binding":null,"x":[1]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r RouteResponse
+		if err := DecodeRouteResponse(data, &r); err != nil {
+			return
+		}
+		var again RouteResponse
+		if err := DecodeRouteResponse(AppendRouteResponse(nil, &r), &again); err != nil || !reflect.DeepEqual(r, again) {
+			t.Fatalf("round trip: %v\n%+v\n%+v", err, r, again)
+		}
+	})
+}

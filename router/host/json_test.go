@@ -191,3 +191,22 @@ func TestBookingBatchEncoding(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
+
+func TestDecodeRouteResponse(t *testing.T) {
+	for _, c := range []RouteResponse{
+		{V: 1, RequestID: "r", Model: "m", Worker: "w", Rank: 3, Endpoint: "e", OverlapBlocks: 5, PromptBlocks: 9, Attempt: 1 << 40, Replica: "x", QueueWaitUS: 77},
+		{V: 1, RequestID: "r", Binding: &BindingInfo{SessionID: "s", Outcome: "created", Mode: "hard", Worker: "w", Rank: 2, HasRank: true, Version: 3}},
+	} {
+		var got RouteResponse
+		if err := DecodeRouteResponse(AppendRouteResponse(nil, &c), &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, c) {
+			t.Fatalf("got %+v want %+v", got, c)
+		}
+	}
+	var r RouteResponse
+	if err := DecodeRouteResponse([]byte(`{"v":1,"binding":{"has_rank":maybe}}`), &r); err == nil {
+		t.Fatal("bad literal accepted")
+	}
+}

@@ -570,6 +570,95 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 	return nil
 }
 
+// DecodeRouteResponse parses a route answer into resp (reset first). It is
+// what Client uses; encoding/json reads the same documents.
+func DecodeRouteResponse(data []byte, resp *RouteResponse) error {
+	*resp = RouteResponse{}
+	d := decoder{buf: data}
+	if d.peek() != '{' {
+		return d.unexpected("body", "a JSON object")
+	}
+	e := d.object("body", func(key []byte) *Error {
+		if d.isNull() {
+			return nil
+		}
+		var e *Error
+		var u uint64
+		switch string(key) {
+		case "v":
+			resp.V, e = d.int("v", 1<<20)
+		case "request_id":
+			resp.RequestID, e = d.str("request_id", MaxRequestIDLen)
+		case "model":
+			resp.Model, e = d.str("model", MaxModelLen)
+		case "worker":
+			resp.Worker, e = d.str("worker", MaxWorkerIDLen)
+		case "rank":
+			u, e = d.uint("rank", 1<<32-1, false)
+			resp.Rank = uint32(u)
+		case "endpoint":
+			resp.Endpoint, e = d.str("endpoint", 4096)
+		case "overlap_blocks":
+			resp.OverlapBlocks, e = d.int("overlap_blocks", MaxBlockHashes*MaxBlockSize)
+		case "prompt_blocks":
+			resp.PromptBlocks, e = d.int("prompt_blocks", MaxBlockHashes*MaxBlockSize)
+		case "attempt":
+			resp.Attempt, e = d.uint("attempt", 1<<64-1, false)
+		case "replica":
+			resp.Replica, e = d.str("replica", MaxWorkerIDLen)
+		case "queue_wait_us":
+			var v int
+			v, e = d.int("queue_wait_us", 1<<62)
+			resp.QueueWaitUS = int64(v)
+		case "binding":
+			b := new(BindingInfo)
+			resp.Binding = b
+			e = d.object("binding", func(k []byte) *Error {
+				if d.isNull() {
+					return nil
+				}
+				var e *Error
+				switch string(k) {
+				case "session_id":
+					b.SessionID, e = d.str("binding.session_id", MaxSessionIDLen)
+				case "outcome":
+					b.Outcome, e = d.str("binding.outcome", 64)
+				case "mode":
+					b.Mode, e = d.str("binding.mode", 64)
+				case "worker":
+					b.Worker, e = d.str("binding.worker", MaxWorkerIDLen)
+				case "rank":
+					var u uint64
+					u, e = d.uint("binding.rank", 1<<32-1, false)
+					b.Rank = uint32(u)
+				case "has_rank":
+					if d.literal("binding.has_rank", "true") == nil {
+						b.HasRank = true
+					} else {
+						e = d.literal("binding.has_rank", "false")
+					}
+				case "version":
+					b.Version, e = d.uint("binding.version", 1<<64-1, false)
+				default:
+					e = d.skipValue("binding." + string(k))
+				}
+				return e
+			})
+		default:
+			e = d.skipValue(string(key))
+		}
+		return e
+	})
+	if e != nil {
+		return e
+	}
+	d.skipWS()
+	if d.pos != len(d.buf) {
+		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
+	}
+	return nil
+}
+
 // DecodeLifecycleRequest parses a lifecycle call body into lr (fields not
 // present are left as they are).
 func DecodeLifecycleRequest(data []byte, lr *LifecycleRequest) error {
