@@ -27,15 +27,20 @@ import (
 // stays the router's, as for kvrouter. A pin would instead make the request
 // wait for that one worker whenever it is busy.
 type oracle struct {
-	mu      sync.Mutex
-	loads   LoadProbe // the router's load view; nil = own bookkeeping
-	view    map[string]WorkerLoad
-	probe   CacheProbe
-	bs      float64
-	workers []string
-	load    map[string]*oracleLoad
-	cached  map[string]int
-	rnd     *rand.Rand
+	mu    sync.Mutex
+	loads LoadProbe // the router's load view; nil = own bookkeeping
+	view  map[string]WorkerLoad
+	// busyPrefill and busyDecode are the router's queue thresholds in
+	// tokens and blocks (0 = no queueing): with the router's load view the
+	// oracle, like the router, picks among workers that are not busy while
+	// there is one (a Soft preference for a busy worker is not kept).
+	busyPrefill, busyDecode float64
+	probe                   CacheProbe
+	bs                      float64
+	workers                 []string
+	load                    map[string]*oracleLoad
+	cached                  map[string]int
+	rnd                     *rand.Rand
 }
 
 type oracleLoad struct {
@@ -52,8 +57,8 @@ type booking struct {
 	hashes  []kvevents.SeqHash
 }
 
-func newOracle(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64) *oracle {
-	o := &oracle{probe: probe, loads: loads, view: map[string]WorkerLoad{}, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+func newOracle(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64, busyPrefill, busyDecode float64) *oracle {
+	o := &oracle{probe: probe, loads: loads, view: map[string]WorkerLoad{}, busyPrefill: busyPrefill, busyDecode: busyDecode, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
 		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
 	for _, w := range workers {
 		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}
@@ -73,9 +78,23 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 	o.probe.CachedPrefix(p.hashes, o.cached)
 	isl := float64(p.req.InputLength)
 	n := len(p.hashes)
+	busy := func(w string) bool {
+		if !useView || o.busyPrefill <= 0 {
+			return false
+		}
+		v := o.view[w]
+		return float64(v.PrefillTokens) >= o.busyPrefill || float64(v.DecodeBlocks) >= o.busyDecode
+	}
+	anyFree := false
+	for _, w := range o.workers {
+		anyFree = anyFree || !busy(w)
+	}
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
 	for _, w := range o.workers {
+		if anyFree && busy(w) {
+			continue
+		}
 		l := o.load[w]
 		ov := o.cached[w]
 		k := 0

@@ -225,7 +225,19 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		if probe == nil {
 			return metrics.Summary{}, fmt.Errorf("%w: the stack has no cache probe for the oracle", ErrConfig)
 		}
-		d.oracle = newOracle(probe, stack.Loads(), stack.Workers(), cfg.BlockSize, cfg.Seed)
+		th := cfg.QueueThreshold
+		if th == 0 {
+			th = 1 // the scheduler's default
+		}
+		var bp, bd float64
+		if th > 0 {
+			mbt := cfg.MaxBatchedTokens
+			if mbt <= 0 {
+				mbt = sim.DefaultMaxBatchedTokens
+			}
+			bp, bd = th*float64(mbt), th*float64(cfg.KVBlocks)
+		}
+		d.oracle = newOracle(probe, stack.Loads(), stack.Workers(), cfg.BlockSize, cfg.Seed, bp, bd)
 	}
 	if cfg.Progress != nil {
 		d.bar = progress.New(cfg.Progress, pol.Name, len(reqs), progress.Options{Lines: cfg.ProgressLines})

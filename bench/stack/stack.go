@@ -222,9 +222,14 @@ func (s *Stack) replicaConfig(i int) host.Config {
 		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy},
 		Logger:    s.opt.Logger,
 	}
+	// The replicas' own time constants are meant in real time; the workload
+	// runs Speedup times faster, so they shrink with it (a 5 s predicted
+	// index would otherwise remember 5 x Speedup seconds of decisions).
+	ttl := host.DefaultPredictedTTL
 	if cfg.Policy.PredictedTTL > 0 {
-		hc.PredictedTTL = cfg.Policy.PredictedTTL
+		ttl = cfg.Policy.PredictedTTL
 	}
+	hc.PredictedTTL = max(10*time.Millisecond, time.Duration(float64(ttl)/cfg.Speedup))
 	if cfg.RouteDeadline > 0 {
 		hc.DefaultDeadline = cfg.RouteDeadline
 	}
