@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/router/host"
 	"go.uber.org/goleak"
 )
 
@@ -221,5 +223,37 @@ func TestDemoSmall(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestPolicyFile(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/p.yaml"
+	if err := os.WriteFile(good, []byte("policy:\n  name: two-tier\n  params: {cache_threshold: 0.4}\nscheduler:\n  thresholds: {queue_prefill_frac: 0.5}\n  queue: {order: wspt}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg host.Config
+	if err := applyPolicyFile(&cfg, good); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Policy.Name != "two-tier" || cfg.Scheduler.Thresholds.QueuePrefillFrac != 0.5 || !cfg.Scheduler.ThresholdsSet || cfg.Scheduler.Queue.Order.String() != "wspt" {
+		t.Fatalf("policy file not applied: %+v %+v", cfg.Policy, cfg.Scheduler)
+	}
+	for name, body := range map[string]string{
+		"unknown policy": "policy: {name: nope}\n",
+		"unknown param":  "policy: {name: default, params: {temprature: 1}}\n",
+		"bad yaml":       "policy: [\n",
+		"bad scheduler":  "scheduler: {queue: {order: lifo}}\n",
+	} {
+		p := dir + "/bad.yaml"
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyPolicyFile(&host.Config{}, p); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := applyPolicyFile(&host.Config{}, dir+"/missing.yaml"); err == nil {
+		t.Error("missing file accepted")
 	}
 }
