@@ -2,6 +2,7 @@ package index
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,13 +58,18 @@ type Approx struct {
 	cfg ApproxConfig
 	idx *Index
 
-	mu    sync.Mutex
-	ids   map[kvevents.WorkerKey]uint32
-	keys  []kvevents.WorkerKey // by id
-	exp   map[approxKey]int64  // deadline (Unix ns) per entry
-	heap  []heapNode
-	buf   []kvevents.SeqHash
-	first atomic.Int64 // earliest deadline in the heap, MaxInt64 when empty
+	mu   sync.Mutex
+	ids  map[kvevents.WorkerKey]uint32
+	keys []kvevents.WorkerKey // by id
+	// exp[id] holds the deadline (Unix ns) of each of that worker's
+	// entries: per-worker maps keyed by the hash alone hash faster and
+	// stay smaller than one map keyed by (worker, hash).
+	exp     []map[kvevents.SeqHash]int64
+	entries int
+	heap    []heapNode
+	buf     []kvevents.SeqHash
+	dropped []approxKey  // entries leaving the index, removed in one call per worker
+	first   atomic.Int64 // earliest deadline in the heap, MaxInt64 when empty
 
 	recorded, refreshed, expired, evicted atomic.Uint64
 }
@@ -99,7 +105,6 @@ func NewApprox(cfg ApproxConfig) *Approx {
 		cfg: cfg,
 		idx: New(Config{Shards: cfg.Shards}),
 		ids: map[kvevents.WorkerKey]uint32{},
-		exp: map[approxKey]int64{},
 	}
 	a.first.Store(math.MaxInt64)
 	return a
@@ -122,28 +127,36 @@ func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now tim
 		id = uint32(len(a.keys))
 		a.ids[k] = id
 		a.keys = append(a.keys, k)
+		a.exp = append(a.exp, nil)
+	}
+	m := a.exp[id]
+	if m == nil {
+		m = map[kvevents.SeqHash]int64{}
+		a.exp[id] = m
 	}
 	fresh := a.buf[:0]
+	refreshed := 0
 	for _, h := range hashes {
-		key := approxKey{id, h}
-		if old, ok := a.exp[key]; ok {
+		if old, ok := m[h]; ok {
 			if deadline > old {
-				a.exp[key] = deadline
+				m[h] = deadline
 			}
-			a.refreshed.Add(1)
+			refreshed++
 			continue
 		}
-		a.exp[key] = deadline
-		a.push(heapNode{deadline, key})
+		m[h] = deadline
+		a.entries++
+		a.push(heapNode{deadline, approxKey{id, h}})
 		fresh = append(fresh, h)
 	}
+	a.refreshed.Add(uint64(refreshed))
 	a.buf = fresh[:0]
 	if len(fresh) > 0 {
 		a.idx.storeSeqs(k, fresh)
 		a.recorded.Add(uint64(len(fresh)))
 	}
 	a.pruneLocked(now.UnixNano(), -1)
-	if len(a.exp) > a.cfg.MaxBlocks {
+	if a.entries > a.cfg.MaxBlocks {
 		a.evictLocked(int(float64(a.cfg.MaxBlocks) * a.cfg.PruneTarget))
 	}
 	a.publishFirst()
@@ -181,10 +194,10 @@ func (a *Approx) RemoveWorker(worker string) {
 	if len(gone) == 0 {
 		return
 	}
-	for key := range a.exp {
-		if gone[key.id] {
-			delete(a.exp, key) // heap nodes are dropped when they surface
-		}
+	for id := range gone {
+		// Heap nodes are dropped when they surface.
+		a.entries -= len(a.exp[id])
+		a.exp[id] = nil
 	}
 	a.idx.RemoveWorker(worker)
 }
@@ -194,7 +207,7 @@ func (a *Approx) RemoveWorker(worker string) {
 func (a *Approx) pruneLocked(now int64, limit int) {
 	for len(a.heap) > 0 && a.heap[0].at <= now && limit != 0 {
 		n := a.pop()
-		at, ok := a.exp[n.key]
+		at, ok := a.exp[n.key.id][n.key.seq]
 		switch {
 		case !ok: // removed with its worker
 		case at > n.at: // re-recorded since: re-queue at its deadline
@@ -205,13 +218,14 @@ func (a *Approx) pruneLocked(now int64, limit int) {
 			limit--
 		}
 	}
+	a.flushDropped()
 }
 
 // evictLocked removes the entries closest to expiry until target remain.
 func (a *Approx) evictLocked(target int) {
-	for len(a.exp) > target && len(a.heap) > 0 {
+	for a.entries > target && len(a.heap) > 0 {
 		n := a.pop()
-		at, ok := a.exp[n.key]
+		at, ok := a.exp[n.key.id][n.key.seq]
 		switch {
 		case !ok:
 		case at > n.at:
@@ -221,11 +235,34 @@ func (a *Approx) evictLocked(target int) {
 			a.evicted.Add(1)
 		}
 	}
+	a.flushDropped()
 }
 
 func (a *Approx) drop(key approxKey) {
-	delete(a.exp, key)
-	a.idx.removeSeqs(a.keys[key.id], key.seq)
+	delete(a.exp[key.id], key.seq)
+	a.entries--
+	a.dropped = append(a.dropped, key)
+}
+
+// flushDropped removes the dropped entries from the index, one call (one
+// writer-lock acquisition) per worker.
+func (a *Approx) flushDropped() {
+	d := a.dropped
+	if len(d) == 0 {
+		return
+	}
+	slices.SortFunc(d, func(x, y approxKey) int { return int(x.id) - int(y.id) })
+	for i := 0; i < len(d); {
+		j := i
+		seqs := a.buf[:0]
+		for ; j < len(d) && d[j].id == d[i].id; j++ {
+			seqs = append(seqs, d[j].seq)
+		}
+		a.idx.removeSeqs(a.keys[d[i].id], seqs...)
+		a.buf = seqs[:0]
+		i = j
+	}
+	a.dropped = d[:0]
 }
 
 func (a *Approx) publishFirst() {
@@ -236,42 +273,52 @@ func (a *Approx) publishFirst() {
 	a.first.Store(a.heap[0].at)
 }
 
+// The expiry heap is 4-ary: half the levels of a binary heap, and a
+// node's children share a cache line or two, which matters at 10^6 nodes.
+
 func (a *Approx) push(n heapNode) {
 	a.heap = append(a.heap, n)
-	i := len(a.heap) - 1
+	h := a.heap
+	i := len(h) - 1
 	for i > 0 {
-		p := (i - 1) / 2
-		if a.heap[p].at <= a.heap[i].at {
+		p := (i - 1) / 4
+		if h[p].at <= n.at {
 			break
 		}
-		a.heap[p], a.heap[i] = a.heap[i], a.heap[p]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = n
 }
 
 func (a *Approx) pop() heapNode {
 	h := a.heap
 	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
+	last := h[len(h)-1]
+	h = h[:len(h)-1]
+	a.heap = h
+	if len(h) == 0 {
+		return top
+	}
 	i := 0
 	for {
-		l := 2*i + 1
-		if l >= len(h) {
+		c := 4*i + 1
+		if c >= len(h) {
 			break
 		}
-		m := l
-		if r := l + 1; r < len(h) && h[r].at < h[l].at {
-			m = r
+		m := c
+		for k := c + 1; k < c+4 && k < len(h); k++ {
+			if h[k].at < h[m].at {
+				m = k
+			}
 		}
-		if h[i].at <= h[m].at {
+		if last.at <= h[m].at {
 			break
 		}
-		h[i], h[m] = h[m], h[i]
+		h[i] = h[m]
 		i = m
 	}
-	a.heap = h
+	h[i] = last
 	return top
 }
 
@@ -289,7 +336,7 @@ type ApproxStats struct {
 // Stats returns counters and sizes.
 func (a *Approx) Stats() ApproxStats {
 	a.mu.Lock()
-	s := ApproxStats{Entries: len(a.exp), HeapNodes: len(a.heap)}
+	s := ApproxStats{Entries: a.entries, HeapNodes: len(a.heap)}
 	a.mu.Unlock()
 	s.Recorded, s.Refreshed = a.recorded.Load(), a.refreshed.Load()
 	s.Expired, s.Evicted = a.expired.Load(), a.evicted.Load()

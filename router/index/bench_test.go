@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 )
@@ -259,4 +260,240 @@ func BenchmarkLookupParallel(b *testing.B) {
 		x.RemoveWorker(fmt.Sprintf("applier-%04d", w))
 	}
 	b.ReportMetric(float64(applied)/b.Elapsed().Seconds(), "batches/s")
+}
+
+// rwIndex is the design alternative BenchmarkReadPath compares against: a
+// sharded Go map per shard behind a sync.RWMutex, holding (like the inline
+// case) the worker slots of a block in one word. Its lookup takes a read
+// lock per block.
+type rwIndex struct {
+	shards [256]struct {
+		mu sync.RWMutex
+		m  map[uint64]uint64
+		_  [32]byte
+	}
+}
+
+func newRWIndex() *rwIndex {
+	r := &rwIndex{}
+	for i := range r.shards {
+		r.shards[i].m = map[uint64]uint64{}
+	}
+	return r
+}
+
+func (r *rwIndex) put(k, v uint64) {
+	sh := &r.shards[mix(k)>>56]
+	sh.mu.Lock()
+	sh.m[k] = v
+	sh.mu.Unlock()
+}
+
+func (r *rwIndex) del(k uint64) {
+	sh := &r.shards[mix(k)>>56]
+	sh.mu.Lock()
+	delete(sh.m, k)
+	sh.mu.Unlock()
+}
+
+// depth returns how many leading hashes hold slot+1 in field 0.
+func (r *rwIndex) depth(hs []kvevents.SeqHash, slot uint64) int {
+	for i, h := range hs {
+		sh := &r.shards[mix(uint64(h))>>56]
+		sh.mu.RLock()
+		v, ok := sh.m[uint64(h)]
+		sh.mu.RUnlock()
+		if !ok || v&fieldMask != slot+1 {
+			return i
+		}
+	}
+	return len(hs)
+}
+
+// BenchmarkReadPath justifies the read path: lookups of a 128-block prompt
+// held by one worker, on 2 goroutines (RunParallel on this 2-core VM),
+// while a writer goroutine inserts and deletes other blocks as fast as it
+// can, against (a) this index (lock-free reads) and (b) rwIndex (sharded
+// map + RWMutex per shard, the obvious alternative). The rwIndex lookup
+// does strictly less work (no sets, no results), so what it loses is
+// the locks: one read-lock pair per block, whose shared counters bounce
+// between the readers' cores and queue behind the writer.
+func BenchmarkReadPath(b *testing.B) {
+	prompt := make([]kvevents.SeqHash, 128)
+	for i := range prompt {
+		prompt[i] = seqOf(77, uint64(i))
+	}
+	const background = 200000
+	run := func(b *testing.B, lookup func([]kvevents.SeqHash) int, write func(i int)) {
+		b.Run("1-reader", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if lookup(prompt) != 128 {
+					panic("lost the prompt")
+				}
+			}
+		})
+		b.Run("2-readers+writer", func(b *testing.B) { runContended(b, prompt, lookup, write) })
+	}
+	b.Run("lockfree-index", func(b *testing.B) {
+		x := New(Config{})
+		ev := kvevents.Event{Kind: kvevents.KindStored}
+		for _, h := range prompt {
+			ev.Blocks = append(ev.Blocks, kvevents.StoredBlock{Engine: kvevents.EngineHash(h), Seq: h})
+		}
+		x.ApplyBatch(0, &kvevents.Batch{Worker: "p", Events: []kvevents.Event{ev}})
+		var bg kvevents.Event
+		bg.Kind = kvevents.KindStored
+		for i := 0; i < background; i++ {
+			bg.Blocks = append(bg.Blocks, kvevents.StoredBlock{Engine: engOf(5, uint64(i)), Seq: seqOf(5, uint64(i))})
+		}
+		x.ApplyBatch(0, &kvevents.Batch{Worker: "w", Events: []kvevents.Event{bg}})
+		k := kvevents.WorkerKey{Worker: "p"}
+		var pool sync.Pool
+		pool.New = func() any { return new(Overlaps) }
+		st := kvevents.Batch{Worker: "w", Events: []kvevents.Event{{Kind: kvevents.KindStored, Blocks: make([]kvevents.StoredBlock, 1)}}}
+		rm := kvevents.Batch{Worker: "w", Events: []kvevents.Event{{Kind: kvevents.KindRemoved, Removed: make([]kvevents.EngineHash, 1)}}}
+		run(b, func(hs []kvevents.SeqHash) int {
+			out := pool.Get().(*Overlaps)
+			x.Lookup(hs, LookupOptions{}, out)
+			d := out.Get(k)
+			pool.Put(out)
+			return d
+		}, func(i int) {
+			n := uint64(background + i)
+			st.Events[0].Blocks[0] = kvevents.StoredBlock{Engine: engOf(5, n), Seq: seqOf(5, n)}
+			x.ApplyBatch(0, &st)
+			rm.Events[0].Removed[0] = engOf(5, n-background)
+			x.ApplyBatch(0, &rm)
+		})
+	})
+	b.Run("rwmutex-map", func(b *testing.B) {
+		r := newRWIndex()
+		for _, h := range prompt {
+			r.put(uint64(h), 1)
+		}
+		for i := 0; i < background; i++ {
+			r.put(uint64(seqOf(5, uint64(i))), 2)
+		}
+		run(b, func(hs []kvevents.SeqHash) int { return r.depth(hs, 0) }, func(i int) {
+			n := uint64(background + i)
+			r.put(uint64(seqOf(5, n)), 2)
+			r.del(uint64(seqOf(5, n-background)))
+		})
+	})
+}
+
+func runContended(b *testing.B, prompt []kvevents.SeqHash, lookup func([]kvevents.SeqHash) int, write func(i int)) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var writes int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				writes = i
+				return
+			default:
+			}
+			write(i)
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if lookup(prompt) != 128 {
+				panic("lost the prompt")
+			}
+		}
+	})
+	b.StopTimer()
+	close(stop)
+	wg.Wait()
+	b.ReportMetric(float64(writes)/b.Elapsed().Seconds(), "writes/s")
+}
+
+// BenchmarkMemoryPerEntry measures the heap an index really holds per
+// (block, worker) entry (after GC, HeapAlloc before and after building),
+// next to what Stats estimates. 1,000 workers × 1,000 blocks.
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	for _, sc := range []struct {
+		name    string
+		sharing int // workers holding each block
+	}{{"1-worker-per-block", 1}, {"8-workers-per-block", 8}, {"64-workers-per-block", 64}} {
+		b.Run(sc.name, func(b *testing.B) {
+			const nw, per = 1000, 1000
+			for i := 0; i < b.N; i++ {
+				var m0, m1 runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&m0)
+				x := New(Config{})
+				ev := kvevents.Event{Kind: kvevents.KindStored, Blocks: make([]kvevents.StoredBlock, per)}
+				for w := 0; w < nw; w++ {
+					ns := uint64(w / sc.sharing)
+					for j := range ev.Blocks {
+						ev.Blocks[j] = kvevents.StoredBlock{Engine: engOf(ns, uint64(j)), Seq: seqOf(ns, uint64(j))}
+					}
+					x.ApplyBatch(0, &kvevents.Batch{Worker: fmt.Sprintf("worker-%04d", w), Events: []kvevents.Event{ev}})
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&m1)
+				st := x.Stats()
+				b.ReportMetric(float64(m1.HeapAlloc-m0.HeapAlloc)/float64(st.Entries), "heap-B/entry")
+				b.ReportMetric(st.BytesPerEntry, "stats-B/entry")
+				b.ReportMetric(float64(st.Entries), "entries")
+				runtime.KeepAlive(x)
+			}
+		})
+	}
+}
+
+// BenchmarkApprox measures the predicted index on the routing path:
+// Record of a 128-block prompt for one of 1,000 workers (half the prompt a
+// shared prefix, already recorded: a TTL refresh) and a Lookup of it, with
+// about 1M live entries and the cap and TTL pruning at work.
+func BenchmarkApprox(b *testing.B) {
+	clk := &fakeClock{now: time.Unix(0, 0)}
+	a := NewApprox(ApproxConfig{TTL: 120 * time.Second, Clock: clk.Now})
+	prompt := func(i int) []kvevents.SeqHash {
+		hs := make([]kvevents.SeqHash, 128)
+		for j := range hs {
+			if j < 64 {
+				hs[j] = seqOf(1, uint64(j)) // shared system prompt
+			} else {
+				hs[j] = seqOf(uint64(i)+2, uint64(j))
+			}
+		}
+		return hs
+	}
+	prompts := make([][]kvevents.SeqHash, 4096)
+	for i := range prompts {
+		prompts[i] = prompt(i)
+	}
+	key := func(i int) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: fmt.Sprintf("worker-%04d", i%1000)} }
+	keys := make([]kvevents.WorkerKey, 1000)
+	for i := range keys {
+		keys[i] = key(i)
+	}
+	for i := 0; i < 16384; i++ { // ~1M entries
+		a.Record(keys[i%1000], prompts[i%len(prompts)], clk.Now())
+		clk.Advance(time.Millisecond)
+	}
+	b.Run("record", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			a.Record(keys[i%1000], prompts[i%len(prompts)], clk.Now())
+			clk.Advance(time.Millisecond)
+		}
+		b.ReportMetric(float64(a.Stats().Entries), "entries")
+	})
+	b.Run("lookup", func(b *testing.B) {
+		var out Overlaps
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			a.Lookup(prompts[i%len(prompts)], LookupOptions{}, &out)
+		}
+	})
 }

@@ -252,7 +252,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		if !bytes.Equal(again, data) {
 			t.Fatal("decode/encode is not the identity")
 		}
-		y := New(Config{Model: s.Model, Tier: s.Tier})
+		y := New(Config{Model: s.Model, Tier: s.Tier, Shards: 4})
 		if err := y.Restore(s); err != nil {
 			t.Fatal(err)
 		}
