@@ -168,6 +168,13 @@ func (st *stack) waitWorkers(n int) {
 	}, func() string { return fmt.Sprintf("replicas do not all see %d workers", n) })
 }
 
+// idle: no predicted load left, neither booked (local or synced from the
+// other replica) nor from a load report taken while the worker was busy
+// (a report's correction holds until the next one, 1 s later).
+func idle(ws WorkerStatus) bool {
+	return ws.Load == nil || (ws.Load.ActiveRequests == 0 && ws.Load.DecodeBlocks == 0 && ws.Load.PrefillTokens == 0)
+}
+
 // waitWorker waits until every replica's view of worker satisfies cond.
 func (st *stack) waitWorker(worker string, cond func(WorkerStatus) bool) {
 	st.t.Helper()
@@ -266,9 +273,7 @@ func TestEndToEnd(t *testing.T) {
 		st.generate(ctx, first, prefix)
 		// Wait until both replicas indexed the worker's blocks and saw the
 		// request's booking freed (booking sync is asynchronous).
-		st.waitWorker(first.Worker, func(ws WorkerStatus) bool {
-			return ws.IndexedBlocks >= 32 && (ws.Load == nil || ws.Load.ActiveRequests == 0)
-		})
+		st.waitWorker(first.Worker, func(ws WorkerStatus) bool { return ws.IndexedBlocks >= 32 && idle(ws) })
 		for i := 0; i < 6; i++ {
 			req := &RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(100+i, 64)...), ExpectedOutputTokens: 4}
 			got, err := st.client.Route(ctx, req)
@@ -278,7 +283,9 @@ func TestEndToEnd(t *testing.T) {
 			if got.Worker != first.Worker || got.OverlapBlocks != 32 || got.PromptBlocks != 36 {
 				for _, r := range st.replicas {
 					w, _ := r.Workers(testModel)
-					t.Logf("%s: %+v", r.ID(), w.Workers)
+					for _, ws := range w.Workers {
+						t.Logf("%s: %s indexed %d load %+v", r.ID(), ws.Worker, ws.IndexedBlocks, ws.Load)
+					}
 				}
 				t.Logf("resp %+v first %+v", got, first)
 				t.Fatalf("request %d went to %s with overlap %d/%d, want %s with 32/36", i, got.Worker, got.OverlapBlocks, got.PromptBlocks, first.Worker)
@@ -288,7 +295,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 			// The other replica learns of the free through booking sync;
 			// until then it counts the request as load on the worker.
-			st.waitWorker(first.Worker, func(ws WorkerStatus) bool { return ws.Load == nil || ws.Load.ActiveRequests == 0 })
+			st.waitWorker(first.Worker, idle)
 		}
 	})
 
@@ -342,6 +349,12 @@ func TestEndToEnd(t *testing.T) {
 		if code != 200 || !strings.Contains(string(b), worker) {
 			t.Fatalf("GET session: %d %s", code, b)
 		}
+		// A pin that agrees with the binding is fine.
+		agreeing, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(2, 32), Pin: &WorkerRef{Worker: worker}})
+		if err != nil || agreeing.Worker != worker {
+			t.Fatalf("agreeing pin: %+v %v", agreeing, err)
+		}
+		_ = st.client.Free(ctx, testModel, agreeing)
 		// A pin that disagrees with the binding: 409.
 		other := "sim-0"
 		if worker == other {

@@ -207,11 +207,21 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 					Strength: strengthOf(q.Mode),
 				}
 				sr.Affinity = &bindAff
-				if req.Pin != nil && !pinAgrees(req.Pin, q.Target) {
-					r.m.outcome(ctx, OutcomeConflict)
-					return bindings.Target{}, &Error{Code: CodePinConflict, Status: statusOf(CodePinConflict), Field: "pin",
-						Message: "pin " + refString(req.Pin) + " disagrees with session " + strconv.Quote(req.SessionID) +
-							" bound (" + q.Mode.String() + ") to " + q.Target.String() + "; end the session or drop the pin"}
+				if req.Pin != nil {
+					if !pinAgrees(req.Pin, q.Target) {
+						r.m.outcome(ctx, OutcomeConflict)
+						return bindings.Target{}, &Error{Code: CodePinConflict, Status: statusOf(CodePinConflict), Field: "pin",
+							Message: "pin " + refString(req.Pin) + " disagrees with session " + strconv.Quote(req.SessionID) +
+								" bound (" + q.Mode.String() + ") to " + q.Target.String() + "; end the session or drop the pin"}
+					}
+					// A worker-only pin agrees with a binding to one of its
+					// ranks; hand the scheduler the exact rank so its own
+					// pin/affinity check (stricter: pin within affinity)
+					// sees them agree.
+					s.pin = scheduler.Target{Worker: req.Pin.Worker, Rank: req.Pin.Rank, HasRank: req.Pin.HasRank}
+					if !s.pin.HasRank && q.Target.HasRank {
+						s.pin.Rank, s.pin.HasRank = q.Target.Rank, true
+					}
 				}
 			}
 			tS := time.Now()
