@@ -479,6 +479,7 @@ func TestEndToEnd(t *testing.T) {
 			{"bad attempt", "DELETE", "/v1/requests/x?attempt=-1", 400, "attempt"},
 			{"unknown model on workers", "GET", "/v1/workers?model=zzz", 400, "model"},
 			{"no such endpoint", "GET", "/v2/route", 404, ""},
+			{"wrong method", "GET", "/v1/route", 405, ""},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				code, b := httpDo(t, c.method, "http://"+st.replicas[1].HTTPAddr()+c.path, nil)

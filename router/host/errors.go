@@ -20,6 +20,7 @@ const (
 	CodeNotReady         = "not_ready"          // 503: replica still catching up with the event stream
 	CodeShuttingDown     = "shutting_down"      // 503: replica is draining
 	CodeOverloaded       = "overloaded"         // 529: queue full or queue wait exceeded the deadline
+	CodeMethodNotAllowed = "method_not_allowed" // 405 (HTTP only): a known path with another method
 	CodeCanceled         = "canceled"           // 499: the request was canceled (cancel call or caller gone)
 	CodeInternal         = "internal"           // 500: a bug or an unexpected dependency failure
 )
@@ -47,6 +48,8 @@ func statusOf(code string) int {
 		return StatusOverloaded
 	case CodeCanceled:
 		return StatusCanceled
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }

@@ -28,6 +28,18 @@ func (r *Replica) newHTTPHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", r.httpHealth)
 	mux.HandleFunc("GET /readyz", r.httpReady)
 	mux.HandleFunc("GET /metrics", r.httpMetrics)
+	// Other methods on a known path: 405 with the envelope and Allow.
+	for path, allow := range map[string]string{
+		"/v1/route": "POST", "/v1/requests/{id}/prefill_done": "POST", "/v1/requests/{id}/cancel": "POST",
+		"/v1/requests/{id}": "DELETE", "/v1/workers": "GET", "/v1/sessions/{id}": "GET, DELETE",
+		"/healthz": "GET", "/readyz": "GET", "/metrics": "GET",
+	} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, q *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, &Error{Code: CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+				Message: q.Method + " " + q.URL.Path + " is not supported (allowed: " + allow + ")"})
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, q *http.Request) {
 		writeError(w, &Error{Code: CodeNotFound, Status: 404, Message: "no endpoint " + q.Method + " " + q.URL.Path})
 	})
