@@ -450,14 +450,29 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 	}
 }
 
-// BenchmarkApprox measures the predicted index on the routing path:
-// Record of a 128-block prompt for one of 1,000 workers (half the prompt a
-// shared prefix, already recorded: a TTL refresh) and a Lookup of it, with
-// about 1M live entries and the cap and TTL pruning at work.
+// BenchmarkApprox measures the decision-fed indexes on the routing path:
+// Record of a 128-block prompt for one of 1,000 workers (the first 64
+// blocks a system prompt every worker already has: TTL refreshes) and a
+// Lookup of a prompt, one Record per simulated millisecond.
+//
+//   - approx: TTL 120 s, default cap 2^20: ~0.9M live entries, so every
+//     Record also evicts about as many entries as it adds (prune to 80 %).
+//   - predicted: TTL 5 s: ~320k live entries, every Record expires about
+//     as many as it adds.
 func BenchmarkApprox(b *testing.B) {
+	for _, sc := range []struct {
+		name string
+		ttl  time.Duration
+	}{{"approx", 120 * time.Second}, {"predicted", DefaultPredictedTTL}} {
+		b.Run(sc.name, func(b *testing.B) { benchApprox(b, sc.ttl) })
+	}
+}
+
+func benchApprox(b *testing.B, ttl time.Duration) {
 	clk := &fakeClock{now: time.Unix(0, 0)}
-	a := NewApprox(ApproxConfig{TTL: 120 * time.Second, Clock: clk.Now})
-	prompt := func(i int) []kvevents.SeqHash {
+	a := NewApprox(ApproxConfig{TTL: ttl, Clock: clk.Now})
+	prompts := make([][]kvevents.SeqHash, 4096)
+	for i := range prompts {
 		hs := make([]kvevents.SeqHash, 128)
 		for j := range hs {
 			if j < 64 {
@@ -466,18 +481,13 @@ func BenchmarkApprox(b *testing.B) {
 				hs[j] = seqOf(uint64(i)+2, uint64(j))
 			}
 		}
-		return hs
+		prompts[i] = hs
 	}
-	prompts := make([][]kvevents.SeqHash, 4096)
-	for i := range prompts {
-		prompts[i] = prompt(i)
-	}
-	key := func(i int) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: fmt.Sprintf("worker-%04d", i%1000)} }
 	keys := make([]kvevents.WorkerKey, 1000)
 	for i := range keys {
-		keys[i] = key(i)
+		keys[i] = kvevents.WorkerKey{Worker: fmt.Sprintf("worker-%04d", i)}
 	}
-	for i := 0; i < 16384; i++ { // ~1M entries
+	for i := 0; i < 16384; i++ {
 		a.Record(keys[i%1000], prompts[i%len(prompts)], clk.Now())
 		clk.Advance(time.Millisecond)
 	}

@@ -53,7 +53,7 @@
 // worker's blocks never appear under the worker that inherits its slot.
 //
 // Memory. Stats reports entries, blocks, workers and an estimate of the
-// bytes held (50 to 67 bytes per (block, worker) entry, measured by
+// bytes held (36 to 67 bytes per (block, worker) entry, measured by
 // BenchmarkMemoryPerEntry). Config.MaxEntries caps the entries: past it,
 // new stores are refused and counted (the index under-reports, never
 // over-reports, a worker's cache); removals go on.
