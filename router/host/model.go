@@ -59,7 +59,7 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	scfg.BlockSize = ms.blockSize
 	scfg.Logger = r.log.With("component", "scheduler", "model", name)
 	scfg.OnBookingChange = func(ev scheduler.BookingEvent) { r.onBookingChange(ms, ev) }
-	if ms.pred != nil || scfg.Refresh == nil {
+	if scfg.Refresh == nil {
 		scfg.Refresh = ms.refresh
 	}
 	ms.sched, err = scheduler.New(scfg, pol)
