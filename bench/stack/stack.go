@@ -32,6 +32,11 @@ type Options struct {
 	// whole fleet (default 30 s).
 	ReadyTimeout time.Duration
 	Logger       *slog.Logger
+	// OracleRouterLoad makes the oracle take its load term from a replica's
+	// load view (one workers call per decision, made under the oracle's
+	// lock) instead of its own bookkeeping. Off by default: the extra call
+	// serialises the oracle's decisions behind the replica.
+	OracleRouterLoad bool
 }
 
 // Factory returns a replay.StackFactory building stacks with these options.
@@ -293,8 +298,14 @@ func (s *Stack) Probe() replay.CacheProbe {
 	return s.mirror
 }
 
-// Loads returns the replicas' load view through the route API.
-func (s *Stack) Loads() replay.LoadProbe { return s.router }
+// Loads returns the replicas' load view through the route API when
+// Options.OracleRouterLoad is set, else nil (the oracle keeps its own books).
+func (s *Stack) Loads() replay.LoadProbe {
+	if !s.opt.OracleRouterLoad {
+		return nil
+	}
+	return s.router
+}
 
 // Mirror is the exact cache copy (nil unless StackConfig.Probe).
 func (s *Stack) Mirror() *Mirror { return s.mirror }
