@@ -198,8 +198,10 @@ func (g *gen) batch(k kvevents.WorkerKey, ref *refModel) *kvevents.Batch {
 			ev = g.storeEvent(k)
 		case r < 94:
 			ev = g.removeEvent(k, ref)
-		case r < 96:
+		case r < 95:
 			ev = kvevents.Event{Kind: kvevents.KindCleared}
+		case r < 96: // a clear naming another tier still clears everything
+			ev = kvevents.Event{Kind: kvevents.KindCleared, Tier: kvevents.TierDisk}
 		default: // another tier: must be ignored
 			ev = g.storeEvent(k)
 			ev.Tier = kvevents.TierHost

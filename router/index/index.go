@@ -14,8 +14,9 @@ type Config struct {
 	// stored under its name and need it.
 	Model string
 
-	// Tier is the storage tier that feeds the index; events of other tiers
-	// are counted in Stats.IgnoredTier and otherwise ignored. The zero
+	// Tier is the storage tier that feeds the index; Stored and Removed
+	// events of other tiers are counted in Stats.IgnoredTier and otherwise
+	// ignored (Cleared has no tier on the wire and empties the rank). The zero
 	// value is kvevents.TierDevice. Scoring host memory too means a second
 	// Index with Tier: kvevents.TierHost, combined by the caller.
 	Tier kvevents.Tier
@@ -311,8 +312,9 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 			rm = rm[n:]
 		}
 	case kvevents.KindCleared:
-		// A clear empties the rank whatever the tier named: engines send
-		// it with the default tier.
+		// Cleared means every block of the rank left the cache, all tiers
+		// (the event wire format carries no tier for it), so it applies
+		// whatever Tier says.
 		x.clearLocked(w, c)
 		c.cleared++
 	default:

@@ -67,7 +67,7 @@ func (m *refModel) apply(b *kvevents.Batch) {
 			for _, e := range ev.Removed {
 				m.del(k, e)
 			}
-		case kvevents.KindCleared:
+		case kvevents.KindCleared: // all tiers
 			m.clearKey(k)
 		}
 	}
