@@ -30,9 +30,8 @@ type Config struct {
 	// (0 = no cap). When the cap is reached, new stores are refused and
 	// counted in Stats.RefusedStores, while removals, clears and lookups go
 	// on normally. A refused block is simply not indexed: the index may
-	// under-report a worker's cache, never over-report it. With several
-	// goroutines applying batches at once the cap may be overshot by at
-	// most one batch per goroutine.
+	// under-report a worker's cache, never over-report it. The cap is
+	// exact: writes are serialised.
 	MaxEntries int64
 
 	// MaxEntriesPerWorker caps one (worker, rank)'s entries the same way
