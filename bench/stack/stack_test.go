@@ -114,6 +114,9 @@ func TestShortReplaySynthetic(t *testing.T) {
 }
 
 func TestShortReplayMooncake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads the whole conversation trace and replays it twice")
+	}
 	path := traceFile(t, "mooncake_fast25_conversation_trace.jsonl")
 	full, err := workload.ReadMooncake(path, workload.ReadOptions{Sessions: true})
 	if err != nil {

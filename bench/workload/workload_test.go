@@ -179,6 +179,9 @@ func TestUpperBound(t *testing.T) {
 }
 
 func TestMooncakeTraces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads both full traces (slow under -race)")
+	}
 	dir := traceDir(t)
 	for _, c := range []struct {
 		file     string
