@@ -2,7 +2,9 @@ package index
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 )
@@ -173,9 +175,10 @@ func (g *gen) storeEvent(k kvevents.WorkerKey) kvevents.Event {
 // removeEvent removes some of what k holds (per ref) plus unknown ids.
 func (g *gen) removeEvent(k kvevents.WorkerKey, ref *refModel) kvevents.Event {
 	ev := kvevents.Event{Kind: kvevents.KindRemoved}
-	held := ref.workers[k]
+	// Sorted, so that a seed always yields the same operations.
+	held := slices.Sorted(maps.Keys(ref.workers[k]))
 	want := 1 + g.rng.IntN(24)
-	for e := range held {
+	for _, e := range held {
 		if len(ev.Removed) >= want {
 			break
 		}
