@@ -20,6 +20,23 @@ const (
 	ChartLoad     = "worker_load.png"
 )
 
+// palette is Tableau 10 with grey moved forward, so the six policies of a
+// full comparison get six clearly different colours.
+var palette = []color.Color{
+	color.RGBA{0x1f, 0x77, 0xb4, 0xff}, // blue
+	color.RGBA{0xff, 0x7f, 0x0e, 0xff}, // orange
+	color.RGBA{0x2c, 0xa0, 0x2c, 0xff}, // green
+	color.RGBA{0xd6, 0x27, 0x28, 0xff}, // red
+	color.RGBA{0x94, 0x67, 0xbd, 0xff}, // purple
+	color.RGBA{0x40, 0x40, 0x40, 0xff}, // dark grey
+	color.RGBA{0xe3, 0x77, 0xc2, 0xff}, // pink
+	color.RGBA{0xbc, 0xbd, 0x22, 0xff}, // olive
+	color.RGBA{0x17, 0xbe, 0xcf, 0xff}, // cyan
+	color.RGBA{0x8c, 0x56, 0x4b, 0xff}, // brown
+}
+
+func colorOf(i int) color.Color { return palette[i%len(palette)] }
+
 // Charts draws the PNG charts into dir and returns their paths.
 func (r *Report) Charts(dir string) ([]string, error) {
 	var out []string
@@ -70,9 +87,9 @@ func (r *Report) ttftChart() (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.Color = plotutil.Color(i)
+		l.Color = colorOf(i)
 		l.Width = vg.Points(1.5)
-		l.Dashes = plotutil.Dashes(i / 7)
+		l.Dashes = plotutil.Dashes(i / len(palette))
 		p.Add(l)
 		p.Legend.Add(s.Policy, l)
 		any = true
@@ -101,7 +118,7 @@ func (r *Report) hitChart() (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		bars.Color = plotutil.Color(0)
+		bars.Color = colorOf(0)
 		bars.LineStyle.Width = 0
 		p.Add(bars)
 		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: barTops(vals), Labels: fmtVals(vals)})
@@ -189,7 +206,7 @@ func (r *Report) loadChart() (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		bars.Color = plotutil.Color(i)
+		bars.Color = colorOf(i)
 		bars.LineStyle.Width = 0
 		bars.Offset = vg.Length(float64(i)-float64(n-1)/2) * width
 		p.Add(bars)
