@@ -72,29 +72,33 @@ func (r *Replica) subscribeAPI() error {
 // waiting in the scheduler queue never hold up others, bounded by
 // MaxInFlight; beyond it the request is answered 529 at once.
 func (r *Replica) onRouteMsg(m *nats.Msg) {
+	// Admit in the subscription's callback, so that every message a
+	// draining subscription hands over is counted before Close waits.
+	if e := r.enter(); e != nil {
+		r.m.routes.Add(context.Background(), 1, r.m.codeOpt(e.Code))
+		r.replyError(m, nil, e)
+		return
+	}
 	select {
 	case r.sem <- struct{}{}:
 	default:
+		r.leave()
 		r.replyError(m, nil, newError(CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight", nil))
 		return
 	}
 	go func() {
+		defer r.leave()
 		defer func() { <-r.sem }()
 		r.handleRoute(m)
 	}()
 }
 
+// handleRoute answers one route message; the caller has admitted it.
 func (r *Replica) handleRoute(m *nats.Msg) {
 	ctx := context.Background()
 	if len(m.Header) > 0 {
 		ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
 	}
-	if e := r.enter(); e != nil {
-		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
-		r.replyError(m, ctx, e)
-		return
-	}
-	defer r.leave()
 	s := r.getScratch()
 	defer r.putScratch(s)
 	var err error
@@ -180,7 +184,16 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 			return
 		}
 		if lr.Replica != "" && lr.Replica != r.id {
-			go r.answerLifecycle(ctx, m, op, &lr)
+			// Forwarding waits for another replica: off the callback,
+			// admitted here so that Close waits for it.
+			if e := r.enter(); e != nil {
+				r.replyError(m, ctx, e)
+				return
+			}
+			go func() {
+				defer r.leave()
+				r.answerLifecycle(ctx, m, op, &lr)
+			}()
 			return
 		}
 		r.answerLifecycle(ctx, m, op, &lr)
@@ -252,7 +265,12 @@ func (r *Replica) onSessionMsg(model string, end bool) nats.MsgHandler {
 			r.replyError(m, nil, badField("model", "%q does not match the subject's model %q", sr.Model, model))
 			return
 		}
+		if e := r.enter(); e != nil {
+			r.replyError(m, nil, e)
+			return
+		}
 		go func() {
+			defer r.leave()
 			ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
 			defer cancel()
 			if end {

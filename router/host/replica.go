@@ -67,7 +67,7 @@ type Replica struct {
 	ready    chan struct{}
 	readyErr error
 	sem      chan struct{}  // bounds NATS route handlers in flight
-	inflight sync.WaitGroup // every API call in progress
+	inflight inflightGate   // every API call in progress
 	bg       sync.WaitGroup // background loops
 	stop     chan struct{}  // closed by Close: background loops end
 	scratch  sync.Pool      // *routeScratch
@@ -296,7 +296,7 @@ func (r *Replica) close(ctx context.Context) error {
 	}
 	// 2. Finish in-flight requests (their binding commits included).
 	done := make(chan struct{})
-	go func() { r.inflight.Wait(); close(done) }()
+	go func() { r.inflight.wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -366,24 +366,69 @@ func (r *Replica) workerLive(worker string) bool {
 	return m == nil || m.Live(worker)
 }
 
-// enter admits one API call, or says why not.
+// enter admits one API call, or says why not. While the replica drains,
+// calls are still admitted: they are the requests the transports had
+// already accepted (a draining subscription hands over what it holds, the
+// HTTP server finishes requests it has read), and graceful shutdown means
+// answering them. Once every transport has stopped and the calls in flight
+// are done, the gate closes and later calls are refused.
 func (r *Replica) enter() *Error {
 	switch r.state.Load() {
-	case stateReady:
-		r.inflight.Add(1)
-		// Re-check: Close may have started between the load and Add.
-		if r.state.Load() != stateReady {
-			r.inflight.Done()
-			return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
-		}
-		return nil
 	case stateNew, stateStarting:
 		return newError(CodeNotReady, "replica "+r.id+" is catching up with the event stream", nil)
 	}
-	return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
+	if !r.inflight.enter() {
+		return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
+	}
+	return nil
 }
 
-func (r *Replica) leave() { r.inflight.Done() }
+func (r *Replica) leave() { r.inflight.leave() }
+
+// inflightGate counts calls in progress. Unlike a sync.WaitGroup it allows
+// enter to race with wait: calls that enter before wait has seen zero are
+// waited for, later ones are refused.
+type inflightGate struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed when n reaches 0 after wait began
+}
+
+func (g *inflightGate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.n++
+	return true
+}
+
+func (g *inflightGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.n == 0 && g.zero != nil {
+		close(g.zero)
+		g.zero = nil
+		g.closed = true
+	}
+}
+
+// wait returns once no call is in progress; from then on enter refuses.
+func (g *inflightGate) wait() {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.closed = true
+		g.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	g.zero = ch
+	g.mu.Unlock()
+	<-ch
+}
 
 // model returns the state of a served model.
 func (r *Replica) model(name string) (*modelState, *Error) {
