@@ -162,3 +162,33 @@ func TestConfigErrors(t *testing.T) {
 	}
 	_ = kvevents.DefaultPrefix
 }
+
+func TestInflightGate(t *testing.T) {
+	var g inflightGate
+	if !g.enter() || !g.enter() {
+		t.Fatal("enter refused on an open gate")
+	}
+	done := make(chan struct{})
+	go func() { g.wait(); close(done) }()
+	time.Sleep(10 * time.Millisecond)
+	if !g.enter() { // a call racing wait while others are in flight is admitted and waited for
+		t.Fatal("enter refused while calls are in flight")
+	}
+	g.leave()
+	g.leave()
+	select {
+	case <-done:
+		t.Fatal("wait returned with a call in flight")
+	case <-time.After(10 * time.Millisecond):
+	}
+	g.leave()
+	<-done
+	if g.enter() {
+		t.Fatal("enter admitted after wait returned")
+	}
+	var idle inflightGate
+	idle.wait()
+	if idle.enter() {
+		t.Fatal("enter admitted after wait on an idle gate")
+	}
+}
