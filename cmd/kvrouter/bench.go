@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/bench/micro"
 	"github.com/kvrouter/kvrouter/bench/replay"
+	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/stack"
 	"github.com/kvrouter/kvrouter/bench/workload"
 )
@@ -26,6 +27,7 @@ const benchUsage = `Usage: kvrouter bench <command> [flags]
 Commands:
   replay   replay a workload through the real stack and compare routing policies
   micro    run every Go microbenchmark and write docs/benchmarks.md
+  render   redraw report.md and the PNG charts from a replay's report.json
 
 Run 'kvrouter bench <command> -h' for the flags of a command.
 `
@@ -45,6 +47,8 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return benchReplay(ctx, args[1:], stdout, stderr)
 	case "micro":
 		return benchMicro(ctx, args[1:], stdout, stderr)
+	case "render":
+		return benchRender(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, benchUsage)
 		return nil
@@ -203,6 +207,45 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s (%.1f s)\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), *out, time.Since(began).Seconds())
+	return nil
+}
+
+func benchRender(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvrouter bench render", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = benchFlagUsage(fs, stderr, "Usage: kvrouter bench render --in DIR/report.json [--out DIR]\n\nRedraws report.md, report.json and the PNG charts from a replay's JSON report.\n\nFlags:\n")
+	in := fs.String("in", "", "report.json written by bench replay")
+	out := fs.String("out", "", "output directory (default: the directory of --in)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *in == "" {
+		return fmt.Errorf("bench render: --in is required")
+	}
+	f, err := os.Open(*in)
+	if err != nil {
+		return fmt.Errorf("bench render: %w", err)
+	}
+	rep, err := report.ReadJSON(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	dir := *out
+	if dir == "" {
+		dir = filepath.Dir(*in)
+	}
+	files, err := rep.WriteAll(dir)
+	if err != nil {
+		return err
+	}
+	if err := rep.Table(stdout); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), dir)
 	return nil
 }
 
