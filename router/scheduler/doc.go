@@ -19,8 +19,12 @@
 //     queue thresholds).
 //   - The pin rule: applyPinRule in pinrule.go. It is the one place where an
 //     explicit pin, a Hard or Soft affinity requirement and a classifier's
-//     suggestion limit admission and selection; selectWorker (same file)
-//     executes its plan. No policy handles Hard itself.
+//     suggestion limit admission and selection, and the one place that
+//     decides whether a pin agrees with an affinity target (same worker;
+//     same rank where both name one, as bindings.Target.Matches; the pair is
+//     then exact on the more specific target, and a disagreeing pair is
+//     ErrPinConflict before selection). selectWorker (same file) executes
+//     its plan. No policy handles Hard itself.
 //   - Policies (policy.go, builtin.go, registry.go): the Policy interface,
 //     the llm-d style Pipeline of Filters, weighted Scorers and a Picker,
 //     the builtins (default cost, round-robin, random, least-loaded,

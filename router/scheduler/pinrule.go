@@ -46,10 +46,15 @@ type pinPlan struct {
 //     candidates; no classifier is consulted), has its own queue lane and
 //     waits in the router while it is busy; a blocked lane never blocks
 //     requests for other workers.
-//  6. A pin and an affinity requirement that disagree are rejected here,
-//     before selection, with ErrPinConflict. They agree when the pin lies
-//     inside the affinity target (same worker; same rank if the affinity
-//     has one), and then the pin alone governs.
+//  6. A pin and an affinity requirement (of either strength) that disagree
+//     are rejected here, before selection, with ErrPinConflict. They agree
+//     when they name the same worker and, where both name a rank, the same
+//     rank (Target.agrees; the bindings table's Target.Matches is the same
+//     rule, so the host passes pin and binding through unchanged). An
+//     agreeing pair is exact on the more specific of the two: a worker-only
+//     pin with a ranked affinity is pinned to that rank, a ranked pin with a
+//     worker-only affinity keeps the pin's rank. The affinity adds nothing
+//     else (no Hard narrowing, no Soft preference, no classifier).
 //
 // selectWorker executes the plan at selection time; pump/canAdmit execute
 // points 2 and 5 at admission.
@@ -57,11 +62,19 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 	var p pinPlan
 	aff := r.Affinity
 	if r.Pinned != nil {
-		if aff != nil && !r.Pinned.within(aff.Target) { // 6
-			return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
-				ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
+		p.exact = r.Pinned // 5
+		if aff != nil {
+			if !r.Pinned.agrees(aff.Target) { // 6
+				return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
+					ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
+			}
+			if !r.Pinned.HasRank && aff.Target.HasRank {
+				// 6: the more specific of two agreeing targets. Pointing
+				// into the caller's Affinity (valid while it waits in
+				// Schedule; lanes copy the target) keeps this allocation-free.
+				p.exact = &aff.Target
+			}
 		}
-		p.exact = r.Pinned // 5 (an agreeing affinity is implied by the pin)
 		return p, nil
 	}
 	if aff != nil && aff.Strength == Hard {

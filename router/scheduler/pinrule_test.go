@@ -319,45 +319,113 @@ func TestBlockedPinnedLaneDoesNotBlockOtherWorker(t *testing.T) {
 	}
 }
 
-// A pin and an affinity requirement that disagree are rejected before
-// selection; an agreeing pair is governed by the pin.
-func TestDisagreeingPinAndBindingRejected(t *testing.T) {
+// A pin and an affinity requirement agree when they name the same worker
+// and, where both name a rank, the same rank (the bindings table's
+// Target.Matches rule). An agreeing pair is exact on the more specific of
+// the two; a disagreeing pair is rejected before selection. Every shape
+// (worker-only or ranked pin × worker-only or ranked affinity), agreeing and
+// disagreeing, under both strengths.
+func TestPinAgreesWithAffinity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pin  Target
+		aff  Target
+		// exact is the effective pinned target; nil = ErrPinConflict.
+		exact *Target
+		seen  []kvevents.WorkerKey // rows the policy is offered
+	}{
+		{"worker pin, worker affinity, same worker", workerOnly("a"), workerOnly("a"),
+			&Target{Worker: "a"}, []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+		{"worker pin, worker affinity, other worker", workerOnly("a"), workerOnly("b"), nil, nil},
+		{"worker pin, ranked affinity, same worker", workerOnly("a"), ranked("a", 1),
+			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
+		{"worker pin, ranked affinity, other worker", workerOnly("a"), ranked("b", 0), nil, nil},
+		{"ranked pin, worker affinity, same worker", ranked("a", 1), workerOnly("a"),
+			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
+		{"ranked pin, worker affinity, other worker", ranked("a", 1), workerOnly("b"), nil, nil},
+		{"ranked pin, ranked affinity, same rank", ranked("a", 1), ranked("a", 1),
+			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
+		{"ranked pin, ranked affinity, other rank", ranked("a", 1), ranked("a", 0), nil, nil},
+		{"ranked pin, ranked affinity, other worker", ranked("a", 0), ranked("b", 0), nil, nil},
+	} {
+		for _, strength := range []Strength{Hard, Soft} {
+			t.Run(tc.name+"/"+strength.String(), func(t *testing.T) {
+				pin, aff := tc.pin, &Affinity{Target: tc.aff, Strength: strength}
+				if got, want := pin.agrees(aff.Target), tc.exact != nil; got != want || aff.Target.agrees(pin) != want {
+					t.Fatalf("agrees = %v, want %v (both ways)", got, want)
+				}
+				// The plan: exact on the more specific target, nothing else.
+				plan, err := applyPinRule(&Request{ID: "r", Pinned: &pin, Affinity: aff}, nil)
+				if tc.exact == nil {
+					if !errors.Is(err, ErrPinConflict) {
+						t.Fatalf("applyPinRule: %v, want ErrPinConflict", err)
+					}
+				} else if err != nil || plan.exact == nil || *plan.exact != *tc.exact ||
+					plan.hard != nil || plan.soft != nil || plan.softOnFallback != nil {
+					t.Fatalf("applyPinRule: %+v / %v, want exact %v only", plan, err, *tc.exact)
+				}
+
+				// Through the queue: the policy sees only the exact target's
+				// rows, and no Soft target.
+				p := &recordingPolicy{}
+				h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
+				res, ok := h.poll(h.submit(&Request{ID: "r", Tokens: 10, Pinned: &pin, Affinity: aff}))
+				if !ok {
+					t.Fatal("no answer")
+				}
+				if tc.exact == nil {
+					if !errors.Is(res.err, ErrPinConflict) || StatusCode(res.err) != http.StatusConflict {
+						t.Fatalf("got %v / %v, want ErrPinConflict", res.d.Worker, res.err)
+					}
+					if len(p.seen) != 0 {
+						t.Fatal("policy consulted for a conflicting request")
+					}
+					if h.s.Stats().PinConflicts != 1 {
+						t.Fatal("conflict not counted")
+					}
+					return
+				}
+				if res.err != nil || !tc.exact.Matches(res.d.Worker) || res.d.HardFallback {
+					t.Fatalf("got %v fallback=%v / %v, want inside %v", res.d.Worker, res.d.HardFallback, res.err, *tc.exact)
+				}
+				if len(p.seen) != 1 || !slices.Equal(p.seen[0], tc.seen) {
+					t.Fatalf("policy saw %v, want %v", p.seen, tc.seen)
+				}
+				if p.affinity[0] != nil {
+					t.Fatalf("an agreeing affinity reached the policy as a Soft target: %v", *p.affinity[0])
+				}
+				if h.s.Stats().PinConflicts != 0 {
+					t.Fatal("agreeing pair counted as a conflict")
+				}
+			})
+		}
+	}
+}
+
+// An agreeing pair waits in the lane of the more specific target: a
+// worker-only pin bound to a busy rank does not spill onto the worker's
+// free rank, and is admitted there once the rank frees up.
+func TestAgreeingPinWaitsForTheMoreSpecificTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		pin  Target
 		aff  *Affinity
-		ok   bool
 	}{
-		{"other worker, hard", workerOnly("a"), hardTo(workerOnly("b")), false},
-		{"other worker, soft", workerOnly("a"), softTo(workerOnly("b")), false},
-		{"other rank", ranked("a", 1), hardTo(ranked("a", 0)), false},
-		{"pin broader than binding", workerOnly("a"), hardTo(ranked("a", 1)), false},
-		{"same ranked target", ranked("a", 1), hardTo(ranked("a", 1)), true},
-		{"ranked pin inside worker binding", ranked("a", 1), hardTo(workerOnly("a")), true},
-		{"same worker", workerOnly("a"), softTo(workerOnly("a")), true},
+		{"worker pin, ranked hard binding", workerOnly("a"), hardTo(ranked("a", 1))},
+		{"worker pin, ranked soft binding", workerOnly("a"), softTo(ranked("a", 1))},
+		{"ranked pin, worker binding", ranked("a", 1), hardTo(workerOnly("a"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &recordingPolicy{}
-			h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
+			h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1))
+			first := h.admitted(h.submit(&Request{ID: "busy", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 1, HasRank: true}}))
 			pin := tc.pin
-			res, ok := h.poll(h.submit(&Request{ID: "r", Tokens: 10, Pinned: &pin, Affinity: tc.aff}))
-			if !ok {
-				t.Fatal("no answer")
+			w := h.submit(&Request{ID: "r", Tokens: 100, Pinned: &pin, Affinity: tc.aff})
+			h.waiting(w)
+			if err := h.s.PrefillDone(first.Fence); err != nil {
+				t.Fatal(err)
 			}
-			if tc.ok {
-				if res.err != nil || !tc.pin.Matches(res.d.Worker) {
-					t.Fatalf("got %v / %v", res.d.Worker, res.err)
-				}
-				return
-			}
-			if !errors.Is(res.err, ErrPinConflict) || StatusCode(res.err) != http.StatusConflict {
-				t.Fatalf("got %v, want ErrPinConflict", res.err)
-			}
-			if len(p.seen) != 0 {
-				t.Fatal("policy consulted for a conflicting request")
-			}
-			if h.s.Stats().PinConflicts != 1 {
-				t.Fatal("conflict not counted")
+			if d := h.admitted(w); d.Worker != wk("a", 1) {
+				t.Fatalf("went to %v, want a/1", d.Worker)
 			}
 		})
 	}

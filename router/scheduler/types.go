@@ -31,12 +31,17 @@ func (t Target) Matches(k kvevents.WorkerKey) bool {
 	return k.Worker == t.Worker && (!t.HasRank || k.Rank == t.Rank)
 }
 
-// within reports whether every (worker, rank) of t is inside u.
-func (t Target) within(u Target) bool {
+// agrees reports whether t and u can name the same (worker, rank): the same
+// worker and, where both name a rank, the same rank. A worker-only target
+// agrees with every rank of its worker, in either direction. This is the
+// scheduler's one definition of a pin agreeing with an affinity target
+// (rule 6 of applyPinRule); it is the same rule as bindings.Target.Matches,
+// so a pin the binding table would accept is never refused here.
+func (t Target) agrees(u Target) bool {
 	if t.Worker != u.Worker {
 		return false
 	}
-	return !u.HasRank || (t.HasRank && t.Rank == u.Rank)
+	return !t.HasRank || !u.HasRank || t.Rank == u.Rank
 }
 
 // Strength says how strongly an affinity requirement binds selection.
@@ -90,7 +95,7 @@ type Request struct {
 	Priority       int                // strict tier: a higher value is always served first
 	Class          string             // queue-limit class; "" is the default class
 	Allowed        []string           // worker names the caller allows; nil = every worker
-	Pinned         *Target            // explicit exact target with its own queue lane
+	Pinned         *Target            // explicit exact target with its own queue lane (narrowed to an agreeing affinity's rank)
 	SessionID      string             // informational for policies
 	Affinity       *Affinity          // session binding or wire preference
 	Deadline       time.Time          // zero = wait as long as ctx allows
