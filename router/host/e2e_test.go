@@ -349,19 +349,27 @@ func TestEndToEnd(t *testing.T) {
 		if code != 200 || !strings.Contains(string(b), worker) {
 			t.Fatalf("GET session: %d %s", code, b)
 		}
-		// A pin that agrees with the binding is fine.
-		agreeing, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(2, 32), Pin: &WorkerRef{Worker: worker}})
-		if err != nil || agreeing.Worker != worker {
-			t.Fatalf("agreeing pin: %+v %v", agreeing, err)
+		// A pin that agrees with the binding is fine: worker-only (the
+		// binding names a rank; the host passes both through unchanged and
+		// the scheduler's pin rule goes to the bound rank) and ranked.
+		if !s.HasRank {
+			t.Fatalf("session bound without a rank: %+v", s)
 		}
-		_ = st.client.Free(ctx, testModel, agreeing)
+		for i, pin := range []*WorkerRef{{Worker: worker}, {Worker: worker, Rank: s.Rank, HasRank: true}} {
+			agreeing, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(2+i, 32), Pin: pin})
+			if err != nil || agreeing.Worker != worker || agreeing.Rank != s.Rank {
+				t.Fatalf("agreeing pin %s: %+v %v", refString(pin), agreeing, err)
+			}
+			_ = st.client.Free(ctx, testModel, agreeing)
+		}
 		// A pin that disagrees with the binding: 409.
 		other := "sim-0"
 		if worker == other {
 			other = "sim-1"
 		}
 		_, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(1, 32), Pin: &WorkerRef{Worker: other}})
-		if !errors.Is(err, ErrPinConflict) {
+		var ae *Error
+		if !errors.Is(err, ErrPinConflict) || !errors.As(err, &ae) || ae.Field != "pin" || !strings.Contains(ae.Message, `session "chat-1"`) {
 			t.Fatalf("conflicting pin: %v", err)
 		}
 		if err := st.client.EndSession(ctx, testModel, "chat-1"); err != nil {

@@ -207,26 +207,20 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 					Strength: strengthOf(q.Mode),
 				}
 				sr.Affinity = &bindAff
-				if req.Pin != nil {
-					if !pinAgrees(req.Pin, q.Target) {
-						r.m.outcome(ctx, OutcomeConflict)
-						return bindings.Target{}, &Error{Code: CodePinConflict, Status: statusOf(CodePinConflict), Field: "pin",
-							Message: "pin " + refString(req.Pin) + " disagrees with session " + strconv.Quote(req.SessionID) +
-								" bound (" + q.Mode.String() + ") to " + q.Target.String() + "; end the session or drop the pin"}
-					}
-					// A worker-only pin agrees with a binding to one of its
-					// ranks; hand the scheduler the exact rank so its own
-					// pin/affinity check (stricter: pin within affinity)
-					// sees them agree.
-					s.pin = scheduler.Target{Worker: req.Pin.Worker, Rank: req.Pin.Rank, HasRank: req.Pin.HasRank}
-					if !s.pin.HasRank && q.Target.HasRank {
-						s.pin.Rank, s.pin.HasRank = q.Target.Rank, true
-					}
-				}
 			}
+			// The pin (sr.Pinned, as it came) and the binding go to the
+			// scheduler unchanged: its pin rule alone decides whether they
+			// agree, and rejects a disagreeing pair before selection.
 			tS := time.Now()
 			d, err := ms.sched.Schedule(ctx, sr)
 			if err != nil {
+				if q != nil && req.Pin != nil && errors.Is(err, scheduler.ErrPinConflict) {
+					r.m.outcome(ctx, OutcomeConflict)
+					return bindings.Target{}, &Error{Code: CodePinConflict, Status: statusOf(CodePinConflict), Field: "pin",
+						Message: "pin " + refString(req.Pin) + " disagrees with session " + strconv.Quote(req.SessionID) +
+							" bound (" + q.Mode.String() + ") to " + q.Target.String() + "; end the session or drop the pin",
+						cause: err}
+				}
 				return bindings.Target{}, err
 			}
 			dec, booked = d, true
@@ -312,10 +306,6 @@ func (r *Replica) rollback(ms *modelState, f scheduler.Fence) {
 		r.log.Debug("rollback", "fence", f.String(), "err", err)
 	}
 	ms.fences.del(f)
-}
-
-func pinAgrees(pin *WorkerRef, bound bindings.Target) bool {
-	return bound.Matches(bindings.Target{Worker: pin.Worker, Rank: pin.Rank, HasRank: pin.HasRank})
 }
 
 func refString(w *WorkerRef) string {
