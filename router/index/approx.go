@@ -2,7 +2,7 @@ package index
 
 import (
 	"math"
-	"slices"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,45 +47,88 @@ type ApproxConfig struct {
 //     events it causes, so a burst of sibling requests does not scatter.
 //     Combine with MergeMax: each worker's score is the larger of the two.
 //
-// Expiry is lazy: expiries sit in a min-heap that holds one node per live
-// entry (a re-record only moves the entry's deadline; the stale node is
-// re-queued when it surfaces). Record and Prune drop everything expired;
-// Lookup drops at most lookupPruneMax expired entries and only when it can
-// take the writer lock without waiting, so a lookup may still see an entry
+// Expiry is per Record call, not per block: all blocks of one call share
+// one deadline, so each call is one expiry record and the deadline heap
+// holds one node per call. For every entry, the worker's table (the
+// index's own per-worker table, in identity mode, so no second table is
+// probed) names the record that owns its deadline: the latest call that
+// named it. Every live entry also sits in the list of exactly one record,
+// its holder: the call that added it, or a later one it was moved to. A
+// re-record repoints the owner and does nothing else (one probe, no heap
+// or list work), so a hot prefix stays cheap. When a record's deadline
+// passes, its list is walked: entries it still owns are dropped; entries
+// re-recorded since move to their owner's list. Owners only ever move to
+// later deadlines, so a holder surfaces no later than the owner and expiry
+// stays exact; an entry that is re-recorded all the time moves about once
+// per TTL.
+//
+// Expiry is lazy: Record and Prune drop everything expired; Lookup works
+// through at most lookupPruneMax queued blocks and only when it can take
+// the writer lock without waiting, so a lookup may still see an entry
 // shortly past its TTL when writes are rare. Call Prune periodically for
 // exact expiry.
 type Approx struct {
 	cfg ApproxConfig
-	idx *Index
+	idx *Index // written only by this Approx, with mu held
 
-	mu   sync.Mutex
-	ids  map[kvevents.WorkerKey]uint32
-	keys []kvevents.WorkerKey // by id
-	// exp[id] holds the deadline (Unix ns) of each of that worker's
-	// entries: per-worker maps keyed by the hash alone hash faster and
-	// stay smaller than one map keyed by (worker, hash).
-	exp     []map[kvevents.SeqHash]int64
-	entries int
-	heap    []heapNode
-	buf     []kvevents.SeqHash
-	dropped []approxKey  // entries leaving the index, removed in one call per worker
+	mu       sync.Mutex
+	ids      map[kvevents.WorkerKey]uint32
+	ws       []approxWorker // by id
+	recs     []approxRec    // by handle; freed handles are in freeRecs
+	freeRecs []uint32
+	heap     []expiryNode // min-heap of live records by deadline
+	// lists holds free record lists by capacity class (1<<class hashes),
+	// so that steady-state recording does not allocate.
+	lists   [listClasses][][]kvevents.SeqHash
+	pooled  int // capacity (in hashes) of the lists in the pool
+	entries int // live (block, worker) entries
+	queued  int // hashes in record lists: entries + those of removed workers
+	gone    []kvevents.SeqHash
+	sink    uint64       // folds pre-touched words so the loads stay
 	first   atomic.Int64 // earliest deadline in the heap, MaxInt64 when empty
 
 	recorded, refreshed, expired, evicted atomic.Uint64
 }
 
-type approxKey struct {
-	id  uint32
-	seq kvevents.SeqHash
+type approxWorker struct {
+	key kvevents.WorkerKey
+	// w is the index's state of key (nil until the first Record and after
+	// RemoveWorker). Its engine table, in identity mode, maps each entry's
+	// sequence hash to the handle of the record owning its deadline.
+	w *worker
+	// gen is bumped by RemoveWorker: records of an older generation are
+	// void and are freed without looking at any table.
+	gen uint32
 }
 
-type heapNode struct {
+// approxRec is one Record call: its deadline and the entries it holds.
+type approxRec struct {
+	deadline int64
+	id, gen  uint32 // worker and its generation at the call
+	hashes   []kvevents.SeqHash
+}
+
+type expiryNode struct {
 	at  int64
-	key approxKey
+	rec uint32
 }
 
-// lookupPruneMax bounds the expiry work a Lookup may do.
-const lookupPruneMax = 64
+const (
+	// lookupPruneMax bounds the expiry work (queued blocks looked at) a
+	// Lookup may do.
+	lookupPruneMax = 64
+	// approxChunk is how many blocks Record and expiry touch ahead at
+	// once. Larger than an event's touchChunk: the blocks of one call hit
+	// the same few pages of one worker's table, and each batch of touches
+	// waits out about one page walk (hundreds of ns under nested paging)
+	// however many loads it overlaps, so fewer, wider batches win.
+	approxChunk  = 128
+	listClasses  = 40
+	minListClass = 3
+	// poolSlack is how much list capacity the pool may hold beyond the
+	// hashes queued, so a burst does not pin memory for good.
+	poolSlack = 1 << 16
+)
 
 // NewApprox returns an empty approximate index.
 func NewApprox(cfg ApproxConfig) *Approx {
@@ -114,7 +157,8 @@ func NewApprox(cfg ApproxConfig) *Approx {
 func (a *Approx) Config() ApproxConfig { return a.cfg }
 
 // Record notes that k will hold hashes (a request's leading blocks) from
-// now until now+TTL. Blocks already recorded for k get their TTL restarted.
+// now until now+TTL. Blocks already recorded for k get their TTL restarted
+// (a deadline only ever moves later).
 func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now time.Time) {
 	if len(hashes) == 0 || k.Worker == "" {
 		return
@@ -122,39 +166,98 @@ func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now tim
 	deadline := now.Add(a.cfg.TTL).UnixNano()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id, ok := a.ids[k]
-	if !ok {
-		id = uint32(len(a.keys))
-		a.ids[k] = id
-		a.keys = append(a.keys, k)
-		a.exp = append(a.exp, nil)
+	x := a.idx
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	id := a.workerID(k)
+	aw := &a.ws[id]
+	if aw.w == nil {
+		if aw.w = x.worker(k, true); aw.w == nil {
+			x.ctr.refused.Add(uint64(len(hashes))) // every slot taken
+			return
+		}
+		aw.w.engines.ident = true
 	}
-	m := a.exp[id]
-	if m == nil {
-		m = map[kvevents.SeqHash]int64{}
-		a.exp[id] = m
-	}
-	fresh := a.buf[:0]
+	w := aw.w
+	r := a.newRec(deadline, id, aw.gen)
+	var c batchCounts
 	refreshed := 0
-	for _, h := range hashes {
-		if old, ok := m[h]; ok {
-			if deadline > old {
-				m[h] = deadline
+	// Consecutive blocks usually share their previous owner (the last
+	// call that named the prefix): remember its deadline.
+	last, lastAt := ^uint64(0), int64(0)
+	for len(hashes) > 0 {
+		n := min(len(hashes), approxChunk)
+		var mh, sh [approxChunk]uint64
+		var fresh [approxChunk]kvevents.SeqHash
+		var sink uint64
+		for i, h := range hashes[:n] {
+			mh[i] = mix(uint64(h))
+			sink += w.engines.touch(mh[i])
+		}
+		nf := 0
+		for i, h := range hashes[:n] {
+			var o, at uint64
+			var found bool
+			if h == 0 {
+				o, found = w.engines.word(0, 0)
+			} else if at, found = w.engines.probe(uint64(h), mh[i]); found {
+				o = w.engines.s[2*at+1]
+			}
+			if !found {
+				if h == 0 {
+					w.engines.put(0, ownerWord(r, 0))
+				} else {
+					w.engines.insertProbed(at, uint64(h), mh[i], ownerWord(r, mh[i]))
+				}
+				fresh[nf], sh[nf] = h, mh[i]
+				nf++
+				continue
 			}
 			refreshed++
-			continue
+			if o = uint64(uint32(o)); o != last {
+				last, lastAt = o, a.recs[o].deadline
+			}
+			if deadline > lastAt {
+				if h == 0 {
+					w.engines.put(0, ownerWord(r, 0))
+				} else {
+					w.engines.s[2*at+1] = ownerWord(r, mh[i])
+				}
+			}
 		}
-		m[h] = deadline
-		a.entries++
-		a.push(heapNode{deadline, approxKey{id, h}})
-		fresh = append(fresh, h)
+		if nf > 0 {
+			// A tight loop of independent loads overlaps their misses;
+			// inside the classifying loop above only a few would.
+			for i := range nf {
+				sink += x.shardOf(sh[i]).touch(sh[i])
+			}
+			for i, h := range fresh[:nf] {
+				if x.shardOf(sh[i]).add(uint64(h), sh[i], w.slot) {
+					w.entries++
+					c.delta++
+				}
+			}
+			c.stored += uint64(nf)
+			rec := &a.recs[r]
+			if rec.hashes == nil {
+				// Room for every block still to come, so later chunks
+				// never grow the list outside the pool.
+				rec.hashes = a.getList(nf + len(hashes) - n)
+			}
+			rec.hashes = append(rec.hashes, fresh[:nf]...)
+			a.entries += nf
+			a.queued += nf
+		}
+		w.sink += sink
+		hashes = hashes[n:]
 	}
-	a.refreshed.Add(uint64(refreshed))
-	a.buf = fresh[:0]
-	if len(fresh) > 0 {
-		a.idx.storeSeqs(k, fresh)
-		a.recorded.Add(uint64(len(fresh)))
+	if refreshed > 0 {
+		a.refreshed.Add(uint64(refreshed))
 	}
+	if c.stored > 0 {
+		a.recorded.Add(c.stored)
+	}
+	x.flush(&c)
 	a.pruneLocked(now.UnixNano(), -1)
 	if a.entries > a.cfg.MaxBlocks {
 		a.evictLocked(int(float64(a.cfg.MaxBlocks) * a.cfg.PruneTarget))
@@ -166,8 +269,11 @@ func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now tim
 // expiry caveat). It does not wait for writers.
 func (a *Approx) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
 	if now := a.cfg.Clock().UnixNano(); a.first.Load() <= now && a.mu.TryLock() {
-		a.pruneLocked(now, lookupPruneMax)
-		a.publishFirst()
+		if a.idx.wmu.TryLock() { // Stats may hold it for a while
+			a.pruneLocked(now, lookupPruneMax)
+			a.publishFirst()
+			a.idx.wmu.Unlock()
+		}
 		a.mu.Unlock()
 	}
 	a.idx.Lookup(hashes, opt, out)
@@ -176,8 +282,10 @@ func (a *Approx) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overl
 // Prune drops every entry whose TTL has passed at now.
 func (a *Approx) Prune(now time.Time) {
 	a.mu.Lock()
+	a.idx.wmu.Lock()
 	a.pruneLocked(now.UnixNano(), -1)
 	a.publishFirst()
+	a.idx.wmu.Unlock()
 	a.mu.Unlock()
 }
 
@@ -185,84 +293,205 @@ func (a *Approx) Prune(now time.Time) {
 func (a *Approx) RemoveWorker(worker string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	gone := map[uint32]bool{}
+	a.idx.wmu.Lock()
+	found := false
 	for k, id := range a.ids {
-		if k.Worker == worker {
-			gone[id] = true
+		aw := &a.ws[id]
+		if k.Worker != worker || aw.w == nil {
+			continue
 		}
+		// Its records are now void; they are freed when they surface.
+		a.entries -= aw.w.engines.len()
+		aw.w = nil
+		aw.gen++
+		found = true
 	}
-	if len(gone) == 0 {
-		return
+	a.idx.wmu.Unlock()
+	if found {
+		a.idx.RemoveWorker(worker)
 	}
-	for id := range gone {
-		// Heap nodes are dropped when they surface.
-		a.entries -= len(a.exp[id])
-		a.exp[id] = nil
-	}
-	a.idx.RemoveWorker(worker)
 }
 
-// pruneLocked removes entries whose deadline is at or before now; at most
-// limit of them when limit >= 0.
+// ownerWord is the value word of an entry in an Approx worker's table: the
+// handle of the record owning its deadline, and above it the low 32 bits
+// of h = mix(seq), which the table keeps there in identity mode.
+func ownerWord(rec uint32, h uint64) uint64 { return uint64(rec) | h<<32 }
+
+func (a *Approx) workerID(k kvevents.WorkerKey) uint32 {
+	id, ok := a.ids[k]
+	if !ok {
+		id = uint32(len(a.ws))
+		a.ids[k] = id
+		a.ws = append(a.ws, approxWorker{key: k})
+	}
+	return id
+}
+
+// newRec starts the record of one Record call and queues it.
+func (a *Approx) newRec(deadline int64, id, gen uint32) uint32 {
+	var h uint32
+	if n := len(a.freeRecs); n > 0 {
+		h = a.freeRecs[n-1]
+		a.freeRecs = a.freeRecs[:n-1]
+	} else {
+		h = uint32(len(a.recs))
+		a.recs = append(a.recs, approxRec{})
+	}
+	a.recs[h] = approxRec{deadline: deadline, id: id, gen: gen}
+	a.push(expiryNode{deadline, h})
+	return h
+}
+
+// pruneLocked drops entries whose deadline is at or before now, looking at
+// no more than limit queued hashes when limit >= 0. mu and idx.wmu held,
+// like every helper below.
 func (a *Approx) pruneLocked(now int64, limit int) {
 	for len(a.heap) > 0 && a.heap[0].at <= now && limit != 0 {
-		n := a.pop()
-		at, ok := a.exp[n.key.id][n.key.seq]
-		switch {
-		case !ok: // removed with its worker
-		case at > n.at: // re-recorded since: re-queue at its deadline
-			a.push(heapNode{at, n.key})
-		default:
-			a.drop(n.key)
-			a.expired.Add(1)
-			limit--
-		}
+		limit = a.drain(now, limit, -1, &a.expired)
 	}
-	a.flushDropped()
 }
 
-// evictLocked removes the entries closest to expiry until target remain.
+// evictLocked drops the entries closest to expiry until target remain.
 func (a *Approx) evictLocked(target int) {
 	for a.entries > target && len(a.heap) > 0 {
-		n := a.pop()
-		at, ok := a.exp[n.key.id][n.key.seq]
-		switch {
-		case !ok:
-		case at > n.at:
-			a.push(heapNode{at, n.key})
-		default:
-			a.drop(n.key)
-			a.evicted.Add(1)
-		}
+		a.drain(math.MinInt64, -1, target, &a.evicted)
 	}
-	a.flushDropped()
 }
 
-func (a *Approx) drop(key approxKey) {
-	delete(a.exp[key.id], key.seq)
-	a.entries--
-	a.dropped = append(a.dropped, key)
+// drain works through the list of the record at the top of the heap, last
+// hash first. An entry the record still owns is dropped (counted in ctr);
+// one re-recorded since moves to its owner's list, unless that owner's
+// deadline is also at or before now, in which case it is dropped too.
+// Hashes of a void record are just discarded. drain stops after budget
+// hashes (budget < 0: no limit) or once entries <= floor, frees the record
+// when its list is empty, and returns the budget left.
+func (a *Approx) drain(now int64, budget, floor int, ctr *atomic.Uint64) int {
+	x := a.idx
+	hd := a.heap[0].rec
+	r := &a.recs[hd]
+	aw := &a.ws[r.id]
+	w := aw.w
+	void := r.gen != aw.gen || w == nil
+	list := r.hashes
+	var c batchCounts
+	for len(list) > 0 && budget != 0 && a.entries > floor {
+		n := min(len(list), approxChunk)
+		if budget > 0 {
+			n = min(n, budget)
+			budget -= n
+		}
+		chunk := list[len(list)-n:]
+		list = list[:len(list)-n]
+		a.queued -= n
+		if void {
+			continue
+		}
+		var mh, sh [approxChunk]uint64
+		var gone [approxChunk]kvevents.SeqHash
+		var sink uint64
+		for i, h := range chunk {
+			// Most entries of a record that surfaces are dropped: touch
+			// their block-table buckets too, while the loads can overlap.
+			mh[i] = mix(uint64(h))
+			sink += w.engines.touch(mh[i]) + x.shardOf(mh[i]).touch(mh[i])
+		}
+		ng := 0
+		for i := n - 1; i >= 0; i-- {
+			h := chunk[i]
+			if a.entries <= floor {
+				// Stop here: put back what is left of the chunk.
+				list = list[:len(list)+i+1]
+				a.queued += i + 1
+				if budget >= 0 {
+					budget += i + 1
+				}
+				break
+			}
+			var o, at uint64
+			var ok bool
+			if h == 0 {
+				o, ok = w.engines.word(0, 0)
+			} else if at, ok = w.engines.probe(uint64(h), mh[i]); ok {
+				o = w.engines.s[2*at+1]
+			}
+			if !ok {
+				continue // a duplicate within one call, already dropped
+			}
+			o = uint64(uint32(o))
+			if o != uint64(hd) {
+				if or := &a.recs[o]; or.deadline > now && or.id == r.id && or.gen == r.gen {
+					or.hashes = a.appendList(or.hashes, h)
+					a.queued++
+					continue
+				}
+			}
+			if h == 0 {
+				w.engines.del(0)
+			} else {
+				w.engines.deleteAt(at)
+			}
+			a.entries--
+			gone[ng], sh[ng] = h, mh[i]
+			ng++
+		}
+		w.sink += sink
+		for i, h := range gone[:ng] {
+			if x.shardOf(sh[i]).remove(uint64(h), sh[i], w.slot) {
+				w.entries--
+				c.delta--
+			}
+		}
+		c.removed += uint64(ng)
+	}
+	if c.removed > 0 {
+		ctr.Add(c.removed)
+		x.flush(&c)
+	}
+	if len(list) > 0 {
+		r.hashes = list
+		return budget
+	}
+	a.pop()
+	a.putList(r.hashes)
+	*r = approxRec{}
+	a.freeRecs = append(a.freeRecs, hd)
+	return budget
 }
 
-// flushDropped removes the dropped entries from the index, one call (one
-// writer-lock acquisition) per worker.
-func (a *Approx) flushDropped() {
-	d := a.dropped
-	if len(d) == 0 {
-		return
-	}
-	slices.SortFunc(d, func(x, y approxKey) int { return int(x.id) - int(y.id) })
-	for i := 0; i < len(d); {
-		j := i
-		seqs := a.buf[:0]
-		for ; j < len(d) && d[j].id == d[i].id; j++ {
-			seqs = append(seqs, d[j].seq)
+// Record lists come from a pool of power-of-two capacities.
+
+func listClass(n int) int { return max(bits.Len(uint(n-1)), minListClass) }
+
+func (a *Approx) getList(n int) []kvevents.SeqHash {
+	c := listClass(n)
+	if c < listClasses {
+		if p := a.lists[c]; len(p) > 0 {
+			l := p[len(p)-1]
+			p[len(p)-1] = nil
+			a.lists[c] = p[:len(p)-1]
+			a.pooled -= cap(l)
+			return l
 		}
-		a.idx.removeSeqs(a.keys[d[i].id], seqs...)
-		a.buf = seqs[:0]
-		i = j
 	}
-	a.dropped = d[:0]
+	return make([]kvevents.SeqHash, 0, 1<<c)
+}
+
+func (a *Approx) putList(l []kvevents.SeqHash) {
+	c := bits.Len(uint(cap(l))) - 1
+	if cap(l) == 0 || cap(l) != 1<<c || c >= listClasses || a.pooled+cap(l) > a.queued+poolSlack {
+		return // not one of ours, or the pool is big enough: leave it to the GC
+	}
+	a.lists[c] = append(a.lists[c], l[:0])
+	a.pooled += cap(l)
+}
+
+func (a *Approx) appendList(l []kvevents.SeqHash, x kvevents.SeqHash) []kvevents.SeqHash {
+	if len(l) == cap(l) {
+		nl := append(a.getList(len(l)+1), l...)
+		a.putList(l)
+		l = nl
+	}
+	return append(l, x)
 }
 
 func (a *Approx) publishFirst() {
@@ -274,9 +503,10 @@ func (a *Approx) publishFirst() {
 }
 
 // The expiry heap is 4-ary: half the levels of a binary heap, and a
-// node's children share a cache line or two, which matters at 10^6 nodes.
+// node's children share a cache line. Deadlines mostly arrive in order,
+// so a push rarely moves.
 
-func (a *Approx) push(n heapNode) {
+func (a *Approx) push(n expiryNode) {
 	a.heap = append(a.heap, n)
 	h := a.heap
 	i := len(h) - 1
@@ -291,7 +521,7 @@ func (a *Approx) push(n heapNode) {
 	h[i] = n
 }
 
-func (a *Approx) pop() heapNode {
+func (a *Approx) pop() expiryNode {
 	h := a.heap
 	top := h[0]
 	last := h[len(h)-1]
@@ -324,8 +554,11 @@ func (a *Approx) pop() heapNode {
 
 // ApproxStats describes an Approx.
 type ApproxStats struct {
-	Entries   int    // live (block, worker) entries
-	HeapNodes int    // expiry heap size (one per entry)
+	Entries int // live (block, worker) entries
+	// HeapNodes counts the blocks queued for expiry in record lists: one
+	// per live entry, plus those of removed workers until their deadline.
+	HeapNodes int
+	Records   int    // expiry records (Record calls) in the deadline heap
 	Recorded  uint64 // new entries recorded
 	Refreshed uint64 // re-records that restarted a TTL
 	Expired   uint64 // entries dropped at their TTL
@@ -336,50 +569,10 @@ type ApproxStats struct {
 // Stats returns counters and sizes.
 func (a *Approx) Stats() ApproxStats {
 	a.mu.Lock()
-	s := ApproxStats{Entries: a.entries, HeapNodes: len(a.heap)}
+	s := ApproxStats{Entries: a.entries, HeapNodes: a.queued, Records: len(a.heap)}
 	a.mu.Unlock()
 	s.Recorded, s.Refreshed = a.recorded.Load(), a.refreshed.Load()
 	s.Expired, s.Evicted = a.expired.Load(), a.evicted.Load()
 	s.Index = a.idx.Stats()
 	return s
-}
-
-// storeSeqs indexes hashes for k with the sequence hash standing in for
-// the engine hash (the router has no engine ids for its own predictions).
-func (x *Index) storeSeqs(k kvevents.WorkerKey, hashes []kvevents.SeqHash) {
-	x.wmu.Lock()
-	defer x.wmu.Unlock()
-	w := x.worker(k, true)
-	if w == nil {
-		x.ctr.refused.Add(uint64(len(hashes)))
-		return
-	}
-	var c batchCounts
-	var blks [touchChunk]kvevents.StoredBlock
-	for len(hashes) > 0 {
-		n := min(len(hashes), touchChunk)
-		for i, h := range hashes[:n] {
-			blks[i] = kvevents.StoredBlock{Engine: kvevents.EngineHash(h), Seq: h}
-		}
-		x.storeChunk(w, blks[:n], &c)
-		hashes = hashes[n:]
-	}
-	x.flush(&c)
-}
-
-func (x *Index) removeSeqs(k kvevents.WorkerKey, hashes ...kvevents.SeqHash) {
-	x.wmu.Lock()
-	defer x.wmu.Unlock()
-	w := x.worker(k, false)
-	if w == nil {
-		return
-	}
-	var c batchCounts
-	for _, h := range hashes {
-		if s, ok := w.engines.del(uint64(h)); ok {
-			x.dropRef(w, kvevents.SeqHash(s), mix(s), &c)
-			c.removed++
-		}
-	}
-	x.flush(&c)
 }

@@ -6,11 +6,20 @@ package index
 // whole event before working on them: those loads are independent, so
 // their cache misses overlap instead of queueing one by one. Owned by one
 // worker and used under its mutex only.
+//
+// In identity mode (ident, used by the workers of an Approx, whose
+// "engine hash" is the sequence hash) every key maps to itself: get, del,
+// delH and each report the key as the value, and the stored value word
+// belongs to the owner (word, put, insertProbed, or the bucket probe
+// returns), except that its upper 32 bits must hold the low 32 bits of
+// mix(key) (see home). One table then serves both the index and the
+// Approx's expiry records. The event path never sees such a table.
 type engMap struct {
-	s       []uint64 // s[2i] key, s[2i+1] value
+	s       []uint64 // s[2i] key, s[2i+1] value (the owner's word in identity mode)
 	mask    uint64
 	n       int  // entries, including the zero key
 	hasZero bool // key 0 is kept aside: 0 marks an empty bucket
+	ident   bool
 	zeroVal uint64
 }
 
@@ -24,7 +33,7 @@ func (m *engMap) init(capacity int) {
 	for c*3 < capacity*4 {
 		c <<= 1
 	}
-	*m = engMap{s: make([]uint64, 2*c), mask: uint64(c - 1)}
+	*m = engMap{s: make([]uint64, 2*c), mask: uint64(c - 1), ident: m.ident}
 }
 
 // touch loads the bucket for hash h (mix of the key) and returns a word
@@ -73,6 +82,9 @@ func (m *engMap) get(k uint64) (uint64, bool) {
 		if !m.hasZero {
 			return 0, false
 		}
+		if m.ident {
+			return 0, true
+		}
 		return m.zeroVal, true
 	}
 	if m.s == nil {
@@ -82,6 +94,9 @@ func (m *engMap) get(k uint64) (uint64, bool) {
 	for {
 		key := m.s[2*i]
 		if key == k {
+			if m.ident {
+				return k, true
+			}
 			return m.s[2*i+1], true
 		}
 		if key == 0 {
@@ -133,6 +148,9 @@ func (m *engMap) delH(k, h uint64) (uint64, bool) {
 		}
 		m.hasZero = false
 		m.n--
+		if m.ident {
+			return 0, true
+		}
 		return m.zeroVal, true
 	}
 	if m.s == nil {
@@ -148,6 +166,10 @@ func (m *engMap) delH(k, h uint64) (uint64, bool) {
 			break
 		}
 		i = (i + 1) & m.mask
+	}
+	if m.ident {
+		m.deleteAt(i)
+		return k, true
 	}
 	v := m.s[2*i+1]
 	j := i
@@ -182,7 +204,11 @@ func (m *engMap) rehash(c int) {
 	m.mask = uint64(c - 1)
 	for i := 0; i < len(old); i += 2 {
 		if k := old[i]; k != 0 {
-			j := mix(k) & m.mask
+			h := old[i+1] >> 32 // identity mode keeps it there
+			if !m.ident {
+				h = mix(k)
+			}
+			j := h & m.mask
 			for m.s[2*j] != 0 {
 				j = (j + 1) & m.mask
 			}
@@ -193,6 +219,17 @@ func (m *engMap) rehash(c int) {
 
 // each calls fn for every entry.
 func (m *engMap) each(fn func(k, v uint64)) {
+	if m.ident {
+		if m.hasZero {
+			fn(0, 0)
+		}
+		for i := 0; i < len(m.s); i += 2 {
+			if k := m.s[i]; k != 0 {
+				fn(k, k)
+			}
+		}
+		return
+	}
 	if m.hasZero {
 		fn(0, m.zeroVal)
 	}
@@ -205,3 +242,93 @@ func (m *engMap) each(fn func(k, v uint64)) {
 
 // bytes is the memory held by the table.
 func (m *engMap) bytes() int { return 8 * cap(m.s) }
+
+// Identity mode (Approx) ----------------------------------------------------
+
+// word returns the value word of k (h = mix(k)) without ever growing the
+// table.
+func (m *engMap) word(k, h uint64) (uint64, bool) {
+	if k == 0 {
+		if !m.hasZero {
+			return 0, false
+		}
+		return m.zeroVal, true
+	}
+	i, ok := m.probe(k, h)
+	if !ok {
+		return 0, false
+	}
+	return m.s[2*i+1], true
+}
+
+// probe returns the bucket holding k (k != 0, h = mix(k)), or the empty
+// bucket where it would go (found = false; see insertProbed). Unlike find
+// it never grows the table.
+func (m *engMap) probe(k, h uint64) (i uint64, found bool) {
+	if m.s == nil {
+		return 0, false
+	}
+	i = h & m.mask
+	for {
+		key := m.s[2*i]
+		if key == k {
+			return i, true
+		}
+		if key == 0 {
+			return i, false
+		}
+		i = (i + 1) & m.mask
+	}
+}
+
+// insertProbed stores k (absent, k != 0, h = mix(k)) with value word v in
+// bucket at, the one probe returned, growing the table first if the
+// insert would pass the load limit.
+func (m *engMap) insertProbed(at, k, h, v uint64) {
+	if m.s == nil || (m.n+1)*4 > int(m.mask+1)*3 {
+		m.rehash(max(int(m.mask+1)*2, engMinCap))
+		at, _ = m.probe(k, h)
+	}
+	m.s[2*at], m.s[2*at+1] = k, v
+	m.n++
+}
+
+// home returns the hash that places the key of bucket j in identity mode:
+// the copy of the low 32 bits of mix(key) kept in the upper half of its
+// word, which saves deletions and rehashes the mixing.
+func (m *engMap) home(j uint64) uint64 { return m.s[2*j+1] >> 32 }
+
+// deleteAt removes the entry in bucket i of an identity-mode table
+// (backward-shift deletion); bucket numbers are void afterwards.
+func (m *engMap) deleteAt(i uint64) {
+	j := i
+	for {
+		j = (j + 1) & m.mask
+		kj := m.s[2*j]
+		if kj == 0 {
+			break
+		}
+		ideal := m.home(j) & m.mask
+		if i <= j {
+			if i < ideal && ideal <= j {
+				continue
+			}
+		} else if i < ideal || ideal <= j {
+			continue
+		}
+		m.s[2*i], m.s[2*i+1] = kj, m.s[2*j+1]
+		i = j
+	}
+	m.s[2*i], m.s[2*i+1] = 0, 0
+	m.n--
+	if c := int(m.mask + 1); c > identKeepCap && m.n*32 < c {
+		m.rehash(c / 2)
+	}
+}
+
+// identKeepCap is the capacity an identity-mode table keeps however empty
+// it gets, and it shrinks only when nearly empty: an Approx worker's
+// entries often all expire between two of its routing decisions, and
+// shrinking and regrowing the table each time would allocate on every
+// Record.
+const identKeepCap = 1024

@@ -457,7 +457,7 @@ func (x *Index) clearLocked(w *worker, c *batchCounts) {
 			c.delta--
 		}
 	})
-	w.engines = engMap{}
+	w.engines = engMap{ident: w.engines.ident}
 }
 
 // ClearWorker drops every block held for k (an engine restart, a gap, an
