@@ -29,7 +29,9 @@
 //     overwritten by an older one.
 //   - The approximate and predicted indexes (approx.go): fed by the
 //     router's own routing decisions, with a TTL, a size cap and lazy
-//     expiry.
+//     expiry tracked per Record call rather than per block.
+//   - Observability (stats.go): Stats, Dump, and WorkerBlocks, one
+//     worker's block count kept as events apply (no walk).
 //
 // It does not own event transport, ordering, gap or epoch detection (the
 // kvevents subscriber hands batches in order and calls Resync), deciding

@@ -131,6 +131,7 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 			return
 		}
 		checkInvariants(t, x)
+		checkWorkerBlocks(t, x, names, ranks)
 		for q := 0; q < 60; q++ {
 			compareLookup(t, x, refs, qg.query(), qg.options(), &out)
 		}
@@ -142,5 +143,23 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 	}
 	if lookups.Load() == 0 {
 		t.Error("readers never ran")
+	}
+}
+
+// checkWorkerBlocks compares WorkerBlocks with Dump for every key the
+// workload can name, known, removed or never seen.
+func checkWorkerBlocks(t *testing.T, x *Index, names []string, ranks int) {
+	t.Helper()
+	dumped := map[kvevents.WorkerKey]int{}
+	for _, d := range x.Dump() {
+		dumped[d.Key] = len(d.Blocks)
+	}
+	for _, name := range names {
+		for r := 0; r <= ranks; r++ { // one rank past the workload's
+			k := kvevents.WorkerKey{Worker: name, Rank: uint32(r)}
+			if got, want := x.WorkerBlocks(k), dumped[k]; got != want {
+				t.Fatalf("WorkerBlocks(%v) = %d, Dump has %d", k, got, want)
+			}
+		}
 	}
 }

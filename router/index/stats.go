@@ -128,6 +128,20 @@ func (x *Index) Dump() []WorkerDump {
 	return out
 }
 
+// WorkerBlocks returns how many blocks the index holds for k: the length
+// of k's Dump().Blocks (one per engine hash, so content stored under two
+// engine hashes counts twice), or 0 when k is unknown. The count is kept
+// as events apply, so this is one writer-lock acquisition and a map
+// lookup, not a walk: cheap enough for every status request.
+func (x *Index) WorkerBlocks(k kvevents.WorkerKey) int {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	if w := x.workers[k]; w != nil {
+		return w.engines.len()
+	}
+	return 0
+}
+
 func cmpBlock(a, b kvevents.StoredBlock) int {
 	switch {
 	case a.Engine < b.Engine:
