@@ -6,7 +6,6 @@ import (
 	"strconv"
 
 	"github.com/kvrouter/kvrouter/bindings"
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
@@ -158,15 +157,11 @@ func (r *Replica) Workers(model string) (*WorkersResponse, error) {
 			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = WorkerLoad{
 				ActiveRequests: l.ActiveRequests, PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks}
 		}
-		sizes := map[kvevents.WorkerKey]int{}
-		for _, d := range ms.index.Dump() {
-			sizes[d.Key] = len(d.Blocks)
-		}
 		for _, w := range ms.workerList() {
 			for _, rank := range w.Ranks {
 				ws := WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
 					BlockSize: w.BlockSize, KVBlocks: w.KVBlocks, MaxBatchedTokens: w.MaxBatchedTokens, MaxSeqs: w.MaxSeqs,
-					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: sizes[workerKeyOf(w.ID, rank)]}
+					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: ms.index.WorkerBlocks(workerKeyOf(w.ID, rank))}
 				if l, ok := loads[[2]string{w.ID, strconv.FormatUint(uint64(rank), 10)}]; ok {
 					ws.Load = &l
 				}
