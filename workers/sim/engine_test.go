@@ -567,6 +567,42 @@ func TestLoadReport(t *testing.T) {
 	}
 }
 
+// A queued request whose prefix the engine holds reports only its uncached
+// tokens as prefill in flight: the cache hit is looked up at report time.
+func TestLoadReportWaitingCountsUncachedOnly(t *testing.T) {
+	tests := []struct {
+		name   string
+		prompt []uint32
+		want   int
+	}{
+		{"prefix cached", cat(seq(1, 64), seq(900, 20)), 20},       // 4 cached blocks
+		{"whole prompt cached", seq(1, 64), 16},                    // the last block is recomputed, as vLLM
+		{"nothing cached", seq(2000, 50), 50},                      // a different prompt
+		{"partial block", cat(seq(1, 40), seq(3000, 10)), 50 - 32}, // 2 whole blocks cached
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _, _ := newTestEngine(t, Config{KVBlocks: 100, MaxBatchedTokens: 512, MaxSeqs: 1})
+			warm := submit(t, e, Request{Tokens: seq(1, 64), MaxTokens: 1})
+			runIdle(t, e)
+			result(t, warm)
+			// MaxSeqs 1: a long-running request keeps the next one queued.
+			submit(t, e, Request{Tokens: seq(5000, 16), MaxTokens: 1000})
+			if _, err := e.ranks[0].stepOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			submit(t, e, Request{Tokens: tc.prompt, MaxTokens: 1})
+			l := e.Load()[0]
+			if l.WaitingRequests != 1 || l.ActiveRequests != 1 {
+				t.Fatalf("want one waiting, one running: %+v", l)
+			}
+			if l.PrefillTokens != tc.want {
+				t.Fatalf("prefill tokens %d, want %d (uncached part only)", l.PrefillTokens, tc.want)
+			}
+		})
+	}
+}
+
 func TestMultiRankDump(t *testing.T) {
 	e, rs, _ := newTestEngine(t, Config{Ranks: 3})
 	for r := uint32(0); r < 3; r++ {

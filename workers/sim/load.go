@@ -8,8 +8,13 @@ import (
 // workers.PublishLoad or a workers.LoadReporter's Source. KVUsedBlocks counts
 // blocks held by running requests (Dynamo's active blocks); cached blocks
 // nobody holds are reusable and count as free. PrefillTokens counts the
-// prompt tokens still to compute of running requests and of queued ones,
-// the latter whole because their cache hits are only known at admission.
+// tokens still to compute of running requests in prefill and of queued ones.
+// A queued request counts only its uncached part: its prompt minus the
+// prefix the cache holds at report time, found by the same lookup admission
+// makes (one map probe per leading block, stopping at the first miss). A
+// request the cache will serve mostly from its prefix therefore does not
+// make the worker look busy to the router, which keeps reported minus booked
+// prefill as a correction until the next report.
 func (e *Engine) Load() []workers.LoadReport {
 	out := make([]workers.LoadReport, len(e.ranks))
 	for i, c := range e.ranks {
@@ -37,9 +42,27 @@ func (c *core) load() workers.LoadReport {
 		}
 	}
 	for _, r := range c.waiting {
-		l.PrefillTokens += len(r.tokens) - r.computed
+		l.PrefillTokens += len(r.tokens) - c.cachedPrefix(r)
 	}
 	return l
+}
+
+// cachedPrefix is the number of r's tokens admission would find cached now:
+// whole leading blocks present in the cache, at most up to the block before
+// the last token (as vLLM, the last token is always computed). The caller
+// holds c.mu.
+func (c *core) cachedPrefix(r *request) int {
+	bs := c.cfg.BlockSize
+	c.ensureHashes(r, len(r.tokens))
+	maxHit := (len(r.tokens) - 1) / bs
+	hit := 0
+	for hit < maxHit {
+		if _, found := c.cache.lookup(r.hashes[hit]); !found {
+			break
+		}
+		hit++
+	}
+	return max(hit*bs, r.computed)
 }
 
 // InFlight is the number of requests queued or running on all ranks (for
