@@ -12,9 +12,12 @@ type Policy struct {
 	// RouterPolicy is the scheduler policy the replicas run ("default",
 	// "round-robin", "random", "least-loaded", ...).
 	RouterPolicy string
-	// Events: workers publish KV events and the replicas index them. Without
-	// events the replicas only know their own decisions (approximate mode).
+	// Events: workers publish KV events and the replicas index them.
 	Events bool
+	// Approximate runs the replicas in approximate mode (host
+	// Config.Approximate): no event subscription, an index of routing
+	// decisions with the default 120 s TTL (scaled by the speed-up).
+	Approximate bool
 	// PredictedTTL is how long a replica remembers its own decisions as
 	// cached blocks (0 = the replica's default).
 	PredictedTTL time.Duration
@@ -27,7 +30,7 @@ type Policy struct {
 // Catalog lists the policies a run can compare, by name.
 var Catalog = []Policy{
 	{Name: "kvrouter", RouterPolicy: "default", Events: true, About: "default cost policy, prefix index fed by KV events"},
-	{Name: "kvrouter-approx", RouterPolicy: "default", Events: false, PredictedTTL: 120 * time.Second, About: "default cost policy, no events: the router indexes its own decisions for 120 s"},
+	{Name: "kvrouter-approx", RouterPolicy: "default", Events: false, Approximate: true, About: "default cost policy, approximate mode (no events): the routers index their routing decisions for 120 s"},
 	{Name: "round-robin", RouterPolicy: "round-robin", Events: true, About: "cycle through the workers"},
 	{Name: "random", RouterPolicy: "random", Events: true, About: "uniformly random worker"},
 	{Name: "least-loaded", RouterPolicy: "least-loaded", Events: true, About: "fewest active requests"},

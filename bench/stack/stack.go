@@ -235,6 +235,10 @@ func (s *Stack) replicaConfig(i int) host.Config {
 		ttl = cfg.Policy.PredictedTTL
 	}
 	hc.PredictedTTL = max(10*time.Millisecond, time.Duration(float64(ttl)/cfg.Speedup))
+	if cfg.Policy.Approximate {
+		hc.Approximate = true
+		hc.ApproxTTL = max(10*time.Millisecond, time.Duration(float64(host.DefaultApproxTTL)/cfg.Speedup))
+	}
 	if cfg.RouteDeadline > 0 {
 		hc.DefaultDeadline = cfg.RouteDeadline
 	}

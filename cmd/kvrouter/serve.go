@@ -69,6 +69,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		snapEvery   = c.duration("snapshot-interval", 5*time.Minute, "how often to write an index snapshot (0 = never)")
 		loadSnap    = c.boolean("load-snapshot", true, "start from the newest index snapshot and replay events from there")
 		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers this replica's own decisions (negative = off)")
+		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
+		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
 		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest wait of a request in the router queue when it gives no deadline_ms")
 		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS; beyond, 529 at once")
 		syncEvery   = c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas")
@@ -99,12 +101,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		SnapshotInterval: *snapEvery,
 		LoadSnapshot:     *loadSnap,
 		PredictedTTL:     *predicted,
+		Approximate:      *approximate,
+		ApproxTTL:        *approxTTL,
 		DefaultDeadline:  *deadline,
 		MaxInFlight:      *inflight,
 		HTTPAddr:         *httpAddr,
 		Logger:           log,
 	}
 	cfg.BookingSyncInterval = *syncEvery
+	if cfg.Approximate {
+		// Snapshots hold event-fed indexes; approximate mode has none.
+		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
+	}
 	if *policyFileF != "" {
 		if err := applyPolicyFile(&cfg, *policyFileF); err != nil {
 			return usageError{err}

@@ -70,6 +70,18 @@ type Config struct {
 	// Stored events arrive (default 5 s; negative = off).
 	PredictedTTL time.Duration
 
+	// Approximate is the mode for engines that publish no KV events: the
+	// replica does not subscribe to the event stream (nor create it, nor
+	// load or write index snapshots) and its index is an approximate one
+	// fed by routing decisions, each remembered for ApproxTTL (default
+	// 120 s) up to ApproxMaxBlocks (block, worker) entries (default 2^20,
+	// pruned to 80 % of that when reached). Readiness then waits only for
+	// membership. PredictedTTL is unused: the approximate index already
+	// holds the decisions.
+	Approximate     bool
+	ApproxTTL       time.Duration
+	ApproxMaxBlocks int
+
 	// DefaultDeadline bounds a request's wait in the scheduler queue when
 	// the request gives no deadline_ms (default 30 s).
 	DefaultDeadline time.Duration
@@ -84,6 +96,14 @@ type Config struct {
 	// drift).
 	BookingSyncInterval time.Duration
 	BookingSyncBuffer   int
+
+	// DecisionSyncBuffer bounds this replica's routing decisions waiting to
+	// be shared with the other replicas on <prefix>.decisions.<model>, for
+	// their predicted (or approximate) index (default 4,096; past it
+	// decisions are dropped and counted, never waited for; negative = do
+	// not share, and ignore the peers'). Batched like booking sync, for at
+	// most BookingSyncInterval.
+	DecisionSyncBuffer int
 
 	// HTTPAddr, when set, serves the HTTP API there (":8080"). Handler()
 	// serves the same API for callers that run their own server.
@@ -104,10 +124,12 @@ const (
 	DefaultPolicy              = "default"
 	DefaultBlockSize           = 16
 	DefaultPredictedTTL        = 5 * time.Second
+	DefaultApproxTTL           = index.DefaultApproxTTL
 	DefaultDeadline            = 30 * time.Second
 	DefaultMaxInFlight         = 8192
 	DefaultBookingSyncInterval = 2 * time.Millisecond
 	DefaultBookingSyncBuffer   = 65536
+	DefaultDecisionSyncBuffer  = 4096
 	DefaultEventMaxAge         = time.Hour
 )
 
@@ -165,6 +187,20 @@ func (c *Config) normalize() error {
 	if c.PredictedTTL == 0 {
 		c.PredictedTTL = DefaultPredictedTTL
 	}
+	if c.ApproxTTL == 0 {
+		c.ApproxTTL = DefaultApproxTTL
+	}
+	if c.ApproxMaxBlocks == 0 {
+		c.ApproxMaxBlocks = index.DefaultApproxMaxBlocks
+	}
+	if c.Approximate {
+		if c.ApproxTTL < 0 || c.ApproxMaxBlocks < 0 {
+			return fmt.Errorf("%w: approximate mode needs a positive TTL and size cap (ttl %v, max blocks %d)", ErrConfig, c.ApproxTTL, c.ApproxMaxBlocks)
+		}
+		if c.LoadSnapshot || c.SnapshotInterval > 0 {
+			return fmt.Errorf("%w: index snapshots (load %v, interval %v) hold event-fed indexes; approximate mode has none", ErrConfig, c.LoadSnapshot, c.SnapshotInterval)
+		}
+	}
 	if c.DefaultDeadline == 0 {
 		c.DefaultDeadline = DefaultDeadline
 	}
@@ -182,6 +218,9 @@ func (c *Config) normalize() error {
 	}
 	if c.BookingSyncBuffer == 0 {
 		c.BookingSyncBuffer = DefaultBookingSyncBuffer
+	}
+	if c.DecisionSyncBuffer == 0 {
+		c.DecisionSyncBuffer = DefaultDecisionSyncBuffer
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

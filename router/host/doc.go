@@ -2,7 +2,10 @@
 // hash, look up the prefix index, read the session binding, schedule, commit
 // the binding, reply) and the edges that talk to the outside world: the route
 // API over NATS request/reply (queue group) and HTTP, the lifecycle calls
-// (prefill done, free, cancel), replica booking sync, index snapshots, and
+// (prefill done, free, cancel), replica booking sync, decision sync (each
+// routing decision shared with the other replicas for their predicted or
+// approximate index, decisions.go), approximate mode (no events; the index
+// is fed by routing decisions, Config.Approximate), index snapshots, and
 // the replica's observability (OpenTelemetry traces and metrics, slog).
 //
 // It does not own any routing rule. The pin rule and the policies live in

@@ -119,6 +119,9 @@ func (r *Replica) lagLoop() {
 				ms.pred.Prune(now)
 			}
 		}
+		if r.cfg.Approximate {
+			continue // no event stream
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		st, err := r.js.Stream(ctx, r.cfg.EventStream)
 		if err == nil {

@@ -17,7 +17,10 @@ type modelState struct {
 	name  string
 	index *index.Index
 	pred  *index.Approx // predicted index: this replica's recent decisions; nil when off
-	sched *scheduler.Scheduler
+	// approx: pred is the approximate index (Config.Approximate) and index
+	// stays empty (no events); lookups read pred alone.
+	approx bool
+	sched  *scheduler.Scheduler
 
 	blockSize int // fixed per model: the scheduler and the index hash at it
 
@@ -33,6 +36,11 @@ type modelState struct {
 	predCh   chan predRecord             // decisions waiting to be recorded in pred
 	bookings chan scheduler.BookingEvent // local booking changes to publish
 	dropped  atomic.Uint64               // booking changes dropped (buffer full)
+
+	decisions  chan decisionOut // local decisions to share with the peers; nil when off
+	decDropped atomic.Uint64    // decisions not shared (buffer full)
+	decBad     atomic.Uint64    // undecodable decision messages received
+	decApplied atomic.Uint64    // peers' decisions recorded
 }
 
 func (r *Replica) newModel(name string) (*modelState, error) {
@@ -45,9 +53,17 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	empty := map[string]workers.Info{}
 	ms.workers.Store(&empty)
 	ms.index = index.New(index.Config{Model: name})
-	if r.cfg.PredictedTTL > 0 {
+	switch {
+	case r.cfg.Approximate:
+		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.ApproxTTL, MaxBlocks: r.cfg.ApproxMaxBlocks})
+		ms.predCh = make(chan predRecord, predQueue)
+		ms.approx = true
+	case r.cfg.PredictedTTL > 0:
 		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.PredictedTTL})
 		ms.predCh = make(chan predRecord, predQueue)
+	}
+	if ms.pred != nil && r.cfg.DecisionSyncBuffer > 0 {
+		ms.decisions = make(chan decisionOut, r.cfg.DecisionSyncBuffer)
 	}
 	pol, err := r.cfg.PolicyRegistry.Build(r.cfg.Policy)
 	if err != nil {
@@ -73,8 +89,12 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 // the scheduler's actor; lookups are lock-free).
 func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) []scheduler.Overlap {
 	var ov index.Overlaps
-	ms.index.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
-	if ms.pred != nil {
+	if ms.approx {
+		ms.pred.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
+	} else {
+		ms.index.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
+	}
+	if ms.pred != nil && !ms.approx {
 		var p index.Overlaps
 		ms.pred.Lookup(req.SeqHashes, index.LookupOptions{}, &p)
 		index.MergeMax(&ov, &p)

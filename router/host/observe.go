@@ -82,6 +82,11 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	decDropped, err := m.Int64ObservableCounter("kvr.decision_sync.dropped",
+		metric.WithDescription("Routing decisions not shared with the other replicas because the outgoing buffer was full."))
+	if err != nil {
+		return err
+	}
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		for _, name := range r.modelList {
 			ms := r.models[name]
@@ -94,6 +99,7 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 			o.ObserveInt64(queueDepth, ss.Waiting, mo)
 			o.ObserveInt64(bookingsG, int64(ms.fences.len()), mo)
 			o.ObserveInt64(syncDropped, int64(ms.dropped.Load()), mo)
+			o.ObserveInt64(decDropped, int64(ms.decDropped.Load()), mo)
 			loads, _ := ms.sched.Loads(ctx)
 			for _, l := range loads {
 				wo := metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name),
@@ -120,6 +126,6 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 		o.ObserveInt64(ready, v)
 		return nil
 	}, queueDepth, indexBlocks, indexEntries, indexBytes, eventLag, eventGaps, streamSeq, workersG,
-		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped)
+		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped)
 	return err
 }

@@ -172,10 +172,12 @@ func (r *Replica) Start(ctx context.Context) error {
 		}
 	}
 	t0 := time.Now()
-	if _, err := kvevents.EnsureStream(ctx, r.js, kvevents.StreamConfig{
-		Name: r.cfg.EventStream, Prefix: r.cfg.Prefix, MaxAge: r.cfg.EventMaxAge, Replicas: r.cfg.StreamReplicas,
-	}); err != nil {
-		return fmt.Errorf("host: event stream %s: %w", r.cfg.EventStream, err)
+	if !r.cfg.Approximate {
+		if _, err := kvevents.EnsureStream(ctx, r.js, kvevents.StreamConfig{
+			Name: r.cfg.EventStream, Prefix: r.cfg.Prefix, MaxAge: r.cfg.EventMaxAge, Replicas: r.cfg.StreamReplicas,
+		}); err != nil {
+			return fmt.Errorf("host: event stream %s: %w", r.cfg.EventStream, err)
+		}
 	}
 	bcfg := r.cfg.Bindings
 	bcfg.ReplicaID = r.id
@@ -199,6 +201,9 @@ func (r *Replica) Start(ctx context.Context) error {
 	if err := r.startBookingSync(); err != nil {
 		return err
 	}
+	if err := r.startDecisionSync(); err != nil {
+		return err
+	}
 	for _, ms := range r.models {
 		if ms.pred != nil {
 			r.bg.Add(1)
@@ -209,15 +214,20 @@ func (r *Replica) Start(ctx context.Context) error {
 		return err
 	}
 
+	// Approximate mode has no event stream to catch up with: the index
+	// starts empty and fills with this replica's (and its peers')
+	// decisions.
 	startSeq := uint64(0)
-	if r.cfg.LoadSnapshot {
-		startSeq = r.loadSnapshots(ctx)
-	}
-	if err := r.startSubscriber(ctx, startSeq); err != nil {
-		return err
-	}
-	if err := r.subscriber.WaitCaughtUp(ctx); err != nil {
-		return fmt.Errorf("host: catching up with event stream %s: %w", r.cfg.EventStream, err)
+	if !r.cfg.Approximate {
+		if r.cfg.LoadSnapshot {
+			startSeq = r.loadSnapshots(ctx)
+		}
+		if err := r.startSubscriber(ctx, startSeq); err != nil {
+			return err
+		}
+		if err := r.subscriber.WaitCaughtUp(ctx); err != nil {
+			return fmt.Errorf("host: catching up with event stream %s: %w", r.cfg.EventStream, err)
+		}
 	}
 	if err := r.mem.Load().WaitReady(ctx); err != nil {
 		return fmt.Errorf("host: loading worker registry: %w", err)
@@ -235,8 +245,12 @@ func (r *Replica) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: closed while starting", ErrShuttingDown)
 	}
 	close(r.ready)
-	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(),
-		"event_seq", r.subscriber.LastSeq(), "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond))
+	eventSeq := uint64(0)
+	if r.subscriber != nil {
+		eventSeq = r.subscriber.LastSeq()
+	}
+	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(), "approximate", r.cfg.Approximate,
+		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 

@@ -137,8 +137,13 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 	tLookup := time.Now()
 	hashes, tokens := r.promptHashes(ms, req, s)
 	s.ov.Reset()
-	ms.index.Lookup(hashes, index.LookupOptions{}, &s.ov)
-	if ms.pred != nil {
+	switch {
+	case ms.approx:
+		ms.pred.Lookup(hashes, index.LookupOptions{}, &s.ov)
+	default:
+		ms.index.Lookup(hashes, index.LookupOptions{}, &s.ov)
+	}
+	if ms.pred != nil && !ms.approx {
 		ms.pred.Lookup(hashes, index.LookupOptions{}, &s.pov)
 		index.MergeMax(&s.ov, &s.pov)
 	}
@@ -260,6 +265,7 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 
 	ms.fences.put(dec.Fence)
 	ms.recordPredicted(dec.Worker, hashes, t0)
+	r.shareDecision(ms, dec.Worker, hashes)
 	nblocks := len(hashes)
 	resp.V = APIVersion
 	resp.RequestID = req.RequestID

@@ -76,6 +76,7 @@ type metrics struct {
 	eventBatches    metric.Int64Counter
 	snapshots       metric.Int64Counter
 	bookingSync     metric.Int64Counter
+	decisionSync    metric.Int64Counter
 
 	// cached attribute options; the slices are passed with ... so that
 	// recording does not allocate a variadic slice per call
@@ -142,6 +143,9 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	must(e)
 	x.bookingSync, e = m.Int64Counter("kvr.booking_sync.messages",
 		metric.WithDescription("Replica booking sync messages, by direction (sent, applied, dropped)."))
+	must(e)
+	x.decisionSync, e = m.Int64Counter("kvr.decision_sync.decisions",
+		metric.WithDescription("Routing decisions shared between replicas for the predicted index, by direction (sent, applied; bad counts undecodable messages)."))
 	must(e)
 	for _, c := range routeCodes {
 		o := metric.WithAttributeSet(attribute.NewSet(attribute.String("code", c)))
