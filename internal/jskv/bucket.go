@@ -1,0 +1,97 @@
+package jskv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// JetStream API error codes this package and its callers act on.
+const (
+	CodeWrongLastSeq      jetstream.ErrorCode = 10071 // CAS lost
+	CodeWrongLastSeqConst jetstream.ErrorCode = 10164 // CAS lost while another write to the subject is in flight (replicated)
+	CodeNoMessage         jetstream.ErrorCode = 10037 // MSG.GET: nothing stored under the subject
+	CodeNoPeers           jetstream.ErrorCode = 10005 // too few cluster peers for the replicas asked for
+)
+
+// ErrBucketConfig: an existing bucket cannot carry per-key TTLs safely.
+// The concrete error is a *BucketConfigError.
+var ErrBucketConfig = errors.New("jskv: bucket unsuitable for per-key TTL")
+
+// BucketConfigError says why a bucket was refused.
+type BucketConfigError struct {
+	Bucket    string
+	MarkerTTL time.Duration // the bucket's LimitMarkerTTL; <= 0: per-key TTL is off
+	History   int64         // revisions kept per key; must be 1
+}
+
+func (e *BucketConfigError) Error() string {
+	if e.MarkerTTL <= 0 {
+		return fmt.Sprintf("bucket %q has no per-key TTL (LimitMarkerTTL unset)", e.Bucket)
+	}
+	return fmt.Sprintf("bucket %q keeps %d revisions per key (need 1: an expired revision must not resurface an older one)",
+		e.Bucket, e.History)
+}
+
+// Unwrap returns ErrBucketConfig.
+func (e *BucketConfigError) Unwrap() error { return ErrBucketConfig }
+
+// BucketConfig is what EnsureBucket creates when the bucket is missing.
+type BucketConfig struct {
+	Bucket      string
+	Description string
+	Replicas    int
+	Storage     jetstream.StorageType
+	MarkerTTL   time.Duration // LimitMarkerTTL, > 0
+	// WaitForPeers: when creating fails with code 10005 (a cluster that is
+	// still starting has too few peers), retry with backoff until ctx ends
+	// instead of failing at once.
+	WaitForPeers bool
+}
+
+// EnsureBucket binds to cfg.Bucket, creating it with History 1 and
+// LimitMarkerTTL when it does not exist (another process creating it at
+// the same time is fine), then checks that the bucket, new or old, has
+// LimitMarkerTTL > 0 and History == 1: without the first per-key TTLs are
+// ignored, with more history an expired revision lets an older one
+// resurface. A refused bucket is a *BucketConfigError.
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:         cfg.Bucket,
+			Description:    cfg.Description,
+			History:        1,
+			Replicas:       cfg.Replicas,
+			Storage:        cfg.Storage,
+			LimitMarkerTTL: cfg.MarkerTTL,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket) // another process created it first
+		}
+		var apiErr *jetstream.APIError
+		if !cfg.WaitForPeers || !errors.As(err, &apiErr) || apiErr.ErrorCode != CodeNoPeers {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("create bucket %q: %w (then %w)", cfg.Bucket, err, ctx.Err())
+		case <-time.After(wait):
+		}
+		err = jetstream.ErrBucketNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %q: %w", cfg.Bucket, err)
+	}
+	status, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("status of bucket %q: %w", cfg.Bucket, err)
+	}
+	if status.LimitMarkerTTL() <= 0 || status.History() != 1 {
+		return nil, &BucketConfigError{Bucket: cfg.Bucket, MarkerTTL: status.LimitMarkerTTL(), History: status.History()}
+	}
+	return kv, nil
+}
