@@ -7,7 +7,9 @@
 // other writer's), and the host calls it once per request that has a session
 // id. Then store.go (the raw JetStream operations: leader reads through
 // $JS.API.STREAM.MSG.GET, conditional writes that keep the per-key TTL, and
-// the mapping of codes 10071 and 10164 to ErrConflict), cache.go (the
+// the mapping of codes 10071 and 10164 to ErrConflict, built on
+// internal/jskv, which workers share; bindings adds the ambiguous-outcome
+// classification and its own errors), cache.go (the
 // bounded, watch-fed read cache), value.go (the stored JSON) and key.go (the
 // key escaping).
 //

@@ -2,31 +2,23 @@ package bindings
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 // This file holds the raw JetStream operations under the commit protocol:
 // the leader read, the conditional write that keeps a per-key TTL, the
 // conditional purge, and the classification of their errors.
 
-// JetStream error codes the protocol cares about.
 const (
-	codeWrongLastSeq      = 10071 // CAS conflict (R1, and often R3)
-	codeWrongLastSeqConst = 10164 // CAS conflict while another write to the key is in flight (R3)
-	codeNoMessage         = 10037 // MSG.GET: nothing stored under the subject
-	codeNoPeers           = 10005 // too few cluster peers for the replicas asked for (cluster starting)
-)
-
-const (
-	hdrKVOperation  = "KV-Operation"
-	hdrMarkerReason = "Nats-Marker-Reason"
-	hdrRollup       = "Nats-Rollup"
+	hdrKVOperation = "KV-Operation"
+	hdrRollup      = "Nats-Rollup"
 )
 
 // readState is one read of a key: a usable binding, a malformed value, a
@@ -67,22 +59,20 @@ func (e *errAmbiguousWrite) Error() string { return "write outcome unknown: " + 
 func (e *errAmbiguousWrite) Unwrap() error { return e.err }
 
 // classifyWrite maps a publish error to nil, ErrConflict (codes 10071 and
-// 10164, or the KV client's mapped errors), a definite failure (any other
-// API error: the server answered, so nothing was stored) or an ambiguous
-// outcome (no answer).
+// 10164, or the KV client's mapped errors: jskv.AsConflict; the result also
+// matches jskv.ErrConflict), a definite failure (any other API error: the
+// server answered, so nothing was stored) or an ambiguous outcome (no
+// answer).
 func classifyWrite(err error) error {
 	if err == nil {
 		return nil
 	}
+	if err = jskv.AsConflict(err); errors.Is(err, jskv.ErrConflict) {
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		if apiErr.ErrorCode == codeWrongLastSeq || apiErr.ErrorCode == codeWrongLastSeqConst {
-			return fmt.Errorf("%w: %w", ErrConflict, err)
-		}
 		return err
-	}
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	return &errAmbiguousWrite{err: err}
 }
@@ -91,9 +81,6 @@ func isAmbiguous(err error) bool {
 	var a *errAmbiguousWrite
 	return errors.As(err, &a)
 }
-
-// publishFunc is js.PublishMsg; tests replace it to inject faults.
-type publishFunc func(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 
 // casWrite stores val under key if the key's last revision is expect (0:
 // nothing stored), with the message TTL ttl, and returns the new revision.
@@ -105,12 +92,12 @@ func (t *Table) casWrite(ctx context.Context, key string, val []byte, expect uin
 	t.st.writes.Add(1)
 	m := &nats.Msg{Subject: t.kvPre + key, Data: val, Header: nats.Header{}}
 	octx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
-	pa, err := t.publish(octx, m, jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(ttl))
+	rev, err := jskv.Publish(octx, t.publish, m, expect, ttl)
 	cancel()
 	if err = classifyWrite(err); err != nil {
 		return 0, err
 	}
-	return pa.Sequence, nil
+	return rev, nil
 }
 
 // casPurge writes a purge marker (with a TTL, so the marker itself goes
@@ -124,60 +111,26 @@ func (t *Table) casPurge(ctx context.Context, key string, expect uint64) (uint64
 	m.Header.Set(hdrKVOperation, "PURGE")
 	m.Header.Set(hdrRollup, "sub")
 	octx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
-	pa, err := t.publish(octx, m, jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(t.cfg.MarkerTTL))
+	rev, err := jskv.Publish(octx, t.publish, m, expect, t.cfg.MarkerTTL)
 	cancel()
 	if err = classifyWrite(err); err != nil {
 		return 0, err
 	}
-	return pa.Sequence, nil
-}
-
-type msgGetResponse struct {
-	Error   *jetstream.APIError `json:"error,omitempty"`
-	Message *struct {
-		Subject string    `json:"subject"`
-		Seq     uint64    `json:"seq"`
-		Hdrs    []byte    `json:"hdrs,omitempty"`
-		Data    []byte    `json:"data,omitempty"`
-		Time    time.Time `json:"time"`
-	} `json:"message,omitempty"`
+	return rev, nil
 }
 
 // leaderReadOnce asks the stream leader (STREAM.MSG.GET, not a direct get,
 // which any replica may answer stale) for the key's last message.
 func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, error) {
 	t.st.leaderReads.Add(1)
-	req := make([]byte, 0, len(t.kvPre)+len(key)+20)
-	req = append(req, `{"last_by_subj":"`...)
-	req = append(req, t.kvPre...)
-	req = append(req, key...)
-	req = append(req, `"}`...)
-	msg, err := t.nc.RequestWithContext(ctx, t.msgGetSubj, req)
-	if err != nil {
-		return readState{}, err
-	}
-	var resp msgGetResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return readState{}, fmt.Errorf("bindings: leader read of key %q: bad reply: %w", key, err)
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == codeNoMessage {
-			return readState{leader: true}, nil
-		}
-		return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, resp.Error)
-	}
-	if resp.Message == nil {
-		return readState{}, fmt.Errorf("bindings: leader read of key %q: empty reply", key)
-	}
-	m := resp.Message
-	if len(m.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(m.Hdrs)
-		if err != nil {
-			return readState{}, fmt.Errorf("bindings: leader read of key %q: bad headers: %w", key, err)
-		}
-		if h.Get(hdrKVOperation) != "" || h.Get(hdrMarkerReason) != "" {
-			return readState{rev: m.Seq, storedAt: m.Time, leader: true}, nil
-		}
+	m, err := jskv.LastMsg(ctx, t.nc, t.msgGetSubj, t.kvPre+key)
+	switch {
+	case errors.Is(err, jskv.ErrNoMessage):
+		return readState{leader: true}, nil
+	case err != nil:
+		return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
+	case m.Tombstone():
+		return readState{rev: m.Seq, storedAt: m.Time, leader: true}, nil
 	}
 	st := stateFromValue(key, m.Seq, m.Data, m.Time)
 	st.leader = true
@@ -207,7 +160,7 @@ func (t *Table) leaderRead(ctx context.Context, key string, budget time.Duration
 			return readState{}, err // the server answered: retrying will not help
 		}
 		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
-			return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
+			return readState{}, err // leaderReadOnce named the key
 		}
 		t.st.readRetries.Add(1)
 		select {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 // Defaults of Config.
@@ -24,7 +26,7 @@ const (
 	DefaultMaxAttempts    = 4
 	DefaultOpTimeout      = 2 * time.Second
 	DefaultResolveTimeout = 5 * time.Second
-	DefaultAPIPrefix      = "$JS.API"
+	DefaultAPIPrefix      = jskv.DefaultAPIPrefix
 	maxAttemptsLimit      = 16
 )
 
@@ -150,7 +152,7 @@ type Table struct {
 	msgGetSubj  string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
 	readTimeout time.Duration
 	half        time.Duration
-	publish     publishFunc
+	publish     jskv.PublishFunc // js.PublishMsg; tests replace it to inject faults
 
 	cache   *cache
 	flights flights
@@ -187,7 +189,7 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 		nc:          nc,
 		kv:          kv,
 		kvPre:       "$KV." + cfg.Bucket + ".",
-		msgGetSubj:  cfg.APIPrefix + ".STREAM.MSG.GET.KV_" + cfg.Bucket,
+		msgGetSubj:  jskv.MsgGetSubject(cfg.APIPrefix, cfg.Bucket),
 		readTimeout: min(cfg.OpTimeout, 500*time.Millisecond),
 		half:        cfg.IdleTTL / 2,
 		publish:     js.PublishMsg,
@@ -207,45 +209,19 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 }
 
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:         cfg.Bucket,
-			Description:    "kvrouter session bindings (see docs/protocol.md)",
-			History:        1,
-			Replicas:       cfg.Replicas,
-			Storage:        cfg.Storage,
-			LimitMarkerTTL: cfg.MarkerTTL,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket) // another replica created it first
-		}
-		// A cluster that is still starting has too few peers for the
-		// replicas asked for (10005): wait for them while ctx allows.
-		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != codeNoPeers {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("bindings: create bucket %q: %w (then %w)", cfg.Bucket, err, ctx.Err())
-		case <-time.After(wait):
-		}
-		err = jetstream.ErrBucketNotFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bindings: open bucket %q: %w", cfg.Bucket, err)
-	}
-	status, err := kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("bindings: status of bucket %q: %w", cfg.Bucket, err)
-	}
-	if status.LimitMarkerTTL() <= 0 {
-		return nil, fmt.Errorf("%w: bucket %q has no per-key TTL (LimitMarkerTTL unset)", ErrBucketConfig, cfg.Bucket)
-	}
-	if status.History() != 1 {
-		return nil, fmt.Errorf("%w: bucket %q keeps %d revisions per key (need 1: an expired revision must not resurface an older one)",
-			ErrBucketConfig, cfg.Bucket, status.History())
+	kv, err := jskv.EnsureBucket(ctx, js, jskv.BucketConfig{
+		Bucket:       cfg.Bucket,
+		Description:  "kvrouter session bindings (see docs/protocol.md)",
+		Replicas:     cfg.Replicas,
+		Storage:      cfg.Storage,
+		MarkerTTL:    cfg.MarkerTTL,
+		WaitForPeers: true, // a cluster that is still starting: wait while ctx allows
+	})
+	switch {
+	case errors.Is(err, jskv.ErrBucketConfig):
+		return nil, fmt.Errorf("%w: %w", ErrBucketConfig, err)
+	case err != nil:
+		return nil, fmt.Errorf("bindings: %w", err)
 	}
 	return kv, nil
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 const model = "llama"
@@ -693,6 +695,13 @@ func TestClassifyWrite(t *testing.T) {
 		err := classifyWrite(c.err)
 		if errors.Is(err, ErrConflict) != c.conflict || isAmbiguous(err) != c.ambiguous {
 			t.Errorf("%s: %v (conflict %v, ambiguous %v)", c.name, err, errors.Is(err, ErrConflict), isAmbiguous(err))
+		}
+		// The shared classification stays reachable, and the text is ours.
+		if errors.Is(err, jskv.ErrConflict) != c.conflict {
+			t.Errorf("%s: %v: matches jskv.ErrConflict %v, want %v", c.name, err, errors.Is(err, jskv.ErrConflict), c.conflict)
+		}
+		if c.conflict && err.Error() != "bindings: write conflict: "+c.err.Error() {
+			t.Errorf("%s: text %q", c.name, err.Error())
 		}
 	}
 }
