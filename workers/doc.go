@@ -7,7 +7,10 @@
 //     bucket "kvr-workers" (History 1, LimitMarkerTTL so per-key TTLs work).
 //     Register creates the key with a per-key TTL (3 s) and a heartbeat
 //     (1 s) renews it with a raw compare-and-set publish that carries a
-//     fresh message TTL, because kv.Update would drop the TTL. Register,
+//     fresh message TTL, because kv.Update would drop the TTL (the bucket
+//     check, that publish, the mapping of codes 10071/10164 to ErrConflict
+//     and the leader read of a key are internal/jskv's, shared with
+//     bindings; the errors stay this package's). Register,
 //     Registration.SetDraining, Deregister, Stop, and Drain (graceful stop,
 //     drain.go) are the worker side.
 //   - The membership view (membership.go): the router side. WatchMembership

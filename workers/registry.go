@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 // Registry defaults.
@@ -45,8 +46,9 @@ var (
 )
 
 // ConflictError is a lost compare-and-set on a registry key. Raw JetStream
-// publishes are not mapped by nats.go, so the registry maps the server
-// codes itself.
+// publishes are not mapped by nats.go; internal/jskv maps the server codes
+// and Err is its *jskv.ConflictError (which also matches jskv.ErrConflict
+// and the server's *jetstream.APIError).
 type ConflictError struct {
 	Key      string
 	Expected uint64 // the revision the write expected to replace
@@ -63,12 +65,12 @@ func (e *ConflictError) Unwrap() []error { return []error{ErrConflict, e.Err} }
 
 // asConflict maps a raw publish error carrying code 10071 (wrong last
 // sequence) or 10164 (the same, on replicated streams while another write
-// to the subject is in flight) to a *ConflictError; other errors pass.
+// to the subject is in flight) to a *ConflictError (jskv.AsConflict
+// decides); other errors pass.
 func asConflict(key string, expected uint64, err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-		return &ConflictError{Key: key, Expected: expected, Code: apiErr.ErrorCode, Err: err}
+	var ce *jskv.ConflictError
+	if errors.As(jskv.AsConflict(err), &ce) {
+		return &ConflictError{Key: key, Expected: expected, Code: ce.Code, Err: ce}
 	}
 	return err
 }
@@ -103,6 +105,10 @@ type RegistryConfig struct {
 	// OpTimeout bounds one registry write made by the heartbeat loop;
 	// default Heartbeat.
 	OpTimeout time.Duration
+	// APIPrefix (worker side) is the JetStream API prefix of the leader
+	// reads that resolve a conflict; default "$JS.API". Set it, like js's
+	// own, when js uses a domain ("$JS.<domain>.API") or a custom prefix.
+	APIPrefix string
 
 	// TakeOver (worker side): when the key is held by another epoch,
 	// overwrite it at once instead of waiting up to TTL for it to expire.
@@ -145,6 +151,9 @@ func (c RegistryConfig) withDefaults() (RegistryConfig, error) {
 	if c.OpTimeout == 0 {
 		c.OpTimeout = c.Heartbeat
 	}
+	if c.APIPrefix == "" {
+		c.APIPrefix = jskv.DefaultAPIPrefix
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -176,32 +185,17 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:         cfg.Bucket,
-			Description:    "kvrouter worker registry: one key per worker id, per-key TTL leases",
-			History:        1,
-			Replicas:       cfg.Replicas,
-			LimitMarkerTTL: cfg.MarkerTTL,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently with another config
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("workers: registry bucket %q: %w", cfg.Bucket, err)
-	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("workers: registry bucket %q status: %w", cfg.Bucket, err)
-	}
-	if st.LimitMarkerTTL() <= 0 {
-		return nil, fmt.Errorf("%w: bucket %q has no LimitMarkerTTL, so per-key TTLs are disabled", ErrBucketConfig, cfg.Bucket)
-	}
-	if st.History() != 1 {
-		return nil, fmt.Errorf("%w: bucket %q has History %d, want 1 (an expired revision would resurrect an older one)",
-			ErrBucketConfig, cfg.Bucket, st.History())
+	kv, err := jskv.EnsureBucket(ctx, js, jskv.BucketConfig{
+		Bucket:      cfg.Bucket,
+		Description: "kvrouter worker registry: one key per worker id, per-key TTL leases",
+		Replicas:    cfg.Replicas,
+		MarkerTTL:   cfg.MarkerTTL,
+	})
+	switch {
+	case errors.Is(err, jskv.ErrBucketConfig):
+		return nil, fmt.Errorf("%w: %w", ErrBucketConfig, err)
+	case err != nil:
+		return nil, fmt.Errorf("workers: registry: %w", err)
 	}
 	return kv, nil
 }
@@ -362,12 +356,11 @@ func (r *Registration) claim(ctx context.Context) (uint64, error) {
 // publish writes val with a compare-and-set on expect and a fresh
 // per-message TTL. kv.Update cannot be used: it drops the key's TTL.
 func (r *Registration) publish(ctx context.Context, expect uint64, val []byte) (uint64, error) {
-	pa, err := r.js.PublishMsg(ctx, &nats.Msg{Subject: r.subject, Data: val},
-		jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(r.cfg.TTL))
+	rev, err := jskv.Publish(ctx, r.js, &nats.Msg{Subject: r.subject, Data: val}, expect, r.cfg.TTL)
 	if err != nil {
 		return 0, asConflict(r.key, expect, err)
 	}
-	return pa.Sequence, nil
+	return rev, nil
 }
 
 // write renews the key with the current value. On a conflict it re-reads
@@ -608,57 +601,27 @@ type latest struct {
 }
 
 // readLatest reads the key's last value from the stream leader
-// ($JS.API.STREAM.MSG.GET). kv.Get is a direct get that any replica may
-// answer from a lagging state; deciding "another incarnation holds my key"
-// on a stale read would make a healthy worker give up its id. A key whose
-// last message is a delete, purge or expiry marker is ErrKeyNotFound.
-// (JetStream domains and API prefixes are not supported here.)
+// (jskv.LastMsg: $JS.API.STREAM.MSG.GET, under cfg.APIPrefix). kv.Get is a
+// direct get that any replica may answer from a lagging state; deciding
+// "another incarnation holds my key" on a stale read would make a healthy
+// worker give up its id. A key whose last message is a delete, purge or
+// expiry marker is ErrKeyNotFound.
 func (r *Registration) readLatest(ctx context.Context) (latest, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
-	req, err := json.Marshal(struct {
-		LastBySubj string `json:"last_by_subj"`
-	}{r.subject})
-	if err != nil {
-		return latest{}, err
-	}
-	msg, err := r.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+r.cfg.Bucket, req)
-	if err != nil {
+	m, err := jskv.LastMsg(ctx, r.js.Conn(), jskv.MsgGetSubject(r.cfg.APIPrefix, r.cfg.Bucket), r.subject)
+	switch {
+	case errors.Is(err, jskv.ErrNoMessage):
+		return latest{}, fmt.Errorf("workers: key %q: %w", r.key, jetstream.ErrKeyNotFound)
+	case err != nil:
 		return latest{}, fmt.Errorf("workers: read key %q from the stream leader: %w", r.key, err)
+	case m.Tombstone():
+		return latest{}, fmt.Errorf("workers: key %q deleted or expired: %w", r.key, jetstream.ErrKeyNotFound)
 	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return latest{}, fmt.Errorf("workers: read key %q: bad response: %w", r.key, err)
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return latest{}, fmt.Errorf("workers: key %q: %w", r.key, jetstream.ErrKeyNotFound)
-		}
-		return latest{}, fmt.Errorf("workers: read key %q: %w", r.key, resp.Error)
-	}
-	if resp.Message == nil {
-		return latest{}, fmt.Errorf("workers: read key %q: response without a message", r.key)
-	}
-	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return latest{}, fmt.Errorf("workers: read key %q: bad headers: %w", r.key, err)
-		}
-		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
-			return latest{}, fmt.Errorf("workers: key %q deleted or expired: %w", r.key, jetstream.ErrKeyNotFound)
-		}
-	}
-	return latest{value: resp.Message.Data, rev: resp.Message.Seq}, nil
+	return latest{value: m.Data, rev: m.Seq}, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/natstest"
 )
 
@@ -53,6 +54,9 @@ func TestAsConflict(t *testing.T) {
 		var api *jetstream.APIError
 		if !errors.As(err, &api) {
 			t.Fatalf("code %d: APIError not reachable through %v", code, err)
+		}
+		if !errors.Is(err, jskv.ErrConflict) || ce.Error() != `workers: key "k" changed since revision 5 (server code `+fmt.Sprint(code)+`): publish: `+raw.Error() {
+			t.Fatalf("code %d: %q does not match jskv.ErrConflict or lost its text", code, err)
 		}
 	}
 	other := &jetstream.APIError{Code: 503, ErrorCode: 10008}
