@@ -65,6 +65,9 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		}
 		return pickMinCost(x, c, &p.Cost, only), nil
 	}
+	if len(c.slots) == 2 && !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+		return samplePairPlain(x, c, &p.Cost, p.Temperature), nil
+	}
 	cost := x.costs(c.Len())
 	lo, hi, m := scoreDefaultRange(x, c, &p.Cost, cost, only)
 	return sampleSoftmax(x, cost, lo, hi, m, p.Temperature), nil
@@ -367,6 +370,46 @@ func sampleSoftmax(x *Context, cost []float64, lo, hi float64, m int, t float64)
 		}
 	}
 	return last // rounding: u landed on the total
+}
+
+// samplePairPlain is sampleSoftmax over exactly two rows in the plain case
+// (see pickMinCostPlain), the common two-worker deployment. Normalised by
+// their range the two costs are always 0 and 1, so the weights are 1 and
+// e^(−1/T): a constant, cached in the Context, instead of a cost buffer, a
+// range pass and two exponentials per selection. Same draws as
+// sampleSoftmax (one intn(2) for a tie, else one float64).
+func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	newBlks := float64(c.newBlks)
+	prefill, decode := c.prefillF, c.decodeF
+	ov, ep := c.ov, c.epoch
+	var cost [2]float64
+	for i, s := range c.slots[:2] {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (prefill[s]+isl)*inv - cp.OverlapCredit*o
+		if pre < 0 {
+			pre = 0
+		}
+		cost[i] = cp.PrefillLoadScale*pre + (decode[s] + newBlks)
+	}
+	if cost[0] == cost[1] {
+		return x.rng.intn(2)
+	}
+	if x.pairT != t {
+		x.pairT, x.pairW = t, expNeg(-1/t)
+	}
+	w0 := 1.0 // weight of row 0: 1 when it is the cheaper row
+	if cost[0] > cost[1] {
+		w0 = x.pairW
+	}
+	if x.rng.float64()*(1+x.pairW) < w0 {
+		return 0
+	}
+	return 1
 }
 
 // rejectionTrials bounds the rejection attempts before the linear pass.

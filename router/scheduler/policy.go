@@ -114,6 +114,10 @@ type Context struct {
 	rng    *rng
 	invBS  float64 // 1 / BlockSize
 
+	// pairW is e^(−1/pairT), the costlier row's softmax weight when
+	// sampling between two workers at temperature pairT (samplePairPlain).
+	pairT, pairW float64
+
 	costBuf, tmpBuf, userBuf []float64
 	boolBuf                  []bool
 }

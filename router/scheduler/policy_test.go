@@ -547,3 +547,44 @@ func TestSoftmaxDistributionExact(t *testing.T) {
 		})
 	}
 }
+
+// The two-row fast path of the default policy draws exactly what the
+// general path (cost buffer, range, sampleSoftmax) draws from the same
+// random stream: cheaper row first, costlier row first, and a tie.
+func TestSamplePairMatchesGeneral(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b int // active prefill tokens of the two rows
+		temp float64
+	}{
+		{"cheap_first", 0, 160, 0.7},
+		{"cheap_second", 320, 16, 0.7},
+		{"tie", 64, 64, 0.7},
+		{"hot", 0, 16, 5},
+		{"cold", 0, 16, 0.01},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows := []CandidateRow{
+				{Key: wk("a", 0), ActivePrefillTokens: tc.a, OverlapBlocks: 2},
+				{Key: wk("b", 0), ActivePrefillTokens: tc.b},
+			}
+			r := &Request{Tokens: 256, SeqHashes: hashes(16, 1)}
+			xf, cf := NewCandidates(r, 16, 20, 5, nil, rows)
+			xg, cg := NewCandidates(r, 16, 20, 5, nil, rows)
+			cp := DefaultCostParams()
+			var got [2]int
+			for i := range 20000 {
+				fast := samplePairPlain(xf, cf, &cp, tc.temp)
+				cost := xg.costs(2)
+				lo, hi, m := scoreDefaultRange(xg, cg, &cp, cost, false)
+				if slow := sampleSoftmax(xg, cost, lo, hi, m, tc.temp); fast != slow {
+					t.Fatalf("draw %d: fast path chose %d, general path %d", i, fast, slow)
+				}
+				got[fast]++
+			}
+			if got[0] == 0 && tc.temp >= 0.7 || got[1] == 0 && tc.temp >= 0.7 {
+				t.Fatalf("one row never drawn: %v", got)
+			}
+		})
+	}
+}
