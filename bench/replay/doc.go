@@ -11,8 +11,8 @@
 // and router replicas (router/host) in one process; tests use fakes.
 //
 // Policies compared (Catalog): kvrouter's default policy fed by events,
-// kvrouter in approximate mode (no events: the router indexes its own
-// decisions), round-robin, random, least-loaded, and an oracle that picks by
+// kvrouter in the host's approximate mode (no events: the routers index
+// their routing decisions, shared between replicas), round-robin, random, least-loaded, and an oracle that picks by
 // the true cached prefix plus the default cost's load term and pins its
 // choice through the same route API.
 //

@@ -68,7 +68,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		snapBucket  = c.str("snapshot-bucket", host.DefaultSnapshotBucket, "object store bucket of index snapshots")
 		snapEvery   = c.duration("snapshot-interval", 5*time.Minute, "how often to write an index snapshot (0 = never)")
 		loadSnap    = c.boolean("load-snapshot", true, "start from the newest index snapshot and replay events from there")
-		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers this replica's own decisions (negative = off)")
+		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers routing decisions, this replica's and its peers' (negative = off)")
 		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
 		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
 		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest wait of a request in the router queue when it gives no deadline_ms")
