@@ -14,7 +14,7 @@
 // key escaping).
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
-// the key and value format (docs/parts/protocol-bindings.md), its own Mode
+// the key and value format (docs/protocol.md), its own Mode
 // type (Hard, Soft), the commit rule, the idle TTL and its renewal, the
 // single-flight of first requests within a replica, the resolution of writes
 // whose outcome is unknown (leader read + nonce), and the counters (Stats).

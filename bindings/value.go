@@ -9,7 +9,7 @@ import (
 )
 
 // record is the JSON value stored under a binding's key (see
-// docs/parts/protocol-bindings.md). Everything lives in the value because KV
+// docs/protocol.md). Everything lives in the value because KV
 // entries carry no headers.
 type record struct {
 	Model   string    `json:"model"`

@@ -17,7 +17,7 @@
 //     one-to-one by SubjectToken.
 //   - Our wire format (wire.go, msgpack.go): a versioned positional msgpack
 //     Batch, encoded and decoded by hand over a bounded byte reader; every
-//     field is documented in docs/parts/protocol-events.md.
+//     field is documented in docs/protocol.md.
 //   - vLLM interop (vllm.go): DecodeVLLMBatch reads every KVEventBatch shape
 //     vLLM, SGLang and TensorRT-LLM publish; a Converter (one per engine)
 //     turns those events into ours, hashing token_ids and chaining children

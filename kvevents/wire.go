@@ -33,7 +33,7 @@ var (
 )
 
 // AppendBatch appends the msgpack encoding of b to dst (layout in
-// docs/parts/protocol-events.md):
+// docs/protocol.md):
 //
 //	batch   = [1, model, worker, rank, epoch, first_event_id, [event...]]
 //	stored  = [1, tier, parent|nil, [engine0, seq0, engine1, seq1, ...]]

@@ -24,7 +24,7 @@ func sampleBatch() *Batch {
 }
 
 // goldenBatchHex is the encoding of sampleBatch, shown byte by byte in
-// docs/parts/protocol-events.md. It pins the layout: a change here is a
+// docs/protocol.md. It pins the layout: a change here is a
 // wire-format change.
 const goldenBatchHex = "97" + "01" + "a56c6c616d61" + "a27731" + "01" + "cf0123456789abcdef" + "2a" + "94" +
 	"9401" + "00" + "c0" + "92" + "cff1e2d3c4b5a69788" + "cf070bdbe0426ed786" +

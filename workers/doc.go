@@ -31,5 +31,5 @@
 // prediction (the scheduler). It must not import router/... or bindings.
 //
 // Start reading at Register in registry.go, then apply in membership.go.
-// docs/parts/protocol-workers.md describes the keys, values and subjects.
+// docs/protocol.md describes the keys, values and subjects.
 package workers

@@ -19,7 +19,7 @@ import (
 // scatter. Each replica therefore publishes every decision's (worker, rank,
 // prompt sequence hashes) on <prefix>.decisions.<model> and records its
 // peers' decisions into its own predicted/approximate index. Messages are a
-// compact hand-written binary batch (docs/parts/protocol-api.md), a replica
+// compact hand-written binary batch (docs/protocol.md), a replica
 // drops its own echoes by the Kvr-Replica header (and the replica id in the
 // message), and the outgoing buffer is bounded: when full, decisions are
 // dropped and counted, never waited for on the route path.

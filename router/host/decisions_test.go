@@ -70,7 +70,7 @@ func TestDecisionRoundTrip(t *testing.T) {
 	}
 }
 
-// The example of docs/parts/protocol-api.md.
+// The example of docs/protocol.md.
 func TestDecisionDocExample(t *testing.T) {
 	msg := encodeDecisions("r1", []testDecision{{kvevents.WorkerKey{Worker: "w0", Rank: 1}, []kvevents.SeqHash{0x1122334455667788, 0x99}}})
 	const want = "4b5652440100020072310100020077300100000002000000887766554433221199000000000000000"

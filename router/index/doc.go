@@ -63,6 +63,6 @@
 // Where to start reading: index.go (Config, Index, ApplyBatch), then
 // lookup.go (Lookup), table.go (the lock-free protocol), snapshot.go and
 // store.go (recovery), approx.go. The wire format of snapshots is in
-// docs/parts/protocol-index.md, benchmark figures in
-// docs/parts/bench-index.md.
+// docs/protocol.md, benchmark figures in
+// docs/benchmarks/index.md.
 package index

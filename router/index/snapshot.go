@@ -11,7 +11,7 @@ import (
 
 // Snapshot format, version 1 (all integers little-endian; "uvarint" is
 // encoding/binary's unsigned varint). Documented in
-// docs/parts/protocol-index.md.
+// docs/protocol.md.
 //
 //	magic      4 bytes  "KVRI"
 //	version    u16      1

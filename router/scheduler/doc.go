@@ -51,5 +51,5 @@
 //
 // pinrule.go (applyPinRule, then selectWorker), then queue.go (submit, pump,
 // admit), then builtin.go (DefaultPolicy), then booking.go. The wire form of
-// BookingEvent and the policy YAML are in docs/parts/protocol-scheduler.md.
+// BookingEvent and the policy YAML are in docs/protocol.md.
 package scheduler

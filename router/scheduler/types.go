@@ -195,7 +195,7 @@ func (k *BookingKind) UnmarshalText(b []byte) error {
 // BookingEvent is one change to one replica's bookings. The scheduler emits
 // them through OnBookingChange and folds other replicas' in via ApplyRemote;
 // moving them between replicas is the host's job (see
-// docs/parts/protocol-scheduler.md for the wire form).
+// docs/protocol.md for the wire form).
 type BookingEvent struct {
 	Replica       string      `json:"replica"`
 	Seq           uint64      `json:"seq"` // per-replica, increasing; informational

@@ -26,7 +26,7 @@
 //     (new epoch, new emitters from EmitterFactory),
 //     Reset, Reannounce, Close, Dump (ground truth for convergence tests),
 //     Load (workers.LoadReport per rank), Info (workers.Info);
-//   - the NATS generate protocol (serve.go, docs/parts/protocol-sim.md):
+//   - the NATS generate protocol (serve.go, docs/protocol.md):
 //     Serve answers on <prefix>.worker.<model>.<worker>.generate with
 //     streamed chunks and a final message with ttft_ms, itl_ms, e2e_ms and
 //     cached_tokens; Generate is the client; ExpandBlockIDs turns Mooncake

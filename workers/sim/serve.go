@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// The generate protocol (docs/parts/protocol-sim.md): a client publishes one
+// The generate protocol (docs/protocol.md): a client publishes one
 // GenerateRequest (JSON) to the worker's endpoint
 // <prefix>.worker.<model>.<worker>.generate with a reply subject (an inbox).
 // The worker publishes to that reply subject zero or more chunk messages,
