@@ -335,6 +335,19 @@ func benchMicro(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	m := micro.ThisMachine(res.CPU)
 	m.Note = *note
 	doc := micro.Doc{Machine: m, Command: command, Count: *count, Results: res, Targets: micro.Targets}
+	if *out != "-" {
+		// The analyses beside the generated file (how each figure was
+		// reached, what was tried, why a target is missed) outlive a re-run.
+		areas, _ := filepath.Glob(filepath.Join(filepath.Dir(*out), "benchmarks", "*.md"))
+		var links []string
+		for _, a := range areas {
+			rel := filepath.ToSlash(filepath.Join("benchmarks", filepath.Base(a)))
+			links = append(links, fmt.Sprintf("[%s](%s)", strings.TrimSuffix(filepath.Base(a), ".md"), rel))
+		}
+		if len(links) > 0 {
+			doc.Notes = append(doc.Notes, "Analysis per area (setups, profiles, misses explained): "+strings.Join(links, ", "))
+		}
+	}
 	if *out == "-" {
 		return micro.Markdown(stdout, doc)
 	}
