@@ -123,7 +123,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		load       = fs.Float64("load", 1, "load scaling: multiply the workload's arrival rate")
 		maxBatched = fs.Int("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)")
 		maxSeqs    = fs.Int("max-seqs", 0, "simulated workers' running requests (0 = 256)")
-		queueTh    = fs.Float64("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default 1.0, negative = no router-side queue)")
+		queueTh    = fs.Float64("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 2.0 for prefill, 1.0 for decode; negative = no router-side queue)")
 		maxOut     = fs.Int("max-output", 0, "cap every request's output tokens (0 = as the workload says)")
 		deadline   = fs.Duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)")
 		out        = fs.String("out", "bench-out", "directory for report.md, report.json and the PNG charts")

@@ -60,6 +60,9 @@ func newHarness(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *harn
 	if !cfg.HasSeed {
 		cfg.Seed, cfg.HasSeed = 1, true
 	}
+	if !cfg.ThresholdsSet {
+		cfg.Thresholds, cfg.ThresholdsSet = oneBatch(), true
+	}
 	s, err := New(cfg, p)
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +136,9 @@ func startScheduler(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *
 	t.Helper()
 	if !cfg.HasSeed {
 		cfg.Seed, cfg.HasSeed = 7, true
+	}
+	if !cfg.ThresholdsSet {
+		cfg.Thresholds, cfg.ThresholdsSet = oneBatch(), true
 	}
 	s, err := New(cfg, p)
 	if err != nil {
@@ -209,3 +215,8 @@ func hashes(n int, salt uint64) []kvevents.SeqHash {
 	}
 	return out
 }
+
+// oneBatch is the queue threshold most tests reason with: a worker is busy
+// once one full batch of prefill (or its whole KV cache) is booked. The
+// default (two batches) has its own test.
+func oneBatch() Thresholds { return Thresholds{QueuePrefillFrac: 1, QueueDecodeFrac: 1} }

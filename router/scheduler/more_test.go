@@ -24,7 +24,7 @@ func TestRestrictedWaiterDoesNotBlockOthers(t *testing.T) {
 // A worker-only Hard target narrows to its eligible ranks: an overloaded
 // rank drops out, the other still binds.
 func TestHardWorkerTargetSkipsOverloadedRank(t *testing.T) {
-	th := DefaultThresholds()
+	th := oneBatch()
 	th.OverloadPrefillFrac = 1
 	h := newHarness(t, Config{Thresholds: th, ThresholdsSet: true}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
 	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 0, HasRank: true}}))

@@ -155,7 +155,7 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
 		{name: "overloaded", target: workerOnly("a"),
 			setup: func(h *harness) {
-				th := DefaultThresholds()
+				th := oneBatch()
 				th.OverloadPrefillFrac = 1
 				if err := h.s.SetThresholds(th); err != nil {
 					h.t.Fatal(err)
@@ -233,7 +233,7 @@ func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
 				t.Fatalf("got %v, want one of %v", d.Worker, tc.want)
 			}
 			// Once the target is overloaded it is no candidate: the cost decides.
-			th := DefaultThresholds()
+			th := oneBatch()
 			th.OverloadPrefillFrac = 0.5
 			if err := h.s.SetThresholds(th); err != nil {
 				t.Fatal(err)

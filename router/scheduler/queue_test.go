@@ -210,7 +210,7 @@ func TestQueueDrainsOnCapacityChanges(t *testing.T) {
 	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100}))
 	w1 := h.submit(&Request{ID: "w1", Tokens: 100})
 	h.waiting(w1)
-	th := DefaultThresholds()
+	th := oneBatch()
 	th.QueuePrefillFrac = 2
 	if err := h.s.SetThresholds(th); err != nil {
 		t.Fatal(err)
@@ -395,7 +395,7 @@ func TestActor(t *testing.T) {
 		}
 	})
 	t.Run("context stops the actor", func(t *testing.T) {
-		s, err := New(Config{}, nil)
+		s, err := New(Config{Thresholds: oneBatch(), ThresholdsSet: true}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -595,4 +595,18 @@ func queueProperty(t *testing.T, seed uint64) {
 		t.Fatal("degenerate run")
 	}
 	_ = kvevents.SeqHash(0)
+}
+
+// The default queue threshold is two full batches of prefill: one booked
+// long prompt does not make a worker busy (a Mooncake prompt is longer than a
+// batch, and marking the worker busy at one made cache-aware routing queue
+// behind the very workers holding the cache), a second one does.
+func TestDefaultQueueThresholdIsTwoBatches(t *testing.T) {
+	if th := DefaultThresholds(); th != (Thresholds{QueuePrefillFrac: 2, QueueDecodeFrac: 1}) {
+		t.Fatalf("default thresholds %+v", th)
+	}
+	h := newHarness(t, Config{Thresholds: DefaultThresholds(), ThresholdsSet: true}, nil, wi("a", 0))
+	h.admitted(h.submit(&Request{ID: "first", Tokens: 100}))  // one batch booked
+	h.admitted(h.submit(&Request{ID: "second", Tokens: 100})) // not busy yet: admitted
+	h.waiting(h.submit(&Request{ID: "third", Tokens: 1}))     // two batches booked: busy
 }

@@ -88,7 +88,7 @@ func TestStress(t *testing.T) {
 			case 3:
 				note(s.ObserveLoad(LoadReport{Key: wk("b", 0), ActiveRequests: rnd.IntN(3), PrefillTokens: rnd.IntN(150)}))
 			case 4:
-				th := DefaultThresholds()
+				th := oneBatch()
 				th.OverloadPrefillFrac = []float64{0, 1.5}[rnd.IntN(2)]
 				note(s.SetThresholds(th))
 			}
