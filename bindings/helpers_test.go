@@ -49,7 +49,7 @@ func (e *env) open(cfg Config) *Table {
 
 func openOn(t testing.TB, js jetstream.JetStream, nc *nats.Conn, cfg Config) *Table {
 	t.Helper()
-	tb, err := Open(ctxT(t, 20*time.Second), js, nc, cfg)
+	tb, err := Open(ctxT(t, 60*time.Second), js, nc, cfg)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
