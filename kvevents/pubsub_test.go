@@ -338,10 +338,16 @@ func TestSubscriberReplayFromSeq(t *testing.T) {
 	// to 4 applied) replays from seq 3.
 	sink := &cursorSink{}
 	sink.cursors = map[WorkerKey]Cursor{{Worker: "w"}: {Epoch: 7, NextID: 5}}
-	sub := e.startSub(t, SubscriberConfig{Sink: sink, StartSeq: 3})
-	if sub.LastSeq() != 2 {
-		t.Fatalf("LastSeq before reading = %d, want StartSeq-1", sub.LastSeq())
+	// Before Run has read anything (checked on a subscriber that never
+	// runs: a running one may already have handled messages).
+	idle, err := NewSubscriber(e.js, SubscriberConfig{Sink: &cursorSink{}, StartSeq: 3})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if idle.LastSeq() != 2 {
+		t.Fatalf("LastSeq before reading = %d, want StartSeq-1", idle.LastSeq())
+	}
+	sub := e.startSub(t, SubscriberConfig{Sink: sink, StartSeq: 3})
 	waitCaughtUp(t, sub)
 	order, _, _ := sink.snapshot()
 	if strings.Join(order, ",") != "apply,apply,apply" || sink.seqs[0] != 3 || sub.LastSeq() != 5 {
