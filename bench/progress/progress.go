@@ -1,5 +1,3 @@
-// Package progress draws a plain text progress bar on a writer (stderr in
-// the CLI), with no dependency and no terminal control beyond '\r'.
 package progress
 
 import (

@@ -1,6 +1,3 @@
-// Command kvrouter is the KV-cache-aware LLM request router: router
-// replicas (serve), simulated workers (worker --sim), a one-command demo
-// on an embedded NATS server (demo) and the benchmark harness (bench).
 package main
 
 import (

@@ -1,6 +1,3 @@
-// Package natstest starts embedded NATS servers with JetStream for tests:
-// one server (Start) or a three-node cluster in one process (StartCluster).
-// Every package's tests use it; nothing else does.
 package natstest
 
 import (
