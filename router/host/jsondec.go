@@ -66,6 +66,16 @@ func (d *decoder) skipWS() {
 }
 
 // peek returns the next non-space byte, or 0 at the end.
+// end checks that only white space follows the value just read: a body is
+// one JSON document.
+func (d *decoder) end(field string) *Error {
+	d.skipWS()
+	if d.pos != len(d.buf) {
+		return d.errf(field, "invalid JSON: trailing data at offset %d", d.pos)
+	}
+	return nil
+}
+
 func (d *decoder) peek() byte {
 	d.skipWS()
 	if d.pos >= len(d.buf) {
@@ -563,11 +573,7 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 	if e != nil {
 		return e
 	}
-	d.skipWS()
-	if d.pos != len(d.buf) {
-		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
-	}
-	return nil
+	return d.end("body")
 }
 
 // DecodeRouteResponse parses a route answer into resp (reset first). It is
@@ -652,9 +658,8 @@ func DecodeRouteResponse(data []byte, resp *RouteResponse) error {
 	if e != nil {
 		return e
 	}
-	d.skipWS()
-	if d.pos != len(d.buf) {
-		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
+	if e := d.end("body"); e != nil {
+		return e
 	}
 	return nil
 }
@@ -693,9 +698,8 @@ func DecodeLifecycleRequest(data []byte, lr *LifecycleRequest) error {
 	if e != nil {
 		return e
 	}
-	d.skipWS()
-	if d.pos != len(d.buf) {
-		return d.errf("body", "invalid JSON: trailing data at offset %d", d.pos)
+	if e := d.end("body"); e != nil {
+		return e
 	}
 	return nil
 }
