@@ -31,7 +31,7 @@ func TestDocsStayInsideTheRepository(t *testing.T) {
 	for _, rel := range docs {
 		text := readDoc(t, rel)
 		for i, line := range strings.Split(text, "\n") {
-			if m := outside.FindString(line); m != "" && !allowedOutside(line) {
+			if m := outside.FindString(line); m != "" {
 				t.Errorf("%s:%d names a path outside the repository (%s): %s", rel, i+1, strings.TrimSpace(m), line)
 			}
 		}
@@ -63,13 +63,6 @@ func existsFrom(rel, path string) bool {
 		}
 	}
 	return false
-}
-
-// allowedOutside reports lines that may name ../ paths: command examples
-// that read a data file the user supplies (the bench's trace argument), not
-// a document the reader is sent to.
-func allowedOutside(line string) bool {
-	return strings.Contains(line, "--trace ")
 }
 
 // TestAnchorsResolve: every in-document link (#anchor) names a heading of
