@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/internal/natsconn"
 )
 
 // cmdFlags is a flag set in which every flag also reads an environment
@@ -163,8 +163,8 @@ func addNATSFlags(c *cmdFlags, embeddedDefault bool) *natsFlags {
 	}
 }
 
-func (n *natsFlags) config(name string) host.NATSConfig {
-	return host.NATSConfig{
+func (n *natsFlags) config(name string) natsconn.Config {
+	return natsconn.Config{
 		URLs: *n.url, CredsFile: *n.creds, NKeySeedFile: *n.nkey, User: *n.user, Password: *n.password,
 		TLSCAFile: *n.ca, TLSCertFile: *n.cert, TLSKeyFile: *n.key, Name: name,
 		Embedded: *n.embedded, DataDir: *n.dataDir, EmbeddedListen: *n.listen,

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/nats-io/nats.go"
 )
@@ -22,25 +24,25 @@ func TestSnapshotRestoreOnNewReplica(t *testing.T) {
 	ctx := ctxT(t)
 	for i := 0; i < 3; i++ {
 		toks := tokens(700+i, 256)
-		resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: toks})
+		resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st.generate(ctx, resp, toks)
 	}
 	first := st.replicas[0]
-	eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 48 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 48 },
 		func() string { return "events not indexed" })
 	first.writeSnapshots()
 	snapSeq := first.models[testModel].index.StreamSeq()
 	// More events after the snapshot.
 	toks := tokens(800, 256)
-	resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: toks})
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.generate(ctx, resp, toks)
-	eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 64 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 64 },
 		func() string { return "later events not indexed" })
 
 	nc := natstest.Connect(t, st.srv)
@@ -56,7 +58,7 @@ func TestSnapshotRestoreOnNewReplica(t *testing.T) {
 	if got := r2.models[testModel].index.StreamSeq(); got < snapSeq {
 		t.Fatalf("new replica at stream seq %d, snapshot was at %d", got, snapSeq)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return dumpEqual(first.models[testModel].index.Dump(), r2.models[testModel].index.Dump())
 	}, func() string { return "restored index differs from the original" })
 }
@@ -90,7 +92,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 200 {
 		t.Fatalf("readyz before close: %d", code)
 	}
-	resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"})
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func TestGracefulShutdown(t *testing.T) {
 	done := make(chan error, 8)
 	for i := 0; i < 8; i++ {
 		go func(i int) {
-			_, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(10+i, 64)})
+			_, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(10+i, 64)})
 			done <- err
 		}(i)
 	}
@@ -107,18 +109,18 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 8; i++ {
-		if err := <-done; err != nil && !errors.Is(err, ErrNoRouter) && !errors.Is(err, nats.ErrNoResponders) {
+		if err := <-done; err != nil && !errors.Is(err, api.ErrNoRouter) && !errors.Is(err, nats.ErrNoResponders) {
 			t.Errorf("in-flight request: %v", err)
 		}
 	}
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 503 {
 		t.Fatalf("readyz after close: %d", code)
 	}
-	if _, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}); !errors.Is(err, ErrNoRouter) {
+	if _, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}); !errors.Is(err, api.ErrNoRouter) {
 		t.Fatalf("route after close: %v (want no responders)", err)
 	}
-	var out RouteResponse
-	if err := r.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}, &out); !errors.Is(err, ErrShuttingDown) {
+	var out api.RouteResponse
+	if err := r.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}, &out); !errors.Is(err, api.ErrShuttingDown) {
 		t.Fatalf("in-process route after close: %v", err)
 	}
 	_ = resp
@@ -138,7 +140,7 @@ func TestNotReadyBeforeStart(t *testing.T) {
 		t.Fatalf("readyz: %d", code)
 	}
 	code, b := httpDo(t, "POST", srv.URL+"/v1/route", []byte(`{"model":"m","token_ids":[1]}`))
-	if e := DecodeError(b); code != 503 || e == nil || e.Code != CodeNotReady {
+	if e := api.DecodeError(b); code != 503 || e == nil || e.Code != api.CodeNotReady {
 		t.Fatalf("route before start: %d %s", code, b)
 	}
 	if err := r.Close(context.Background()); err != nil {

@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"strconv"
@@ -112,19 +112,6 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 		}
 		dst = append(dst, '}')
 	}
-	return append(dst, '}')
-}
-
-// appendLifecycleResponse appends r as JSON; equal to json.Marshal(r).
-func appendLifecycleResponse(dst []byte, r *LifecycleResponse) []byte {
-	dst = append(dst, `{"v":`...)
-	dst = strconv.AppendInt(dst, int64(r.V), 10)
-	dst = append(dst, `,"request_id":`...)
-	dst = appendJSONString(dst, r.RequestID)
-	dst = append(dst, `,"op":`...)
-	dst = appendJSONString(dst, r.Op)
-	dst = append(dst, `,"replica":`...)
-	dst = appendJSONString(dst, r.Replica)
 	return append(dst, '}')
 }
 
@@ -249,7 +236,7 @@ func (w *WorkerRef) UnmarshalJSON(data []byte) error {
 	}
 	d.skipWS()
 	if d.pos != len(d.buf) {
-		return badField("worker_ref", "trailing data at offset %d", d.pos)
+		return BadField("worker_ref", "trailing data at offset %d", d.pos)
 	}
 	*w = ref
 	return nil
