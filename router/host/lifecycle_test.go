@@ -4,15 +4,17 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
-	"github.com/nats-io/nats.go"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"go.yaml.in/yaml/v3"
 )
 
 // A replica that starts after a snapshot loads it and replays only the
@@ -80,10 +82,38 @@ func dumpEqual(a, b []index.WorkerDump) bool {
 	return true
 }
 
+// gatePolicy selects the first candidate, blocking while armed until
+// released: it holds route requests in flight for as long as a test needs.
+type gatePolicy struct {
+	armed   *atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (gatePolicy) Name() string { return "gate" }
+
+func (g gatePolicy) Select(*scheduler.Context, *scheduler.Candidates) (int, error) {
+	if g.armed.Load() {
+		select {
+		case g.entered <- struct{}{}:
+		default:
+		}
+		<-g.release
+	}
+	return 0, nil
+}
+
 // Close stops taking requests (readiness goes, the queue group is left),
 // lets in-flight work finish, and leaves no goroutine behind.
 func TestGracefulShutdown(t *testing.T) {
-	st := startStack(t, stackOpts{workers: 1, replicas: 1})
+	gate := gatePolicy{armed: new(atomic.Bool), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	reg := scheduler.NewRegistry()
+	if err := reg.RegisterPolicy("gate", func(*scheduler.Registry, *yaml.Node) (scheduler.Policy, error) { return gate, nil }); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, stackOpts{workers: 1, replicas: 1, mutate: func(_ int, c *Config) {
+		c.Policy, c.PolicyRegistry = scheduler.PolicyConfig{Name: "gate"}, reg
+	}})
 	st.waitWorkers(1)
 	ctx := ctxT(t)
 	r := st.replicas[0]
@@ -92,27 +122,44 @@ func TestGracefulShutdown(t *testing.T) {
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 200 {
 		t.Fatalf("readyz before close: %d", code)
 	}
-	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"})
-	if err != nil {
+	if _, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"}); err != nil {
 		t.Fatal(err)
 	}
-	// Requests in flight while Close runs still get an answer.
-	done := make(chan error, 8)
-	for i := 0; i < 8; i++ {
+
+	// Hold 8 requests in flight: the first blocks in the policy, the others
+	// wait for the scheduler behind it.
+	gate.armed.Store(true)
+	const n = 8
+	done := make(chan error, n)
+	for i := 0; i < n; i++ {
 		go func(i int) {
 			_, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(10+i, 64)})
 			done <- err
 		}(i)
 	}
-	time.Sleep(5 * time.Millisecond)
-	if err := r.Close(ctx); err != nil {
-		t.Fatal(err)
+	<-gate.entered
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.inflight.count() == n },
+		func() string { return "requests in flight: " + strconv.Itoa(r.inflight.count()) })
+
+	// Close while they are held; they are released once Close waits for them.
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close(ctx) }()
+	testutil.Eventually(t, 10*time.Second, r.inflight.waiting, func() string { return "Close does not wait for the requests in flight" })
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned with requests in flight: %v", err)
+	default:
 	}
-	for i := 0; i < 8; i++ {
-		if err := <-done; err != nil && !errors.Is(err, api.ErrNoRouter) && !errors.Is(err, nats.ErrNoResponders) {
-			t.Errorf("in-flight request: %v", err)
+	close(gate.release)
+	for i := 0; i < n; i++ {
+		if err := <-done; err != nil {
+			t.Errorf("request in flight during Close: %v", err)
 		}
 	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 503 {
 		t.Fatalf("readyz after close: %d", code)
 	}
@@ -123,7 +170,6 @@ func TestGracefulShutdown(t *testing.T) {
 	if err := r.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}, &out); !errors.Is(err, api.ErrShuttingDown) {
 		t.Fatalf("in-process route after close: %v", err)
 	}
-	_ = resp
 }
 
 // A replica that has not caught up answers not_ready and is not ready.
@@ -162,7 +208,6 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want ErrConfig", c, err)
 		}
 	}
-	_ = kvevents.DefaultPrefix
 }
 
 func TestInflightGate(t *testing.T) {
@@ -172,7 +217,7 @@ func TestInflightGate(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { g.wait(); close(done) }()
-	time.Sleep(10 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, g.waiting, func() string { return "wait did not start waiting" })
 	if !g.enter() { // a call racing wait while others are in flight is admitted and waited for
 		t.Fatal("enter refused while calls are in flight")
 	}
@@ -181,7 +226,7 @@ func TestInflightGate(t *testing.T) {
 	select {
 	case <-done:
 		t.Fatal("wait returned with a call in flight")
-	case <-time.After(10 * time.Millisecond):
+	default: // leave is synchronous: only the last one can end wait
 	}
 	g.leave()
 	<-done
@@ -193,4 +238,18 @@ func TestInflightGate(t *testing.T) {
 	if idle.enter() {
 		t.Fatal("enter admitted after wait on an idle gate")
 	}
+}
+
+// waiting reports whether wait is waiting for calls in progress.
+func (g *inflightGate) waiting() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.zero != nil
+}
+
+// count is the number of calls in progress.
+func (g *inflightGate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
 }
