@@ -142,25 +142,11 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	dst = appendJSONString(dst, r.Model)
 	if len(r.TokenIDs) > 0 {
 		key("token_ids")
-		dst = append(dst, '[')
-		for i, t := range r.TokenIDs {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendUint(dst, uint64(t), 10)
-		}
-		dst = append(dst, ']')
+		dst = appendUints(dst, r.TokenIDs)
 	}
 	if len(r.BlockHashes) > 0 {
 		key("block_hashes")
-		dst = append(dst, '[')
-		for i, h := range r.BlockHashes {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendUint(dst, h, 10)
-		}
-		dst = append(dst, ']')
+		dst = appendUints(dst, r.BlockHashes)
 	}
 	ints := []struct {
 		k string
@@ -209,6 +195,18 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 		}
 	}
 	return append(dst, '}')
+}
+
+// appendUints appends xs as a JSON array of plain numbers.
+func appendUints[T uint32 | uint64](dst []byte, xs []T) []byte {
+	dst = append(dst, '[')
+	for i, x := range xs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(x), 10)
+	}
+	return append(dst, ']')
 }
 
 func (w *WorkerRef) appendJSON(dst []byte) []byte {
