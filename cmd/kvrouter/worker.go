@@ -8,7 +8,6 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,7 +34,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		count      = c.integer("count", 4, "number of simulated workers in this process")
 		idPrefix   = c.str("id-prefix", "sim", "worker ids are <id-prefix>-0 .. <id-prefix>-<count-1>; unique per fleet")
 		model      = c.str("model", "default", "model the workers serve")
-		prefix     = c.str("prefix", api.DefaultPrefix, "first token of every NATS subject")
+		prefix     = c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject")
 		ranks      = c.integer("ranks", 1, "data-parallel ranks per worker (each with its own KV cache)")
 		blockSize  = c.integer("block-size", sim.DefaultBlockSize, "KV block size in tokens (routers must use the same)")
 		kvBlocks   = c.integer("kv-blocks", sim.DefaultKVBlocks, "KV cache blocks per rank")
