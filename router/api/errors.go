@@ -143,10 +143,10 @@ func AppendError(dst []byte, e *Error) []byte {
 	dst = strconv.AppendInt(dst, int64(e.Status), 10)
 	if e.Field != "" {
 		dst = append(dst, `,"field":`...)
-		dst = appendJSONString(dst, e.Field)
+		dst = AppendJSONString(dst, e.Field)
 	}
 	dst = append(dst, `,"message":`...)
-	dst = appendJSONString(dst, e.Message)
+	dst = AppendJSONString(dst, e.Message)
 	return append(dst, "}}"...)
 }
 

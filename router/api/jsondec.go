@@ -633,12 +633,8 @@ func DecodeLifecycleRequest(data []byte, lr *LifecycleRequest) error {
 // decoder is measured faster). Errors are bad_request *Error values naming
 // the field at fault ("body" when it is the document itself).
 func DecodeJSON(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(v); err != nil {
-		return jsonError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return BadField("body", "invalid JSON: trailing data at offset %d", dec.InputOffset())
+	if err := json.Unmarshal(data, v); err != nil {
+		return jsonError(err) // trailing data included: json.Unmarshal reads one document
 	}
 	return nil
 }
