@@ -3,7 +3,7 @@
 //
 // A Stack is one fleet plus its router replicas behind the route API; the
 // driver only talks to it through three small interfaces, as a client would:
-// Router (route, prefill_done, free: host.Client over NATS), Generator (send
+// Router (route, prefill_done, free: api.Client over NATS), Generator (send
 // the request to the chosen worker's endpoint and stream the answer:
 // sim.Generate over NATS) and, for the oracle only, CacheProbe (the simulated
 // workers' exact cache contents). NewNATSStack builds the real one: an

@@ -4,7 +4,7 @@
 // (workers/sim: step loops, KV events through kvevents publishers, registry
 // heartbeats, load reports, the generate endpoint over NATS), and router
 // replicas (router/host) in one queue group. The replay driver reaches it only
-// as a client would: host.Client for the route API and sim.Generate for the
+// as a client would: api.Client for the route API and sim.Generate for the
 // workers' endpoints.
 //
 // For the oracle policy it also mirrors each simulated worker's cache

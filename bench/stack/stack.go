@@ -12,7 +12,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers"
@@ -50,11 +52,11 @@ func Factory(opt Options) replay.StackFactory {
 type Stack struct {
 	cfg      replay.StackConfig
 	opt      Options
-	emb      *host.Embedded
+	emb      *natsconn.Embedded
 	conns    []*nats.Conn
 	fleet    *sim.Fleet
 	replicas []*host.Replica
-	client   *host.Client
+	client   *api.Client
 	router   *router
 	gen      *generator
 	mirror   *Mirror
@@ -67,7 +69,7 @@ var _ replay.Stack = (*Stack)(nil)
 // whole fleet. On error what was started is stopped.
 func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, err error) {
 	if opt.Prefix == "" {
-		opt.Prefix = host.DefaultPrefix
+		opt.Prefix = api.DefaultPrefix
 	}
 	if opt.GenConns <= 0 {
 		opt.GenConns = 4
@@ -89,14 +91,14 @@ func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, er
 			cancel()
 		}
 	}()
-	ncfg := host.NATSConfig{Embedded: true}
-	if s.emb, err = host.StartEmbedded(ncfg, nil); err != nil {
+	ncfg := natsconn.Config{Embedded: true}
+	if s.emb, err = natsconn.StartEmbedded(ncfg, nil); err != nil {
 		return nil, err
 	}
 	connect := func(name string) (*nats.Conn, error) {
 		c := ncfg
 		c.Name = name
-		nc, err := host.Connect(ctx, c, s.emb, nil)
+		nc, err := natsconn.Connect(ctx, c, s.emb, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -136,7 +138,7 @@ func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, er
 	if err != nil {
 		return nil, err
 	}
-	s.client = host.NewClient(cnc, opt.Prefix, nil)
+	s.client = api.NewClient(cnc, opt.Prefix, nil)
 	s.router = &router{c: s.client, model: cfg.Model, deadline: cfg.RouteDeadline}
 	s.gen = &generator{}
 	for i := 0; i < opt.GenConns; i++ {
@@ -345,30 +347,30 @@ func (s *Stack) Close(ctx context.Context) error {
 
 // router adapts host.Client to replay.Router.
 type router struct {
-	c        *host.Client
+	c        *api.Client
 	model    string
 	deadline time.Duration
 }
 
 func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.Routed, error) {
-	hr := host.RouteRequest{
-		V: host.APIVersion, RequestID: req.ID, Model: req.Model, BlockHashes: req.BlockHashes, BlockSize: req.BlockSize,
+	hr := api.RouteRequest{
+		V: api.APIVersion, RequestID: req.ID, Model: req.Model, BlockHashes: req.BlockHashes, BlockSize: req.BlockSize,
 		InputTokens: req.InputTokens, SessionID: req.SessionID, ExpectedOutputTokens: req.ExpectedOutput,
 	}
 	if req.Pin != "" {
-		hr.Pin = &host.WorkerRef{Worker: req.Pin}
+		hr.Pin = &api.WorkerRef{Worker: req.Pin}
 	}
 	if req.Prefer != "" {
-		hr.Prefer = &host.WorkerRef{Worker: req.Prefer}
+		hr.Prefer = &api.WorkerRef{Worker: req.Prefer}
 	}
 	if r.deadline > 0 {
 		hr.DeadlineMS = int(r.deadline / time.Millisecond)
 	}
 	resp, err := r.c.Route(ctx, &hr)
 	if err != nil {
-		var he *host.Error
+		var he *api.Error
 		if errors.As(err, &he) {
-			rejected := he.Status == 409 || he.Status == 503 || he.Status == host.StatusOverloaded
+			rejected := he.Status == 409 || he.Status == 503 || he.Status == api.StatusOverloaded
 			return nil, &replay.RouteError{Code: he.Code, Rejected: rejected, Err: err}
 		}
 		return nil, &replay.RouteError{Code: "transport", Err: err}
@@ -401,11 +403,11 @@ func (r *router) Loads(ctx context.Context, out map[string]replay.WorkerLoad) er
 }
 
 func (r *router) PrefillDone(ctx context.Context, x *replay.Routed) error {
-	return r.c.PrefillDone(ctx, r.model, x.Handle.(*host.RouteResponse))
+	return r.c.PrefillDone(ctx, r.model, x.Handle.(*api.RouteResponse))
 }
 
 func (r *router) Free(ctx context.Context, x *replay.Routed) error {
-	return r.c.Free(ctx, r.model, x.Handle.(*host.RouteResponse))
+	return r.c.Free(ctx, r.model, x.Handle.(*api.RouteResponse))
 }
 
 // generator sends generate requests over a few connections.

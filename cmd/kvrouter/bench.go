@@ -6,8 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -38,6 +36,14 @@ func runBench(ctx context.Context, args []string) error {
 }
 
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	err := benchCommand(ctx, args, stdout, stderr)
+	if helpRequested(err) {
+		return nil
+	}
+	return err
+}
+
+func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchUsage)
 		return fmt.Errorf("bench: missing command (replay or micro)")
@@ -57,91 +63,55 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return fmt.Errorf("bench: unknown command %q (want replay or micro)", args[0])
 }
 
-// benchEnv fills every flag not given on the command line from the
-// environment variable KVR_<FLAG> (upper case, '-' as '_'), the binary's
-// convention for every subcommand.
-func benchEnv(fs *flag.FlagSet) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil {
-			return
-		}
-		name := "KVR_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("bench: %s=%q: %w", name, v, e)
-			}
-		}
-	})
-	return err
+// benchFlags is the flag set of a bench subcommand: the binary's flags
+// (environment variables KVR_<FLAG>, --help on stdout, errors on stderr).
+func benchFlags(name, about string, stdout, stderr io.Writer) *cmdFlags {
+	c := newFlags(name, about)
+	c.SetOutput(stderr)
+	c.helpOut = stdout
+	return c
 }
 
-func benchFlagUsage(fs *flag.FlagSet, out io.Writer, head string) func() {
-	return func() {
-		fmt.Fprint(out, head)
-		fs.SetOutput(out)
-		fs.PrintDefaults()
-		fmt.Fprintln(out, "\nEvery flag can also be set with the environment variable KVR_<FLAG> (upper case, '-' as '_').")
-	}
-}
-
-const benchReplayHead = `Usage: kvrouter bench replay [flags]
-
-Replays a workload through the real stack, in one process: an embedded NATS
+const benchReplayAbout = `Replays a workload through the real stack, in one process: an embedded NATS
 server, simulated workers publishing KV events, router replicas serving the
 NATS route API. Each policy runs on a fresh fleet with the same workload.
 Writes report.md, report.json and PNG charts into --out and prints a table.
 
 Examples:
   kvrouter bench replay --trace ../shared/data/mooncake/mooncake_fast25_conversation_trace.jsonl --limit 2000 --load 4 --speedup 20
-  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle
-
-Flags:
-`
+  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle`
 
 func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvrouter bench replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = benchFlagUsage(fs, stderr, benchReplayHead)
+	c := benchFlags("kvrouter bench replay", benchReplayAbout, stdout, stderr)
+	rf := addReplayFlags(c, replayDefaults{
+		limit: 0, workers: 8, replicas: 1, speedup: 10, seed: 1, sessionMode: "none",
+		policies:      strings.Join(replay.DefaultPolicies, ","),
+		limitUsage:    "replay at most this many requests (0 = all)",
+		speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
+		kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
+		sessionUsage:  "session ids and binding mode: none, hard or soft",
+		policiesUsage: "policies to compare, comma separated, or all",
+	})
 	var (
-		trace      = fs.String("trace", "", "Mooncake-format JSONL trace to replay (one hash id = one 512-token block)")
-		kind       = fs.String("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)")
-		seed       = fs.Uint64("seed", 1, "seed of synthetic workloads and of random choices")
-		nworkers   = fs.Int("workers", 8, "simulated workers")
-		replicas   = fs.Int("replicas", 1, "router replicas (one queue group)")
-		speedup    = fs.Float64("speedup", 10, "run the workload this many times faster than real time (workers' clocks too)")
-		policies   = fs.String("policies", strings.Join(replay.DefaultPolicies, ","), "policies to compare, comma separated, or all")
-		limit      = fs.Int("limit", 0, "replay at most this many requests (0 = all)")
-		sample     = fs.Int("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions")
-		start      = fs.Duration("start", 0, "skip requests arriving before this offset into the workload")
-		window     = fs.Duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)")
-		sessMode   = fs.String("session-mode", "none", "session ids and binding mode: none, hard or soft")
-		kvBlocks   = fs.Int("kv-blocks", 0, "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)")
-		blockSize  = fs.Int("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)")
-		load       = fs.Float64("load", 1, "load scaling: multiply the workload's arrival rate")
-		maxBatched = fs.Int("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)")
-		maxSeqs    = fs.Int("max-seqs", 0, "simulated workers' running requests (0 = 256)")
-		queueTh    = fs.Float64("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 2.0 for prefill, 1.0 for decode; negative = no router-side queue)")
-		maxOut     = fs.Int("max-output", 0, "cap every request's output tokens (0 = as the workload says)")
-		deadline   = fs.Duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)")
-		out        = fs.String("out", "bench-out", "directory for report.md, report.json and the PNG charts")
-		title      = fs.String("title", "", "report title")
-		quiet      = fs.Bool("quiet", false, "no progress bar")
+		kind       = c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)")
+		sample     = c.integer("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions")
+		start      = c.duration("start", 0, "skip requests arriving before this offset into the workload")
+		window     = c.duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)")
+		blockSize  = c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)")
+		maxBatched = c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)")
+		maxSeqs    = c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)")
+		queueTh    = c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 2.0 for prefill, 1.0 for decode; negative = no router-side queue)")
+		maxOut     = c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)")
+		deadline   = c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)")
+		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
+		title      = c.str("title", "", "report title")
+		quiet      = c.boolean("quiet", false, "no progress bar")
 	)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := c.parse(args); err != nil {
 		return err
 	}
-	if err := benchEnv(fs); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench replay: unexpected argument %q", fs.Arg(0))
-	}
+	trace, limit, seed, nworkers, replicas, speedup, kvBlocks, load := rf.trace, rf.limit, rf.seed, rf.workers, rf.replicas, rf.speedup, rf.kvBlocks, rf.load
+	sessMode, policies := rf.sessionMode, rf.policies
 	mode, err := replay.ParseSessionMode(*sessMode)
 	if err != nil {
 		return err
@@ -211,15 +181,10 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func benchRender(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvrouter bench render", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = benchFlagUsage(fs, stderr, "Usage: kvrouter bench render --in DIR/report.json [--out DIR]\n\nRedraws report.md, report.json and the PNG charts from a replay's JSON report.\n\nFlags:\n")
-	in := fs.String("in", "", "report.json written by bench replay")
-	out := fs.String("out", "", "output directory (default: the directory of --in)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	c := benchFlags("kvrouter bench render", "Redraws report.md, report.json and the PNG charts from a replay's JSON report (--in DIR/report.json).", stdout, stderr)
+	in := c.str("in", "", "report.json written by bench replay")
+	out := c.str("out", "", "output directory (default: the directory of --in)")
+	if err := c.parse(args); err != nil {
 		return err
 	}
 	if *in == "" {
@@ -258,40 +223,27 @@ func benchIsTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-const benchMicroHead = `Usage: kvrouter bench micro [flags]
-
-Runs every Go microbenchmark of the project:
+const benchMicroAbout = `Runs every Go microbenchmark of the project:
   go test -run '^$' -bench . -benchmem -count N ./...
 then writes a Markdown file with each figure (the median of the N runs, as
 benchstat computes it) next to its target from the issues, and the machine it
-ran on. Run it from the repository (task bench does).
-
-Flags:
-`
+ran on. Run it from the repository (task bench does).`
 
 func benchMicro(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvrouter bench micro", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = benchFlagUsage(fs, stderr, benchMicroHead)
+	c := benchFlags("kvrouter bench micro", benchMicroAbout, stdout, stderr)
 	var (
-		out       = fs.String("out", "docs/benchmarks.md", "Markdown file to write (- = stdout)")
-		count     = fs.Int("count", 5, "runs of each benchmark (-count); the median is reported")
-		benchtime = fs.String("benchtime", "", "go test -benchtime (empty = go's default, 1s)")
-		bench     = fs.String("bench", ".", "go test -bench regexp")
-		pkgs      = fs.String("pkg", "./...", "packages, comma separated")
-		in        = fs.String("in", "", "read `go test -bench` output from this file instead of running it")
-		raw       = fs.String("raw", "", "also save the raw go test output to this file")
-		note      = fs.String("note", "", "note on the machine (e.g. '2-core shared VM, other jobs running')")
-		timeout   = fs.String("timeout", "60m", "go test -timeout")
-		verbose   = fs.Bool("v", false, "echo go test output while it runs")
+		out       = c.str("out", "docs/benchmarks.md", "Markdown file to write (- = stdout)")
+		count     = c.integer("count", 5, "runs of each benchmark (-count); the median is reported")
+		benchtime = c.str("benchtime", "", "go test -benchtime (empty = go's default, 1s)")
+		bench     = c.str("bench", ".", "go test -bench regexp")
+		pkgs      = c.str("pkg", "./...", "packages, comma separated")
+		in        = c.str("in", "", "read `go test -bench` output from this file instead of running it")
+		raw       = c.str("raw", "", "also save the raw go test output to this file")
+		note      = c.str("note", "", "note on the machine (e.g. '2-core shared VM, other jobs running')")
+		timeout   = c.str("timeout", "60m", "go test -timeout")
+		verbose   = c.boolean("v", false, "echo go test output while it runs")
 	)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
-	}
-	if err := benchEnv(fs); err != nil {
+	if err := c.parse(args); err != nil {
 		return err
 	}
 	opt := micro.RunOptions{Bench: *bench, Count: *count, Benchtime: *benchtime, Timeout: *timeout, Packages: strings.Split(*pkgs, ",")}

@@ -49,23 +49,23 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	c := newFlags("kvrouter demo", demoAbout)
 	c.SetOutput(stderr)
 	c.helpOut = stdout
+	rf := addReplayFlags(c, replayDefaults{
+		limit: 600, workers: 4, replicas: 2, speedup: 0, seed: 7, sessionMode: "hard", policies: "kvrouter,round-robin",
+		limitUsage:    "with --trace: replay at most this many requests (0 = all)",
+		speedupUsage:  "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)",
+		kvBlocksUsage: "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)",
+		sessionUsage:  "session bindings: hard, soft or none (no session ids sent)",
+		policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)",
+	})
 	var (
-		trace     = c.str("trace", "", "Mooncake-format JSONL trace to replay instead of the synthetic workload")
-		limit     = c.integer("limit", 600, "with --trace: replay at most this many requests (0 = all)")
-		nworkers  = c.integer("workers", 4, "simulated workers")
-		replicas  = c.integer("replicas", 2, "router replicas in the queue group")
-		speedup   = c.float("speedup", 0, "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)")
-		load      = c.float("load", 1, "multiply the workload's arrival rate")
 		scale     = c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents")
-		kvBlocks  = c.integer("kv-blocks", 0, "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)")
-		sessMode  = c.str("session-mode", "hard", "session bindings: hard, soft or none (no session ids sent)")
-		policies  = c.str("policies", "kvrouter,round-robin", "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)")
-		seed      = c.uint64("seed", 7, "seed of the synthetic workload and of random choices")
 		out       = c.str("out", "", "also write report.md, report.json and PNG charts to this directory (\"\" = table only)")
 		quiet     = c.boolean("quiet", false, "no live progress")
 		showNotes = c.boolean("verbose", false, "print the full bench table and notes after the summary")
 		baseSess  = c.boolean("baseline-sessions", false, "send session ids to the baseline policies too (by default they run without affinity, as deployed elsewhere)")
 	)
+	trace, limit, nworkers, replicas, speedup, load, kvBlocks := rf.trace, rf.limit, rf.workers, rf.replicas, rf.speedup, rf.load, rf.kvBlocks
+	sessMode, policies, seed := rf.sessionMode, rf.policies, rf.seed
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/internal/natsconn"
 )
 
 // cmdFlags is a flag set in which every flag also reads an environment
@@ -163,11 +163,44 @@ func addNATSFlags(c *cmdFlags, embeddedDefault bool) *natsFlags {
 	}
 }
 
-func (n *natsFlags) config(name string) host.NATSConfig {
-	return host.NATSConfig{
+func (n *natsFlags) config(name string) natsconn.Config {
+	return natsconn.Config{
 		URLs: *n.url, CredsFile: *n.creds, NKeySeedFile: *n.nkey, User: *n.user, Password: *n.password,
 		TLSCAFile: *n.ca, TLSCertFile: *n.cert, TLSKeyFile: *n.key, Name: name,
 		Embedded: *n.embedded, DataDir: *n.dataDir, EmbeddedListen: *n.listen,
+	}
+}
+
+// replayFlags are the workload and fleet flags that bench replay and demo
+// share; each command gives its own defaults and the usages that differ.
+type replayFlags struct {
+	trace, sessionMode, policies       *string
+	limit, workers, replicas, kvBlocks *int
+	speedup, load                      *float64
+	seed                               *uint64
+}
+
+// replayDefaults are one command's defaults for replayFlags.
+type replayDefaults struct {
+	limit, workers, replicas                                             int
+	speedup                                                              float64
+	seed                                                                 uint64
+	sessionMode, policies                                                string
+	limitUsage, speedupUsage, kvBlocksUsage, sessionUsage, policiesUsage string
+}
+
+func addReplayFlags(c *cmdFlags, d replayDefaults) *replayFlags {
+	return &replayFlags{
+		trace:       c.str("trace", "", "Mooncake-format JSONL trace to replay (one hash id = one 512-token block) instead of a synthetic workload"),
+		limit:       c.integer("limit", d.limit, d.limitUsage),
+		workers:     c.integer("workers", d.workers, "simulated workers"),
+		replicas:    c.integer("replicas", d.replicas, "router replicas (one queue group)"),
+		speedup:     c.float("speedup", d.speedup, d.speedupUsage),
+		load:        c.float("load", 1, "load scaling: multiply the workload's arrival rate"),
+		kvBlocks:    c.integer("kv-blocks", 0, d.kvBlocksUsage),
+		sessionMode: c.str("session-mode", d.sessionMode, d.sessionUsage),
+		policies:    c.str("policies", d.policies, d.policiesUsage),
+		seed:        c.uint64("seed", d.seed, "seed of synthetic workloads and of random choices"),
 	}
 }
 

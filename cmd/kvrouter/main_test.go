@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/router/host"
 	"go.uber.org/goleak"
 )
@@ -153,22 +154,15 @@ func TestServeAndWorker(t *testing.T) {
 		workerDone <- run(wctx, []string{"worker", "--sim", "--count", "2", "--model", "llama", "--speedup", "20",
 			"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--log-level", "warn"}, &workerOut, &workerErr)
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		resp, err := http.Get(base + "/v1/workers")
-		if err == nil {
-			var w struct{ Workers []json.RawMessage }
-			_ = json.NewDecoder(resp.Body).Decode(&w)
-			resp.Body.Close()
-			if len(w.Workers) == 2 {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("workers never registered; worker stderr: %s", workerErr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer resp.Body.Close()
+		var w struct{ Workers []json.RawMessage }
+		return json.NewDecoder(resp.Body).Decode(&w) == nil && len(w.Workers) == 2
+	}, func() string { return "workers never registered; worker stderr: " + workerErr.String() })
 	resp, err := http.Post(base+"/v1/route", "application/json", strings.NewReader(`{"model":"llama","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"session_id":"s"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -193,20 +187,15 @@ func TestServeAndWorker(t *testing.T) {
 
 func waitHTTP(t *testing.T, url string, status int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	var last error
+	testutil.Eventually(t, d, func() bool {
 		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == status {
-				return
-			}
+		if last = err; err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never answered %d (last err %v)", url, status, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == status
+	}, func() string { return fmt.Sprintf("%s never answered %d (last err %v)", url, status, last) })
 }
 
 // A tiny demo run: the comparison table comes out with both policies.

@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/internal/telemetry"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers"
-	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -50,11 +49,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	lf := addLogFlags(c)
 	var (
 		replicaID   = c.str("replica-id", "", "name of this replica in bindings, booking sync and logs (\"\" = random)")
-		prefix      = c.str("prefix", host.DefaultPrefix, "first token of every NATS subject")
+		prefix      = c.str("prefix", api.DefaultPrefix, "first token of every NATS subject")
 		models      = c.str("models", "default", "models this replica routes, comma separated")
 		blockSize   = c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')")
 		httpAddr    = c.str("http-addr", ":8080", "HTTP API listen address (\"\" = no HTTP)")
-		queueGroup  = c.str("queue-group", host.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
+		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
 		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing)")
 		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events (when this replica creates it)")
 		replicas    = c.integer("stream-replicas", 1, "replicas of the streams and buckets this replica creates (3 in a production cluster)")
@@ -119,7 +118,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
-	prom, err := host.NewPrometheus(true)
+	prom, err := telemetry.NewPrometheus(true)
 	if err != nil {
 		return err
 	}
@@ -127,40 +126,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.MetricsHandler = prom.Handler
 	cfg.Telemetry.MeterProvider = prom.Provider
 	if *traceFile != "" {
-		f, err := os.Create(*traceFile)
+		tf, err := telemetry.OpenTraceFile(*traceFile, *traceRatio, "kvrouter")
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		tp := sdktrace.NewTracerProvider(
-			sdktrace.WithBatcher(host.NewJSONSpanExporter(f)),
-			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*traceRatio))),
-			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "kvrouter"))),
-		)
-		defer tp.Shutdown(context.Background())
-		cfg.Telemetry.TracerProvider = tp
+		defer tf.Shutdown(context.Background())
+		cfg.Telemetry.TracerProvider = tf.Provider
 	}
 
-	var emb *host.Embedded
-	ncfg := nf.config("kvrouter-serve")
-	if ncfg.Embedded {
-		if emb, err = host.StartEmbedded(ncfg, log); err != nil {
-			return err
-		}
-		defer emb.Shutdown()
-	}
-	nc, err := host.Connect(ctx, ncfg, emb, log)
+	nc, err := natsconn.Open(ctx, nf.config("kvrouter-serve"), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	r, err := host.New(nc, cfg)
+	r, err := host.New(nc.Conn, cfg)
 	if err != nil {
 		return usageError{err}
 	}
 	startErr := r.Start(ctx)
 	if startErr == nil {
-		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s\n", r.ID(), r.Models(), natsWhere(nc, emb), orNone(r.HTTPAddr()))
+		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()))
 		<-ctx.Done()
 		log.Info("signal received: shutting down")
 	}
@@ -200,17 +185,6 @@ func applyPolicyFile(cfg *host.Config, path string) error {
 		cfg.Scheduler = sc
 	}
 	return nil
-}
-
-// natsWhere describes the connection for the start-up banner.
-func natsWhere(nc *nats.Conn, emb *host.Embedded) string {
-	if emb != nil {
-		if u := emb.URL(); u != "" {
-			return "embedded, listening on " + u
-		}
-		return "embedded, in-process only"
-	}
-	return nc.ConnectedUrlRedacted()
 }
 
 func orNone(s string) string {

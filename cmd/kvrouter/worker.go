@@ -6,8 +6,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,7 +34,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		count      = c.integer("count", 4, "number of simulated workers in this process")
 		idPrefix   = c.str("id-prefix", "sim", "worker ids are <id-prefix>-0 .. <id-prefix>-<count-1>; unique per fleet")
 		model      = c.str("model", "default", "model the workers serve")
-		prefix     = c.str("prefix", host.DefaultPrefix, "first token of every NATS subject")
+		prefix     = c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject")
 		ranks      = c.integer("ranks", 1, "data-parallel ranks per worker (each with its own KV cache)")
 		blockSize  = c.integer("block-size", sim.DefaultBlockSize, "KV block size in tokens (routers must use the same)")
 		kvBlocks   = c.integer("kv-blocks", sim.DefaultKVBlocks, "KV cache blocks per rank")
@@ -65,20 +65,12 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageError{err}
 	}
-	var emb *host.Embedded
-	ncfg := nf.config("kvrouter-worker")
-	if ncfg.Embedded {
-		if emb, err = host.StartEmbedded(ncfg, log); err != nil {
-			return err
-		}
-		defer emb.Shutdown()
-	}
-	nc, err := host.Connect(ctx, ncfg, emb, log)
+	nc, err := natsconn.Open(ctx, nf.config("kvrouter-worker"), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		return err
 	}
@@ -99,11 +91,11 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageError{err}
 	}
-	if err := fleet.Start(ctx, nc, js); err != nil {
+	if err := fleet.Start(ctx, nc.Conn, js); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%d simulated workers of model %q running (%s-0..%s-%d), NATS %s\n",
-		*count, *model, *idPrefix, *idPrefix, *count-1, natsWhere(nc, emb))
+		*count, *model, *idPrefix, *idPrefix, *count-1, nc.Where())
 	<-ctx.Done()
 	log.Info("signal received: draining workers")
 	sctx, cancel := context.WithTimeout(context.Background(), *drain+10*time.Second)

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,7 +51,7 @@ func TestApproximateModeRoutesRepeatedPrefix(t *testing.T) {
 	}
 
 	prefix := tokens(7, 512)
-	first, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4})
+	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func TestApproximateModeRoutesRepeatedPrefix(t *testing.T) {
 	}
 	st.generate(ctx, first, prefix)
 	hashes := kvevents.SeqHashes(nil, prefix, DefaultBlockSize, kvevents.HashSeed)
-	eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		var ov index.Overlaps
 		ms.pred.Lookup(hashes, index.LookupOptions{}, &ov)
 		return ov.Total == len(hashes)
@@ -66,7 +68,7 @@ func TestApproximateModeRoutesRepeatedPrefix(t *testing.T) {
 	st.waitWorker(first.Worker, idle)
 
 	for i := 0; i < 5; i++ {
-		req := &RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(300+i, 64)...), ExpectedOutputTokens: 4}
+		req := &api.RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(300+i, 64)...), ExpectedOutputTokens: 4}
 		got, err := st.client.Route(ctx, req)
 		if err != nil {
 			t.Fatal(err)

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/nats-io/nats.go"
 )
@@ -70,7 +72,7 @@ func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 		}
 	}
 	st.waitWorkers(nWorkers)
-	eventually(b, 10*time.Second, func() bool {
+	testutil.Eventually(b, 10*time.Second, func() bool {
 		for _, r := range st.replicas {
 			if r.models[testModel].index.Stats().Entries < int64(nWorkers*64) {
 				return false
@@ -95,14 +97,14 @@ func benchRequests(prefixes [][]uint32, n int, hashes bool) [][]byte {
 		for len(toks) < 2048 {
 			toks = append(toks, uint32(r.IntN(100_000)))
 		}
-		req := &RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128}
+		req := &api.RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128}
 		if hashes {
 			for _, h := range kvevents.SeqHashes(nil, toks, 16, kvevents.HashSeed) {
 				req.BlockHashes = append(req.BlockHashes, uint64(h))
 			}
 			req.TokenIDs, req.BlockSize, req.InputTokens = nil, 16, len(toks)
 		}
-		out[i] = AppendRouteRequest(nil, req)
+		out[i] = api.AppendRouteRequest(nil, req)
 	}
 	return out
 }
@@ -110,23 +112,23 @@ func benchRequests(prefixes [][]uint32, n int, hashes bool) [][]byte {
 // routeOnce sends one route request and frees the booking with a
 // fire-and-forget publish (no reply), as a client that does not wait for
 // the acknowledgement would. It returns the client-to-client latency.
-func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *RouteResponse, lc []byte) time.Duration {
+func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *api.RouteResponse, lc []byte) time.Duration {
 	t0 := time.Now()
 	reply, err := nc.Request(subject, body, 5*time.Second)
 	d := time.Since(t0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if e := DecodeError(reply.Data); e != nil && reply.Header.Get(HeaderStatus) != "" {
+	if e := api.DecodeError(reply.Data); e != nil && reply.Header.Get(api.HeaderStatus) != "" {
 		b.Fatal(e)
 	}
-	if err := DecodeRouteResponse(reply.Data, resp); err != nil {
+	if err := api.DecodeRouteResponse(reply.Data, resp); err != nil {
 		b.Fatal(err)
 	}
 	lc = append(lc[:0], `{"request_id":"`...)
 	lc = append(lc, resp.RequestID...)
 	lc = append(lc, `","model":"m"}`...)
-	if err := nc.Publish(ReplicaSubject("", resp.Replica, OpFree), lc); err != nil {
+	if err := nc.Publish(api.ReplicaSubject("", resp.Replica, api.OpFree), lc); err != nil {
 		b.Fatal(err)
 	}
 	return d
@@ -146,7 +148,7 @@ func BenchmarkRouteNATS(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/replicas=%d/throughput", c.form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
 			reqs := benchRequests(prefixes, 512, hashes)
-			subject := RouteSubject("", testModel)
+			subject := api.RouteSubject("", testModel)
 			conns := make([]*nats.Conn, 4)
 			for i := range conns {
 				conns[i] = natstest.Connect(b, st.srv)
@@ -159,7 +161,7 @@ func BenchmarkRouteNATS(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				i := next.Add(1)
 				nc := conns[int(i)%len(conns)]
-				var resp RouteResponse
+				var resp api.RouteResponse
 				var lc []byte
 				for pb.Next() {
 					routeOnce(b, nc, subject, reqs[int(next.Add(1))%len(reqs)], &resp, lc)
@@ -176,9 +178,9 @@ func BenchmarkRouteNATS(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/replicas=%d/latency", c.form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
 			reqs := benchRequests(prefixes, 512, hashes)
-			subject := RouteSubject("", testModel)
+			subject := api.RouteSubject("", testModel)
 			nc := natstest.Connect(b, st.srv)
-			var resp RouteResponse
+			var resp api.RouteResponse
 			var lc []byte
 			for i := 0; i < 200; i++ { // warm up
 				routeOnce(b, nc, subject, reqs[i%len(reqs)], &resp, lc)
@@ -214,9 +216,9 @@ func BenchmarkRouteInProcess(b *testing.B) {
 	r := st.replicas[0]
 	ms := r.models[testModel]
 	bodies := benchRequests(prefixes, 64, false)
-	reqs := make([]RouteRequest, len(bodies))
+	reqs := make([]api.RouteRequest, len(bodies))
 	for i := range bodies {
-		if err := DecodeRouteRequest(bodies[i], &reqs[i]); err != nil {
+		if err := api.DecodeRouteRequest(bodies[i], &reqs[i]); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -226,7 +228,7 @@ func BenchmarkRouteInProcess(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		req := reqs[i%len(reqs)]
 		req.RequestID = ""
-		var resp RouteResponse
+		var resp api.RouteResponse
 		if err := r.Route(ctx, &req, &resp); err != nil {
 			b.Fatal(err)
 		}

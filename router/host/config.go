@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers"
@@ -108,7 +109,8 @@ type Config struct {
 	// HTTPAddr, when set, serves the HTTP API there (":8080"). Handler()
 	// serves the same API for callers that run their own server.
 	HTTPAddr string
-	// MetricsHandler serves GET /metrics (for example NewPrometheus().Handler).
+	// MetricsHandler serves GET /metrics (for example the Handler of
+	// internal/telemetry.NewPrometheus).
 	MetricsHandler http.Handler
 
 	Telemetry Telemetry
@@ -137,17 +139,17 @@ func (c *Config) normalize() error {
 	if c.ReplicaID == "" {
 		c.ReplicaID = "r-" + strings.ToLower(nuid.Next()[12:])
 	}
-	if len(c.ReplicaID) > MaxWorkerIDLen {
-		return fmt.Errorf("%w: replica id %q longer than %d bytes", ErrConfig, c.ReplicaID, MaxWorkerIDLen)
+	if len(c.ReplicaID) > api.MaxWorkerIDLen {
+		return fmt.Errorf("%w: replica id %q longer than %d bytes", ErrConfig, c.ReplicaID, api.MaxWorkerIDLen)
 	}
-	c.Prefix = orDefault(c.Prefix)
+	c.Prefix = api.PrefixOrDefault(c.Prefix)
 	if len(c.Models) == 0 {
 		return fmt.Errorf("%w: no model to serve (Config.Models is empty)", ErrConfig)
 	}
 	seen := map[string]bool{}
 	for _, m := range c.Models {
-		if m == "" || len(m) > MaxModelLen {
-			return fmt.Errorf("%w: model name %q (want 1..%d bytes)", ErrConfig, m, MaxModelLen)
+		if m == "" || len(m) > api.MaxModelLen {
+			return fmt.Errorf("%w: model name %q (want 1..%d bytes)", ErrConfig, m, api.MaxModelLen)
 		}
 		if seen[m] {
 			return fmt.Errorf("%w: model %q listed twice", ErrConfig, m)
@@ -157,11 +159,11 @@ func (c *Config) normalize() error {
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
 	}
-	if c.BlockSize < 1 || c.BlockSize > MaxBlockSize {
-		return fmt.Errorf("%w: block size %d (want 1..%d)", ErrConfig, c.BlockSize, MaxBlockSize)
+	if c.BlockSize < 1 || c.BlockSize > api.MaxBlockSize {
+		return fmt.Errorf("%w: block size %d (want 1..%d)", ErrConfig, c.BlockSize, api.MaxBlockSize)
 	}
 	if c.QueueGroup == "" {
-		c.QueueGroup = DefaultQueueGroup
+		c.QueueGroup = api.DefaultQueueGroup
 	}
 	if c.EventStream == "" {
 		c.EventStream = kvevents.DefaultStream

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -23,9 +24,6 @@ import (
 // drops its own echoes by the Kvr-Replica header (and the replica id in the
 // message), and the outgoing buffer is bounded: when full, decisions are
 // dropped and counted, never waited for on the route path.
-
-// DecisionsSubject carries a model's shared routing decisions.
-func DecisionsSubject(prefix, model string) string { return subj(prefix, "decisions", model) }
 
 // Wire format, version 1, little endian:
 //
@@ -126,7 +124,7 @@ func decodeDecisions(data []byte, b *decisionBatch) error {
 	p := data[6:]
 	idLen := int(binary.LittleEndian.Uint16(p))
 	p = p[2:]
-	if idLen == 0 || idLen > MaxWorkerIDLen || len(p) < idLen+2 {
+	if idLen == 0 || idLen > api.MaxWorkerIDLen || len(p) < idLen+2 {
 		return fmt.Errorf("%w: replica id length %d with %d bytes left", ErrBadDecisions, idLen, len(p))
 	}
 	b.replica = p[:idLen]
@@ -142,7 +140,7 @@ func decodeDecisions(data []byte, b *decisionBatch) error {
 		}
 		wl := int(binary.LittleEndian.Uint16(p))
 		p = p[2:]
-		if wl == 0 || wl > MaxWorkerIDLen || len(p) < wl+8 {
+		if wl == 0 || wl > api.MaxWorkerIDLen || len(p) < wl+8 {
 			return fmt.Errorf("%w: decision %d: worker length %d with %d bytes left", ErrBadDecisions, i, wl, len(p))
 		}
 		worker := p[:wl]
@@ -197,12 +195,9 @@ func (r *Replica) startDecisionSync() error {
 			continue
 		}
 		var b decisionBatch // reused: the handler runs on one goroutine
-		sub, err := r.nc.Subscribe(DecisionsSubject(r.cfg.Prefix, name), func(m *nats.Msg) { r.onRemoteDecisions(ms, m, &b) })
-		if err != nil {
-			return fmt.Errorf("host: subscribe decision sync of %q: %w", name, err)
+		if err := r.subscribeSync(api.DecisionsSubject(r.cfg.Prefix, name), func(m *nats.Msg) { r.onRemoteDecisions(ms, m, &b) }); err != nil {
+			return fmt.Errorf("host: decision sync of %q: %w", name, err)
 		}
-		_ = sub.SetPendingLimits(-1, 256<<20)
-		r.syncSubs = append(r.syncSubs, sub)
 		r.bg.Add(1)
 		go r.publishDecisions(ms)
 	}
@@ -210,8 +205,8 @@ func (r *Replica) startDecisionSync() error {
 }
 
 func (r *Replica) onRemoteDecisions(ms *modelState, m *nats.Msg, b *decisionBatch) {
-	if m.Header.Get(HeaderReplica) == r.id {
-		return // own echo: skip before decoding
+	if r.ownEcho(m) {
+		return
 	}
 	if err := decodeDecisions(m.Data, b); err != nil {
 		ms.decBad.Add(1)
@@ -235,8 +230,8 @@ func (r *Replica) onRemoteDecisions(ms *modelState, m *nats.Msg, b *decisionBatc
 // message) and publishes them until the replica stops, then flushes.
 func (r *Replica) publishDecisions(ms *modelState) {
 	defer r.bg.Done()
-	subject := DecisionsSubject(r.cfg.Prefix, ms.name)
-	hdr := nats.Header{HeaderReplica: []string{r.id}}
+	subject := api.DecisionsSubject(r.cfg.Prefix, ms.name)
+	hdr := nats.Header{api.HeaderReplica: []string{r.id}}
 	sentOpt := attr(attribute.String("direction", "sent"))
 	limit := maxDecisionMsgBytes
 	if mp := int(r.nc.MaxPayload()); mp > 0 && mp < limit {
@@ -257,7 +252,8 @@ func (r *Replica) publishDecisions(ms *modelState) {
 		}
 		buf, n = buf[:head], 0
 	}
-	add := func(d decisionOut) {
+	// add reports a full message: maxDecisionsPerMsg decisions.
+	add := func(d decisionOut) bool {
 		if len(buf)+decisionSize(d.key.Worker, len(*d.hashes)) > limit {
 			flush()
 		}
@@ -270,34 +266,7 @@ func (r *Replica) publishDecisions(ms *modelState) {
 		if cap(*d.hashes) <= 1<<16 {
 			hashPool.Put(d.hashes)
 		}
-		if n >= maxDecisionsPerMsg {
-			flush()
-		}
+		return n >= maxDecisionsPerMsg
 	}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	armed := false
-	for {
-		select {
-		case d := <-ms.decisions:
-			add(d)
-			if n > 0 && !armed {
-				timer.Reset(r.cfg.BookingSyncInterval)
-				armed = true
-			}
-		case <-timer.C:
-			armed = false
-			flush()
-		case <-r.stop:
-			for {
-				select {
-				case d := <-ms.decisions:
-					add(d)
-				default:
-					flush()
-					return
-				}
-			}
-		}
-	}
+	runBatches(r.stop, ms.decisions, r.cfg.BookingSyncInterval, add, flush)
 }

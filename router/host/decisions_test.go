@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 )
 
@@ -161,8 +163,8 @@ func TestDecisionsSharedBetweenReplicas(t *testing.T) {
 	a, b := st.replicas[0], st.replicas[1]
 
 	prefix := tokens(42, 512)
-	var first RouteResponse
-	if err := a.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4}, &first); err != nil {
+	var first api.RouteResponse
+	if err := a.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4}, &first); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing ran on the worker, so no Stored event exists: only the
@@ -170,7 +172,7 @@ func TestDecisionsSharedBetweenReplicas(t *testing.T) {
 	hashes := kvevents.SeqHashes(nil, prefix, DefaultBlockSize, kvevents.HashSeed)
 	want := kvevents.WorkerKey{Worker: first.Worker, Rank: first.Rank}
 	bm := b.models[testModel]
-	eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		var ov index.Overlaps
 		bm.pred.Lookup(hashes, index.LookupOptions{}, &ov)
 		return len(ov.Workers) == 1 && ov.Workers[0].Key == want && ov.Workers[0].Blocks == len(hashes)
@@ -183,8 +185,8 @@ func TestDecisionsSharedBetweenReplicas(t *testing.T) {
 	}
 	st.waitWorker(first.Worker, idle)
 
-	var got RouteResponse
-	req := &RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(43, 64)...), ExpectedOutputTokens: 4}
+	var got api.RouteResponse
+	req := &api.RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(43, 64)...), ExpectedOutputTokens: 4}
 	if err := b.Route(ctx, req, &got); err != nil {
 		t.Fatal(err)
 	}

@@ -1,27 +1,32 @@
 // Package host is one router replica: it owns one request's life (validate,
 // hash, look up the prefix index, read the session binding, schedule, commit
-// the binding, reply) and the edges that talk to the outside world: the route
-// API over NATS request/reply (queue group) and HTTP, the lifecycle calls
-// (prefill done, free, cancel), replica booking sync, decision sync (each
-// routing decision shared with the other replicas for their predicted or
-// approximate index, decisions.go), approximate mode (no events; the index
-// is fed by routing decisions, Config.Approximate), index snapshots, and
-// the replica's observability (OpenTelemetry traces and metrics, slog).
+// the binding, reply), the lifecycle calls (prefill done, free, cancel),
+// worker membership, the event subscription into the index, index
+// snapshots, replica booking sync and decision sync (each routing decision
+// shared with the other replicas for their predicted or approximate index,
+// decisions.go), approximate mode (no events; the index is fed by routing
+// decisions, Config.Approximate), and the two transports that serve the
+// route API: NATS request/reply (queue group) and HTTP.
 //
-// It does not own any routing rule. The pin rule and the policies live in
-// router/scheduler, the commit rule (create, renew, re-bind, reject) lives in
-// bindings, event ordering lives in kvevents' subscriber and the prefix index
-// in router/index. The host calls each once per request; the single place
-// where a binding's mode becomes a scheduling strength is strengthOf in
-// route.go.
+// It does not own the wire contract (messages, errors, subjects, codecs and
+// the client are in router/api), NATS connection setup (internal/natsconn)
+// or exporters (internal/telemetry: the replica takes a MeterProvider and a
+// TracerProvider in Config.Telemetry and a /metrics handler in
+// Config.MetricsHandler). Nor does it own any routing rule: the pin rule and
+// the policies live in router/scheduler, the commit rule (create, renew,
+// re-bind, reject) in bindings, event ordering in kvevents' subscriber and
+// the prefix index in router/index. The host calls each once per request;
+// the single place where a binding's mode becomes a scheduling strength is
+// strengthOf in route.go, and the single place where a dependency's error
+// becomes an API error is mapError in maperr.go.
 //
 // Where to start reading:
-//   - api.go: the versioned JSON messages (route, lifecycle, workers,
-//     sessions) and errors.go: the error envelope and its status codes;
 //   - replica.go: New/Start/Close, what a replica sets up on start and how it
 //     becomes ready;
-//   - route.go: Replica.Route, one request's life;
+//   - route.go: Replica.route, one request's life (lookup -> requirement ->
+//     select and bind -> commit -> reply); telemetry.go: its spans and
+//     metrics (routeTelemetry, which does nothing unless a span records);
 //   - natsapi.go and httpapi.go: the two transports over the same calls;
-//   - telemetry.go: spans, metrics and the NATS header carrier for trace
-//     context (carrier.go).
+//   - bookings.go and decisions.go: the two replica sync streams (one
+//     subscription helper and one batching loop, runBatches).
 package host

@@ -17,7 +17,10 @@ import (
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/telemetry"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/nats-io/nats-server/v2/server"
@@ -64,9 +67,9 @@ type stack struct {
 	js       jetstream.JetStream
 	fleets   []*sim.Fleet
 	replicas []*Replica
-	proms    []*Prometheus
+	proms    []*telemetry.Prometheus
 	spans    *tracetest.SpanRecorder
-	client   *Client
+	client   *api.Client
 }
 
 type stackOpts struct {
@@ -86,7 +89,7 @@ func startStack(t testing.TB, o stackOpts) *stack {
 	}
 	st.spans = tracetest.NewSpanRecorder()
 	for i := 0; i < o.replicas; i++ {
-		prom, err := NewPrometheus(false)
+		prom, err := telemetry.NewPrometheus(false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +128,7 @@ func startStack(t testing.TB, o stackOpts) *stack {
 			_ = tp.Shutdown(cctx)
 		})
 	}
-	st.client = NewClient(st.nc, "", nil)
+	st.client = api.NewClient(st.nc, "", nil)
 	return st
 }
 
@@ -157,7 +160,7 @@ func (st *stack) addFleet(ctx context.Context, prefix string, n int) *sim.Fleet 
 // waitWorkers waits until every replica knows n workers.
 func (st *stack) waitWorkers(n int) {
 	st.t.Helper()
-	eventually(st.t, 10*time.Second, func() bool {
+	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, r := range st.replicas {
 			w, _ := r.Workers(testModel)
 			if len(w.Workers) != n {
@@ -171,14 +174,14 @@ func (st *stack) waitWorkers(n int) {
 // idle: no predicted load left, neither booked (local or synced from the
 // other replica) nor from a load report taken while the worker was busy
 // (a report's correction holds until the next one, 1 s later).
-func idle(ws WorkerStatus) bool {
+func idle(ws api.WorkerStatus) bool {
 	return ws.Load == nil || (ws.Load.ActiveRequests == 0 && ws.Load.DecodeBlocks == 0 && ws.Load.PrefillTokens == 0)
 }
 
 // waitWorker waits until every replica's view of worker satisfies cond.
-func (st *stack) waitWorker(worker string, cond func(WorkerStatus) bool) {
+func (st *stack) waitWorker(worker string, cond func(api.WorkerStatus) bool) {
 	st.t.Helper()
-	eventually(st.t, 10*time.Second, func() bool {
+	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, r := range st.replicas {
 			w, _ := r.Workers(testModel)
 			ok := false
@@ -195,17 +198,6 @@ func (st *stack) waitWorker(worker string, cond func(WorkerStatus) bool) {
 	}, func() string { return "worker " + worker + " not in the expected state on every replica" })
 }
 
-func eventually(t testing.TB, d time.Duration, cond func() bool, what func() string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func tokens(seed, n int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {
@@ -216,7 +208,7 @@ func tokens(seed, n int) []uint32 {
 
 // generate runs the request on the worker the router chose, as a client
 // would, and reports prefill-done and free.
-func (st *stack) generate(ctx context.Context, resp *RouteResponse, toks []uint32) {
+func (st *stack) generate(ctx context.Context, resp *api.RouteResponse, toks []uint32) {
 	st.t.Helper()
 	var once sync.Once
 	_, err := sim.Generate(ctx, st.nc, resp.Endpoint, &sim.GenerateRequest{RequestID: resp.RequestID, TokenIDs: toks,
@@ -263,7 +255,7 @@ func TestEndToEnd(t *testing.T) {
 
 	t.Run("prefix lands on the worker that holds it", func(t *testing.T) {
 		prefix := tokens(1, 512)
-		first, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4})
+		first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,9 +265,9 @@ func TestEndToEnd(t *testing.T) {
 		st.generate(ctx, first, prefix)
 		// Wait until both replicas indexed the worker's blocks and saw the
 		// request's booking freed (booking sync is asynchronous).
-		st.waitWorker(first.Worker, func(ws WorkerStatus) bool { return ws.IndexedBlocks >= 32 && idle(ws) })
+		st.waitWorker(first.Worker, func(ws api.WorkerStatus) bool { return ws.IndexedBlocks >= 32 && idle(ws) })
 		for i := 0; i < 6; i++ {
-			req := &RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(100+i, 64)...), ExpectedOutputTokens: 4}
+			req := &api.RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(100+i, 64)...), ExpectedOutputTokens: 4}
 			got, err := st.client.Route(ctx, req)
 			if err != nil {
 				t.Fatal(err)
@@ -303,12 +295,12 @@ func TestEndToEnd(t *testing.T) {
 		var worker string
 		for i := 0; i < 8; i++ {
 			r := st.replicas[i%2]
-			body := AppendRouteRequest(nil, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(200+i, 64)})
+			body := api.AppendRouteRequest(nil, &api.RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(200+i, 64)})
 			code, b := httpDo(t, "POST", "http://"+r.HTTPAddr()+"/v1/route", body)
 			if code != 200 {
 				t.Fatalf("route via %s: %d %s", r.ID(), code, b)
 			}
-			var resp RouteResponse
+			var resp api.RouteResponse
 			if err := json.Unmarshal(b, &resp); err != nil {
 				t.Fatal(err)
 			}
@@ -317,10 +309,10 @@ func TestEndToEnd(t *testing.T) {
 			}
 			if i == 0 {
 				worker = resp.Worker
-				if resp.Binding.Outcome != OutcomeCreated {
+				if resp.Binding.Outcome != api.OutcomeCreated {
 					t.Fatalf("first outcome %q", resp.Binding.Outcome)
 				}
-			} else if resp.Worker != worker || resp.Binding.Outcome == OutcomeCreated {
+			} else if resp.Worker != worker || resp.Binding.Outcome == api.OutcomeCreated {
 				t.Fatalf("request %d via %s went to %s (%s), session bound to %s", i, r.ID(), resp.Worker, resp.Binding.Outcome, worker)
 			}
 			// free through the other replica: forwarded to the owner
@@ -332,7 +324,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		// Via NATS too (either replica answers).
 		for i := 0; i < 4; i++ {
-			resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(300+i, 64)})
+			resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(300+i, 64)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,10 +347,10 @@ func TestEndToEnd(t *testing.T) {
 		if !s.HasRank {
 			t.Fatalf("session bound without a rank: %+v", s)
 		}
-		for i, pin := range []*WorkerRef{{Worker: worker}, {Worker: worker, Rank: s.Rank, HasRank: true}} {
-			agreeing, err := st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(2+i, 32), Pin: pin})
+		for i, pin := range []*api.WorkerRef{{Worker: worker}, {Worker: worker, Rank: s.Rank, HasRank: true}} {
+			agreeing, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(2+i, 32), Pin: pin})
 			if err != nil || agreeing.Worker != worker || agreeing.Rank != s.Rank {
-				t.Fatalf("agreeing pin %s: %+v %v", refString(pin), agreeing, err)
+				t.Fatalf("agreeing pin %s: %+v %v", pin.Target().String(), agreeing, err)
 			}
 			_ = st.client.Free(ctx, testModel, agreeing)
 		}
@@ -367,9 +359,9 @@ func TestEndToEnd(t *testing.T) {
 		if worker == other {
 			other = "sim-1"
 		}
-		_, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(1, 32), Pin: &WorkerRef{Worker: other}})
-		var ae *Error
-		if !errors.Is(err, ErrPinConflict) || !errors.As(err, &ae) || ae.Field != "pin" || !strings.Contains(ae.Message, `session "chat-1"`) {
+		_, err = st.client.Route(ctx, &api.RouteRequest{Model: testModel, SessionID: "chat-1", TokenIDs: tokens(1, 32), Pin: &api.WorkerRef{Worker: other}})
+		var ae *api.Error
+		if !errors.Is(err, api.ErrPinConflict) || !errors.As(err, &ae) || ae.Field != "pin" || !strings.Contains(ae.Message, `session "chat-1"`) {
 			t.Fatalf("conflicting pin: %v", err)
 		}
 		if err := st.client.EndSession(ctx, testModel, "chat-1"); err != nil {
@@ -377,22 +369,22 @@ func TestEndToEnd(t *testing.T) {
 		}
 		// Reads come from each replica's watch-fed cache: the other
 		// replica sees the end within the watch delay.
-		eventually(t, 5*time.Second, func() bool {
+		testutil.Eventually(t, 5*time.Second, func() bool {
 			_, err := st.client.Session(ctx, testModel, "chat-1")
-			return errors.Is(err, ErrNotFound)
+			return errors.Is(err, api.ErrNotFound)
 		}, func() string { return "ended session still readable" })
 	})
 
 	t.Run("departed worker is routed around", func(t *testing.T) {
 		extra := st.addFleet(ctx, "gone", 1)
 		st.waitWorkers(5)
-		resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(400, 64), Pin: &WorkerRef{Worker: "gone-0"}})
+		resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(400, 64), Pin: &api.WorkerRef{Worker: "gone-0"}})
 		if err != nil || resp.Worker != "gone-0" {
 			t.Fatalf("pinned route: %+v %v", resp, err)
 		}
 		_ = st.client.Free(ctx, testModel, resp)
 		// A session bound (Hard) to the worker that will depart.
-		resp, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(401, 64), Pin: &WorkerRef{Worker: "gone-0"}})
+		resp, err = st.client.Route(ctx, &api.RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(401, 64), Pin: &api.WorkerRef{Worker: "gone-0"}})
 		if err != nil || resp.Worker != "gone-0" {
 			t.Fatalf("pinned session route: %+v %v", resp, err)
 		}
@@ -404,7 +396,7 @@ func TestEndToEnd(t *testing.T) {
 		cancel()
 		st.waitWorkers(4)
 		for i := 0; i < 20; i++ {
-			resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(500+i, 64)})
+			resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(500+i, 64)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -413,65 +405,65 @@ func TestEndToEnd(t *testing.T) {
 			}
 			_ = st.client.Free(ctx, testModel, resp)
 		}
-		resp, err = st.client.Route(ctx, &RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(402, 64)})
-		if err != nil || resp.Worker == "gone-0" || resp.Binding.Outcome != OutcomeRebound {
+		resp, err = st.client.Route(ctx, &api.RouteRequest{Model: testModel, SessionID: "s-gone", TokenIDs: tokens(402, 64)})
+		if err != nil || resp.Worker == "gone-0" || resp.Binding.Outcome != api.OutcomeRebound {
 			t.Fatalf("session of a departed worker: %+v %v", resp, err)
 		}
 		_ = st.client.Free(ctx, testModel, resp)
-		_, err = st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(403, 64), Pin: &WorkerRef{Worker: "gone-0"}})
-		if !errors.Is(err, ErrNoEligibleWorker) {
+		_, err = st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(403, 64), Pin: &api.WorkerRef{Worker: "gone-0"}})
+		if !errors.Is(err, api.ErrNoEligibleWorker) {
 			t.Fatalf("pin to departed worker: %v", err)
 		}
 	})
 
 	t.Run("bad requests get the documented errors", func(t *testing.T) {
-		long := strings.Repeat("s", MaxSessionIDLen+1)
+		long := strings.Repeat("s", api.MaxSessionIDLen+1)
 		cases := []struct {
 			name, body string
 			status     int
 			code       string
 			field      string
 		}{
-			{"bad JSON", `{"model":`, 400, CodeBadRequest, "model"},
-			{"bad JSON body", `{"model":"m",}`, 400, CodeBadRequest, "body"},
-			{"not an object", `[1,2]`, 400, CodeBadRequest, "body"},
-			{"missing model", `{"token_ids":[1,2,3]}`, 400, CodeBadRequest, "model"},
-			{"unknown model", `{"model":"nope","token_ids":[1]}`, 400, CodeBadRequest, "model"},
-			{"no prompt", `{"model":"m"}`, 400, CodeBadRequest, "token_ids"},
-			{"both prompts", `{"model":"m","token_ids":[1],"block_hashes":[1],"block_size":16}`, 400, CodeBadRequest, "token_ids"},
-			{"hashes without block size", `{"model":"m","block_hashes":[1]}`, 400, CodeBadRequest, "block_size"},
-			{"wrong block size", `{"model":"m","token_ids":[1],"block_size":32}`, 400, CodeBadRequest, "block_size"},
-			{"negative token", `{"model":"m","token_ids":[-1]}`, 400, CodeBadRequest, "token_ids"},
-			{"over-long session id", `{"model":"m","token_ids":[1],"session_id":"` + long + `"}`, 400, CodeBadRequest, "session_id"},
-			{"negative output", `{"model":"m","token_ids":[1],"expected_output_tokens":-5}`, 400, CodeBadRequest, "expected_output_tokens"},
-			{"bad version", `{"v":2,"model":"m","token_ids":[1]}`, 400, CodeBadRequest, "v"},
-			{"pin and prefer", `{"model":"m","token_ids":[1],"pin":{"worker":"sim-0"},"prefer":{"worker":"sim-1"}}`, 400, CodeBadRequest, "prefer"},
-			{"pin without worker", `{"model":"m","token_ids":[1],"pin":{"rank":0}}`, 400, CodeBadRequest, "pin.worker"},
-			{"unknown pinned worker", `{"model":"m","token_ids":[1],"pin":{"worker":"nobody"}}`, 503, CodeNoEligibleWorker, ""},
-			{"allowed set of unknown workers", `{"model":"m","token_ids":[1],"allowed_workers":["nobody"]}`, 503, CodeNoEligibleWorker, ""},
+			{"bad JSON", `{"model":`, 400, api.CodeBadRequest, "model"},
+			{"bad JSON body", `{"model":"m",}`, 400, api.CodeBadRequest, "body"},
+			{"not an object", `[1,2]`, 400, api.CodeBadRequest, "body"},
+			{"missing model", `{"token_ids":[1,2,3]}`, 400, api.CodeBadRequest, "model"},
+			{"unknown model", `{"model":"nope","token_ids":[1]}`, 400, api.CodeBadRequest, "model"},
+			{"no prompt", `{"model":"m"}`, 400, api.CodeBadRequest, "token_ids"},
+			{"both prompts", `{"model":"m","token_ids":[1],"block_hashes":[1],"block_size":16}`, 400, api.CodeBadRequest, "token_ids"},
+			{"hashes without block size", `{"model":"m","block_hashes":[1]}`, 400, api.CodeBadRequest, "block_size"},
+			{"wrong block size", `{"model":"m","token_ids":[1],"block_size":32}`, 400, api.CodeBadRequest, "block_size"},
+			{"negative token", `{"model":"m","token_ids":[-1]}`, 400, api.CodeBadRequest, "token_ids"},
+			{"over-long session id", `{"model":"m","token_ids":[1],"session_id":"` + long + `"}`, 400, api.CodeBadRequest, "session_id"},
+			{"negative output", `{"model":"m","token_ids":[1],"expected_output_tokens":-5}`, 400, api.CodeBadRequest, "expected_output_tokens"},
+			{"bad version", `{"v":2,"model":"m","token_ids":[1]}`, 400, api.CodeBadRequest, "v"},
+			{"pin and prefer", `{"model":"m","token_ids":[1],"pin":{"worker":"sim-0"},"prefer":{"worker":"sim-1"}}`, 400, api.CodeBadRequest, "prefer"},
+			{"pin without worker", `{"model":"m","token_ids":[1],"pin":{"rank":0}}`, 400, api.CodeBadRequest, "pin.worker"},
+			{"unknown pinned worker", `{"model":"m","token_ids":[1],"pin":{"worker":"nobody"}}`, 503, api.CodeNoEligibleWorker, ""},
+			{"allowed set of unknown workers", `{"model":"m","token_ids":[1],"allowed_workers":["nobody"]}`, 503, api.CodeNoEligibleWorker, ""},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
-				check := func(via string, e *Error) {
+				check := func(via string, e *api.Error) {
 					t.Helper()
 					if e == nil || e.Status != c.status || e.Code != c.code || (c.field != "" && e.Field != c.field) {
 						t.Fatalf("%s: got %#v, want %d %s field %q", via, e, c.status, c.code, c.field)
 					}
 				}
 				code, b := httpDo(t, "POST", "http://"+st.replicas[0].HTTPAddr()+"/v1/route", []byte(c.body))
-				e := DecodeError(b)
+				e := api.DecodeError(b)
 				if code != c.status {
 					t.Fatalf("HTTP status %d, want %d: %s", code, c.status, b)
 				}
 				check("HTTP", e)
-				reply, err := st.nc.Request(RouteSubject("", testModel), []byte(c.body), 5*time.Second)
+				reply, err := st.nc.Request(api.RouteSubject("", testModel), []byte(c.body), 5*time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got := reply.Header.Get(HeaderStatus); got != fmt.Sprint(c.status) {
-					t.Fatalf("NATS %s header %q, want %d", HeaderStatus, got, c.status)
+				if got := reply.Header.Get(api.HeaderStatus); got != fmt.Sprint(c.status) {
+					t.Fatalf("NATS %s header %q, want %d", api.HeaderStatus, got, c.status)
 				}
-				check("NATS", DecodeError(reply.Data))
+				check("NATS", api.DecodeError(reply.Data))
 			})
 		}
 		// Lifecycle and session errors.
@@ -491,26 +483,26 @@ func TestEndToEnd(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				code, b := httpDo(t, c.method, "http://"+st.replicas[1].HTTPAddr()+c.path, nil)
-				e := DecodeError(b)
+				e := api.DecodeError(b)
 				if code != c.status || e == nil || e.Status != c.status || e.Field != c.field {
 					t.Fatalf("%s %s: %d %s", c.method, c.path, code, b)
 				}
 			})
 		}
-		if err := st.client.Cancel(ctx, testModel, "nope"); !errors.Is(err, ErrNotFound) {
+		if err := st.client.Cancel(ctx, testModel, "nope"); !errors.Is(err, api.ErrNotFound) {
 			t.Fatalf("cancel unknown over NATS: %v", err)
 		}
 		// The replicas are still fine.
-		if _, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(9, 64)}); err != nil {
+		if _, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(9, 64)}); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("trace context passes through NATS and HTTP", func(t *testing.T) {
 		const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-		m := nats.NewMsg(RouteSubject("", testModel))
+		m := nats.NewMsg(api.RouteSubject("", testModel))
 		m.Header["traceparent"] = []string{tp} // lowercase, as W3C clients write it
-		m.Data = AppendRouteRequest(nil, &RouteRequest{Model: testModel, TokenIDs: tokens(10, 64)})
+		m.Data = api.AppendRouteRequest(nil, &api.RouteRequest{Model: testModel, TokenIDs: tokens(10, 64)})
 		reply, err := st.nc.RequestMsg(m, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -531,7 +523,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 		}
 		req, _ := http.NewRequest("POST", "http://"+st.replicas[0].HTTPAddr()+"/v1/route",
-			bytes.NewReader(AppendRouteRequest(nil, &RouteRequest{Model: testModel, SessionID: "traced", TokenIDs: tokens(11, 64)})))
+			bytes.NewReader(api.AppendRouteRequest(nil, &api.RouteRequest{Model: testModel, SessionID: "traced", TokenIDs: tokens(11, 64)})))
 		propagation.TraceContext{}.Inject(context.Background(), propagation.HeaderCarrier(req.Header))
 		req.Header.Set("traceparent", "00-11111111111111111111111111111111-00f067aa0ba902b7-01")
 		resp, err := http.DefaultClient.Do(req)

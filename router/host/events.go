@@ -88,6 +88,7 @@ func (r *Replica) startSubscriber(ctx context.Context, startSeq uint64) error {
 		return fmt.Errorf("host: event subscriber: %w", err)
 	}
 	r.subscriber = sub
+	r.subStats.Store(sub)
 	sctx, cancel := context.WithCancel(context.Background())
 	r.subCancel = cancel
 	r.subDone = make(chan struct{})
@@ -128,7 +129,10 @@ func (r *Replica) lagLoop() {
 			var info, err2 = st.Info(ctx)
 			if err2 == nil {
 				last := info.State.LastSeq
-				applied := r.eventSink.lastSeq.Load()
+				// The subscriber's sequence counts skipped (bad, foreign,
+				// duplicate) messages as consumed: a bad message last in the
+				// stream must not hold the lag at 1 forever.
+				applied := r.subscriber.LastSeq()
 				if applied > last {
 					applied = last
 				}

@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
 
+	"github.com/kvrouter/kvrouter/router/api"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -19,9 +19,9 @@ import (
 func (r *Replica) newHTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/route", r.httpRoute)
-	mux.HandleFunc("POST /v1/requests/{id}/prefill_done", r.httpLifecycle(OpPrefillDone))
-	mux.HandleFunc("POST /v1/requests/{id}/cancel", r.httpLifecycle(OpCancel))
-	mux.HandleFunc("DELETE /v1/requests/{id}", r.httpLifecycle(OpFree))
+	mux.HandleFunc("POST /v1/requests/{id}/prefill_done", r.httpLifecycle(api.OpPrefillDone))
+	mux.HandleFunc("POST /v1/requests/{id}/cancel", r.httpLifecycle(api.OpCancel))
+	mux.HandleFunc("DELETE /v1/requests/{id}", r.httpLifecycle(api.OpFree))
 	mux.HandleFunc("GET /v1/workers", r.httpWorkers)
 	mux.HandleFunc("GET /v1/sessions/{id}", r.httpSession)
 	mux.HandleFunc("DELETE /v1/sessions/{id}", r.httpEndSession)
@@ -36,22 +36,25 @@ func (r *Replica) newHTTPHandler() http.Handler {
 	} {
 		mux.HandleFunc(path, func(w http.ResponseWriter, q *http.Request) {
 			w.Header().Set("Allow", allow)
-			writeError(w, &Error{Code: CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+			r.writeError(w, q, &api.Error{Code: api.CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed,
 				Message: q.Method + " " + q.URL.Path + " is not supported (allowed: " + allow + ")"})
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, q *http.Request) {
-		writeError(w, &Error{Code: CodeNotFound, Status: 404, Message: "no endpoint " + q.Method + " " + q.URL.Path})
+		r.writeError(w, q, &api.Error{Code: api.CodeNotFound, Status: 404, Message: "no endpoint " + q.Method + " " + q.URL.Path})
 	})
 	return mux
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-func writeError(w http.ResponseWriter, e *Error) {
+// writeError answers with an error envelope. Every error an HTTP client
+// gets passes here, so bad requests are counted here.
+func (r *Replica) writeError(w http.ResponseWriter, q *http.Request, e *api.Error) {
+	r.countBad(q.Context(), e)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
-	_, _ = w.Write(appendErrorJSON(nil, e))
+	_, _ = w.Write(api.AppendError(nil, e))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -70,52 +73,53 @@ func (r *Replica) httpRoute(w http.ResponseWriter, q *http.Request) {
 	ctx := r.httpCtx(q)
 	if e := r.enter(); e != nil {
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
-		writeError(w, e)
+		r.writeError(w, q, e)
 		return
 	}
 	defer r.leave()
 	buf := bodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bodyPool.Put(buf)
-	if _, err := buf.ReadFrom(http.MaxBytesReader(w, q.Body, MaxRouteBodySize)); err != nil {
-		var mb *http.MaxBytesError
-		e := badField("body", "unreadable: %v", err)
-		if errors.As(err, &mb) {
-			e = badField("body", "is larger than %d bytes", MaxRouteBodySize)
-		}
-		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
-		writeError(w, e)
-		return
-	}
 	s := r.getScratch()
 	defer r.putScratch(s)
-	if derr := DecodeRouteRequest(buf.Bytes(), &s.req); derr != nil {
-		e := asAPIError(derr)
-		r.m.badRequests.Add(ctx, 1, attr(fieldAttr(e.Field)))
+	err := readBody(buf, w, q, api.MaxRouteBodySize)
+	if err == nil {
+		err = api.DecodeRouteRequest(buf.Bytes(), &s.req)
+	}
+	if err != nil {
+		e := mapError(err)
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
-		writeError(w, e)
+		r.writeError(w, q, e)
 		return
 	}
-	spanCtx := ctx
-	err := r.routeTraced(&spanCtx, &s.req, &s.resp, s)
+	spanCtx, err := r.routeTraced(ctx, &s.req, &s.resp, s)
 	if sc := trace.SpanContextFromContext(spanCtx); sc.IsValid() {
 		r.prop.Inject(spanCtx, propagation.HeaderCarrier(w.Header()))
 	}
 	if err != nil {
-		writeError(w, asAPIError(err))
+		r.writeError(w, q, mapError(err))
 		return
 	}
-	s.out = AppendRouteResponse(s.out[:0], &s.resp)
+	s.out = api.AppendRouteResponse(s.out[:0], &s.resp)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(s.out)))
 	if _, err := w.Write(s.out); err != nil {
-		// The client is gone and will not use the booking.
-		if ms, ok := r.models[s.resp.Model]; ok {
-			if fe, ok := ms.fences.get(s.resp.RequestID); ok {
-				r.rollback(ms, fe)
-			}
-		}
+		r.rollbackReply(&s.resp) // the client is gone and will not use the booking
 	}
+}
+
+// readBody reads q's body into buf, at most limit bytes; a longer or
+// unreadable body is a bad_request on field body.
+func readBody(buf *bytes.Buffer, w http.ResponseWriter, q *http.Request, limit int64) error {
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, q.Body, limit))
+	var mb *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &mb):
+		return api.BadField("body", "is larger than %d bytes", limit)
+	}
+	return api.BadField("body", "unreadable: %v", err)
 }
 
 // httpLifecycle serves POST /v1/requests/{id}/prefill_done,
@@ -125,21 +129,19 @@ func (r *Replica) httpRoute(w http.ResponseWriter, q *http.Request) {
 func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, q *http.Request) {
 		ctx := r.httpCtx(q)
-		var lr LifecycleRequest
-		body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, 64<<10))
-		if err != nil {
-			writeError(w, badField("body", "unreadable: %v", err))
-			return
+		var lr api.LifecycleRequest
+		var body bytes.Buffer
+		err := readBody(&body, w, q, api.MaxLifecycleBodySize)
+		if err == nil {
+			err = api.DecodeLifecycleRequest(body.Bytes(), &lr)
 		}
-		if len(bytes.TrimSpace(body)) > 0 {
-			if err := json.Unmarshal(body, &lr); err != nil {
-				writeError(w, badField("body", "invalid JSON: %v", err))
-				return
-			}
+		if err != nil {
+			r.writeError(w, q, mapError(err))
+			return
 		}
 		id := q.PathValue("id")
 		if lr.RequestID != "" && lr.RequestID != id {
-			writeError(w, badField("request_id", "%q in the body differs from %q in the path", lr.RequestID, id))
+			r.writeError(w, q, api.BadField("request_id", "%q in the body differs from %q in the path", lr.RequestID, id))
 			return
 		}
 		lr.RequestID = id
@@ -153,17 +155,17 @@ func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 		if v := qv.Get("attempt"); v != "" {
 			a, err := strconv.ParseUint(v, 10, 64)
 			if err != nil {
-				writeError(w, badField("attempt", "%q is not a non-negative integer", v))
+				r.writeError(w, q, api.BadField("attempt", "%q is not a non-negative integer", v))
 				return
 			}
 			lr.Attempt = a
 		}
-		if op == OpFree && qv.Get("reason") == "cancel" {
-			op = OpCancel
+		if op == api.OpFree && qv.Get("reason") == "cancel" {
+			op = api.OpCancel
 		}
 		resp, err := r.Lifecycle(ctx, op, &lr)
 		if err != nil {
-			writeError(w, asAPIError(err))
+			r.writeError(w, q, mapError(err))
 			return
 		}
 		writeJSON(w, http.StatusOK, resp)
@@ -173,7 +175,7 @@ func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 func (r *Replica) httpWorkers(w http.ResponseWriter, q *http.Request) {
 	resp, err := r.Workers(q.URL.Query().Get("model"))
 	if err != nil {
-		writeError(w, asAPIError(err))
+		r.writeError(w, q, mapError(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -182,7 +184,7 @@ func (r *Replica) httpWorkers(w http.ResponseWriter, q *http.Request) {
 func (r *Replica) httpSession(w http.ResponseWriter, q *http.Request) {
 	resp, err := r.Session(r.httpCtx(q), q.URL.Query().Get("model"), q.PathValue("id"))
 	if err != nil {
-		writeError(w, asAPIError(err))
+		r.writeError(w, q, mapError(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -191,15 +193,15 @@ func (r *Replica) httpSession(w http.ResponseWriter, q *http.Request) {
 func (r *Replica) httpEndSession(w http.ResponseWriter, q *http.Request) {
 	id := q.PathValue("id")
 	if err := r.EndSession(r.httpCtx(q), q.URL.Query().Get("model"), id); err != nil {
-		writeError(w, asAPIError(err))
+		r.writeError(w, q, mapError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"v": APIVersion, "session_id": id, "ended": true})
+	writeJSON(w, http.StatusOK, map[string]any{"v": api.APIVersion, "session_id": id, "ended": true})
 }
 
 // httpHealth answers 200 while the process runs (liveness).
 func (r *Replica) httpHealth(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, HealthResponse{Status: "ok", Replica: r.id})
+	writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
 }
 
 // httpReady answers 200 only while the replica serves requests: caught up
@@ -207,18 +209,18 @@ func (r *Replica) httpHealth(w http.ResponseWriter, _ *http.Request) {
 func (r *Replica) httpReady(w http.ResponseWriter, _ *http.Request) {
 	switch st := r.state.Load(); st {
 	case stateReady:
-		writeJSON(w, http.StatusOK, HealthResponse{Status: "ok", Replica: r.id})
+		writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
 	case stateNew, stateStarting:
-		writeJSON(w, http.StatusServiceUnavailable, HealthResponse{Status: "not_ready", Replica: r.id,
+		writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "not_ready", Replica: r.id,
 			Reason: "catching up with the event stream (applied seq " + strconv.FormatUint(r.eventSink.lastSeq.Load(), 10) + ")"})
 	default:
-		writeJSON(w, http.StatusServiceUnavailable, HealthResponse{Status: "shutting_down", Replica: r.id})
+		writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "shutting_down", Replica: r.id})
 	}
 }
 
 func (r *Replica) httpMetrics(w http.ResponseWriter, q *http.Request) {
 	if r.cfg.MetricsHandler == nil {
-		writeError(w, &Error{Code: CodeNotFound, Status: 404, Message: "metrics are not enabled on this replica"})
+		r.writeError(w, q, &api.Error{Code: api.CodeNotFound, Status: 404, Message: "metrics are not enabled on this replica"})
 		return
 	}
 	r.cfg.MetricsHandler.ServeHTTP(w, q)

@@ -6,13 +6,14 @@ import (
 	"strconv"
 
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
 // Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
 // to a request booked by this replica. A call addressed to another replica
 // (lr.Replica) is forwarded there over NATS.
-func (r *Replica) Lifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+func (r *Replica) Lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
 	if e := r.enter(); e != nil {
 		return nil, e
 	}
@@ -20,26 +21,26 @@ func (r *Replica) Lifecycle(ctx context.Context, op string, lr *LifecycleRequest
 	resp, err := r.lifecycle(ctx, op, lr)
 	result := "ok"
 	if err != nil {
-		result = asAPIError(err).Code
+		result = mapError(err).Code
 	}
 	r.m.lifecycleDone(ctx, op, result)
 	return resp, err
 }
 
-func (r *Replica) lifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
 	switch op {
-	case OpPrefillDone, OpFree, OpCancel:
+	case api.OpPrefillDone, api.OpFree, api.OpCancel:
 	default:
-		return nil, badField("op", "unknown lifecycle operation %q", op)
+		return nil, api.BadField("op", "unknown lifecycle operation %q", op)
 	}
-	if lr.V != 0 && lr.V != APIVersion {
-		return nil, badField("v", "version %d is not supported (this replica speaks %d)", lr.V, APIVersion)
+	if lr.V != 0 && lr.V != api.APIVersion {
+		return nil, api.BadField("v", "version %d is not supported (this replica speaks %d)", lr.V, api.APIVersion)
 	}
 	if lr.RequestID == "" {
-		return nil, badField("request_id", "is required")
+		return nil, api.BadField("request_id", "is required")
 	}
-	if len(lr.RequestID) > MaxRequestIDLen {
-		return nil, badField("request_id", "is %d bytes long, the limit is %d", len(lr.RequestID), MaxRequestIDLen)
+	if len(lr.RequestID) > api.MaxRequestIDLen {
+		return nil, api.BadField("request_id", "is %d bytes long, the limit is %d", len(lr.RequestID), api.MaxRequestIDLen)
 	}
 	lr.Model = r.defaultModel(lr.Model)
 	if lr.Replica != "" && lr.Replica != r.id {
@@ -51,18 +52,16 @@ func (r *Replica) lifecycle(ctx context.Context, op string, lr *LifecycleRequest
 	}
 	fe, ok := ms.fences.get(lr.RequestID)
 	if ok && lr.Attempt != 0 && lr.Attempt != fe.Attempt {
-		return nil, &Error{Code: CodeNotFound, Status: 404, Field: "attempt",
-			Message: "request " + strconv.Quote(lr.RequestID) + " attempt " + strconv.FormatUint(lr.Attempt, 10) +
-				" is not its current booking (attempt " + strconv.FormatUint(fe.Attempt, 10) + ")"}
+		return nil, api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" attempt "+strconv.FormatUint(lr.Attempt, 10)+
+			" is not its current booking (attempt "+strconv.FormatUint(fe.Attempt, 10)+")", nil).OnField("attempt")
 	}
 	var err error
 	switch {
-	case op == OpCancel && !ok:
+	case op == api.OpCancel && !ok:
 		err = ms.sched.Cancel(lr.RequestID)
 	case !ok:
-		return nil, &Error{Code: CodeNotFound, Status: 404, Field: "request_id",
-			Message: "request " + strconv.Quote(lr.RequestID) + " has no booking on replica " + r.id + " (model " + strconv.Quote(lr.Model) + ")"}
-	case op == OpPrefillDone:
+		return nil, api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" has no booking on replica "+r.id+" (model "+strconv.Quote(lr.Model)+")", nil).OnField("request_id")
+	case op == api.OpPrefillDone:
 		err = ms.sched.PrefillDone(fe)
 	default: // free, or cancel of a routed request
 		err = ms.sched.Free(fe)
@@ -71,16 +70,15 @@ func (r *Replica) lifecycle(ctx context.Context, op string, lr *LifecycleRequest
 	if err != nil {
 		if errors.Is(err, scheduler.ErrUnknownBooking) || errors.Is(err, scheduler.ErrUnknownRequest) || errors.Is(err, scheduler.ErrStaleFence) {
 			ms.fences.del(fe)
-			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "request_id",
-				Message: "request " + strconv.Quote(lr.RequestID) + ": " + err.Error(), cause: err}
+			return nil, api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+": "+err.Error(), err).OnField("request_id")
 		}
 		return nil, err
 	}
-	return &LifecycleResponse{V: APIVersion, RequestID: lr.RequestID, Op: op, Replica: r.id}, nil
+	return &api.LifecycleResponse{V: api.APIVersion, RequestID: lr.RequestID, Op: op, Replica: r.id}, nil
 }
 
 // Session returns a session's binding.
-func (r *Replica) Session(ctx context.Context, model, session string) (*SessionResponse, error) {
+func (r *Replica) Session(ctx context.Context, model, session string) (*api.SessionResponse, error) {
 	if e := r.enter(); e != nil {
 		return nil, e
 	}
@@ -95,12 +93,11 @@ func (r *Replica) Session(ctx context.Context, model, session string) (*SessionR
 	b, err := r.table.Get(ctx, model, session)
 	if err != nil {
 		if errors.Is(err, bindings.ErrNotFound) {
-			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "session_id",
-				Message: "session " + strconv.Quote(session) + " of model " + strconv.Quote(model) + " has no binding", cause: err}
+			return nil, api.NewError(api.CodeNotFound, "session "+strconv.Quote(session)+" of model "+strconv.Quote(model)+" has no binding", err).OnField("session_id")
 		}
 		return nil, err
 	}
-	return &SessionResponse{V: APIVersion, Model: model, SessionID: session, Worker: b.Worker, Rank: b.Rank, HasRank: b.HasRank,
+	return &api.SessionResponse{V: api.APIVersion, Model: model, SessionID: session, Worker: b.Worker, Rank: b.Rank, HasRank: b.HasRank,
 		Mode: b.Mode.String(), Version: b.Version, Writer: b.Writer, Created: b.Created, Renewed: b.Renewed}, nil
 }
 
@@ -119,8 +116,7 @@ func (r *Replica) EndSession(ctx context.Context, model, session string) error {
 	}
 	if err := r.table.End(ctx, model, session); err != nil {
 		if errors.Is(err, bindings.ErrNotFound) {
-			return &Error{Code: CodeNotFound, Status: 404, Field: "session_id",
-				Message: "session " + strconv.Quote(session) + " of model " + strconv.Quote(model) + " has no binding", cause: err}
+			return api.NewError(api.CodeNotFound, "session "+strconv.Quote(session)+" of model "+strconv.Quote(model)+" has no binding", err).OnField("session_id")
 		}
 		return err
 	}
@@ -128,20 +124,20 @@ func (r *Replica) EndSession(ctx context.Context, model, session string) error {
 	return nil
 }
 
-func checkSession(s string) *Error {
+func checkSession(s string) *api.Error {
 	switch {
 	case s == "":
-		return badField("session_id", "is required")
-	case len(s) > MaxSessionIDLen:
-		return badField("session_id", "is %d bytes long, the limit is %d", len(s), MaxSessionIDLen)
+		return api.BadField("session_id", "is required")
+	case len(s) > api.MaxSessionIDLen:
+		return api.BadField("session_id", "is %d bytes long, the limit is %d", len(s), api.MaxSessionIDLen)
 	}
 	return nil
 }
 
 // Workers lists the workers of one model (every model when model is "")
 // with this replica's predicted load and index size per rank.
-func (r *Replica) Workers(model string) (*WorkersResponse, error) {
-	out := &WorkersResponse{V: APIVersion, Replica: r.id, Workers: []WorkerStatus{}}
+func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
+	out := &api.WorkersResponse{V: api.APIVersion, Replica: r.id, Workers: []api.WorkerStatus{}}
 	names := r.modelList
 	if model != "" {
 		if _, e := r.model(model); e != nil {
@@ -151,15 +147,15 @@ func (r *Replica) Workers(model string) (*WorkersResponse, error) {
 	}
 	for _, name := range names {
 		ms := r.models[name]
-		loads := map[[2]string]WorkerLoad{}
+		loads := map[[2]string]api.WorkerLoad{}
 		all, _ := ms.sched.Loads(context.Background())
 		for _, l := range all {
-			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = WorkerLoad{
+			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = api.WorkerLoad{
 				ActiveRequests: l.ActiveRequests, PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks}
 		}
 		for _, w := range ms.workerList() {
 			for _, rank := range w.Ranks {
-				ws := WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
+				ws := api.WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
 					BlockSize: w.BlockSize, KVBlocks: w.KVBlocks, MaxBatchedTokens: w.MaxBatchedTokens, MaxSeqs: w.MaxSeqs,
 					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: ms.index.WorkerBlocks(workerKeyOf(w.ID, rank))}
 				if l, ok := loads[[2]string{w.ID, strconv.FormatUint(uint64(rank), 10)}]; ok {

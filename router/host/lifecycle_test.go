@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
-	"github.com/nats-io/nats.go"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"go.yaml.in/yaml/v3"
 )
 
 // A replica that starts after a snapshot loads it and replays only the
@@ -22,25 +26,25 @@ func TestSnapshotRestoreOnNewReplica(t *testing.T) {
 	ctx := ctxT(t)
 	for i := 0; i < 3; i++ {
 		toks := tokens(700+i, 256)
-		resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: toks})
+		resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st.generate(ctx, resp, toks)
 	}
 	first := st.replicas[0]
-	eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 48 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 48 },
 		func() string { return "events not indexed" })
 	first.writeSnapshots()
 	snapSeq := first.models[testModel].index.StreamSeq()
 	// More events after the snapshot.
 	toks := tokens(800, 256)
-	resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: toks})
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.generate(ctx, resp, toks)
-	eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 64 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 64 },
 		func() string { return "later events not indexed" })
 
 	nc := natstest.Connect(t, st.srv)
@@ -56,7 +60,7 @@ func TestSnapshotRestoreOnNewReplica(t *testing.T) {
 	if got := r2.models[testModel].index.StreamSeq(); got < snapSeq {
 		t.Fatalf("new replica at stream seq %d, snapshot was at %d", got, snapSeq)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return dumpEqual(first.models[testModel].index.Dump(), r2.models[testModel].index.Dump())
 	}, func() string { return "restored index differs from the original" })
 }
@@ -78,10 +82,38 @@ func dumpEqual(a, b []index.WorkerDump) bool {
 	return true
 }
 
+// gatePolicy selects the first candidate, blocking while armed until
+// released: it holds route requests in flight for as long as a test needs.
+type gatePolicy struct {
+	armed   *atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (gatePolicy) Name() string { return "gate" }
+
+func (g gatePolicy) Select(*scheduler.Context, *scheduler.Candidates) (int, error) {
+	if g.armed.Load() {
+		select {
+		case g.entered <- struct{}{}:
+		default:
+		}
+		<-g.release
+	}
+	return 0, nil
+}
+
 // Close stops taking requests (readiness goes, the queue group is left),
 // lets in-flight work finish, and leaves no goroutine behind.
 func TestGracefulShutdown(t *testing.T) {
-	st := startStack(t, stackOpts{workers: 1, replicas: 1})
+	gate := gatePolicy{armed: new(atomic.Bool), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	reg := scheduler.NewRegistry()
+	if err := reg.RegisterPolicy("gate", func(*scheduler.Registry, *yaml.Node) (scheduler.Policy, error) { return gate, nil }); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, stackOpts{workers: 1, replicas: 1, mutate: func(_ int, c *Config) {
+		c.Policy, c.PolicyRegistry = scheduler.PolicyConfig{Name: "gate"}, reg
+	}})
 	st.waitWorkers(1)
 	ctx := ctxT(t)
 	r := st.replicas[0]
@@ -90,38 +122,54 @@ func TestGracefulShutdown(t *testing.T) {
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 200 {
 		t.Fatalf("readyz before close: %d", code)
 	}
-	resp, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"})
-	if err != nil {
+	if _, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), SessionID: "s"}); err != nil {
 		t.Fatal(err)
 	}
-	// Requests in flight while Close runs still get an answer.
-	done := make(chan error, 8)
-	for i := 0; i < 8; i++ {
+
+	// Hold 8 requests in flight: the first blocks in the policy, the others
+	// wait for the scheduler behind it.
+	gate.armed.Store(true)
+	const n = 8
+	done := make(chan error, n)
+	for i := 0; i < n; i++ {
 		go func(i int) {
-			_, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(10+i, 64)})
+			_, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(10+i, 64)})
 			done <- err
 		}(i)
 	}
-	time.Sleep(5 * time.Millisecond)
-	if err := r.Close(ctx); err != nil {
-		t.Fatal(err)
+	<-gate.entered
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.inflight.count() == n },
+		func() string { return "requests in flight: " + strconv.Itoa(r.inflight.count()) })
+
+	// Close while they are held; they are released once Close waits for them.
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close(ctx) }()
+	testutil.Eventually(t, 10*time.Second, r.inflight.waiting, func() string { return "Close does not wait for the requests in flight" })
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned with requests in flight: %v", err)
+	default:
 	}
-	for i := 0; i < 8; i++ {
-		if err := <-done; err != nil && !errors.Is(err, ErrNoRouter) && !errors.Is(err, nats.ErrNoResponders) {
-			t.Errorf("in-flight request: %v", err)
+	close(gate.release)
+	for i := 0; i < n; i++ {
+		if err := <-done; err != nil {
+			t.Errorf("request in flight during Close: %v", err)
 		}
 	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+
 	if code, _ := httpDo(t, "GET", srv.URL+"/readyz", nil); code != 503 {
 		t.Fatalf("readyz after close: %d", code)
 	}
-	if _, err := st.client.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}); !errors.Is(err, ErrNoRouter) {
+	if _, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}); !errors.Is(err, api.ErrNoRouter) {
 		t.Fatalf("route after close: %v (want no responders)", err)
 	}
-	var out RouteResponse
-	if err := r.Route(ctx, &RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}, &out); !errors.Is(err, ErrShuttingDown) {
+	var out api.RouteResponse
+	if err := r.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64)}, &out); !errors.Is(err, api.ErrShuttingDown) {
 		t.Fatalf("in-process route after close: %v", err)
 	}
-	_ = resp
 }
 
 // A replica that has not caught up answers not_ready and is not ready.
@@ -138,7 +186,7 @@ func TestNotReadyBeforeStart(t *testing.T) {
 		t.Fatalf("readyz: %d", code)
 	}
 	code, b := httpDo(t, "POST", srv.URL+"/v1/route", []byte(`{"model":"m","token_ids":[1]}`))
-	if e := DecodeError(b); code != 503 || e == nil || e.Code != CodeNotReady {
+	if e := api.DecodeError(b); code != 503 || e == nil || e.Code != api.CodeNotReady {
 		t.Fatalf("route before start: %d %s", code, b)
 	}
 	if err := r.Close(context.Background()); err != nil {
@@ -160,7 +208,6 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want ErrConfig", c, err)
 		}
 	}
-	_ = kvevents.DefaultPrefix
 }
 
 func TestInflightGate(t *testing.T) {
@@ -170,7 +217,7 @@ func TestInflightGate(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { g.wait(); close(done) }()
-	time.Sleep(10 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, g.waiting, func() string { return "wait did not start waiting" })
 	if !g.enter() { // a call racing wait while others are in flight is admitted and waited for
 		t.Fatal("enter refused while calls are in flight")
 	}
@@ -179,7 +226,7 @@ func TestInflightGate(t *testing.T) {
 	select {
 	case <-done:
 		t.Fatal("wait returned with a call in flight")
-	case <-time.After(10 * time.Millisecond):
+	default: // leave is synchronous: only the last one can end wait
 	}
 	g.leave()
 	<-done
@@ -191,4 +238,18 @@ func TestInflightGate(t *testing.T) {
 	if idle.enter() {
 		t.Fatal("enter admitted after wait on an idle gate")
 	}
+}
+
+// waiting reports whether wait is waiting for calls in progress.
+func (g *inflightGate) waiting() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.zero != nil
+}
+
+// count is the number of calls in progress.
+func (g *inflightGate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
 }

@@ -3,47 +3,89 @@ package host
 import (
 	"context"
 	"errors"
+	"strconv"
 
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// mapError maps errors of the other packages to API errors. It is the one
-// table that decides which dependency failure a client sees as which code.
-func mapError(err error) *Error {
-	code := CodeInternal
+// pinBindingError is the scheduler's ErrPinConflict for a request whose pin
+// disagrees with its session's binding, with what the API error names.
+type pinBindingError struct {
+	pin     workerref.Target
+	session string
+	binding bindings.Requirement
+	err     error
+}
+
+func (e *pinBindingError) Error() string {
+	return "pin " + e.pin.String() + " disagrees with session " + strconv.Quote(e.session) + "'s binding: " + e.err.Error()
+}
+
+func (e *pinBindingError) Unwrap() error { return e.err }
+
+// mapError turns any error into an API error: an *api.Error is returned as
+// is, errors of the other packages are mapped here. It is the one table that
+// decides which dependency failure a client sees as which code and message;
+// anything unknown is internal.
+func mapError(err error) *api.Error {
+	var (
+		ae  *api.Error
+		pbe *pinBindingError
+		hce *bindings.HardConflictError
+	)
+	code := api.CodeInternal
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &pbe):
+		return api.NewError(api.CodePinConflict, "pin "+pbe.pin.String()+" disagrees with session "+strconv.Quote(pbe.session)+
+			" bound ("+pbe.binding.Mode.String()+") to "+pbe.binding.Target.String()+"; end the session or drop the pin", err).OnField("pin")
+	case errors.As(err, &hce):
+		return api.NewError(api.CodeBindingRejected, "session "+strconv.Quote(hce.Session)+" is bound (hard) to live worker "+hce.Bound.String()+
+			", which cannot take the request now (selection picked "+hce.Selected.String()+"); retry later or end the session", err)
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate):
-		code = CodeNoEligibleWorker
+		code = api.CodeNoEligibleWorker
 	case errors.Is(err, scheduler.ErrOverloaded), errors.Is(err, scheduler.ErrDeadline),
 		errors.Is(err, context.DeadlineExceeded):
-		code = CodeOverloaded
+		code = api.CodeOverloaded
 	case errors.Is(err, scheduler.ErrPinConflict):
-		code = CodePinConflict
+		code = api.CodePinConflict
 	case errors.Is(err, bindings.ErrHardBindingConflict):
-		code = CodeBindingRejected
+		code = api.CodeBindingRejected
 	case errors.Is(err, scheduler.ErrInvalidRequest), errors.Is(err, bindings.ErrInvalidSession),
 		errors.Is(err, bindings.ErrInvalidModel):
-		e := newError(CodeBadRequest, err.Error(), err)
-		e.Field = fieldOf(err)
-		return e
+		return api.NewError(api.CodeBadRequest, err.Error(), err).OnField(fieldOf(err))
 	case errors.Is(err, scheduler.ErrDuplicateRequest):
-		e := newError(CodeBadRequest, "request id already queued or booked: "+err.Error(), err)
-		e.Field = "request_id"
-		return e
+		return api.NewError(api.CodeBadRequest, "request id already queued or booked: "+err.Error(), err).OnField("request_id")
 	case errors.Is(err, scheduler.ErrUnknownBooking), errors.Is(err, scheduler.ErrUnknownRequest),
 		errors.Is(err, scheduler.ErrStaleFence), errors.Is(err, bindings.ErrNotFound):
-		code = CodeNotFound
+		code = api.CodeNotFound
 	case errors.Is(err, scheduler.ErrCanceled), errors.Is(err, context.Canceled):
-		code = CodeCanceled
+		code = api.CodeCanceled
 	case errors.Is(err, scheduler.ErrClosed), errors.Is(err, bindings.ErrClosed):
-		code = CodeShuttingDown
+		code = api.CodeShuttingDown
 	case errors.Is(err, bindings.ErrTooManyConflicts), errors.Is(err, bindings.ErrAmbiguous):
-		code = CodeOverloaded // contention or a leader change: retry
+		code = api.CodeOverloaded // contention or a leader change: retry
 	}
-	return newError(code, err.Error(), err)
+	return api.NewError(code, err.Error(), err)
+}
+
+// refusedOutcome is the binding outcome of a request the binding refused
+// (for kvr_binding_outcomes_total), or "" for any other error.
+func refusedOutcome(err error) string {
+	var pbe *pinBindingError
+	switch {
+	case errors.As(err, &pbe):
+		return api.OutcomeConflict
+	case errors.Is(err, bindings.ErrHardBindingConflict):
+		return api.OutcomeRejected
+	}
+	return ""
 }
 
 func fieldOf(err error) string {

@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
 	"time"
 
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -36,26 +36,26 @@ func (r *Replica) subscribeAPI() error {
 		return nil
 	}
 	for _, name := range r.modelList {
-		if err := qs(RouteSubject(r.cfg.Prefix, name), r.onRouteMsg); err != nil {
+		if err := qs(api.RouteSubject(r.cfg.Prefix, name), r.onRouteMsg); err != nil {
 			return err
 		}
-		for _, op := range []string{OpPrefillDone, OpFree, OpCancel} {
-			if err := qs(LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op)); err != nil {
+		for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
+			if err := qs(api.LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op)); err != nil {
 				return err
 			}
 		}
-		if err := qs(WorkersSubject(r.cfg.Prefix, name), r.onWorkersMsg(name)); err != nil {
+		if err := qs(api.WorkersSubject(r.cfg.Prefix, name), r.onWorkersMsg(name)); err != nil {
 			return err
 		}
-		if err := qs(SessionGetSubject(r.cfg.Prefix, name), r.onSessionMsg(name, false)); err != nil {
+		if err := qs(api.SessionGetSubject(r.cfg.Prefix, name), r.onSessionMsg(name, false)); err != nil {
 			return err
 		}
-		if err := qs(SessionEndSubject(r.cfg.Prefix, name), r.onSessionMsg(name, true)); err != nil {
+		if err := qs(api.SessionEndSubject(r.cfg.Prefix, name), r.onSessionMsg(name, true)); err != nil {
 			return err
 		}
 	}
-	for _, op := range []string{OpPrefillDone, OpFree, OpCancel} {
-		s, err := r.nc.Subscribe(ReplicaSubject(r.cfg.Prefix, r.id, op), r.lifecycleHandler(op))
+	for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
+		s, err := r.nc.Subscribe(api.ReplicaSubject(r.cfg.Prefix, r.id, op), r.lifecycleHandler(op))
 		if err != nil {
 			return fmt.Errorf("host: subscribe replica lifecycle: %w", err)
 		}
@@ -83,7 +83,7 @@ func (r *Replica) onRouteMsg(m *nats.Msg) {
 	case r.sem <- struct{}{}:
 	default:
 		r.leave()
-		r.replyError(m, nil, newError(CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight", nil))
+		r.replyError(m, nil, api.NewError(api.CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight", nil))
 		return
 	}
 	go func() {
@@ -97,63 +97,69 @@ func (r *Replica) onRouteMsg(m *nats.Msg) {
 func (r *Replica) handleRoute(m *nats.Msg) {
 	ctx := context.Background()
 	if len(m.Header) > 0 {
-		ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
+		ctx = r.prop.Extract(ctx, api.HeaderCarrier(m.Header))
 	}
 	s := r.getScratch()
 	defer r.putScratch(s)
-	var err error
-	if derr := DecodeRouteRequest(m.Data, &s.req); derr != nil {
-		e := asAPIError(derr)
-		r.m.badRequests.Add(ctx, 1, attr(fieldAttr(e.Field)))
+	if err := api.DecodeRouteRequest(m.Data, &s.req); err != nil {
+		e := mapError(err)
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
 		r.replyError(m, ctx, e)
 		return
 	}
-	var spanCtx context.Context = ctx
-	err = r.routeTraced(&spanCtx, &s.req, &s.resp, s)
+	spanCtx, err := r.routeTraced(ctx, &s.req, &s.resp, s)
 	if err != nil {
-		r.replyError(m, spanCtx, asAPIError(err))
+		r.replyError(m, spanCtx, mapError(err))
 		return
 	}
-	s.out = AppendRouteResponse(s.out[:0], &s.resp)
+	s.out = api.AppendRouteResponse(s.out[:0], &s.resp)
 	reply := &nats.Msg{Subject: m.Reply, Data: s.out}
 	if sc := trace.SpanContextFromContext(spanCtx); sc.IsValid() {
 		reply.Header = nats.Header{}
-		r.prop.Inject(spanCtx, HeaderCarrier(reply.Header))
+		r.prop.Inject(spanCtx, api.HeaderCarrier(reply.Header))
 	}
 	if err := r.nc.PublishMsg(reply); err != nil {
 		// The client will never learn where to go: release the booking.
-		if ms, ok := r.models[s.resp.Model]; ok {
-			if fe, ok := ms.fences.get(s.resp.RequestID); ok {
-				r.rollback(ms, fe)
-			}
-		}
+		r.rollbackReply(&s.resp)
 		r.log.Debug("route reply not sent; booking rolled back", "request_id", s.resp.RequestID, "err", err)
 	}
 }
 
-// routeTraced is route returning, through ctx, the context of the route
-// span so the reply can carry its trace context.
-func (r *Replica) routeTraced(ctx *context.Context, req *RouteRequest, resp *RouteResponse, s *routeScratch) error {
-	s.spanCtx = nil
-	err := r.route(*ctx, req, resp, s)
-	if s.spanCtx != nil {
-		*ctx = s.spanCtx
+// routeTraced is route also returning the context of the route span (ctx
+// when not tracing), so the reply can carry its trace context.
+func (r *Replica) routeTraced(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse, s *routeScratch) (context.Context, error) {
+	err := r.route(ctx, req, resp, s)
+	if s.tel.ctx != nil {
+		ctx = s.tel.ctx
 	}
-	return err
+	return ctx, err
+}
+
+// rollbackReply releases the booking of a route answer that could not be
+// delivered: the client will not use it.
+func (r *Replica) rollbackReply(resp *api.RouteResponse) {
+	if ms, ok := r.models[resp.Model]; ok {
+		if fe, ok := ms.fences.get(resp.RequestID); ok {
+			r.rollback(ms, fe)
+		}
+	}
 }
 
 // replyError answers m with an error envelope and the Kvr-Status header.
-func (r *Replica) replyError(m *nats.Msg, ctx context.Context, e *Error) {
+// Every error a NATS client gets passes here, so bad requests are counted
+// here (fire-and-forget calls included).
+func (r *Replica) replyError(m *nats.Msg, ctx context.Context, e *api.Error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	r.countBad(ctx, e)
 	if m.Reply == "" {
 		return
 	}
-	reply := &nats.Msg{Subject: m.Reply, Header: nats.Header{}, Data: appendErrorJSON(nil, e)}
-	reply.Header.Set(HeaderStatus, strconv.Itoa(e.Status))
-	if ctx != nil {
-		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
-			r.prop.Inject(ctx, HeaderCarrier(reply.Header))
-		}
+	reply := &nats.Msg{Subject: m.Reply, Header: nats.Header{}, Data: api.AppendError(nil, e)}
+	reply.Header.Set(api.HeaderStatus, strconv.Itoa(e.Status))
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.prop.Inject(ctx, api.HeaderCarrier(reply.Header))
 	}
 	_ = r.nc.PublishMsg(reply)
 }
@@ -164,7 +170,7 @@ func (r *Replica) replyJSON(m *nats.Msg, v any) {
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
-		r.replyError(m, nil, newError(CodeInternal, err.Error(), err))
+		r.replyError(m, nil, api.NewError(api.CodeInternal, err.Error(), err))
 		return
 	}
 	_ = m.Respond(data)
@@ -176,11 +182,11 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 		// run them off the subscription goroutine only when forwarding.
 		ctx := context.Background()
 		if len(m.Header) > 0 {
-			ctx = r.prop.Extract(ctx, HeaderCarrier(m.Header))
+			ctx = r.prop.Extract(ctx, api.HeaderCarrier(m.Header))
 		}
-		var lr LifecycleRequest
-		if err := DecodeLifecycleRequest(m.Data, &lr); err != nil {
-			r.replyError(m, ctx, asAPIError(err))
+		var lr api.LifecycleRequest
+		if err := api.DecodeLifecycleRequest(m.Data, &lr); err != nil {
+			r.replyError(m, ctx, mapError(err))
 			return
 		}
 		if lr.Replica != "" && lr.Replica != r.id {
@@ -200,40 +206,39 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 	}
 }
 
-func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *LifecycleRequest) {
+func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *api.LifecycleRequest) {
 	resp, err := r.Lifecycle(ctx, op, lr)
 	if err != nil {
-		r.replyError(m, ctx, asAPIError(err))
+		r.replyError(m, ctx, mapError(err))
 		return
 	}
 	if m.Reply == "" {
 		return // fire-and-forget call
 	}
-	var buf [256]byte
-	_ = m.Respond(appendLifecycleResponse(buf[:0], resp))
+	r.replyJSON(m, resp)
 }
 
 // forwardLifecycle sends a lifecycle call to the replica that holds the
 // booking and relays its answer.
-func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *LifecycleRequest) (*LifecycleResponse, error) {
+func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
 	body, _ := json.Marshal(lr)
-	m := nats.NewMsg(ReplicaSubject(r.cfg.Prefix, lr.Replica, op))
+	m := nats.NewMsg(api.ReplicaSubject(r.cfg.Prefix, lr.Replica, op))
 	m.Data = body
-	r.prop.Inject(ctx, HeaderCarrier(m.Header))
+	r.prop.Inject(ctx, api.HeaderCarrier(m.Header))
 	fctx, cancel := context.WithTimeout(ctx, forwardTimeout)
 	defer cancel()
 	reply, err := r.nc.RequestMsgWithContext(fctx, m)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, &Error{Code: CodeNotFound, Status: 404, Field: "replica",
-				Message: "replica " + strconv.Quote(lr.Replica) + " holding request " + strconv.Quote(lr.RequestID) + " is gone; its booking expires on its own"}
+			return nil, api.NewError(api.CodeNotFound, "replica "+strconv.Quote(lr.Replica)+" holding request "+strconv.Quote(lr.RequestID)+
+				" is gone; its booking expires on its own", err).OnField("replica")
 		}
 		return nil, fmt.Errorf("forward %s to replica %s: %w", op, lr.Replica, err)
 	}
-	if e := DecodeError(reply.Data); e != nil {
+	if e := api.DecodeError(reply.Data); e != nil {
 		return nil, e
 	}
-	var out LifecycleResponse
+	var out api.LifecycleResponse
 	if err := json.Unmarshal(reply.Data, &out); err != nil {
 		return nil, fmt.Errorf("forward %s to replica %s: bad reply: %w", op, lr.Replica, err)
 	}
@@ -244,7 +249,7 @@ func (r *Replica) onWorkersMsg(model string) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		resp, err := r.Workers(model)
 		if err != nil {
-			r.replyError(m, nil, asAPIError(err))
+			r.replyError(m, nil, mapError(err))
 			return
 		}
 		r.replyJSON(m, resp)
@@ -253,16 +258,16 @@ func (r *Replica) onWorkersMsg(model string) nats.MsgHandler {
 
 func (r *Replica) onSessionMsg(model string, end bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
-		var sr SessionRequest
-		if err := json.Unmarshal(m.Data, &sr); err != nil {
-			r.replyError(m, nil, badField("body", "invalid JSON: %v", err))
+		var sr api.SessionRequest
+		if err := api.DecodeJSON(m.Data, &sr); err != nil {
+			r.replyError(m, nil, mapError(err))
 			return
 		}
 		if sr.Model == "" {
 			sr.Model = model
 		}
 		if sr.Model != model {
-			r.replyError(m, nil, badField("model", "%q does not match the subject's model %q", sr.Model, model))
+			r.replyError(m, nil, api.BadField("model", "%q does not match the subject's model %q", sr.Model, model))
 			return
 		}
 		if e := r.enter(); e != nil {
@@ -275,15 +280,15 @@ func (r *Replica) onSessionMsg(model string, end bool) nats.MsgHandler {
 			defer cancel()
 			if end {
 				if err := r.EndSession(ctx, sr.Model, sr.SessionID); err != nil {
-					r.replyError(m, nil, asAPIError(err))
+					r.replyError(m, nil, mapError(err))
 					return
 				}
-				r.replyJSON(m, map[string]any{"v": APIVersion, "session_id": sr.SessionID, "ended": true})
+				r.replyJSON(m, map[string]any{"v": api.APIVersion, "session_id": sr.SessionID, "ended": true})
 				return
 			}
 			resp, err := r.Session(ctx, sr.Model, sr.SessionID)
 			if err != nil {
-				r.replyError(m, nil, asAPIError(err))
+				r.replyError(m, nil, mapError(err))
 				return
 			}
 			r.replyJSON(m, resp)

@@ -87,6 +87,12 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	rejected, err := m.Int64ObservableCounter("kvr.events.rejected",
+		metric.WithDescription("KV event messages skipped as bad input, by cause (truncated, malformed, oversized, mismatched)."))
+	if err != nil {
+		return err
+	}
+	causes := rejectCauses()
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		for _, name := range r.modelList {
 			ms := r.models[name]
@@ -116,6 +122,12 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 				o.ObserveInt64(workersG, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name), attribute.String("state", state))))
 			}
 		}
+		if sub := r.subStats.Load(); sub != nil {
+			st := sub.Stats()
+			for i, n := range [...]uint64{st.Truncated, st.Malformed, st.Oversized, st.Mismatched} {
+				o.ObserveInt64(rejected, int64(n), causes[i])
+			}
+		}
 		o.ObserveInt64(eventLag, int64(r.eventLag.Load()))
 		o.ObserveInt64(eventGaps, int64(r.eventSink.gaps.Load()))
 		o.ObserveInt64(streamSeq, int64(r.eventSink.lastSeq.Load()))
@@ -126,6 +138,16 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 		o.ObserveInt64(ready, v)
 		return nil
 	}, queueDepth, indexBlocks, indexEntries, indexBytes, eventLag, eventGaps, streamSeq, workersG,
-		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped)
+		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped, rejected)
 	return err
+}
+
+// rejectCauses are the cause attributes of kvr.events.rejected, in the order
+// of kvevents.SubscriberStats' Truncated, Malformed, Oversized, Mismatched.
+func rejectCauses() [4]metric.ObserveOption {
+	var out [4]metric.ObserveOption
+	for i, c := range [...]string{"truncated", "malformed", "oversized", "mismatched"} {
+		out[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", c)))
+	}
+	return out
 }

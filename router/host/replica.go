@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,6 +53,7 @@ type Replica struct {
 	mem        atomic.Pointer[workers.Membership]
 	loadSub    *workers.LoadSubscription
 	subscriber *kvevents.Subscriber
+	subStats   atomic.Pointer[kvevents.Subscriber] // the subscriber, for metric callbacks that may run during Start
 	subCancel  context.CancelFunc
 	subDone    chan struct{}
 	eventSink  *sink
@@ -242,7 +243,7 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.bg.Add(1)
 	go r.lagLoop()
 	if !r.state.CompareAndSwap(stateStarting, stateReady) {
-		return fmt.Errorf("%w: closed while starting", ErrShuttingDown)
+		return fmt.Errorf("%w: closed while starting", api.ErrShuttingDown)
 	}
 	close(r.ready)
 	eventSeq := uint64(0)
@@ -386,13 +387,13 @@ func (r *Replica) workerLive(worker string) bool {
 // HTTP server finishes requests it has read), and graceful shutdown means
 // answering them. Once every transport has stopped and the calls in flight
 // are done, the gate closes and later calls are refused.
-func (r *Replica) enter() *Error {
+func (r *Replica) enter() *api.Error {
 	switch r.state.Load() {
 	case stateNew, stateStarting:
-		return newError(CodeNotReady, "replica "+r.id+" is catching up with the event stream", nil)
+		return api.NewError(api.CodeNotReady, "replica "+r.id+" is catching up with the event stream", nil)
 	}
 	if !r.inflight.enter() {
-		return newError(CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
+		return api.NewError(api.CodeShuttingDown, "replica "+r.id+" is shutting down", nil)
 	}
 	return nil
 }
@@ -445,13 +446,13 @@ func (g *inflightGate) wait() {
 }
 
 // model returns the state of a served model.
-func (r *Replica) model(name string) (*modelState, *Error) {
+func (r *Replica) model(name string) (*modelState, *api.Error) {
 	if name == "" {
-		return nil, badField("model", "is required")
+		return nil, api.BadField("model", "is required")
 	}
 	ms, ok := r.models[name]
 	if !ok {
-		return nil, badField("model", "%q is not routed by this replica (models: %v)", name, r.modelList)
+		return nil, api.BadField("model", "%q is not routed by this replica (models: %v)", name, r.modelList)
 	}
 	return ms, nil
 }
@@ -466,4 +467,3 @@ func (r *Replica) defaultModel(name string) string {
 }
 
 var _ kvevents.Sink = (*sink)(nil)
-var _ = index.New

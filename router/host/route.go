@@ -9,51 +9,48 @@ import (
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // routeScratch is the per-request memory of Route, pooled so that a route
 // allocates little beyond what it must keep.
 type routeScratch struct {
-	req     RouteRequest
-	resp    RouteResponse
-	binding BindingInfo
+	req     api.RouteRequest
+	resp    api.RouteResponse
+	binding api.BindingInfo
 	hashes  []kvevents.SeqHash
 	ov      index.Overlaps
 	pov     index.Overlaps
 	sov     []scheduler.Overlap
-	sreq    scheduler.Request
-	pin     scheduler.Target
-	aff     scheduler.Affinity
+	sel     selection
+	choose  bindings.Selector // sel.choose, bound once per scratch (a method value allocates)
+	tel     routeTelemetry
 	out     []byte
-	spanCtx context.Context // the route span's context, for the reply's trace headers
 }
 
 func (r *Replica) getScratch() *routeScratch {
 	if s, ok := r.scratch.Get().(*routeScratch); ok {
 		return s
 	}
-	return &routeScratch{}
+	s := &routeScratch{}
+	s.choose = s.sel.choose
+	return s
 }
 
 func (r *Replica) putScratch(s *routeScratch) {
 	s.req.Reset()
-	s.resp = RouteResponse{}
-	s.binding = BindingInfo{}
-	s.sreq = scheduler.Request{}
-	s.spanCtx = nil
+	s.resp = api.RouteResponse{}
+	s.binding = api.BindingInfo{}
+	s.sel = selection{}
+	s.tel = routeTelemetry{}
 	if cap(s.out) > 1<<20 {
 		s.out = nil
 	}
 	r.scratch.Put(s)
 }
-
-// routeSpanOpts are the start options of the route span, built once.
-var routeSpanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 
 // newRequestID returns "<replica>-<n>" (n in base 36) with one allocation.
 func (r *Replica) newRequestID(s *routeScratch) string {
@@ -77,7 +74,7 @@ func strengthOf(m bindings.Mode) scheduler.Strength {
 // index (and the predicted index), read and commit the session binding
 // around the scheduler's decision, and fill resp. It is what both
 // transports call. ctx carries the caller's trace context.
-func (r *Replica) Route(ctx context.Context, req *RouteRequest, resp *RouteResponse) error {
+func (r *Replica) Route(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse) error {
 	if e := r.enter(); e != nil {
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
 		return e
@@ -88,36 +85,14 @@ func (r *Replica) Route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 	return r.route(ctx, req, resp, s)
 }
 
-func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteResponse, s *routeScratch) (err error) {
+// route is one request's life: lookup -> requirement -> select (and commit
+// the session binding) -> commit the booking -> reply. A request without a
+// session is the same selection with no binding requirement. Telemetry
+// (s.tel) records each step and costs nothing when no span records.
+func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse, s *routeScratch) (err error) {
 	t0 := time.Now()
-	// With no tracer configured, skip span creation entirely (it would
-	// still allocate a context per request).
-	var span trace.Span
-	rec := false
-	if r.tracing {
-		ctx, span = r.tracer.Start(ctx, "kvrouter.route", routeSpanOpts...)
-		rec = span.IsRecording()
-		s.spanCtx = ctx
-	}
-	defer func() {
-		code := "ok"
-		if err != nil {
-			e := asAPIError(err)
-			err = e
-			code = e.Code
-			if e.Code == CodeBadRequest {
-				r.m.badRequests.Add(ctx, 1, attr(fieldAttr(e.Field)))
-			}
-			if rec {
-				span.SetStatus(codes.Error, e.Error())
-				span.SetAttributes(attribute.String("kvr.error.code", e.Code))
-			}
-		}
-		r.m.routeDone(ctx, code, time.Since(t0))
-		if span != nil {
-			span.End()
-		}
-	}()
+	ctx = s.tel.start(ctx, r)
+	defer func() { err = s.tel.end(ctx, err) }()
 
 	ms, e := r.validate(req)
 	if e != nil {
@@ -126,184 +101,173 @@ func (r *Replica) route(ctx context.Context, req *RouteRequest, resp *RouteRespo
 	if req.RequestID == "" {
 		req.RequestID = r.newRequestID(s)
 	}
-	if rec {
-		span.SetAttributes(attribute.String("kvr.model", req.Model), attribute.String("kvr.request_id", req.RequestID))
-		if req.SessionID != "" {
-			span.SetAttributes(attribute.String("kvr.session_id", req.SessionID))
-		}
-	}
+	s.tel.request(req)
 
-	// Hash the prompt (or take the caller's hashes) and look up the index.
-	tLookup := time.Now()
+	hashes, tokens := r.lookup(ms, req, s)
+	sel := s.sel.begin(r, ms, &s.tel, r.requirement(req, hashes, tokens, t0, s))
+	res, err := r.selectAndBind(ctx, req, s)
+	if err != nil {
+		sel.release()
+		return err
+	}
+	r.commit(ms, &sel.dec, hashes, t0)
+	r.reply(ctx, ms, req, resp, &sel.dec, res, s)
+	return nil
+}
+
+// lookup hashes the prompt (or takes the caller's hashes) and looks it up
+// in the model's index, merged with the predicted index, into s.sov.
+func (r *Replica) lookup(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
+	t0 := time.Now()
 	hashes, tokens := r.promptHashes(ms, req, s)
 	s.ov.Reset()
-	switch {
-	case ms.approx:
+	if ms.approx {
 		ms.pred.Lookup(hashes, index.LookupOptions{}, &s.ov)
-	default:
+	} else {
 		ms.index.Lookup(hashes, index.LookupOptions{}, &s.ov)
-	}
-	if ms.pred != nil && !ms.approx {
-		ms.pred.Lookup(hashes, index.LookupOptions{}, &s.pov)
-		index.MergeMax(&s.ov, &s.pov)
+		if ms.pred != nil {
+			ms.pred.Lookup(hashes, index.LookupOptions{}, &s.pov)
+			index.MergeMax(&s.ov, &s.pov)
+		}
 	}
 	s.sov = s.sov[:0]
 	for _, w := range s.ov.Workers {
 		s.sov = append(s.sov, scheduler.Overlap{Key: w.Key, Blocks: w.Blocks})
 	}
-	if rec {
-		spanAt(ctx, r.tracer, "index.lookup", tLookup, time.Now(),
-			attribute.Int("kvr.prompt_blocks", len(hashes)), attribute.Int("kvr.matched_blocks", s.ov.Total),
-			attribute.Int("kvr.workers_matched", len(s.ov.Workers)))
-	}
+	s.tel.lookedUp(t0, len(hashes), &s.ov)
+	return hashes, tokens
+}
 
+// requirement is the scheduler request of req: its prompt and overlaps,
+// deadline, eligibility, pin and (Soft) preference. A session binding, when
+// there is one, replaces the preference at selection time.
+func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, tokens int, t0 time.Time, s *routeScratch) scheduler.Request {
 	deadline := r.cfg.DefaultDeadline
 	if req.DeadlineMS > 0 {
 		deadline = time.Duration(req.DeadlineMS) * time.Millisecond
 	}
 	allowed := req.AllowedWorkers
 	if len(allowed) == 0 {
-		allowed = nil // an empty, reused slice would mean "no worker allowed"
+		allowed = nil // absent: every worker (an empty, reused slice would mean none)
 	}
-	sr := &s.sreq
-	*sr = scheduler.Request{
+	sr := scheduler.Request{
 		ID: req.RequestID, Model: req.Model, SeqHashes: hashes, Tokens: tokens,
 		ExpectedOutput: req.ExpectedOutputTokens, Priority: req.Priority, Allowed: allowed,
 		SessionID: req.SessionID, Deadline: t0.Add(deadline), Overlaps: s.sov,
 	}
 	if req.Pin != nil {
-		s.pin = scheduler.Target{Worker: req.Pin.Worker, Rank: req.Pin.Rank, HasRank: req.Pin.HasRank}
-		sr.Pinned = &s.pin
+		s.sel.pin = scheduler.Target(*req.Pin)
+		sr.Pinned = &s.sel.pin
 	}
-	// A wire preference is Soft; a session binding, when there is one,
-	// takes the affinity slot instead (set by the selector below).
-	var prefer *scheduler.Affinity
 	if req.Prefer != nil {
-		s.aff = scheduler.Affinity{Target: scheduler.Target{Worker: req.Prefer.Worker, Rank: req.Prefer.Rank, HasRank: req.Prefer.HasRank}, Strength: scheduler.Soft}
-		prefer = &s.aff
+		s.sel.prefer = scheduler.Affinity{Target: scheduler.Target(*req.Prefer), Strength: scheduler.Soft}
 	}
-	sr.Affinity = prefer
+	return sr
+}
 
-	var dec scheduler.Decision
-	var booked bool
-	var res bindings.Result
-	tSched := time.Now()
+// selectAndBind selects a worker: directly for a request without a
+// session, through the bindings table (which reads the binding, calls the
+// selection with it as the requirement and commits the outcome) for one
+// with a session.
+func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, s *routeScratch) (bindings.Result, error) {
 	if req.SessionID == "" {
-		dec, err = ms.sched.Schedule(ctx, sr)
-		if err != nil {
-			return err
-		}
-		booked = true
-		r.scheduleSpans(ctx, rec, tSched, &dec)
-	} else {
-		var tSelDone time.Time
-		var bindAff scheduler.Affinity
-		sel := func(ctx context.Context, q *bindings.Requirement) (bindings.Target, error) {
-			// Bindings may select again (a lost create, a concurrent
-			// re-bind): release the superseded booking first.
-			if booked {
-				r.rollback(ms, dec.Fence)
-				booked = false
-			}
-			sr.Affinity = prefer
-			if q != nil {
-				bindAff = scheduler.Affinity{
-					Target:   scheduler.Target{Worker: q.Target.Worker, Rank: q.Target.Rank, HasRank: q.Target.HasRank},
-					Strength: strengthOf(q.Mode),
-				}
-				sr.Affinity = &bindAff
-			}
-			// The pin (sr.Pinned, as it came) and the binding go to the
-			// scheduler unchanged: its pin rule alone decides whether they
-			// agree, and rejects a disagreeing pair before selection.
-			tS := time.Now()
-			d, err := ms.sched.Schedule(ctx, sr)
-			if err != nil {
-				if q != nil && req.Pin != nil && errors.Is(err, scheduler.ErrPinConflict) {
-					r.m.outcome(ctx, OutcomeConflict)
-					return bindings.Target{}, &Error{Code: CodePinConflict, Status: statusOf(CodePinConflict), Field: "pin",
-						Message: "pin " + refString(req.Pin) + " disagrees with session " + strconv.Quote(req.SessionID) +
-							" bound (" + q.Mode.String() + ") to " + q.Target.String() + "; end the session or drop the pin",
-						cause: err}
-				}
-				return bindings.Target{}, err
-			}
-			dec, booked = d, true
-			r.scheduleSpans(ctx, rec, tS, &dec)
-			tSelDone = time.Now()
-			return bindings.Target{Worker: d.Worker.Worker, Rank: d.Worker.Rank, HasRank: true}, nil
-		}
-		res, err = r.table.Route(ctx, req.Model, req.SessionID, sel)
-		if rec && !tSelDone.IsZero() {
-			spanAt(ctx, r.tracer, "bindings.commit", tSelDone, time.Now(),
-				attribute.String("kvr.binding.outcome", res.Outcome.String()),
-				attribute.Int64("kvr.binding.revision", int64(res.Binding.Revision)),
-				attribute.Int("kvr.binding.selections", res.Selections))
-		}
-		if err != nil {
-			if booked {
-				r.rollback(ms, dec.Fence)
-			}
-			var he *bindings.HardConflictError
-			if errors.As(err, &he) {
-				r.m.outcome(ctx, OutcomeRejected)
-				return &Error{Code: CodeBindingRejected, Status: statusOf(CodeBindingRejected),
-					Message: "session " + strconv.Quote(req.SessionID) + " is bound (hard) to live worker " + he.Bound.String() +
-						", which cannot take the request now (selection picked " + he.Selected.String() + "); retry later or end the session",
-					cause: err}
-			}
-			return err
-		}
-		if !booked {
-			return newError(CodeInternal, "binding commit returned without a selection", nil)
-		}
-		r.m.outcome(ctx, res.Outcome.String())
-		s.binding = BindingInfo{SessionID: req.SessionID, Outcome: res.Outcome.String(), Mode: res.Binding.Mode.String(),
-			Worker: res.Binding.Worker, Rank: res.Binding.Rank, HasRank: res.Binding.HasRank, Version: res.Binding.Version}
-		resp.Binding = &s.binding
+		_, err := s.choose(ctx, nil)
+		return bindings.Result{}, err
 	}
+	res, err := r.table.Route(ctx, req.Model, req.SessionID, s.choose)
+	s.tel.bound(&res)
+	if err == nil && !s.sel.booked {
+		err = api.NewError(api.CodeInternal, "binding commit returned without a selection", nil)
+	}
+	return res, err
+}
 
+// commit keeps the booking of the chosen worker (its fence answers the
+// lifecycle calls) and records the decision for the predicted index, this
+// replica's and its peers'.
+func (r *Replica) commit(ms *modelState, dec *scheduler.Decision, hashes []kvevents.SeqHash, t0 time.Time) {
 	ms.fences.put(dec.Fence)
 	ms.recordPredicted(dec.Worker, hashes, t0)
 	r.shareDecision(ms, dec.Worker, hashes)
-	nblocks := len(hashes)
-	resp.V = APIVersion
-	resp.RequestID = req.RequestID
-	resp.Model = req.Model
-	resp.Worker = dec.Worker.Worker
-	resp.Rank = dec.Worker.Rank
-	resp.Endpoint = ms.endpoint(dec.Worker.Worker)
-	resp.OverlapBlocks = dec.OverlapBlocks
-	resp.PromptBlocks = nblocks
-	resp.Attempt = dec.Fence.Attempt
-	resp.Replica = r.id
-	resp.QueueWaitUS = dec.Waited.Microseconds()
+}
+
+// reply fills resp with the decision (and the binding outcome of a
+// session) and records the route's metrics.
+func (r *Replica) reply(ctx context.Context, ms *modelState, req *api.RouteRequest, resp *api.RouteResponse, dec *scheduler.Decision, res bindings.Result, s *routeScratch) {
+	nblocks := len(s.sel.req.SeqHashes)
+	*resp = api.RouteResponse{
+		V: api.APIVersion, RequestID: req.RequestID, Model: req.Model, Worker: dec.Worker.Worker, Rank: dec.Worker.Rank,
+		Endpoint: ms.endpoint(dec.Worker.Worker), OverlapBlocks: dec.OverlapBlocks, PromptBlocks: nblocks,
+		Attempt: dec.Fence.Attempt, Replica: r.id, QueueWaitUS: dec.Waited.Microseconds(),
+	}
+	if req.SessionID != "" {
+		r.m.outcome(ctx, res.Outcome.String())
+		s.binding = api.BindingInfo{SessionID: req.SessionID, Outcome: res.Outcome.String(), Mode: res.Binding.Mode.String(),
+			Worker: res.Binding.Worker, Rank: res.Binding.Rank, HasRank: res.Binding.HasRank, Version: res.Binding.Version}
+		resp.Binding = &s.binding
+	}
 	if nblocks > 0 {
 		r.m.overlapRatio.Record(ctx, float64(dec.OverlapBlocks)/float64(nblocks))
 	}
 	r.m.queueWait.Record(ctx, dec.Waited.Seconds())
-	if rec {
-		span.SetAttributes(attribute.String("kvr.worker", dec.Worker.String()), attribute.Int("kvr.overlap_blocks", dec.OverlapBlocks),
-			attribute.Int64("kvr.attempt", int64(dec.Fence.Attempt)))
-	}
-	return nil
+	s.tel.routed(dec)
 }
 
-// scheduleSpans records the queue wait and the selection of one Schedule
-// call as two child spans (the scheduler reports how long it waited).
-func (r *Replica) scheduleSpans(ctx context.Context, rec bool, start time.Time, d *scheduler.Decision) {
-	if !rec {
-		return
+// selection is one request's scheduling across the bindings table's calls
+// of choose (a lost create or a concurrent re-bind makes it select again).
+// It holds at most one booking: the latest selection's.
+type selection struct {
+	r      *Replica
+	ms     *modelState
+	tel    *routeTelemetry
+	req    scheduler.Request
+	pin    scheduler.Target
+	prefer scheduler.Affinity // the wire preference (Soft)
+	bind   scheduler.Affinity // the session binding's requirement
+	dec    scheduler.Decision
+	booked bool
+}
+
+// begin sets the selection up for one request and returns it.
+func (sel *selection) begin(r *Replica, ms *modelState, tel *routeTelemetry, req scheduler.Request) *selection {
+	sel.r, sel.ms, sel.tel, sel.req = r, ms, tel, req
+	return sel
+}
+
+// choose is the bindings.Selector: schedule the request under the
+// binding's requirement q (nil: unbound or no session) and keep the
+// booking. The pin and the binding go to the scheduler unchanged: its pin
+// rule alone decides whether they agree.
+func (sel *selection) choose(ctx context.Context, q *bindings.Requirement) (bindings.Target, error) {
+	sel.release() // a superseded selection's booking
+	sel.req.Affinity = nil
+	if sel.prefer.Target.Worker != "" {
+		sel.req.Affinity = &sel.prefer
 	}
-	end := time.Now()
-	waitEnd := start.Add(d.Waited)
-	if waitEnd.After(end) {
-		waitEnd = end
+	if q != nil {
+		sel.bind = scheduler.Affinity{Target: scheduler.Target(q.Target), Strength: strengthOf(q.Mode)}
+		sel.req.Affinity = &sel.bind
 	}
-	spanAt(ctx, r.tracer, "scheduler.queue_wait", start, waitEnd)
-	spanAt(ctx, r.tracer, "scheduler.select", waitEnd, end,
-		attribute.String("kvr.policy", d.Policy), attribute.String("kvr.worker", d.Worker.String()),
-		attribute.Bool("kvr.hard_fallback", d.HardFallback))
+	t0 := time.Now()
+	d, err := sel.ms.sched.Schedule(ctx, &sel.req)
+	if err != nil {
+		if q != nil && sel.req.Pinned != nil && errors.Is(err, scheduler.ErrPinConflict) {
+			return bindings.Target{}, &pinBindingError{pin: workerref.Target(*sel.req.Pinned), session: sel.req.SessionID, binding: *q, err: err}
+		}
+		return bindings.Target{}, err
+	}
+	sel.dec, sel.booked = d, true
+	sel.tel.scheduled(t0, &sel.dec)
+	return bindings.Target{Worker: d.Worker.Worker, Rank: d.Worker.Rank, HasRank: true}, nil
+}
+
+// release gives back the selection's booking, if it holds one: a selection
+// superseded by another, or a request that ends in an error.
+func (sel *selection) release() {
+	if sel.booked {
+		sel.r.rollback(sel.ms, sel.dec.Fence)
+		sel.booked = false
+	}
 }
 
 // rollback releases a booking that will not be used.
@@ -314,16 +278,9 @@ func (r *Replica) rollback(ms *modelState, f scheduler.Fence) {
 	ms.fences.del(f)
 }
 
-func refString(w *WorkerRef) string {
-	if w.HasRank {
-		return w.Worker + "#" + strconv.FormatUint(uint64(w.Rank), 10)
-	}
-	return w.Worker
-}
-
 // promptHashes returns the prompt's sequence hashes (computed from token ids
 // into scratch, or the caller's precomputed ones) and its token count.
-func (r *Replica) promptHashes(ms *modelState, req *RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
+func (r *Replica) promptHashes(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
 	if len(req.TokenIDs) > 0 {
 		seed := uint64(kvevents.HashSeed)
 		if req.LoraName != "" || req.CacheSalt != "" {
@@ -344,9 +301,9 @@ func (r *Replica) promptHashes(ms *modelState, req *RouteRequest, s *routeScratc
 
 // validate checks what the decoder cannot: presence, consistency, the
 // model's block size. Errors name the field.
-func (r *Replica) validate(req *RouteRequest) (*modelState, *Error) {
-	if req.V != 0 && req.V != APIVersion {
-		return nil, badField("v", "version %d is not supported (this replica speaks %d)", req.V, APIVersion)
+func (r *Replica) validate(req *api.RouteRequest) (*modelState, *api.Error) {
+	if req.V != 0 && req.V != api.APIVersion {
+		return nil, api.BadField("v", "version %d is not supported (this replica speaks %d)", req.V, api.APIVersion)
 	}
 	ms, e := r.model(req.Model)
 	if e != nil {
@@ -354,39 +311,39 @@ func (r *Replica) validate(req *RouteRequest) (*modelState, *Error) {
 	}
 	switch {
 	case len(req.TokenIDs) > 0 && len(req.BlockHashes) > 0:
-		return nil, badField("token_ids", "give either token_ids or block_hashes, not both")
+		return nil, api.BadField("token_ids", "give either token_ids or block_hashes, not both")
 	case len(req.TokenIDs) == 0 && len(req.BlockHashes) == 0:
-		return nil, badField("token_ids", "the prompt is required: give token_ids or block_hashes")
+		return nil, api.BadField("token_ids", "the prompt is required: give token_ids or block_hashes")
 	case len(req.BlockHashes) > 0 && req.BlockSize == 0:
-		return nil, badField("block_size", "is required with block_hashes (model %q uses %d)", req.Model, ms.blockSize)
+		return nil, api.BadField("block_size", "is required with block_hashes (model %q uses %d)", req.Model, ms.blockSize)
 	case req.BlockSize != 0 && req.BlockSize != ms.blockSize:
-		return nil, badField("block_size", "%d does not match model %q's block size %d", req.BlockSize, req.Model, ms.blockSize)
+		return nil, api.BadField("block_size", "%d does not match model %q's block size %d", req.BlockSize, req.Model, ms.blockSize)
 	case req.InputTokens < 0:
-		return nil, badField("input_tokens", "must not be negative")
+		return nil, api.BadField("input_tokens", "must not be negative")
 	case len(req.BlockHashes) > 0 && req.InputTokens > 0 && req.InputTokens < len(req.BlockHashes)*ms.blockSize:
-		return nil, badField("input_tokens", "%d is less than %d blocks of %d tokens", req.InputTokens, len(req.BlockHashes), ms.blockSize)
+		return nil, api.BadField("input_tokens", "%d is less than %d blocks of %d tokens", req.InputTokens, len(req.BlockHashes), ms.blockSize)
 	case req.ExpectedOutputTokens < 0:
-		return nil, badField("expected_output_tokens", "must not be negative")
+		return nil, api.BadField("expected_output_tokens", "must not be negative")
 	case req.DeadlineMS < 0:
-		return nil, badField("deadline_ms", "must not be negative")
+		return nil, api.BadField("deadline_ms", "must not be negative")
 	case req.Pin != nil && req.Prefer != nil:
-		return nil, badField("prefer", "pin and prefer are exclusive: a pin is already exact")
-	case len(req.SessionID) > MaxSessionIDLen:
-		return nil, badField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), MaxSessionIDLen)
+		return nil, api.BadField("prefer", "pin and prefer are exclusive: a pin is already exact")
+	case len(req.SessionID) > api.MaxSessionIDLen:
+		return nil, api.BadField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), api.MaxSessionIDLen)
 	}
 	if req.Pin != nil && req.Pin.Worker == "" {
-		return nil, badField("pin.worker", "is required")
+		return nil, api.BadField("pin.worker", "is required")
 	}
 	if req.Prefer != nil && req.Prefer.Worker == "" {
-		return nil, badField("prefer.worker", "is required")
+		return nil, api.BadField("prefer.worker", "is required")
 	}
 	for i, w := range req.AllowedWorkers {
 		if w == "" {
-			return nil, badField("allowed_workers", "entry %d is empty", i)
+			return nil, api.BadField("allowed_workers", "entry %d is empty", i)
 		}
 	}
-	if len(req.RequestID) > MaxRequestIDLen {
-		return nil, badField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), MaxRequestIDLen)
+	if len(req.RequestID) > api.MaxRequestIDLen {
+		return nil, api.BadField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), api.MaxRequestIDLen)
 	}
 	return ms, nil
 }

@@ -2,56 +2,24 @@ package host
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/router/scheduler"
 	"go.opentelemetry.io/otel/attribute"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // instrumentationName names the tracer and meter of this package.
 const instrumentationName = "github.com/kvrouter/kvrouter/router/host"
-
-// Prometheus is a MeterProvider whose metrics are served by Handler in the
-// Prometheus text format. Each replica gets its own (no global registry),
-// so two replicas in one process expose separate /metrics.
-type Prometheus struct {
-	Provider *sdkmetric.MeterProvider
-	Registry *prometheus.Registry
-	Handler  http.Handler
-}
-
-// NewPrometheus builds a MeterProvider exporting to a fresh Prometheus
-// registry, with Go runtime and process collectors when withRuntime is set.
-func NewPrometheus(withRuntime bool) (*Prometheus, error) {
-	reg := prometheus.NewRegistry()
-	if withRuntime {
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
-	if err != nil {
-		return nil, err
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	return &Prometheus{
-		Provider: mp,
-		Registry: reg,
-		Handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
-	}, nil
-}
-
-// Shutdown stops the provider.
-func (p *Prometheus) Shutdown(ctx context.Context) error { return p.Provider.Shutdown(ctx) }
 
 // Latency buckets in seconds: 5 µs to 10 s, for routing decisions that are
 // tens of microseconds when idle and seconds when queued.
@@ -91,11 +59,11 @@ type metrics struct {
 }
 
 // route result labels
-var routeCodes = []string{"ok", CodeBadRequest, CodeNotFound, CodePinConflict, CodeBindingRejected,
-	CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown, CodeOverloaded, CodeCanceled, CodeInternal}
+var routeCodes = []string{"ok", api.CodeBadRequest, api.CodeNotFound, api.CodePinConflict, api.CodeBindingRejected,
+	api.CodeNoEligibleWorker, api.CodeNotReady, api.CodeShuttingDown, api.CodeOverloaded, api.CodeCanceled, api.CodeInternal}
 
-var bindingOutcomes = []string{OutcomeCreated, OutcomeFresh, OutcomeRenewed, OutcomeRebound,
-	OutcomeKeptOther, OutcomeRejected, OutcomeConflict}
+var bindingOutcomes = []string{api.OutcomeCreated, api.OutcomeFresh, api.OutcomeRenewed, api.OutcomeRebound,
+	api.OutcomeKeptOther, api.OutcomeRejected, api.OutcomeConflict}
 
 func newMetrics(m metric.Meter) (*metrics, error) {
 	var err error
@@ -184,7 +152,7 @@ func (x *metrics) codeOpt(code string) metric.MeasurementOption {
 	if o, ok := x.byCode[code]; ok {
 		return o
 	}
-	return x.byCode[CodeInternal]
+	return x.byCode[api.CodeInternal]
 }
 
 func (x *metrics) outcome(ctx context.Context, o string) {
@@ -214,11 +182,19 @@ func (x *metrics) lifecycleDone(ctx context.Context, op, result string) {
 func (x *metrics) routeDone(ctx context.Context, code string, d time.Duration) {
 	rec, ok := x.recCode[code]
 	if !ok {
-		code = CodeInternal
+		code = api.CodeInternal
 		rec = x.recCode[code]
 	}
 	x.routeDuration.Record(ctx, d.Seconds(), rec...)
 	x.routes.Add(ctx, 1, x.addCode[code]...)
+}
+
+// countBad counts a bad_request answered to a client, by field: every
+// transport's error path calls it once per answer.
+func (r *Replica) countBad(ctx context.Context, e *api.Error) {
+	if e.Code == api.CodeBadRequest {
+		r.m.badRequests.Add(ctx, 1, attr(attribute.String("field", e.Field)))
+	}
 }
 
 // attr is a shorthand for metric attribute options off the hot path.
@@ -261,4 +237,115 @@ func isNoopTracer(tp trace.TracerProvider) bool {
 func spanAt(ctx context.Context, tr trace.Tracer, name string, start, end time.Time, attrs ...attribute.KeyValue) {
 	_, sp := tr.Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	sp.End(trace.WithTimestamp(end))
+}
+
+// routeSpanOpts are the start options of the route span, built once.
+var routeSpanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+
+// routeTelemetry is one route's span and result metrics. Its methods are
+// called on every route; each returns at once unless the span records, so
+// a replica without tracing pays nothing for them.
+type routeTelemetry struct {
+	r       *Replica
+	ctx     context.Context // the route span's context (nil without tracing), for the reply's trace headers
+	span    trace.Span
+	rec     bool
+	t0      time.Time
+	selDone time.Time // end of the latest selection, where the binding commit starts
+}
+
+// start opens the route span (only with a real TracerProvider: the no-op
+// one would still cost a context per request) and returns the context the
+// route runs in.
+func (t *routeTelemetry) start(ctx context.Context, r *Replica) context.Context {
+	t.r, t.t0 = r, time.Now()
+	if !r.tracing {
+		return ctx
+	}
+	ctx, t.span = r.tracer.Start(ctx, "kvrouter.route", routeSpanOpts...)
+	t.rec = t.span.IsRecording()
+	t.ctx = ctx
+	return ctx
+}
+
+// end maps err to its API error (mapError), counts the result and the
+// binding refusals, and closes the span. It returns the API error, or nil.
+func (t *routeTelemetry) end(ctx context.Context, err error) error {
+	code := "ok"
+	var e *api.Error
+	if err != nil {
+		e = mapError(err)
+		code = e.Code
+		if o := refusedOutcome(err); o != "" {
+			t.r.m.outcome(ctx, o)
+		}
+		if t.rec {
+			t.span.SetStatus(codes.Error, e.Error())
+			t.span.SetAttributes(attribute.String("kvr.error.code", e.Code))
+		}
+	}
+	t.r.m.routeDone(ctx, code, time.Since(t.t0))
+	if t.span != nil {
+		t.span.End()
+	}
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+func (t *routeTelemetry) request(req *api.RouteRequest) {
+	if !t.rec {
+		return
+	}
+	t.span.SetAttributes(attribute.String("kvr.model", req.Model), attribute.String("kvr.request_id", req.RequestID))
+	if req.SessionID != "" {
+		t.span.SetAttributes(attribute.String("kvr.session_id", req.SessionID))
+	}
+}
+
+func (t *routeTelemetry) lookedUp(start time.Time, promptBlocks int, ov *index.Overlaps) {
+	if !t.rec {
+		return
+	}
+	spanAt(t.ctx, t.r.tracer, "index.lookup", start, time.Now(),
+		attribute.Int("kvr.prompt_blocks", promptBlocks), attribute.Int("kvr.matched_blocks", ov.Total),
+		attribute.Int("kvr.workers_matched", len(ov.Workers)))
+}
+
+// scheduled records the queue wait and the selection of one Schedule call
+// as two child spans (the scheduler reports how long it waited).
+func (t *routeTelemetry) scheduled(start time.Time, d *scheduler.Decision) {
+	if !t.rec {
+		return
+	}
+	end := time.Now()
+	waitEnd := start.Add(d.Waited)
+	if waitEnd.After(end) {
+		waitEnd = end
+	}
+	spanAt(t.ctx, t.r.tracer, "scheduler.queue_wait", start, waitEnd)
+	spanAt(t.ctx, t.r.tracer, "scheduler.select", waitEnd, end,
+		attribute.String("kvr.policy", d.Policy), attribute.String("kvr.worker", d.Worker.String()),
+		attribute.Bool("kvr.hard_fallback", d.HardFallback))
+	t.selDone = end
+}
+
+// bound records the binding commit, from the latest selection to now.
+func (t *routeTelemetry) bound(res *bindings.Result) {
+	if !t.rec || t.selDone.IsZero() {
+		return
+	}
+	spanAt(t.ctx, t.r.tracer, "bindings.commit", t.selDone, time.Now(),
+		attribute.String("kvr.binding.outcome", res.Outcome.String()),
+		attribute.Int64("kvr.binding.revision", int64(res.Binding.Revision)),
+		attribute.Int("kvr.binding.selections", res.Selections))
+}
+
+func (t *routeTelemetry) routed(d *scheduler.Decision) {
+	if !t.rec {
+		return
+	}
+	t.span.SetAttributes(attribute.String("kvr.worker", d.Worker.String()), attribute.Int("kvr.overlap_blocks", d.OverlapBlocks),
+		attribute.Int64("kvr.attempt", int64(d.Fence.Attempt)))
 }

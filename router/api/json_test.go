@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"encoding/json"
@@ -6,9 +6,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
 func TestDecodeRouteRequest(t *testing.T) {
@@ -60,6 +57,7 @@ func TestDecodeRouteRequestErrors(t *testing.T) {
 		{"leading zero", `{"model":"m","priority":01}`, "priority"},
 		{"deep", `{"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, "x"},
 		{"bad utf8", "{\"model\":\"\xff\"}", "model"},
+		{"empty allowed_workers", `{"model":"m","allowed_workers":[]}`, "allowed_workers"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,8 +121,8 @@ func TestRouteRequestRoundTrip(t *testing.T) {
 }
 
 func TestErrorEnvelope(t *testing.T) {
-	e := badField("session_id", "is %d bytes long", 300)
-	b := appendErrorJSON(nil, e)
+	e := BadField("session_id", "is %d bytes long", 300)
+	b := AppendError(nil, e)
 	want := `{"error":{"code":"bad_request","status":400,"field":"session_id","message":"is 300 bytes long"}}`
 	if string(b) != want {
 		t.Fatalf("got %s", b)
@@ -138,7 +136,7 @@ func TestErrorEnvelope(t *testing.T) {
 	}
 	for code, status := range map[string]int{CodeBadRequest: 400, CodeNotFound: 404, CodePinConflict: 409,
 		CodeBindingRejected: 409, CodeNoEligibleWorker: 503, CodeOverloaded: 529, CodeInternal: 500} {
-		if e := newError(code, "x", nil); e.Status != status || !errors.Is(e, sentinelOf[code]) {
+		if e := NewError(code, "x", nil); e.Status != status || !errors.Is(e, sentinelOf[code]) {
 			t.Errorf("%s: status %d, want %d", code, e.Status, status)
 		}
 	}
@@ -177,21 +175,6 @@ func BenchmarkEncodingJSONRouteRequest2048(b *testing.B) {
 	}
 }
 
-func TestBookingBatchEncoding(t *testing.T) {
-	b := bookingBatch{V: 1, Replica: "r\"1", Events: []scheduler.BookingEvent{
-		{Replica: "r\"1", Seq: 4, Kind: scheduler.BookingAdd, RequestID: "q<1>", Worker: "w", Rank: 2, Attempt: 9,
-			PrefillTokens: 100, Blocks: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)},
-		{Replica: "r", Seq: 5, Kind: scheduler.BookingFree, RequestID: "q", Worker: "w", At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))},
-	}}
-	want, err := json.Marshal(&b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := appendBookingBatch(nil, &b); string(got) != string(want) {
-		t.Fatalf("got  %s\nwant %s", got, want)
-	}
-}
-
 func TestDecodeRouteResponse(t *testing.T) {
 	for _, c := range []RouteResponse{
 		{V: 1, RequestID: "r", Model: "m", Worker: "w", Rank: 3, Endpoint: "e", OverlapBlocks: 5, PromptBlocks: 9, Attempt: 1 << 40, Replica: "x", QueueWaitUS: 77},
@@ -208,5 +191,84 @@ func TestDecodeRouteResponse(t *testing.T) {
 	var r RouteResponse
 	if err := DecodeRouteResponse([]byte(`{"v":1,"binding":{"has_rank":maybe}}`), &r); err == nil {
 		t.Fatal("bad literal accepted")
+	}
+}
+
+// allowed_workers: absent or null allows every worker, a list names the
+// eligible ones, an empty list is refused (it would allow none).
+func TestAllowedWorkersAbsentNullList(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want []string
+	}{
+		{`{"model":"m"}`, nil},
+		{`{"model":"m","allowed_workers":null}`, nil},
+		{`{"model":"m","allowed_workers":["a"]}`, []string{"a"}},
+	} {
+		var r RouteRequest
+		if err := DecodeRouteRequest([]byte(c.body), &r); err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		if len(r.AllowedWorkers) != len(c.want) || (len(c.want) > 0 && r.AllowedWorkers[0] != c.want[0]) {
+			t.Fatalf("%s: allowed %q, want %q", c.body, r.AllowedWorkers, c.want)
+		}
+	}
+	var r RouteRequest
+	err := DecodeRouteRequest([]byte(`{"model":"m","allowed_workers":[]}`), &r)
+	var e *Error
+	if !errors.As(err, &e) || e.Field != "allowed_workers" || !strings.Contains(e.Message, "at least one worker") {
+		t.Fatalf("empty list: %v", err)
+	}
+}
+
+// The lifecycle body has one decoder (encoding/json) for HTTP and NATS:
+// an empty body has no fields, errors are bad_request naming the field.
+func TestDecodeLifecycleRequest(t *testing.T) {
+	lr := LifecycleRequest{Model: "keep"}
+	if err := DecodeLifecycleRequest([]byte(" \n"), &lr); err != nil || lr.Model != "keep" {
+		t.Fatalf("empty body: %v %+v", err, lr)
+	}
+	if err := DecodeLifecycleRequest([]byte(`{"request_id":"r","attempt":3,"replica":"x"}`), &lr); err != nil ||
+		lr != (LifecycleRequest{RequestID: "r", Model: "keep", Attempt: 3, Replica: "x"}) {
+		t.Fatalf("decoded %+v, %v", lr, err)
+	}
+	for _, c := range []struct{ body, field string }{
+		{`{"attempt":-1}`, "attempt"},
+		{`{"request_id":5}`, "request_id"},
+		{`[1]`, "body"},
+		{`{"request_id":"r"`, "body"},
+		{`{"request_id":"r"} {}`, "body"},
+		{`{"request_id":"r"`, "body"},
+		{strings.Repeat(" ", MaxLifecycleBodySize+1), "body"},
+	} {
+		var lr LifecycleRequest
+		err := DecodeLifecycleRequest([]byte(c.body), &lr)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodeBadRequest || e.Field != c.field {
+			t.Errorf("%.40q: %v, want bad_request on %s", c.body, err, c.field)
+		}
+	}
+}
+
+// The route answer is encoded once per routed request on both transports:
+// the hand-written encoder stays only while it beats encoding/json here.
+var benchResponse = RouteResponse{V: 1, RequestID: "r-1a2b3c", Model: "llama-3-70b", Worker: "worker-17", Rank: 3,
+	Endpoint: "kvr.worker.llama-3-70b.worker-17.generate", OverlapBlocks: 64, PromptBlocks: 128, Attempt: 1, Replica: "r-x9",
+	QueueWaitUS: 12, Binding: &BindingInfo{SessionID: "sess-42", Outcome: OutcomeFresh, Mode: "hard", Worker: "worker-17", Rank: 3, HasRank: true, Version: 7}}
+
+func BenchmarkAppendRouteResponse(b *testing.B) {
+	b.ReportAllocs()
+	var buf []byte
+	for i := 0; i < b.N; i++ {
+		buf = AppendRouteResponse(buf[:0], &benchResponse)
+	}
+}
+
+func BenchmarkEncodingJSONRouteResponse(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := json.Marshal(&benchResponse); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package host
+package api
 
 import "github.com/kvrouter/kvrouter/kvevents"
 
@@ -30,7 +30,7 @@ func LifecycleSubject(prefix, op, model string) string { return subj(prefix, op,
 // ReplicaSubject is the subject of a lifecycle op addressed to one replica:
 // the replica that holds the request's booking (RouteResponse.Replica).
 func ReplicaSubject(prefix, replica, op string) string {
-	return orDefault(prefix) + ".replica." + kvevents.SubjectToken(replica) + "." + op
+	return PrefixOrDefault(prefix) + ".replica." + kvevents.SubjectToken(replica) + "." + op
 }
 
 // WorkersSubject lists a model's workers as one replica sees them.
@@ -45,11 +45,16 @@ func SessionEndSubject(prefix, model string) string { return subj(prefix, "sessi
 // BookingsSubject carries replica booking sync for a model.
 func BookingsSubject(prefix, model string) string { return subj(prefix, "bookings", model) }
 
+// DecisionsSubject carries a model's shared routing decisions (replica
+// decision sync, a binary format; see router/host/decisions.go).
+func DecisionsSubject(prefix, model string) string { return subj(prefix, "decisions", model) }
+
 func subj(prefix, kind, model string) string {
-	return orDefault(prefix) + "." + kind + "." + kvevents.SubjectToken(model)
+	return PrefixOrDefault(prefix) + "." + kind + "." + kvevents.SubjectToken(model)
 }
 
-func orDefault(prefix string) string {
+// PrefixOrDefault is prefix, or DefaultPrefix when it is empty.
+func PrefixOrDefault(prefix string) string {
 	if prefix == "" {
 		return DefaultPrefix
 	}

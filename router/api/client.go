@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func NewClient(nc *nats.Conn, prefix string, prop propagation.TextMapPropagator)
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	return &Client{nc: nc, prefix: orDefault(prefix), prop: prop}
+	return &Client{nc: nc, prefix: PrefixOrDefault(prefix), prop: prop}
 }
 
 // ErrNoRouter means no replica answered: none is subscribed (or ready) for

@@ -1,4 +1,4 @@
-package host
+package natsconn
 
 import (
 	"context"
@@ -28,14 +28,14 @@ func TestConnectUserPassword(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, err := Connect(ctx, NATSConfig{URLs: s.ClientURL(), User: "router", Password: "s3cret"}, nil, nil)
+	nc, err := Connect(ctx, Config{URLs: s.ClientURL(), User: "router", Password: "s3cret"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	nc.Close()
 	// A wrong password fails at once rather than retrying until ctx ends.
 	t0 := time.Now()
-	_, err = Connect(ctx, NATSConfig{URLs: s.ClientURL(), User: "router", Password: "wrong"}, nil, nil)
+	_, err = Connect(ctx, Config{URLs: s.ClientURL(), User: "router", Password: "wrong"}, nil, nil)
 	if err == nil || time.Since(t0) > 5*time.Second {
 		t.Fatalf("wrong password: err %v after %v", err, time.Since(t0))
 	}
@@ -53,7 +53,7 @@ func TestConnectTLSCustomCA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := strings.Replace(s.ClientURL(), "nats://", "tls://", 1)
-	nc, err := Connect(ctx, NATSConfig{URLs: url, TLSCAFile: caFile}, nil, nil)
+	nc, err := Connect(ctx, Config{URLs: url, TLSCAFile: caFile}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,16 +62,16 @@ func TestConnectTLSCustomCA(t *testing.T) {
 	}
 	nc.Close()
 	// Without the CA the certificate is rejected (and not retried).
-	if _, err := Connect(ctx, NATSConfig{URLs: url}, nil, nil); err == nil || !strings.Contains(err.Error(), "x509") {
+	if _, err := Connect(ctx, Config{URLs: url}, nil, nil); err == nil || !strings.Contains(err.Error(), "x509") {
 		t.Fatalf("without CA: %v", err)
 	}
-	if _, err := Connect(ctx, NATSConfig{URLs: url, TLSCAFile: filepath.Join(dir, "missing.pem")}, nil, nil); !errors.Is(err, ErrNATSConfig) {
+	if _, err := Connect(ctx, Config{URLs: url, TLSCAFile: filepath.Join(dir, "missing.pem")}, nil, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("missing CA file: %v", err)
 	}
 }
 
 func TestConnectEmbeddedAndErrors(t *testing.T) {
-	emb, err := StartEmbedded(NATSConfig{Embedded: true, EmbeddedListen: "127.0.0.1:0"}, nil)
+	emb, err := StartEmbedded(Config{Embedded: true, EmbeddedListen: "127.0.0.1:0"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,15 +80,15 @@ func TestConnectEmbeddedAndErrors(t *testing.T) {
 		t.Fatal("embedded server listens nowhere")
 	}
 	ctx := context.Background()
-	nc, err := Connect(ctx, NATSConfig{Embedded: true}, emb, nil)
+	nc, err := Connect(ctx, Config{Embedded: true}, emb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	nc.Close()
-	if _, err := Connect(ctx, NATSConfig{}, nil, nil); !errors.Is(err, ErrNATSConfig) {
+	if _, err := Connect(ctx, Config{}, nil, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("no URL: %v", err)
 	}
-	if _, err := StartEmbedded(NATSConfig{Embedded: true, EmbeddedListen: "nonsense"}, nil); !errors.Is(err, ErrNATSConfig) {
+	if _, err := StartEmbedded(Config{Embedded: true, EmbeddedListen: "nonsense"}, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("bad listen address: %v", err)
 	}
 	if got := redactURLs("nats://u:p@h:4222,nats://h2:4222"); got != "nats://***@h:4222,nats://h2:4222" {

@@ -1,7 +1,9 @@
-package host
+package api
 
 import (
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // APIVersion is the version of every JSON message this package reads and
@@ -26,13 +28,14 @@ const (
 	MaxRouteBodySize = 16 << 20 // bytes of one route request (HTTP body or NATS payload)
 )
 
-// WorkerRef names one worker and, optionally, one of its data-parallel ranks.
-// On the wire: {"worker": "w1", "rank": 0}; an absent rank means "any rank".
-type WorkerRef struct {
-	Worker  string `json:"worker"`
-	Rank    uint32 `json:"rank"`
-	HasRank bool   `json:"-"`
-}
+// WorkerRef names one worker and, optionally, one of its data-parallel ranks:
+// the wire form of workerref.Target (convert with workerref.Target(ref)).
+// On the wire: {"worker": "w1", "rank": 0}; an absent rank means "any rank"
+// (MarshalJSON and UnmarshalJSON in jsonenc.go).
+type WorkerRef workerref.Target
+
+// Target is the reference as the one worker-and-rank type.
+func (w WorkerRef) Target() workerref.Target { return workerref.Target(w) }
 
 // RouteRequest asks which worker should serve one request.
 //

@@ -1,4 +1,4 @@
-package host
+package natsconn
 
 import (
 	"context"
@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// NATSConfig says how to reach NATS. With Embedded set, StartEmbedded runs a
+// Config says how to reach NATS. With Embedded set, StartEmbedded runs a
 // server inside the process and Connect reaches it in-process; otherwise URLs
 // and the credentials below are used.
-type NATSConfig struct {
+type Config struct {
 	URLs         string // comma-separated nats:// or tls:// URLs
 	CredsFile    string // JWT + nkey credentials file (nsc)
 	NKeySeedFile string // nkey seed file
@@ -37,8 +37,8 @@ type NATSConfig struct {
 	MaxPayload     int32  // embedded server max message size; 0 = 8 MiB
 }
 
-// ErrNATSConfig reports an unusable NATS configuration.
-var ErrNATSConfig = errors.New("nats config")
+// ErrConfig reports an unusable NATS configuration.
+var ErrConfig = errors.New("nats config")
 
 // Embedded is a NATS server with JetStream running inside this process.
 type Embedded struct {
@@ -48,7 +48,7 @@ type Embedded struct {
 
 // StartEmbedded starts the embedded server described by cfg and waits until
 // it accepts connections.
-func StartEmbedded(cfg NATSConfig, log *slog.Logger) (*Embedded, error) {
+func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 	e := &Embedded{}
 	dir := cfg.DataDir
 	if dir == "" {
@@ -74,11 +74,11 @@ func StartEmbedded(cfg NATSConfig, log *slog.Logger) (*Embedded, error) {
 	} else {
 		host, port, err := net.SplitHostPort(cfg.EmbeddedListen)
 		if err != nil {
-			return nil, fmt.Errorf("%w: embedded listen address %q: %v", ErrNATSConfig, cfg.EmbeddedListen, err)
+			return nil, fmt.Errorf("%w: embedded listen address %q: %v", ErrConfig, cfg.EmbeddedListen, err)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil {
-			return nil, fmt.Errorf("%w: embedded listen port %q: %v", ErrNATSConfig, port, err)
+			return nil, fmt.Errorf("%w: embedded listen port %q: %v", ErrConfig, port, err)
 		}
 		opts.Host, opts.Port = host, p
 		if p == 0 {
@@ -131,7 +131,7 @@ func (e *Embedded) cleanup() {
 // Connect opens a client connection. With an embedded server the connection
 // is in-process (no socket); otherwise it dials cfg.URLs with the configured
 // credentials and TLS. It reconnects forever and logs disconnects.
-func Connect(ctx context.Context, cfg NATSConfig, emb *Embedded, log *slog.Logger) (*nats.Conn, error) {
+func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (*nats.Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -158,7 +158,7 @@ func Connect(ctx context.Context, cfg NATSConfig, emb *Embedded, log *slog.Logge
 		return nats.Connect("", opts...)
 	}
 	if cfg.URLs == "" {
-		return nil, fmt.Errorf("%w: no NATS URL given and no embedded server (use --nats-url or --embedded-nats)", ErrNATSConfig)
+		return nil, fmt.Errorf("%w: no NATS URL given and no embedded server (use --nats-url or --embedded-nats)", ErrConfig)
 	}
 	if cfg.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
@@ -166,7 +166,7 @@ func Connect(ctx context.Context, cfg NATSConfig, emb *Embedded, log *slog.Logge
 	if cfg.NKeySeedFile != "" {
 		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: nkey seed %s: %v", ErrNATSConfig, cfg.NKeySeedFile, err)
+			return nil, fmt.Errorf("%w: nkey seed %s: %v", ErrConfig, cfg.NKeySeedFile, err)
 		}
 		opts = append(opts, o)
 	}
@@ -201,23 +201,23 @@ func Connect(ctx context.Context, cfg NATSConfig, emb *Embedded, log *slog.Logge
 	}
 }
 
-func tlsConfig(cfg NATSConfig) (*tls.Config, error) {
+func tlsConfig(cfg Config) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if cfg.TLSCAFile != "" {
 		pem, err := os.ReadFile(cfg.TLSCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: TLS CA %s: %v", ErrNATSConfig, cfg.TLSCAFile, err)
+			return nil, fmt.Errorf("%w: TLS CA %s: %v", ErrConfig, cfg.TLSCAFile, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: TLS CA %s: no PEM certificate found", ErrNATSConfig, cfg.TLSCAFile)
+			return nil, fmt.Errorf("%w: TLS CA %s: no PEM certificate found", ErrConfig, cfg.TLSCAFile)
 		}
 		tc.RootCAs = pool
 	}
 	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: TLS client certificate %s / %s: %v", ErrNATSConfig, cfg.TLSCertFile, cfg.TLSKeyFile, err)
+			return nil, fmt.Errorf("%w: TLS client certificate %s / %s: %v", ErrConfig, cfg.TLSCertFile, cfg.TLSKeyFile, err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
@@ -235,4 +235,47 @@ func redactURLs(urls string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// Conn is a client connection and, when Config.Embedded is set, the
+// embedded server it reaches in-process. Close closes both.
+type Conn struct {
+	*nats.Conn
+	Embedded *Embedded // nil unless Config.Embedded
+}
+
+// Open starts the embedded server when cfg asks for one, then connects
+// (Connect): the one way serve, worker and bench reach NATS.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
+	var emb *Embedded
+	if cfg.Embedded {
+		var err error
+		if emb, err = StartEmbedded(cfg, log); err != nil {
+			return nil, err
+		}
+	}
+	nc, err := Connect(ctx, cfg, emb, log)
+	if err != nil {
+		emb.Shutdown()
+		return nil, err
+	}
+	return &Conn{Conn: nc, Embedded: emb}, nil
+}
+
+// Close closes the connection, then stops the embedded server, if any.
+func (c *Conn) Close() {
+	c.Conn.Close()
+	c.Embedded.Shutdown()
+}
+
+// Where describes the connection for a start-up banner: the embedded
+// server's URL or the server connected to.
+func (c *Conn) Where() string {
+	if c.Embedded != nil {
+		if u := c.Embedded.URL(); u != "" {
+			return "embedded, listening on " + u
+		}
+		return "embedded, in-process only"
+	}
+	return c.ConnectedUrlRedacted()
 }

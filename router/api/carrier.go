@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"github.com/nats-io/nats.go"

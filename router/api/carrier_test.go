@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"context"

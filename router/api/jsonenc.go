@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"strconv"
@@ -13,9 +13,10 @@ import (
 
 const hexDigits = "0123456789abcdef"
 
-// appendJSONString appends s as a JSON string, escaping like encoding/json
-// (HTML-safe escapes included, invalid UTF-8 replaced by U+FFFD).
-func appendJSONString(dst []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string, escaping like encoding/json
+// (HTML-safe escapes included, invalid UTF-8 replaced by U+FFFD), for the
+// hand-written encoders of the route path and of replica booking sync.
+func AppendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -69,15 +70,15 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	dst = append(dst, `{"v":`...)
 	dst = strconv.AppendInt(dst, int64(r.V), 10)
 	dst = append(dst, `,"request_id":`...)
-	dst = appendJSONString(dst, r.RequestID)
+	dst = AppendJSONString(dst, r.RequestID)
 	dst = append(dst, `,"model":`...)
-	dst = appendJSONString(dst, r.Model)
+	dst = AppendJSONString(dst, r.Model)
 	dst = append(dst, `,"worker":`...)
-	dst = appendJSONString(dst, r.Worker)
+	dst = AppendJSONString(dst, r.Worker)
 	dst = append(dst, `,"rank":`...)
 	dst = strconv.AppendUint(dst, uint64(r.Rank), 10)
 	dst = append(dst, `,"endpoint":`...)
-	dst = appendJSONString(dst, r.Endpoint)
+	dst = AppendJSONString(dst, r.Endpoint)
 	dst = append(dst, `,"overlap_blocks":`...)
 	dst = strconv.AppendInt(dst, int64(r.OverlapBlocks), 10)
 	dst = append(dst, `,"prompt_blocks":`...)
@@ -85,21 +86,21 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	dst = append(dst, `,"attempt":`...)
 	dst = strconv.AppendUint(dst, r.Attempt, 10)
 	dst = append(dst, `,"replica":`...)
-	dst = appendJSONString(dst, r.Replica)
+	dst = AppendJSONString(dst, r.Replica)
 	dst = append(dst, `,"queue_wait_us":`...)
 	dst = strconv.AppendInt(dst, r.QueueWaitUS, 10)
 	if b := r.Binding; b != nil {
 		dst = append(dst, `,"binding":{"session_id":`...)
-		dst = appendJSONString(dst, b.SessionID)
+		dst = AppendJSONString(dst, b.SessionID)
 		dst = append(dst, `,"outcome":`...)
-		dst = appendJSONString(dst, b.Outcome)
+		dst = AppendJSONString(dst, b.Outcome)
 		if b.Mode != "" {
 			dst = append(dst, `,"mode":`...)
-			dst = appendJSONString(dst, b.Mode)
+			dst = AppendJSONString(dst, b.Mode)
 		}
 		if b.Worker != "" {
 			dst = append(dst, `,"worker":`...)
-			dst = appendJSONString(dst, b.Worker)
+			dst = AppendJSONString(dst, b.Worker)
 		}
 		dst = append(dst, `,"rank":`...)
 		dst = strconv.AppendUint(dst, uint64(b.Rank), 10)
@@ -112,19 +113,6 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 		}
 		dst = append(dst, '}')
 	}
-	return append(dst, '}')
-}
-
-// appendLifecycleResponse appends r as JSON; equal to json.Marshal(r).
-func appendLifecycleResponse(dst []byte, r *LifecycleResponse) []byte {
-	dst = append(dst, `{"v":`...)
-	dst = strconv.AppendInt(dst, int64(r.V), 10)
-	dst = append(dst, `,"request_id":`...)
-	dst = appendJSONString(dst, r.RequestID)
-	dst = append(dst, `,"op":`...)
-	dst = appendJSONString(dst, r.Op)
-	dst = append(dst, `,"replica":`...)
-	dst = appendJSONString(dst, r.Replica)
 	return append(dst, '}')
 }
 
@@ -149,31 +137,17 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	}
 	if r.RequestID != "" {
 		key("request_id")
-		dst = appendJSONString(dst, r.RequestID)
+		dst = AppendJSONString(dst, r.RequestID)
 	}
 	key("model")
-	dst = appendJSONString(dst, r.Model)
+	dst = AppendJSONString(dst, r.Model)
 	if len(r.TokenIDs) > 0 {
 		key("token_ids")
-		dst = append(dst, '[')
-		for i, t := range r.TokenIDs {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendUint(dst, uint64(t), 10)
-		}
-		dst = append(dst, ']')
+		dst = appendUints(dst, r.TokenIDs)
 	}
 	if len(r.BlockHashes) > 0 {
 		key("block_hashes")
-		dst = append(dst, '[')
-		for i, h := range r.BlockHashes {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendUint(dst, h, 10)
-		}
-		dst = append(dst, ']')
+		dst = appendUints(dst, r.BlockHashes)
 	}
 	ints := []struct {
 		k string
@@ -189,7 +163,7 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	for _, kv := range strs {
 		if kv.v != "" {
 			key(kv.k)
-			dst = appendJSONString(dst, kv.v)
+			dst = AppendJSONString(dst, kv.v)
 		}
 	}
 	if r.Pin != nil {
@@ -207,7 +181,7 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendJSONString(dst, w)
+			dst = AppendJSONString(dst, w)
 		}
 		dst = append(dst, ']')
 	}
@@ -224,9 +198,21 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	return append(dst, '}')
 }
 
+// appendUints appends xs as a JSON array of plain numbers.
+func appendUints[T uint32 | uint64](dst []byte, xs []T) []byte {
+	dst = append(dst, '[')
+	for i, x := range xs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(x), 10)
+	}
+	return append(dst, ']')
+}
+
 func (w *WorkerRef) appendJSON(dst []byte) []byte {
 	dst = append(dst, `{"worker":`...)
-	dst = appendJSONString(dst, w.Worker)
+	dst = AppendJSONString(dst, w.Worker)
 	if w.HasRank {
 		dst = append(dst, `,"rank":`...)
 		dst = strconv.AppendUint(dst, uint64(w.Rank), 10)
@@ -249,7 +235,7 @@ func (w *WorkerRef) UnmarshalJSON(data []byte) error {
 	}
 	d.skipWS()
 	if d.pos != len(d.buf) {
-		return badField("worker_ref", "trailing data at offset %d", d.pos)
+		return BadField("worker_ref", "trailing data at offset %d", d.pos)
 	}
 	*w = ref
 	return nil

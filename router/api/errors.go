@@ -1,4 +1,4 @@
-package host
+package api
 
 import (
 	"encoding/json"
@@ -33,8 +33,8 @@ const StatusOverloaded = 529
 // waited (nginx's "client closed request").
 const StatusCanceled = 499
 
-// statusOf maps an error code to its HTTP status.
-func statusOf(code string) int {
+// StatusOf maps an error code to its HTTP status.
+func StatusOf(code string) int {
 	switch code {
 	case CodeBadRequest:
 		return http.StatusBadRequest
@@ -113,13 +113,20 @@ func (e *Error) Unwrap() []error {
 	return out
 }
 
-// newError builds an *Error with the status of code.
-func newError(code, msg string, cause error) *Error {
-	return &Error{Code: code, Status: statusOf(code), Message: msg, cause: cause}
+// NewError builds an *Error with the status of code; cause (may be nil) is
+// what errors.Is and errors.As also find behind it.
+func NewError(code, msg string, cause error) *Error {
+	return &Error{Code: code, Status: StatusOf(code), Message: msg, cause: cause}
 }
 
-// badField reports a bad_request naming the field and the reason.
-func badField(field, format string, args ...any) *Error {
+// OnField sets the field at fault and returns e.
+func (e *Error) OnField(field string) *Error {
+	e.Field = field
+	return e
+}
+
+// BadField reports a bad_request naming the field and the reason.
+func BadField(field, format string, args ...any) *Error {
 	return &Error{Code: CodeBadRequest, Status: http.StatusBadRequest, Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
@@ -128,18 +135,18 @@ type errorEnvelope struct {
 	Error *Error `json:"error"`
 }
 
-// appendErrorJSON appends the envelope of e to dst.
-func appendErrorJSON(dst []byte, e *Error) []byte {
+// AppendError appends the envelope of e to dst.
+func AppendError(dst []byte, e *Error) []byte {
 	dst = append(dst, `{"error":{"code":`...)
 	dst = strconv.AppendQuote(dst, e.Code)
 	dst = append(dst, `,"status":`...)
 	dst = strconv.AppendInt(dst, int64(e.Status), 10)
 	if e.Field != "" {
 		dst = append(dst, `,"field":`...)
-		dst = appendJSONString(dst, e.Field)
+		dst = AppendJSONString(dst, e.Field)
 	}
 	dst = append(dst, `,"message":`...)
-	dst = appendJSONString(dst, e.Message)
+	dst = AppendJSONString(dst, e.Message)
 	return append(dst, "}}"...)
 }
 
@@ -156,18 +163,7 @@ func DecodeError(data []byte) *Error {
 		return nil
 	}
 	if env.Error.Status == 0 {
-		env.Error.Status = statusOf(env.Error.Code)
+		env.Error.Status = StatusOf(env.Error.Code)
 	}
 	return env.Error
-}
-
-// asAPIError turns any error into an *Error: an *Error is returned as is,
-// known sentinels of the other packages are mapped by mapError, anything
-// else is internal.
-func asAPIError(err error) *Error {
-	var e *Error
-	if errors.As(err, &e) {
-		return e
-	}
-	return mapError(err)
 }

@@ -1,0 +1,27 @@
+// Package api is the route API's wire contract: what a client, a bridge or
+// a gateway needs to talk to router replicas, and nothing of the replica
+// itself.
+//
+// It owns the versioned JSON messages (RouteRequest, RouteResponse, the
+// lifecycle, workers, session and health messages), the error envelope with
+// its codes and their HTTP statuses (errors.go), the NATS subjects and
+// header names (subjects.go), the codecs (jsondec.go, jsonenc.go), the
+// trace-context carrier for NATS headers (carrier.go) and the NATS client
+// (client.go). The worker target on the wire, WorkerRef, is
+// workerref.Target with a JSON form.
+//
+// Codecs: the route request has a hand-written decoder and encoder and the
+// route answer a hand-written encoder, each kept because a benchmark beside
+// it shows the need (json_test.go: 2,048-token requests, answers). Every
+// other message is read with encoding/json through DecodeJSON, so HTTP and
+// NATS share one decoder, one set of key rules and one set of error texts
+// per message. The route request decoder matches keys exactly, where
+// encoding/json folds their case; otherwise both read the same request
+// (fuzzed).
+//
+// It does not route, hold state or start anything, and it must not link a
+// NATS server, the OpenTelemetry SDK or Prometheus (deps_test.go): a binary
+// that only routes requests links neither a server nor an exporter.
+//
+// Where to start reading: messages.go, then errors.go, then client.go.
+package api
