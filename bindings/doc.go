@@ -11,7 +11,7 @@
 // internal/jskv, which workers share; bindings adds the ambiguous-outcome
 // classification and its own errors), cache.go (the
 // bounded, watch-fed read cache), value.go (the stored JSON) and key.go (the
-// key escaping).
+// key format, escaped by internal/escape's scheme with '_').
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
 // the key and value format (docs/protocol.md), its own Mode

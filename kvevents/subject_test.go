@@ -159,3 +159,32 @@ func byteRows() string {
 	}
 	return string(b)
 }
+
+// BenchmarkSubjectToken: the escaping every publish and every subscriber
+// check pays (tokenMatches runs per received message).
+func BenchmarkSubjectToken(b *testing.B) {
+	names := []string{"worker-00017", "meta-llama/Llama-3.1-8B"}
+	b.Run("escape", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			_ = SubjectToken(names[i&1])
+		}
+	})
+	toks := []string{SubjectToken(names[0]), SubjectToken(names[1])}
+	b.Run("matches", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if !tokenMatches(toks[i&1], names[i&1]) {
+				b.Fatal("no match")
+			}
+		}
+	})
+	b.Run("unescape", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if _, err := UnescapeSubjectToken(toks[i&1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
