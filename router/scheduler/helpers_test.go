@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -171,7 +172,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 type recordingPolicy struct {
 	pick     func(x *Context, c *Candidates) int
 	seen     [][]kvevents.WorkerKey
-	affinity []*Target
+	affinity []*workerref.Target
 }
 
 func (p *recordingPolicy) Name() string { return "recording" }

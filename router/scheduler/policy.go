@@ -5,6 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Policy picks one worker from the candidates. The scheduler has already
@@ -109,7 +110,7 @@ type Context struct {
 	PromptTokens  int    // ISL
 	Seq           uint64 // selections made by this scheduler so far (round robin)
 
-	aff    Target
+	aff    workerref.Target
 	hasAff bool
 	rng    *rng
 	invBS  float64 // 1 / BlockSize
@@ -131,7 +132,7 @@ func (x *Context) invBlockSize() float64 {
 
 // Affinity returns the Soft target for this request, if any: a Soft session
 // binding, an explicit wire preference, or a classifier's suggestion.
-func (x *Context) Affinity() (Target, bool) { return x.aff, x.hasAff }
+func (x *Context) Affinity() (workerref.Target, bool) { return x.aff, x.hasAff }
 
 // Uint64 returns a random number from the scheduler's (optionally seeded)
 // source.
@@ -294,7 +295,7 @@ type CandidateRow struct {
 // policy outside a scheduler. requestBlocks is the request's decode blocks
 // (PotentialDecodeBlocks = ActiveDecodeBlocks + requestBlocks − SharedBlocks);
 // aff, when non-nil, is the Soft target.
-func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *Target, rows []CandidateRow) (*Context, *Candidates) {
+func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *workerref.Target, rows []CandidateRow) (*Context, *Candidates) {
 	f := newFleet()
 	c := &Candidates{f: f, newBlks: int64(requestBlocks), epoch: 1 << 32, owned: true}
 	for _, row := range rows {

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Dynamo's documented example at weight 1: worker 1 scores 8+10 = 18,
@@ -74,7 +75,7 @@ func fixtureRows(n int) []CandidateRow {
 // draw for draw, at temperature 0 and above.
 func TestDefaultPolicyMatchesPipeline(t *testing.T) {
 	for _, temp := range []float64{0, 0.7, 3} {
-		for _, aff := range []*Target{nil, {Worker: "w00007"}} {
+		for _, aff := range []*workerref.Target{nil, {Worker: "w00007"}} {
 			t.Run(fmt.Sprint(temp, aff != nil), func(t *testing.T) {
 				rows := fixtureRows(64)
 				rows[3].ActivePrefillTokens = rows[5].ActivePrefillTokens // make ties likely at T0
@@ -233,11 +234,11 @@ func TestBuiltinPolicies(t *testing.T) {
 		}
 		// respect_soft_affinity keeps a candidate target (unless tier 1 fires)
 		tt.RespectSoftAffinity = true
-		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, rows)
+		x, c = NewCandidates(req, 16, 10, 1, new(workerref.Any("a")), rows)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "a" {
 			t.Fatalf("soft affinity ignored: %v", c.Key(j))
 		}
-		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, r3)
+		x, c = NewCandidates(req, 16, 10, 1, new(workerref.Any("a")), r3)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
 			t.Fatalf("imbalance should override affinity: %v", c.Key(j))
 		}
@@ -284,11 +285,11 @@ func TestPipelineFiltersAndWeights(t *testing.T) {
 	}
 	// soft-affinity filter narrows only when the target is a candidate
 	p = &Pipeline{Filters: []Filter{SoftAffinityFilter{}}, Scorers: []WeightedScorer{{ActiveRequestsScorer{}, 1}}}
-	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "b"}, rows)
+	x, c = NewCandidates(req, 16, 4, 1, new(workerref.Any("b")), rows)
 	if j, _ := p.Select(x, c); c.Key(j).Worker != "b" {
 		t.Fatalf("soft-affinity filter: %v", c.Key(j))
 	}
-	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "zz"}, rows)
+	x, c = NewCandidates(req, 16, 4, 1, new(workerref.Any("zz")), rows)
 	if j, _ := p.Select(x, c); c.Key(j).Worker != "c" {
 		t.Fatalf("soft-affinity filter with absent target: %v", c.Key(j))
 	}
