@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Benchmarks of the commit protocol. Each op of the commit benchmarks is one
@@ -68,11 +69,11 @@ func benchCommit(b *testing.B, conn benchConn, replicas int) {
 		bucket := fmt.Sprintf("br%d", time.Now().UnixNano())
 		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas, DefaultMode: Soft})
 		// Each request selects the worker it is not bound to: a Soft re-bind.
-		flip := func(_ context.Context, req *Requirement) (Target, error) {
+		flip := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 			if req == nil || req.Target.Worker == "w2" {
-				return Target{Worker: "w1"}, nil
+				return workerref.Any("w1"), nil
 			}
-			return Target{Worker: "w2"}, nil
+			return workerref.Any("w2"), nil
 		}
 		if _, err := tb.Route(ctx, model, "s", flip); err != nil {
 			b.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 var kvKeyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
@@ -140,7 +142,7 @@ func TestDecodeRecord(t *testing.T) {
 
 func TestRecordRoundTrip(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	for _, tgt := range []Target{{Worker: "w"}, {Worker: "w", Rank: 0, HasRank: true}, {Worker: "w", Rank: 7, HasRank: true}} {
+	for _, tgt := range []workerref.Target{workerref.Any("w"), workerref.Of("w", 0), workerref.Of("w", 7)} {
 		r := recordFor("m", "s", tgt, Hard, 1, "r", now, now, 10*time.Minute, makeNonce(0xabc, 2))
 		data, err := encodeRecord(&r)
 		if err != nil {
@@ -158,21 +160,6 @@ func TestRecordRoundTrip(t *testing.T) {
 		}
 		if _, ok := nonceIndex(got.Nonce, 0xabd); ok {
 			t.Fatalf("nonce %q matched another base", got.Nonce)
-		}
-	}
-}
-
-func TestTargetMatches(t *testing.T) {
-	w := Target{Worker: "w"}
-	w0 := Target{Worker: "w", Rank: 0, HasRank: true}
-	w1 := Target{Worker: "w", Rank: 1, HasRank: true}
-	x := Target{Worker: "x"}
-	for _, c := range []struct {
-		bound, sel Target
-		want       bool
-	}{{w, w, true}, {w, w1, true}, {w1, w, true}, {w0, w1, false}, {w1, w1, true}, {w, x, false}} {
-		if got := c.bound.Matches(c.sel); got != c.want {
-			t.Errorf("%v.Matches(%v) = %v", c.bound, c.sel, got)
 		}
 	}
 }

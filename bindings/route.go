@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Route is the commit protocol, called once per request that has a session
@@ -66,7 +68,7 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 			return Result{Selections: 1}, err
 		}
 		bound := cur.rec.binding(cur.rev)
-		if bound.Target.Matches(tgt) {
+		if bound.Target.Agrees(tgt) {
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
@@ -77,20 +79,20 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 
 // commit runs steps 2 and 3 from the state cur; pre is a selection already
 // made under cur's requirement.
-func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *Target, selections int) (Result, error) {
+func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
 	var (
 		fl      *flight
 		base    = rand.Uint64() // nonces of this call: base-<write index>
 		writes  int
 		intent  [maxAttemptsLimit]Outcome // what each write meant, if it lands late
 		unknown bool                      // a write of ours went unanswered and was not seen landed
-		preT    Target
+		preT    workerref.Target
 		hasPre  = pre != nil
 		// lostSoft is set when a Soft re-bind lost to a writer that moved
 		// the binding: keep theirs (KeptOther) unless the value turns out
 		// to be ours.
 		lostSoft bool
-		wanted   Target
+		wanted   workerref.Target
 	)
 	if hasPre {
 		preT = *pre
@@ -123,7 +125,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 			lostSoft = false
 			if cur.present {
 				theirs := cur.rec.binding(cur.rev)
-				if theirs.Target.Matches(wanted) {
+				if theirs.Target.Agrees(wanted) {
 					// They moved it where we wanted it.
 					return t.done(Fresh, merge(theirs.Target, wanted), theirs, selections), nil
 				}
@@ -154,7 +156,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 			if writes >= t.cfg.MaxAttempts {
 				return t.exhausted(model, session, selections)
 			}
-			var tgt Target
+			var tgt workerref.Target
 			if hasPre {
 				tgt, hasPre = preT, false
 			} else {
@@ -194,7 +196,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 		}
 
 		bound := cur.rec.binding(cur.rev)
-		var tgt Target
+		var tgt workerref.Target
 		if hasPre {
 			tgt, hasPre = preT, false
 		} else {
@@ -211,7 +213,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 		var rec record
 		var want Outcome
 		switch {
-		case bound.Target.Matches(tgt):
+		case bound.Target.Agrees(tgt):
 			if t.fresh(&cur, now) {
 				return t.done(Fresh, merge(bound.Target, tgt), bound, selections), nil
 			}
@@ -334,11 +336,11 @@ func (t *Table) readKey(ctx context.Context, key string) (readState, error) {
 }
 
 // selectUnder calls the selector with the requirement of rec (nil: unbound).
-func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, model, session string) (Target, error) {
+func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, model, session string) (workerref.Target, error) {
 	var req *Requirement
 	if rec != nil {
 		req = t.reqPool.Get().(*Requirement)
-		req.Target = Target{Worker: rec.Worker}
+		req.Target = workerref.Any(rec.Worker)
 		if rec.Rank != nil {
 			req.Target.Rank, req.Target.HasRank = *rec.Rank, true
 		}
@@ -351,16 +353,16 @@ func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, mode
 	}
 	if err != nil {
 		t.st.selectErrors.Add(1)
-		return Target{}, fmt.Errorf("%w: session %q (model %q): %w", ErrSelect, session, model, err)
+		return workerref.Target{}, fmt.Errorf("%w: session %q (model %q): %w", ErrSelect, session, model, err)
 	}
 	if tgt.Worker == "" {
 		t.st.selectErrors.Add(1)
-		return Target{}, fmt.Errorf("%w: session %q (model %q): selector returned no worker", ErrSelect, session, model)
+		return workerref.Target{}, fmt.Errorf("%w: session %q (model %q): selector returned no worker", ErrSelect, session, model)
 	}
 	return tgt, nil
 }
 
-func (t *Table) done(o Outcome, tgt Target, b Binding, selections int) Result {
+func (t *Table) done(o Outcome, tgt workerref.Target, b Binding, selections int) Result {
 	t.st.outcome[o].Add(1)
 	return Result{Outcome: o, Target: tgt, Binding: b, Selections: selections}
 }
@@ -382,7 +384,7 @@ func (t *Table) fresh(st *readState, now time.Time) bool {
 
 // merge is where a request matching its binding goes: the bound rank if the
 // binding has one, else the selected one.
-func merge(bound, selected Target) Target {
+func merge(bound, selected workerref.Target) workerref.Target {
 	if bound.HasRank {
 		return bound
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 const model = "llama"
@@ -29,7 +30,7 @@ func TestReplicasRaceFirstRequests(t *testing.T) {
 	}
 	type routed struct {
 		session string
-		target  Target
+		target  workerref.Target
 	}
 	var (
 		mu   sync.Mutex
@@ -104,13 +105,13 @@ func TestReplicasRaceFirstRequests(t *testing.T) {
 func TestSingleFlightFirstRequests(t *testing.T) {
 	tb := newEnv(t).open(Config{})
 	var unbound atomic.Int32
-	sel := func(_ context.Context, req *Requirement) (Target, error) {
+	sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 		if req != nil {
 			return req.Target, nil
 		}
 		unbound.Add(1)
 		time.Sleep(50 * time.Millisecond) // let the others arrive
-		return Target{Worker: "w1"}, nil
+		return workerref.Any("w1"), nil
 	}
 	const n = 10
 	var wg sync.WaitGroup
@@ -228,10 +229,10 @@ func TestHardDepartedWorkerRebinds(t *testing.T) {
 	c := mustRoute(t, tb, model, "s", always("w1"))
 	live.depart("w1")
 	var seen *Requirement
-	sel := func(_ context.Context, req *Requirement) (Target, error) {
+	sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 		cp := *req
 		seen = &cp
-		return Target{Worker: "w2", Rank: 1, HasRank: true}, nil
+		return workerref.Of("w2", 1), nil
 	}
 	r := mustRoute(t, tb, model, "s", sel)
 	if seen == nil || seen.Target.Worker != "w1" || seen.Mode != Hard {
@@ -327,7 +328,7 @@ func TestSoftConflictKeepsOther(t *testing.T) {
 	a := e.open(Config{DefaultMode: Soft, ReplicaID: "a"})
 	b := e.open(Config{DefaultMode: Soft, ReplicaID: "b"})
 	mustRoute(t, a, model, "s", always("w1"))
-	sel := func(ctx context.Context, req *Requirement) (Target, error) {
+	sel := func(ctx context.Context, req *Requirement) (workerref.Target, error) {
 		if req == nil || req.Target.Worker != "w1" {
 			t.Errorf("a's requirement %+v", req)
 		}
@@ -335,7 +336,7 @@ func TestSoftConflictKeepsOther(t *testing.T) {
 		if r := mustRoute(t, b, model, "s", always("w3")); r.Outcome != Rebound {
 			t.Errorf("b: %+v", r)
 		}
-		return Target{Worker: "w2"}, nil
+		return workerref.Any("w2"), nil
 	}
 	r := mustRoute(t, a, model, "s", sel)
 	if r.Outcome != KeptOther || r.Target.Worker != "w2" || r.Binding.Worker != "w3" || r.Binding.Writer != "b" {
@@ -356,13 +357,13 @@ func TestCreateLostSelectsUnderWinner(t *testing.T) {
 	a := e.open(Config{ReplicaID: "a"})
 	b := e.open(Config{ReplicaID: "b"})
 	var reqs []*Requirement
-	sel := func(ctx context.Context, req *Requirement) (Target, error) {
+	sel := func(ctx context.Context, req *Requirement) (workerref.Target, error) {
 		if req == nil {
 			reqs = append(reqs, nil)
 			if r := mustRoute(t, b, model, "s", always("wb")); r.Outcome != Created {
 				t.Errorf("b: %+v", r)
 			}
-			return Target{Worker: "wa"}, nil
+			return workerref.Any("wa"), nil
 		}
 		cp := *req
 		reqs = append(reqs, &cp)
@@ -391,8 +392,10 @@ func TestBadInput(t *testing.T) {
 		{"long session", model, strings.Repeat("s", MaxSessionLen+1), always("w"), ErrInvalidSession},
 		{"long model", strings.Repeat("m", MaxModelLen+1), "s", always("w"), ErrInvalidModel},
 		{"nil selector", model, "s", nil, ErrNilSelector},
-		{"selector error", model, "s", func(context.Context, *Requirement) (Target, error) { return Target{}, context.DeadlineExceeded }, context.DeadlineExceeded},
-		{"selector no worker", model, "s", func(context.Context, *Requirement) (Target, error) { return Target{}, nil }, ErrSelect},
+		{"selector error", model, "s", func(context.Context, *Requirement) (workerref.Target, error) {
+			return workerref.Target{}, context.DeadlineExceeded
+		}, context.DeadlineExceeded},
+		{"selector no worker", model, "s", func(context.Context, *Requirement) (workerref.Target, error) { return workerref.Target{}, nil }, ErrSelect},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -643,11 +646,11 @@ func TestAmbiguousWrites(t *testing.T) {
 			}
 			return real(ctx, m, opts...)
 		}
-		sel := func(_ context.Context, req *Requirement) (Target, error) {
+		sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 			if req != nil {
 				return req.Target, nil
 			}
-			return Target{Worker: "w1"}, nil
+			return workerref.Any("w1"), nil
 		}
 		r := mustRoute(t, tb, model, "s", sel)
 		if r.Outcome != Created || r.Target.Worker != "w1" {
