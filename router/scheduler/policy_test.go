@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -219,14 +220,14 @@ func TestBuiltinPolicies(t *testing.T) {
 			t.Fatalf("cache tier picked %v", c.Key(j))
 		}
 		// tier 3: at 0.5 exactly (not strictly above) the least loaded wins
-		r2 := slicesClone(rows)
+		r2 := slices.Clone(rows)
 		r2[1].OverlapBlocks = 5
 		x, c = NewCandidates(req, 16, 10, 1, nil, r2)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
 			t.Fatalf("balance tier picked %v", c.Key(j))
 		}
 		// tier 1: spread 40 > 32 and 42 > 1.1·2: least loaded despite b's cache
-		r3 := slicesClone(rows)
+		r3 := slices.Clone(rows)
 		r3[3].ActiveRequests = 42
 		x, c = NewCandidates(req, 16, 10, 1, nil, r3)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
@@ -252,8 +253,6 @@ func TestBuiltinPolicies(t *testing.T) {
 		}
 	})
 }
-
-func slicesClone(r []CandidateRow) []CandidateRow { return append([]CandidateRow(nil), r...) }
 
 func TestPipelineFiltersAndWeights(t *testing.T) {
 	rows := []CandidateRow{

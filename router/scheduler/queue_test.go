@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -381,7 +382,8 @@ func TestActor(t *testing.T) {
 			_, err := s.Schedule(context.Background(), &Request{ID: "w", Tokens: 10})
 			errc <- err
 		}()
-		waitFor(t, "queued", func() bool { return s.Stats().Waiting == 1 })
+		testutil.Eventually(t, 5*time.Second, func() bool { return s.Stats().Waiting == 1 },
+			func() string { return fmt.Sprintf("request w not queued: %+v", s.Stats()) })
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
