@@ -217,20 +217,13 @@ var registryKeyGolden = [16]string{
 }
 
 func TestKeyForGolden(t *testing.T) {
-	all := make([]byte, 0, 256)
-	var want strings.Builder
-	for row, tok := range registryKeyGolden {
+	for row, want := range registryKeyGolden {
 		in := make([]byte, 16)
 		for i := range in {
 			in[i] = byte(16*row + i)
 		}
-		if got := KeyFor(string(in)); got != tok {
-			t.Errorf("KeyFor(bytes %#x..%#x) = %q, want %q", row*16, row*16+15, got, tok)
+		if got := KeyFor(string(in)); got != want {
+			t.Errorf("KeyFor(bytes %#x..) = %q, want %q", 16*row, got, want)
 		}
-		all = append(all, in...)
-		want.WriteString(tok)
-	}
-	if got := KeyFor(string(all)); got != want.String() {
-		t.Errorf("KeyFor(all bytes) = %q, want the rows concatenated", got)
 	}
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/binary"
 	"fmt"
 	"testing"
 
@@ -155,5 +154,4 @@ func TestSharedBlocksPerWorker(t *testing.T) {
 	if got[wk("a", 0)] != 8 || got[wk("b", 0)] != 8 {
 		t.Fatalf("potential decode blocks %v", got)
 	}
-	_ = binary.LittleEndian
 }

@@ -102,7 +102,7 @@ func TestHardAffinitySurvivesAClassifierTarget(t *testing.T) {
 // unbound request.
 func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
 	h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("b", 0))
-	fill := h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
+	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
 	if !h.loads()[wk("a", 0)].Busy {
 		t.Fatal("a should be busy")
 	}
@@ -132,7 +132,6 @@ func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
 	if d := h.admitted(later); d.Worker != wk("b", 0) {
 		t.Fatalf("later went to %v, want b/0", d.Worker)
 	}
-	_ = fill
 }
 
 // An ineligible Hard target selects normally over the fleet.

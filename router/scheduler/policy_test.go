@@ -10,7 +10,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -452,7 +451,6 @@ func TestScorersFinite(t *testing.T) {
 			}
 		}
 	}
-	_ = kvevents.SeqHash(0)
 }
 
 func TestExpNeg(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -597,7 +596,6 @@ func queueProperty(t *testing.T, seed uint64) {
 	if len(active) == 0 && len(waiting) == 0 {
 		t.Fatal("degenerate run")
 	}
-	_ = kvevents.SeqHash(0)
 }
 
 // The default queue threshold is two full batches of prefill: one booked
