@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Benchmarks of the commit protocol. Each op of the commit benchmarks is one
@@ -49,49 +50,45 @@ func benchCommit(b *testing.B, conn benchConn, replicas int) {
 		for i := range sessions {
 			sessions[i] = fmt.Sprintf("session-%08d", i)
 		}
-		ts := make(timings, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
-			res, err := tb.Route(ctx, model, sessions[i], sel)
-			ts[i] = time.Since(t0)
-			if err != nil || res.Outcome != Created {
-				b.Fatalf("op %d: %v %v", i, res.Outcome, err)
-			}
-		}
-		b.StopTimer()
-		ts.report(b)
+		timeRoutes(b, tb, func(i int) string { return sessions[i] }, sel, Created)
 		_ = conn.js.DeleteKeyValue(ctx, bucket)
 	})
 	b.Run("rebind", func(b *testing.B) {
 		bucket := fmt.Sprintf("br%d", time.Now().UnixNano())
 		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas, DefaultMode: Soft})
 		// Each request selects the worker it is not bound to: a Soft re-bind.
-		flip := func(_ context.Context, req *Requirement) (Target, error) {
+		flip := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 			if req == nil || req.Target.Worker == "w2" {
-				return Target{Worker: "w1"}, nil
+				return workerref.Any("w1"), nil
 			}
-			return Target{Worker: "w2"}, nil
+			return workerref.Any("w2"), nil
 		}
 		if _, err := tb.Route(ctx, model, "s", flip); err != nil {
 			b.Fatal(err)
 		}
-		ts := make(timings, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
-			res, err := tb.Route(ctx, model, "s", flip)
-			ts[i] = time.Since(t0)
-			if err != nil || res.Outcome != Rebound {
-				b.Fatalf("op %d: %v %v", i, res.Outcome, err)
-			}
-		}
-		b.StopTimer()
-		ts.report(b)
+		timeRoutes(b, tb, func(int) string { return "s" }, flip, Rebound)
 		_ = conn.js.DeleteKeyValue(ctx, bucket)
 	})
+}
+
+// timeRoutes times b.N Routes of session(i), each of which must end in
+// want, and reports their latency percentiles.
+func timeRoutes(b *testing.B, tb *Table, session func(i int) string, sel Selector, want Outcome) {
+	ctx := context.Background()
+	ts := make(timings, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := session(i)
+		t0 := time.Now()
+		res, err := tb.Route(ctx, model, s, sel)
+		ts[i] = time.Since(t0)
+		if err != nil || res.Outcome != want {
+			b.Fatalf("op %d: %v %v", i, res.Outcome, err)
+		}
+	}
+	b.StopTimer()
+	ts.report(b)
 }
 
 func benchBareUpdate(b *testing.B, conn benchConn, replicas int) {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 )
 
 // connectCluster connects to the cluster preferring node first, so that
@@ -61,7 +62,8 @@ func TestClusterLeaderKill(t *testing.T) {
 		tables = append(tables, openOn(t, js, nc, cc))
 	}
 	stream := "KV_" + DefaultBucket
-	waitFor(t, 10*time.Second, "a stream leader", func() bool { return c.StreamLeader(stream) >= 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+		func() string { return "still waiting for a stream leader" })
 
 	// A new session every step: session s enters at (s-window+1)*step and
 	// is used until (s-retire(s))*step, i.e. for 1 to 4 s. The spread of
@@ -155,7 +157,8 @@ func TestClusterLeaderKill(t *testing.T) {
 		c.Servers[leader].Shutdown()
 		time.Sleep(1000 * time.Millisecond)
 		c.Restart(leader)
-		waitFor(t, 10*time.Second, "a stream leader after restart", func() bool { return c.StreamLeader(stream) >= 0 })
+		testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+			func() string { return "still waiting for a stream leader after restart" })
 	}
 	time.Sleep(1000 * time.Millisecond)
 	close(stop)

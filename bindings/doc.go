@@ -11,13 +11,16 @@
 // internal/jskv, which workers share; bindings adds the ambiguous-outcome
 // classification and its own errors), cache.go (the
 // bounded, watch-fed read cache), value.go (the stored JSON) and key.go (the
-// key escaping).
+// key format, escaped by internal/escape's scheme with '_').
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
-// the key and value format (docs/protocol.md), its own Mode
-// type (Hard, Soft), the commit rule, the idle TTL and its renewal, the
-// single-flight of first requests within a replica, the resolution of writes
-// whose outcome is unknown (leader read + nonce), and the counters (Stats).
+// the key and value format (docs/protocol.md), its own Mode type (Hard,
+// Soft), the commit rule (a selection keeps a binding when their targets
+// agree: workerref.Target.Agrees, the rule the scheduler's pin rule applies
+// too), the idle TTL and its renewal, the single-flight of first requests
+// within a replica, the resolution of writes whose outcome is unknown
+// (leader read + nonce), and the counters (Stats). The target type itself is
+// the shared leaf workerref's.
 //
 // What it does not own: choosing a worker (the Selector, i.e. the host's
 // call into the scheduler, which applies the pin rule to the Requirement it

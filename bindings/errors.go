@@ -3,6 +3,8 @@ package bindings
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Sentinel errors. Errors returned by the package wrap one of these (test
@@ -50,8 +52,8 @@ var (
 // worker is live.
 type HardConflictError struct {
 	Model, Session string
-	Bound          Target
-	Selected       Target
+	Bound          workerref.Target
+	Selected       workerref.Target
 }
 
 func (e *HardConflictError) Error() string {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func TestMain(m *testing.M) {
@@ -60,17 +61,17 @@ func openOn(t testing.TB, js jetstream.JetStream, nc *nats.Conn, cfg Config) *Ta
 // pick returns a selector that honours a requirement (the pin rule with
 // every worker eligible) and otherwise picks at random among workers.
 func pick(workers ...string) Selector {
-	return func(_ context.Context, req *Requirement) (Target, error) {
+	return func(_ context.Context, req *Requirement) (workerref.Target, error) {
 		if req != nil {
 			return req.Target, nil
 		}
-		return Target{Worker: workers[rand.IntN(len(workers))]}, nil
+		return workerref.Any(workers[rand.IntN(len(workers))]), nil
 	}
 }
 
 // always returns a selector that ignores the requirement.
 func always(worker string) Selector {
-	return func(context.Context, *Requirement) (Target, error) { return Target{Worker: worker}, nil }
+	return func(context.Context, *Requirement) (workerref.Target, error) { return workerref.Any(worker), nil }
 }
 
 // liveSet is a Liveness backed by a set the test edits.
@@ -115,16 +116,4 @@ func mustRoute(t testing.TB, tb *Table, model, session string, sel Selector) Res
 		t.Fatalf("Route(%q, %q): %v", model, session, err)
 	}
 	return res
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -2,6 +2,8 @@ package bindings
 
 import (
 	"fmt"
+
+	"github.com/kvrouter/kvrouter/internal/escape"
 )
 
 const (
@@ -15,14 +17,12 @@ const (
 	maxKeyLen = 3*(MaxModelLen+MaxSessionLen) + 1
 )
 
-const hexUpper = "0123456789ABCDEF"
-
 // Key returns the KV key of (model, session): "<model>.<session>", each
-// escaped so that any bytes make a valid key token. Letters, digits and '-'
-// stay as they are; every other byte becomes '_' and two upper-case hex
-// digits; an empty model is "_" (which no non-empty name can produce).
-// Escaping is injective, so distinct (model, session) pairs never share a
-// key. Use it to find a binding with `nats kv get kvr-bindings <key>`.
+// escaped so that any bytes make a valid key token (keyTokens). Letters,
+// digits and '-' stay as they are; every other byte becomes '_' and two
+// upper-case hex digits; an empty model is "_" (which no non-empty name can
+// produce). Escaping is injective, so distinct (model, session) pairs never
+// share a key. Use it to find a binding with `nats kv get kvr-bindings <key>`.
 func Key(model, session string) (string, error) {
 	if err := validate(model, session); err != nil {
 		return "", err
@@ -45,10 +45,10 @@ func ParseKey(key string) (model, session string, err error) {
 	if dot < 0 {
 		return "", "", fmt.Errorf("bindings: key %q has no model token", key)
 	}
-	if model, err = unescapeToken(key[:dot]); err != nil {
+	if model, err = keyTokens.Unescape(key[:dot]); err != nil {
 		return "", "", fmt.Errorf("bindings: key %q: model: %w", key, err)
 	}
-	if session, err = unescapeToken(key[dot+1:]); err != nil {
+	if session, err = keyTokens.Unescape(key[dot+1:]); err != nil {
 		return "", "", fmt.Errorf("bindings: key %q: session: %w", key, err)
 	}
 	if err := validate(model, session); err != nil {
@@ -72,70 +72,16 @@ func validate(model, session string) error {
 
 // appendKey appends the escaped key to dst. Inputs must be validated.
 func appendKey(dst []byte, model, session string) []byte {
-	dst = appendToken(dst, model)
+	dst = keyTokens.Append(dst, model)
 	dst = append(dst, '.')
-	return appendToken(dst, session)
+	return keyTokens.Append(dst, session)
 }
 
-func appendToken(dst []byte, s string) []byte {
-	if s == "" {
-		return append(dst, '_')
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if keepByte(c) {
-			dst = append(dst, c)
-			continue
-		}
-		dst = append(dst, '_', hexUpper[c>>4], hexUpper[c&0xF])
-	}
-	return dst
-}
+// keyTokens escapes a model or session into one key token: internal/escape's
+// scheme with '_' as the escape byte, keeping letters, digits and '-'.
+// Read-only after package init.
+var keyTokens = escape.New('_', keepByte)
 
 func keepByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-'
-}
-
-func unescapeToken(tok string) (string, error) {
-	if tok == "_" {
-		return "", nil
-	}
-	if tok == "" {
-		return "", fmt.Errorf("empty token")
-	}
-	out := make([]byte, 0, len(tok))
-	for i := 0; i < len(tok); i++ {
-		c := tok[i]
-		switch {
-		case keepByte(c):
-			out = append(out, c)
-		case c == '_' && i+2 < len(tok):
-			hi, ok1 := unhex(tok[i+1])
-			lo, ok2 := unhex(tok[i+2])
-			if !ok1 || !ok2 {
-				return "", fmt.Errorf("bad escape %q at %d", tok[i:i+3], i)
-			}
-			v := hi<<4 | lo
-			if keepByte(v) {
-				// Not produced by appendToken: reject so escaping stays
-				// a bijection.
-				return "", fmt.Errorf("needless escape %q at %d", tok[i:i+3], i)
-			}
-			out = append(out, v)
-			i += 2
-		default:
-			return "", fmt.Errorf("bad byte %q at %d", c, i)
-		}
-	}
-	return string(out), nil
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0', true
-	case c >= 'A' && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
 }

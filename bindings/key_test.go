@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 var kvKeyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
@@ -140,7 +142,7 @@ func TestDecodeRecord(t *testing.T) {
 
 func TestRecordRoundTrip(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	for _, tgt := range []Target{{Worker: "w"}, {Worker: "w", Rank: 0, HasRank: true}, {Worker: "w", Rank: 7, HasRank: true}} {
+	for _, tgt := range []workerref.Target{workerref.Any("w"), workerref.Of("w", 0), workerref.Of("w", 7)} {
 		r := recordFor("m", "s", tgt, Hard, 1, "r", now, now, 10*time.Minute, makeNonce(0xabc, 2))
 		data, err := encodeRecord(&r)
 		if err != nil {
@@ -158,21 +160,6 @@ func TestRecordRoundTrip(t *testing.T) {
 		}
 		if _, ok := nonceIndex(got.Nonce, 0xabd); ok {
 			t.Fatalf("nonce %q matched another base", got.Nonce)
-		}
-	}
-}
-
-func TestTargetMatches(t *testing.T) {
-	w := Target{Worker: "w"}
-	w0 := Target{Worker: "w", Rank: 0, HasRank: true}
-	w1 := Target{Worker: "w", Rank: 1, HasRank: true}
-	x := Target{Worker: "x"}
-	for _, c := range []struct {
-		bound, sel Target
-		want       bool
-	}{{w, w, true}, {w, w1, true}, {w1, w, true}, {w0, w1, false}, {w1, w1, true}, {w, x, false}} {
-		if got := c.bound.Matches(c.sel); got != c.want {
-			t.Errorf("%v.Matches(%v) = %v", c.bound, c.sel, got)
 		}
 	}
 }
@@ -215,4 +202,47 @@ func FuzzKey(f *testing.F) {
 			t.Fatalf("ParseKey(Key(%q, %q)) = %q, %q, %v", model, session, m, s, err)
 		}
 	})
+}
+
+// bindingKeyGolden is the escaped form of every byte value in a key token, 16
+// bytes per row (row i holds bytes 16i..16i+15): the keys bindings have been
+// stored under. A change here loses every stored session binding.
+var bindingKeyGolden = [16]string{
+	"_00_01_02_03_04_05_06_07_08_09_0A_0B_0C_0D_0E_0F",
+	"_10_11_12_13_14_15_16_17_18_19_1A_1B_1C_1D_1E_1F",
+	"_20_21_22_23_24_25_26_27_28_29_2A_2B_2C-_2E_2F",
+	"0123456789_3A_3B_3C_3D_3E_3F",
+	"_40ABCDEFGHIJKLMNO",
+	"PQRSTUVWXYZ_5B_5C_5D_5E_5F",
+	"_60abcdefghijklmno",
+	"pqrstuvwxyz_7B_7C_7D_7E_7F",
+	"_80_81_82_83_84_85_86_87_88_89_8A_8B_8C_8D_8E_8F",
+	"_90_91_92_93_94_95_96_97_98_99_9A_9B_9C_9D_9E_9F",
+	"_A0_A1_A2_A3_A4_A5_A6_A7_A8_A9_AA_AB_AC_AD_AE_AF",
+	"_B0_B1_B2_B3_B4_B5_B6_B7_B8_B9_BA_BB_BC_BD_BE_BF",
+	"_C0_C1_C2_C3_C4_C5_C6_C7_C8_C9_CA_CB_CC_CD_CE_CF",
+	"_D0_D1_D2_D3_D4_D5_D6_D7_D8_D9_DA_DB_DC_DD_DE_DF",
+	"_E0_E1_E2_E3_E4_E5_E6_E7_E8_E9_EA_EB_EC_ED_EE_EF",
+	"_F0_F1_F2_F3_F4_F5_F6_F7_F8_F9_FA_FB_FC_FD_FE_FF",
+}
+
+func TestKeyGolden(t *testing.T) {
+	for row, tok := range bindingKeyGolden {
+		in := string(byteRange(16*row, 16))
+		if k, err := Key(in, in); err != nil || k != tok+"."+tok {
+			t.Errorf("Key(bytes %#x.., twice) = %q, %v; want %q", 16*row, k, err, tok+"."+tok)
+		}
+		if m, s, err := ParseKey(tok + "." + tok); err != nil || m != in || s != in {
+			t.Errorf("ParseKey(%q) = %q, %q, %v; want bytes %#x.. twice", tok+"."+tok, m, s, err, 16*row)
+		}
+	}
+}
+
+// byteRange returns the n bytes from, from+1, ...
+func byteRange(from, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(from + i)
+	}
+	return b
 }

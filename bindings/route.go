@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Route is the commit protocol, called once per request that has a session
@@ -66,7 +68,7 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 			return Result{Selections: 1}, err
 		}
 		bound := cur.rec.binding(cur.rev)
-		if bound.Target.Matches(tgt) {
+		if bound.Target.Agrees(tgt) {
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
@@ -77,23 +79,22 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 
 // commit runs steps 2 and 3 from the state cur; pre is a selection already
 // made under cur's requirement.
-func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *Target, selections int) (Result, error) {
+func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
 	var (
 		fl      *flight
 		base    = rand.Uint64() // nonces of this call: base-<write index>
 		writes  int
 		intent  [maxAttemptsLimit]Outcome // what each write meant, if it lands late
 		unknown bool                      // a write of ours went unanswered and was not seen landed
-		preT    Target
-		hasPre  = pre != nil
+		ch      = choice{selections: selections}
 		// lostSoft is set when a Soft re-bind lost to a writer that moved
 		// the binding: keep theirs (KeptOther) unless the value turns out
 		// to be ours.
 		lostSoft bool
-		wanted   Target
+		wanted   workerref.Target
 	)
-	if hasPre {
-		preT = *pre
+	if pre != nil {
+		ch.carry(*pre)
 	}
 	defer func() {
 		if fl != nil {
@@ -103,11 +104,11 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 	for {
 		if cur.bad != nil {
 			t.st.malformed.Add(1)
-			return Result{Selections: selections}, cur.bad
+			return Result{Selections: ch.selections}, cur.bad
 		}
 		if cur.present && (cur.rec.Model != model || cur.rec.Session != session) {
 			t.st.malformed.Add(1)
-			return Result{Selections: selections}, &MalformedValueError{Key: key, Revision: cur.rev,
+			return Result{Selections: ch.selections}, &MalformedValueError{Key: key, Revision: cur.rev,
 				Err: fmt.Errorf("value names model %q session %q", cur.rec.Model, cur.rec.Session)}
 		}
 		if unknown && cur.present {
@@ -116,18 +117,18 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 				// all (a later write of ours then lost to it).
 				t.st.ambiguousLanded.Add(1)
 				b := cur.rec.binding(cur.rev)
-				return t.done(intent[i], b.Target, b, selections), nil
+				return t.done(intent[i], b.Target, b, ch.selections), nil
 			}
 		}
 		if lostSoft {
 			lostSoft = false
 			if cur.present {
 				theirs := cur.rec.binding(cur.rev)
-				if theirs.Target.Matches(wanted) {
+				if theirs.Target.Agrees(wanted) {
 					// They moved it where we wanted it.
-					return t.done(Fresh, merge(theirs.Target, wanted), theirs, selections), nil
+					return t.done(Fresh, merge(theirs.Target, wanted), theirs, ch.selections), nil
 				}
-				return t.done(KeptOther, wanted, theirs, selections), nil
+				return t.done(KeptOther, wanted, theirs, ch.selections), nil
 			}
 		}
 
@@ -140,32 +141,23 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 					select {
 					case <-f.done:
 					case <-ctx.Done():
-						return Result{Selections: selections}, fmt.Errorf("bindings: session %q (model %q): waiting for its binding: %w", session, model, ctx.Err())
+						return Result{Selections: ch.selections}, fmt.Errorf("bindings: session %q (model %q): waiting for its binding: %w", session, model, ctx.Err())
 					}
 					st, err := t.readKey(ctx, key)
 					if err != nil {
-						return Result{Selections: selections}, err
+						return Result{Selections: ch.selections}, err
 					}
-					cur, hasPre = st, false
+					cur, ch.hasCarried = st, false
 					continue
 				}
 				fl = f
 			}
 			if writes >= t.cfg.MaxAttempts {
-				return t.exhausted(model, session, selections)
+				return t.exhausted(model, session, ch.selections)
 			}
-			var tgt Target
-			if hasPre {
-				tgt, hasPre = preT, false
-			} else {
-				if selections >= t.cfg.MaxAttempts {
-					return t.exhausted(model, session, selections)
-				}
-				selections++
-				var err error
-				if tgt, err = t.selectUnder(ctx, sel, nil, model, session); err != nil {
-					return Result{Selections: selections}, err
-				}
+			tgt, err := t.next(ctx, &ch, sel, nil, model, session)
+			if err != nil {
+				return Result{Selections: ch.selections}, err
 			}
 			now := time.Now()
 			rec := recordFor(model, session, tgt, t.cfg.DefaultMode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
@@ -177,10 +169,10 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 			t.flights.finish(key, fl)
 			fl = nil
 			if err != nil {
-				return Result{Selections: selections}, err
+				return Result{Selections: ch.selections}, err
 			}
 			if landed {
-				return t.done(Created, tgt, st.rec.binding(st.rev), selections), nil
+				return t.done(Created, tgt, st.rec.binding(st.rev), ch.selections), nil
 			}
 			unknown = unknown || amb
 			// Still unbound (our create lost to a marker, or went
@@ -188,32 +180,23 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 			// Bound by someone else: select again under their binding.
 			cur = st
 			if !st.present {
-				preT, hasPre = tgt, true
+				ch.carry(tgt)
 			}
 			continue
 		}
 
 		bound := cur.rec.binding(cur.rev)
-		var tgt Target
-		if hasPre {
-			tgt, hasPre = preT, false
-		} else {
-			if selections >= t.cfg.MaxAttempts {
-				return t.exhausted(model, session, selections)
-			}
-			selections++
-			var err error
-			if tgt, err = t.selectUnder(ctx, sel, &cur.rec, model, session); err != nil {
-				return Result{Selections: selections}, err
-			}
+		tgt, err := t.next(ctx, &ch, sel, &cur.rec, model, session)
+		if err != nil {
+			return Result{Selections: ch.selections}, err
 		}
 		now := time.Now()
 		var rec record
 		var want Outcome
 		switch {
-		case bound.Target.Matches(tgt):
+		case bound.Target.Agrees(tgt):
 			if t.fresh(&cur, now) {
-				return t.done(Fresh, merge(bound.Target, tgt), bound, selections), nil
+				return t.done(Fresh, merge(bound.Target, tgt), bound, ch.selections), nil
 			}
 			rec = cur.rec
 			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.cfg.IdleTTL/time.Second)
@@ -225,42 +208,42 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 				// depart.
 				st, err := t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
 				if err != nil {
-					return Result{Selections: selections}, err
+					return Result{Selections: ch.selections}, err
 				}
 				if st.rev != cur.rev {
 					if sameRequirement(&st, &cur) {
-						preT, hasPre = tgt, true
+						ch.carry(tgt)
 					}
 					cur = st
 					continue
 				}
 			}
 			t.st.outcome[Rejected].Add(1)
-			return Result{Outcome: Rejected, Binding: bound, Selections: selections},
+			return Result{Outcome: Rejected, Binding: bound, Selections: ch.selections},
 				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}
 		default: // Soft, or Hard whose worker departed
 			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, "")
 			want = Rebound
 		}
 		if writes >= t.cfg.MaxAttempts {
-			return t.exhausted(model, session, selections)
+			return t.exhausted(model, session, ch.selections)
 		}
 		rec.Nonce = makeNonce(base, writes)
 		intent[writes] = want
 		st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 		writes++
 		if err != nil {
-			return Result{Selections: selections}, err
+			return Result{Selections: ch.selections}, err
 		}
 		if landed {
-			return t.done(want, tgt, st.rec.binding(st.rev), selections), nil
+			return t.done(want, tgt, st.rec.binding(st.rev), ch.selections), nil
 		}
 		unknown = unknown || amb
 		if sameRequirement(&st, &cur) {
 			// Only renewed (or our write did not land): the requirement is
 			// unchanged, so the selection stands; re-decide on the new
 			// revision without selecting again.
-			preT, hasPre = tgt, true
+			ch.carry(tgt)
 		} else if want == Rebound && bound.Mode == Soft {
 			lostSoft, wanted = true, tgt
 		}
@@ -334,11 +317,11 @@ func (t *Table) readKey(ctx context.Context, key string) (readState, error) {
 }
 
 // selectUnder calls the selector with the requirement of rec (nil: unbound).
-func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, model, session string) (Target, error) {
+func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, model, session string) (workerref.Target, error) {
 	var req *Requirement
 	if rec != nil {
 		req = t.reqPool.Get().(*Requirement)
-		req.Target = Target{Worker: rec.Worker}
+		req.Target = workerref.Any(rec.Worker)
 		if rec.Rank != nil {
 			req.Target.Rank, req.Target.HasRank = *rec.Rank, true
 		}
@@ -351,24 +334,55 @@ func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, mode
 	}
 	if err != nil {
 		t.st.selectErrors.Add(1)
-		return Target{}, fmt.Errorf("%w: session %q (model %q): %w", ErrSelect, session, model, err)
+		return workerref.Target{}, fmt.Errorf("%w: session %q (model %q): %w", ErrSelect, session, model, err)
 	}
 	if tgt.Worker == "" {
 		t.st.selectErrors.Add(1)
-		return Target{}, fmt.Errorf("%w: session %q (model %q): selector returned no worker", ErrSelect, session, model)
+		return workerref.Target{}, fmt.Errorf("%w: session %q (model %q): selector returned no worker", ErrSelect, session, model)
 	}
 	return tgt, nil
 }
 
-func (t *Table) done(o Outcome, tgt Target, b Binding, selections int) Result {
+func (t *Table) done(o Outcome, tgt workerref.Target, b Binding, selections int) Result {
 	t.st.outcome[o].Add(1)
 	return Result{Outcome: o, Target: tgt, Binding: b, Selections: selections}
 }
 
 func (t *Table) exhausted(model, session string, selections int) (Result, error) {
+	return Result{Selections: selections}, t.exhaustedErr(model, session)
+}
+
+func (t *Table) exhaustedErr(model, session string) error {
 	t.st.exhausted.Add(1)
-	return Result{Selections: selections}, fmt.Errorf("%w: session %q (model %q) after %d attempts: %w",
+	return fmt.Errorf("%w: session %q (model %q) after %d attempts: %w",
 		ErrTooManyConflicts, session, model, t.cfg.MaxAttempts, ErrConflict)
+}
+
+// choice is where one round of commit sends the request: a selection carried
+// over from the round before (the requirement did not change, so it
+// stands), or else a new call of the Selector; selections counts the calls
+// of the whole Route.
+type choice struct {
+	carried    workerref.Target
+	hasCarried bool
+	selections int
+}
+
+// carry keeps tgt as the next round's selection.
+func (c *choice) carry(tgt workerref.Target) { c.carried, c.hasCarried = tgt, true }
+
+// next returns the carried selection, or else selects under rec (nil:
+// unbound) while Route has made fewer than MaxAttempts selections.
+func (t *Table) next(ctx context.Context, c *choice, sel Selector, rec *record, model, session string) (workerref.Target, error) {
+	if c.hasCarried {
+		c.hasCarried = false
+		return c.carried, nil
+	}
+	if c.selections >= t.cfg.MaxAttempts {
+		return workerref.Target{}, t.exhaustedErr(model, session)
+	}
+	c.selections++
+	return t.selectUnder(ctx, sel, rec, model, session)
 }
 
 // fresh reports whether less than half of the entry's TTL has passed.
@@ -382,7 +396,7 @@ func (t *Table) fresh(st *readState, now time.Time) bool {
 
 // merge is where a request matching its binding goes: the bound rank if the
 // binding has one, else the selected one.
-func merge(bound, selected Target) Target {
+func merge(bound, selected workerref.Target) workerref.Target {
 	if bound.HasRank {
 		return bound
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 const model = "llama"
@@ -29,7 +31,7 @@ func TestReplicasRaceFirstRequests(t *testing.T) {
 	}
 	type routed struct {
 		session string
-		target  Target
+		target  workerref.Target
 	}
 	var (
 		mu   sync.Mutex
@@ -104,13 +106,14 @@ func TestReplicasRaceFirstRequests(t *testing.T) {
 func TestSingleFlightFirstRequests(t *testing.T) {
 	tb := newEnv(t).open(Config{})
 	var unbound atomic.Int32
-	sel := func(_ context.Context, req *Requirement) (Target, error) {
+	release := make(chan struct{})
+	sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 		if req != nil {
 			return req.Target, nil
 		}
 		unbound.Add(1)
-		time.Sleep(50 * time.Millisecond) // let the others arrive
-		return Target{Worker: "w1"}, nil
+		<-release // the creator selects until every other request waits for it
+		return workerref.Any("w1"), nil
 	}
 	const n = 10
 	var wg sync.WaitGroup
@@ -126,9 +129,12 @@ func TestSingleFlightFirstRequests(t *testing.T) {
 			outcomes[i] = res.Outcome
 		}()
 	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return tb.Stats().Waits == n-1 },
+		func() string { return fmt.Sprintf("not every other request waits for the creator: %+v", tb.Stats()) })
+	close(release)
 	wg.Wait()
 	st := tb.Stats()
-	if unbound.Load() != 1 || st.Created != 1 || st.Fresh != n-1 || st.Writes != 1 || st.Waits == 0 {
+	if unbound.Load() != 1 || st.Created != 1 || st.Fresh != n-1 || st.Writes != 1 || st.Waits != n-1 {
 		t.Fatalf("unbound selections %d, stats %+v, outcomes %v", unbound.Load(), st, outcomes)
 	}
 }
@@ -144,11 +150,11 @@ func TestBusySessionDoesNotWrite(t *testing.T) {
 		t.Fatalf("first outcome %v", first.Outcome)
 	}
 	// b learns the binding from its watch.
-	waitFor(t, 5*time.Second, "b's cache to see the binding", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		kb, _ := Key(model, "busy")
 		st, ok := b.cache.getString(kb)
 		return ok && st.present
-	})
+	}, func() string { return "still waiting for b's cache to see the binding" })
 	wa, wb := a.Stats().Writes, b.Stats().Writes
 	lr := b.Stats().LeaderReads
 	for i := 0; i < 200; i++ {
@@ -197,22 +203,23 @@ func TestRenewalAndIdleExpiry(t *testing.T) {
 		t.Fatalf("renewal: %+v", r)
 	}
 	renewedAt := time.Now()
-	// Past the first expiry: the renewed one lives, the idle one is gone.
-	time.Sleep(time.Until(t0.Add(2600 * time.Millisecond)))
+	// Past the first expiry: the idle one is gone, the renewed one lives.
+	testutil.Eventually(t, 3*time.Second, func() bool { return !leaderGet(t, tb, model, "idle").present },
+		func() string { return fmt.Sprintf("idle binding still present at %v", time.Since(t0)) })
+	if idle := time.Since(t0); idle < 1900*time.Millisecond {
+		t.Fatalf("idle binding expired after %v (TTL 2 s)", idle)
+	}
 	if st := leaderGet(t, tb, model, "renewed"); !st.present || st.rev != r.Binding.Revision {
 		t.Fatalf("renewed binding gone at %v: %+v", time.Since(t0), st)
 	}
-	if st := leaderGet(t, tb, model, "idle"); st.present {
-		t.Fatalf("idle binding still present at %v", time.Since(t0))
-	}
-	waitFor(t, 2*time.Second, "the cache to drop the idle binding", func() bool {
+	testutil.Eventually(t, 2*time.Second, func() bool {
 		_, err := tb.Get(context.Background(), model, "idle")
 		return errors.Is(err, ErrNotFound)
-	})
+	}, func() string { return "still waiting for the cache to drop the idle binding" })
 	// The renewal carried a TTL: idle now, it expires too.
-	waitFor(t, 3*time.Second, "the renewed binding to expire", func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		return !leaderGet(t, tb, model, "renewed").present
-	})
+	}, func() string { return "still waiting for the renewed binding to expire" })
 	if idle := time.Since(renewedAt); idle < 1900*time.Millisecond {
 		t.Fatalf("renewed binding expired after %v idle", idle)
 	}
@@ -228,10 +235,10 @@ func TestHardDepartedWorkerRebinds(t *testing.T) {
 	c := mustRoute(t, tb, model, "s", always("w1"))
 	live.depart("w1")
 	var seen *Requirement
-	sel := func(_ context.Context, req *Requirement) (Target, error) {
+	sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 		cp := *req
 		seen = &cp
-		return Target{Worker: "w2", Rank: 1, HasRank: true}, nil
+		return workerref.Of("w2", 1), nil
 	}
 	r := mustRoute(t, tb, model, "s", sel)
 	if seen == nil || seen.Target.Worker != "w1" || seen.Mode != Hard {
@@ -283,19 +290,19 @@ func TestHardRejectConfirmsOnLeader(t *testing.T) {
 	mustRoute(t, a, model, "s", always("w1"))
 	key, _ := Key(model, "s")
 	var stale readState
-	waitFor(t, 5*time.Second, "b's watch", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		st, ok := b.cache.getString(key)
 		stale = st
 		return ok && st.present
-	})
+	}, func() string { return "still waiting for b's watch" })
 	liveB.depart("w1")
 	if r := mustRoute(t, b, model, "s", always("w2")); r.Outcome != Rebound {
 		t.Fatalf("b: %+v", r)
 	}
-	waitFor(t, 5*time.Second, "a's watch", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		st, ok := a.cache.getString(key)
 		return ok && st.rec.Worker == "w2"
-	})
+	}, func() string { return "still waiting for a's watch" })
 	a.cache.mu.Lock()
 	a.cache.m[key] = stale // a lags behind
 	a.cache.mu.Unlock()
@@ -327,7 +334,7 @@ func TestSoftConflictKeepsOther(t *testing.T) {
 	a := e.open(Config{DefaultMode: Soft, ReplicaID: "a"})
 	b := e.open(Config{DefaultMode: Soft, ReplicaID: "b"})
 	mustRoute(t, a, model, "s", always("w1"))
-	sel := func(ctx context.Context, req *Requirement) (Target, error) {
+	sel := func(ctx context.Context, req *Requirement) (workerref.Target, error) {
 		if req == nil || req.Target.Worker != "w1" {
 			t.Errorf("a's requirement %+v", req)
 		}
@@ -335,7 +342,7 @@ func TestSoftConflictKeepsOther(t *testing.T) {
 		if r := mustRoute(t, b, model, "s", always("w3")); r.Outcome != Rebound {
 			t.Errorf("b: %+v", r)
 		}
-		return Target{Worker: "w2"}, nil
+		return workerref.Any("w2"), nil
 	}
 	r := mustRoute(t, a, model, "s", sel)
 	if r.Outcome != KeptOther || r.Target.Worker != "w2" || r.Binding.Worker != "w3" || r.Binding.Writer != "b" {
@@ -356,13 +363,13 @@ func TestCreateLostSelectsUnderWinner(t *testing.T) {
 	a := e.open(Config{ReplicaID: "a"})
 	b := e.open(Config{ReplicaID: "b"})
 	var reqs []*Requirement
-	sel := func(ctx context.Context, req *Requirement) (Target, error) {
+	sel := func(ctx context.Context, req *Requirement) (workerref.Target, error) {
 		if req == nil {
 			reqs = append(reqs, nil)
 			if r := mustRoute(t, b, model, "s", always("wb")); r.Outcome != Created {
 				t.Errorf("b: %+v", r)
 			}
-			return Target{Worker: "wa"}, nil
+			return workerref.Any("wa"), nil
 		}
 		cp := *req
 		reqs = append(reqs, &cp)
@@ -391,8 +398,10 @@ func TestBadInput(t *testing.T) {
 		{"long session", model, strings.Repeat("s", MaxSessionLen+1), always("w"), ErrInvalidSession},
 		{"long model", strings.Repeat("m", MaxModelLen+1), "s", always("w"), ErrInvalidModel},
 		{"nil selector", model, "s", nil, ErrNilSelector},
-		{"selector error", model, "s", func(context.Context, *Requirement) (Target, error) { return Target{}, context.DeadlineExceeded }, context.DeadlineExceeded},
-		{"selector no worker", model, "s", func(context.Context, *Requirement) (Target, error) { return Target{}, nil }, ErrSelect},
+		{"selector error", model, "s", func(context.Context, *Requirement) (workerref.Target, error) {
+			return workerref.Target{}, context.DeadlineExceeded
+		}, context.DeadlineExceeded},
+		{"selector no worker", model, "s", func(context.Context, *Requirement) (workerref.Target, error) { return workerref.Target{}, nil }, ErrSelect},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -466,10 +475,10 @@ func TestMalformedValue(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 5*time.Second, "watch delivery", func() bool {
+			testutil.Eventually(t, 5*time.Second, func() bool {
 				st, ok := tb.cache.getString(key)
 				return ok && st.rev == rev
-			})
+			}, func() string { return "still waiting for watch delivery" })
 			for i := 0; i < 2; i++ {
 				_, err := tb.Route(ctx, model, session, always("w2"))
 				var mv *MalformedValueError
@@ -514,10 +523,10 @@ func TestEnd(t *testing.T) {
 	if _, err := b.Get(ctx, model, "s"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get after End: %v", err)
 	}
-	waitFor(t, 5*time.Second, "a's watch to see the end", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		_, err := a.Get(ctx, model, "s")
 		return errors.Is(err, ErrNotFound)
-	})
+	}, func() string { return "still waiting for a's watch to see the end" })
 	if r := mustRoute(t, a, model, "s", always("w2")); r.Outcome != Created || r.Target.Worker != "w2" {
 		t.Fatalf("after End: %+v", r)
 	}
@@ -530,10 +539,10 @@ func TestWatchFeedsOtherReplica(t *testing.T) {
 	a := e.open(Config{ReplicaID: "a"})
 	b := e.open(Config{ReplicaID: "b"})
 	mustRoute(t, a, model, "s", always("w1"))
-	waitFor(t, 5*time.Second, "b's watch", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		bd, err := b.Get(context.Background(), model, "s")
 		return err == nil && bd.Worker == "w1" && bd.Writer == "a"
-	})
+	}, func() string { return "still waiting for b's watch" })
 	lr := b.Stats().LeaderReads
 	if r := mustRoute(t, b, model, "s", pick("w2")); r.Outcome != Fresh || r.Target.Worker != "w1" {
 		t.Fatalf("b: %+v", r)
@@ -643,11 +652,11 @@ func TestAmbiguousWrites(t *testing.T) {
 			}
 			return real(ctx, m, opts...)
 		}
-		sel := func(_ context.Context, req *Requirement) (Target, error) {
+		sel := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 			if req != nil {
 				return req.Target, nil
 			}
-			return Target{Worker: "w1"}, nil
+			return workerref.Any("w1"), nil
 		}
 		r := mustRoute(t, tb, model, "s", sel)
 		if r.Outcome != Created || r.Target.Worker != "w1" {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Mode is a binding's strength. It is stored in the binding's value (KV
@@ -70,38 +72,13 @@ func (m *Mode) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Target is where a session is bound: a worker and, for data-parallel
-// workers, optionally one rank of it.
-type Target struct {
-	Worker  string
-	Rank    uint32
-	HasRank bool
-}
-
-// String renders "worker" or "worker#rank".
-func (t Target) String() string {
-	if t.HasRank {
-		return fmt.Sprintf("%s#%d", t.Worker, t.Rank)
-	}
-	return t.Worker
-}
-
-// Matches reports whether a selected target agrees with a bound one: same
-// worker, and the same rank when both name one. A worker-only binding
-// accepts any rank of its worker; a selection that names no rank accepts
-// the bound rank.
-func (t Target) Matches(selected Target) bool {
-	if t.Worker != selected.Worker {
-		return false
-	}
-	return !t.HasRank || !selected.HasRank || t.Rank == selected.Rank
-}
-
 // Binding is one session's stored binding, as read from the bucket.
 type Binding struct {
 	Model   string
 	Session string
-	Target
+	// Target is where the session is bound: a worker and, for
+	// data-parallel workers, optionally one rank of it.
+	workerref.Target
 	Mode Mode
 	// Version counts re-binds: 1 at creation, +1 per re-bind; a renewal
 	// keeps it.
@@ -121,7 +98,7 @@ type Binding struct {
 // Requirement is what an existing binding asks of selection. Route passes
 // nil to the Selector when the session is unbound.
 type Requirement struct {
-	Target Target
+	Target workerref.Target
 	Mode   Mode
 }
 
@@ -133,7 +110,7 @@ type Requirement struct {
 // times); only Result.Target of the final result is where the request goes,
 // so a host that books capacity inside the selector must release the
 // bookings of superseded calls. req is only valid during the call.
-type Selector func(ctx context.Context, req *Requirement) (Target, error)
+type Selector func(ctx context.Context, req *Requirement) (workerref.Target, error)
 
 // Liveness tells whether a worker is still a member of the fleet. A Hard
 // binding to a worker that is not live is re-bound; one to a live worker is
@@ -203,7 +180,7 @@ type Result struct {
 	// Rebound it is the bound worker (with the rank the selector named);
 	// for KeptOther it is the selected worker, which differs from the
 	// (other writer's) binding; for Rejected it is zero.
-	Target Target
+	Target workerref.Target
 	// Binding is the binding as stored after the decision (for Rejected,
 	// the unchanged binding; for KeptOther, the other writer's).
 	Binding Binding

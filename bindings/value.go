@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // record is the JSON value stored under a binding's key (see
@@ -71,7 +73,7 @@ func (r *record) binding(rev uint64) Binding {
 	b := Binding{
 		Model:    r.Model,
 		Session:  r.Session,
-		Target:   Target{Worker: r.Worker},
+		Target:   workerref.Any(r.Worker),
 		Mode:     r.Mode,
 		Version:  r.Version,
 		Writer:   r.Writer,
@@ -88,7 +90,7 @@ func (r *record) binding(rev uint64) Binding {
 func (r *record) ttl() time.Duration { return time.Duration(r.TTLSeconds) * time.Second }
 
 // recordFor builds the value that binds (model, session) to t.
-func recordFor(model, session string, t Target, mode Mode, version uint64, writer string, created, now time.Time, ttl time.Duration, nonce string) record {
+func recordFor(model, session string, t workerref.Target, mode Mode, version uint64, writer string, created, now time.Time, ttl time.Duration, nonce string) record {
 	r := record{
 		Model: model, Session: session, Worker: t.Worker, Mode: mode, Version: version,
 		Writer: writer, Created: created.UTC(), Renewed: now.UTC(),

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/internal/escape"
 )
 
 // DefaultPrefix is the first subject token(s) of every kvrouter subject.
@@ -62,117 +64,29 @@ func ParseEventSubject(prefix, subject string) (model, worker string, err error)
 // '%', bytes >= 0x7f) becomes "%XX" with two upper-case hex digits. The
 // empty string becomes "%" alone, which no non-empty string produces. The
 // mapping is one-to-one: UnescapeSubjectToken inverts it and rejects every
-// token it would not produce.
-func SubjectToken(s string) string {
-	if s == "" {
-		return "%"
-	}
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if !tokenSafe(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if tokenSafe(c) {
-			b.WriteByte(c)
-			continue
-		}
-		b.WriteByte('%')
-		b.WriteByte(upperHex[c>>4])
-		b.WriteByte(upperHex[c&0xf])
-	}
-	return b.String()
-}
+// token it would not produce. It is internal/escape's scheme with '%' and
+// this alphabet.
+func SubjectToken(s string) string { return subjectTokens.Escape(s) }
 
-const upperHex = "0123456789ABCDEF"
+// subjectTokens is the subject-token scheme; read-only after package init.
+var subjectTokens = escape.New('%', tokenSafe)
 
 func tokenSafe(c byte) bool {
 	return c > ' ' && c < 0x7f && c != '.' && c != '*' && c != '>' && c != '%'
 }
 
-// UnescapeSubjectToken inverts SubjectToken. It returns ErrBadSubjectToken
-// for a token SubjectToken never produces (a bad or lower-case escape, an
-// escape of a byte that needs none, an unsafe raw byte), so that every
-// accepted token has exactly one meaning.
+// UnescapeSubjectToken inverts SubjectToken. It returns an error wrapping
+// ErrBadSubjectToken (and an *escape.Error naming the fault) for a token
+// SubjectToken never produces (a bad or lower-case escape, an escape of a
+// byte that needs none, an unsafe raw byte), so that every accepted token
+// has exactly one meaning.
 func UnescapeSubjectToken(tok string) (string, error) {
-	if tok == "%" {
-		return "", nil
+	s, err := subjectTokens.Unescape(tok)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadSubjectToken, err)
 	}
-	if tok == "" {
-		return "", fmt.Errorf("%w: empty token", ErrBadSubjectToken)
-	}
-	if !strings.Contains(tok, "%") {
-		for i := 0; i < len(tok); i++ {
-			if !tokenSafe(tok[i]) {
-				return "", fmt.Errorf("%w: %q has unescaped byte %#x", ErrBadSubjectToken, tok, tok[i])
-			}
-		}
-		return tok, nil
-	}
-	out := make([]byte, 0, len(tok))
-	for i := 0; i < len(tok); i++ {
-		c := tok[i]
-		if c != '%' {
-			if !tokenSafe(c) {
-				return "", fmt.Errorf("%w: %q has unescaped byte %#x", ErrBadSubjectToken, tok, c)
-			}
-			out = append(out, c)
-			continue
-		}
-		if i+2 >= len(tok) {
-			return "", fmt.Errorf("%w: %q has a truncated escape at %d", ErrBadSubjectToken, tok, i)
-		}
-		hi, lo := unhex(tok[i+1]), unhex(tok[i+2])
-		if hi < 0 || lo < 0 {
-			return "", fmt.Errorf("%w: %q has a bad escape at %d", ErrBadSubjectToken, tok, i)
-		}
-		v := byte(hi<<4 | lo)
-		if tokenSafe(v) {
-			return "", fmt.Errorf("%w: %q escapes %q, which needs no escape", ErrBadSubjectToken, tok, v)
-		}
-		out = append(out, v)
-		i += 2
-	}
-	return string(out), nil
-}
-
-// unhex decodes one upper-case hex digit, or returns -1.
-func unhex(c byte) int {
-	switch {
-	case c >= '0' && c <= '9':
-		return int(c - '0')
-	case c >= 'A' && c <= 'F':
-		return int(c-'A') + 10
-	}
-	return -1
+	return s, nil
 }
 
 // tokenMatches reports whether tok == SubjectToken(s) without allocating.
-func tokenMatches(tok string, s string) bool {
-	if s == "" {
-		return tok == "%"
-	}
-	j := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if tokenSafe(c) {
-			if j >= len(tok) || tok[j] != c {
-				return false
-			}
-			j++
-			continue
-		}
-		if j+3 > len(tok) || tok[j] != '%' || tok[j+1] != upperHex[c>>4] || tok[j+2] != upperHex[c&0xf] {
-			return false
-		}
-		j += 3
-	}
-	return j == len(tok)
-}
+func tokenMatches(tok string, s string) bool { return subjectTokens.Matches(tok, s) }

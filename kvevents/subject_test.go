@@ -98,3 +98,93 @@ func FuzzSubjectToken(f *testing.F) {
 		}
 	})
 }
+
+// subjectGolden is SubjectToken of every byte value, 16 bytes per row (row i
+// holds bytes 16i..16i+15), as the wire has carried it since the first
+// release: event and load subjects and message ids depend on these bytes, so
+// a change here breaks every subscriber filter and deduplication window.
+var subjectGolden = [16]string{
+	"%00%01%02%03%04%05%06%07%08%09%0A%0B%0C%0D%0E%0F",
+	"%10%11%12%13%14%15%16%17%18%19%1A%1B%1C%1D%1E%1F",
+	"%20!\"#$%25&'()%2A+,-%2E/",
+	"0123456789:;<=%3E?",
+	"@ABCDEFGHIJKLMNO",
+	"PQRSTUVWXYZ[\\]^_",
+	"`abcdefghijklmno",
+	"pqrstuvwxyz{|}~%7F",
+	"%80%81%82%83%84%85%86%87%88%89%8A%8B%8C%8D%8E%8F",
+	"%90%91%92%93%94%95%96%97%98%99%9A%9B%9C%9D%9E%9F",
+	"%A0%A1%A2%A3%A4%A5%A6%A7%A8%A9%AA%AB%AC%AD%AE%AF",
+	"%B0%B1%B2%B3%B4%B5%B6%B7%B8%B9%BA%BB%BC%BD%BE%BF",
+	"%C0%C1%C2%C3%C4%C5%C6%C7%C8%C9%CA%CB%CC%CD%CE%CF",
+	"%D0%D1%D2%D3%D4%D5%D6%D7%D8%D9%DA%DB%DC%DD%DE%DF",
+	"%E0%E1%E2%E3%E4%E5%E6%E7%E8%E9%EA%EB%EC%ED%EE%EF",
+	"%F0%F1%F2%F3%F4%F5%F6%F7%F8%F9%FA%FB%FC%FD%FE%FF",
+}
+
+func TestSubjectTokenGolden(t *testing.T) {
+	var all strings.Builder
+	for row, want := range subjectGolden {
+		in := byteRow(row)
+		if got := SubjectToken(in); got != want {
+			t.Errorf("SubjectToken(bytes %#x..%#x) = %q, want %q", row*16, row*16+15, got, want)
+		}
+		if back, err := UnescapeSubjectToken(want); err != nil || back != in {
+			t.Errorf("UnescapeSubjectToken(%q) = %q, %v; want bytes %#x..%#x", want, back, err, row*16, row*16+15)
+		}
+		if !tokenMatches(want, in) {
+			t.Errorf("tokenMatches(%q, bytes %#x..) = false", want, row*16)
+		}
+		all.WriteString(want)
+	}
+	if got := SubjectToken(byteRows()); got != all.String() {
+		t.Errorf("SubjectToken(all bytes) = %q, want the rows concatenated", got)
+	}
+}
+
+// byteRow returns the 16 bytes 16*row .. 16*row+15.
+func byteRow(row int) string {
+	b := make([]byte, 16)
+	for i := range b {
+		b[i] = byte(16*row + i)
+	}
+	return string(b)
+}
+
+// byteRows returns every byte value once, in order.
+func byteRows() string {
+	b := make([]byte, 256)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return string(b)
+}
+
+// BenchmarkSubjectToken: the escaping every publish and every subscriber
+// check pays (tokenMatches runs per received message).
+func BenchmarkSubjectToken(b *testing.B) {
+	names := []string{"worker-00017", "meta-llama/Llama-3.1-8B"}
+	b.Run("escape", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			_ = SubjectToken(names[i&1])
+		}
+	})
+	toks := []string{SubjectToken(names[0]), SubjectToken(names[1])}
+	b.Run("matches", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if !tokenMatches(toks[i&1], names[i&1]) {
+				b.Fatal("no match")
+			}
+		}
+	})
+	b.Run("unescape", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if _, err := UnescapeSubjectToken(toks[i&1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

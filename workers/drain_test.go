@@ -12,9 +12,7 @@ import (
 func TestDrain(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	var inflight atomic.Int32
 	inflight.Store(3)
@@ -60,9 +58,7 @@ func TestDrain(t *testing.T) {
 func TestDrainTimeout(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	hookErr := errors.New("publish cleared failed")
 	err := reg.Drain(ctxT(t), DrainConfig{
@@ -85,9 +81,7 @@ func TestDrainTimeout(t *testing.T) {
 func TestDrainContextCancelled(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	_, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	_, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()

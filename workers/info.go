@@ -104,7 +104,7 @@ func (i Info) Key() string { return KeyFor(i.ID) }
 // the worker's identity (kvevents.WorkerKey and Live take no model); one
 // key per id lets Create's compare-and-set reject a duplicate id even when
 // the two processes claim different models.
-func KeyFor(id string) string { return escapeToken(id) }
+func KeyFor(id string) string { return keyTokens.Escape(id) }
 
 // ErrInvalidInfo is wrapped by every validation and decoding error of an
 // Info; the concrete error is an *InfoError.

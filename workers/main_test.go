@@ -88,38 +88,38 @@ func (r *recorder) all() []event {
 	return append([]event(nil), r.events...)
 }
 
-// wait returns the next event of kind for id, failing after d.
-func (r *recorder) wait(t *testing.T, kind, id string, d time.Duration) event {
-	t.Helper()
+// next returns the next event of kind for id, or false if none arrives
+// within d.
+func (r *recorder) next(kind, id string, d time.Duration) (event, bool) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
 		select {
 		case e := <-r.ch:
 			if e.kind == kind && e.info.ID == id {
-				return e
+				return e, true
 			}
 		case <-timer.C:
-			t.Fatalf("no %s of %q within %v; events: %v", kind, id, d, r.all())
-			return event{}
+			return event{}, false
 		}
 	}
+}
+
+// wait returns the next event of kind for id, failing after d.
+func (r *recorder) wait(t *testing.T, kind, id string, d time.Duration) event {
+	t.Helper()
+	e, ok := r.next(kind, id, d)
+	if !ok {
+		t.Fatalf("no %s of %q within %v; events: %v", kind, id, d, r.all())
+	}
+	return e
 }
 
 // none fails if an event of kind for id arrives within d.
 func (r *recorder) none(t *testing.T, kind, id string, d time.Duration) {
 	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	for {
-		select {
-		case e := <-r.ch:
-			if e.kind == kind && e.info.ID == id {
-				t.Fatalf("unexpected %v; events: %v", e, r.all())
-			}
-		case <-timer.C:
-			return
-		}
+	if e, ok := r.next(kind, id, d); ok {
+		t.Fatalf("unexpected %v; events: %v", e, r.all())
 	}
 }
 
@@ -147,14 +147,12 @@ func register(t *testing.T, js jetstream.JetStream, cfg RegistryConfig, info Inf
 	return r
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, cond func() bool, what func() string) {
+// watchAndRegisterW1 starts a membership view, registers worker w1 and
+// waits for the view to see it join.
+func watchAndRegisterW1(t *testing.T, js jetstream.JetStream, cfg RegistryConfig) (*Membership, *recorder, *Registration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %s", d, what())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	m, rec := watch(t, js, cfg)
+	reg := register(t, js, cfg, validInfo("w1"))
+	rec.wait(t, "join", "w1", 2*time.Second)
+	return m, rec, reg
 }

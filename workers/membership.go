@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -182,15 +183,11 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.mu.Unlock()
 			return
 		}
-		delete(m.members, key)
-		m.mu.Unlock()
-		m.departs.Add(1)
 		reason := "deleted"
 		if e.Operation() == jetstream.KeyValuePurge {
 			reason = "expired or purged"
 		}
-		m.log.Info("worker departed", "worker", prev.info.ID, "epoch", prev.info.Epoch, "reason", reason)
-		call(m.cfg.OnDepart, prev.info)
+		m.departAndUnlock(key, prev, reason)
 		return
 	}
 	if prev != nil && bytes.Equal(prev.raw, e.Value()) { // a heartbeat
@@ -222,10 +219,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			return
 		}
 		// It moved to another model: gone from this view.
-		delete(m.members, key)
-		m.mu.Unlock()
-		m.departs.Add(1)
-		call(m.cfg.OnDepart, prev.info)
+		m.departAndUnlock(key, prev, "moved to model "+strconv.Quote(info.Model))
 		return
 	}
 	cur := &member{info: info, raw: bytes.Clone(e.Value()), rev: e.Revision()}
@@ -250,6 +244,17 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		}
 		call(m.cfg.OnUpdate, info)
 	}
+}
+
+// departAndUnlock removes key's member prev from the view, releases m.mu
+// (held by the caller), and then counts, logs and reports the departure, so
+// that OnDepart runs without the lock like every callback.
+func (m *Membership) departAndUnlock(key string, prev *member, reason string) {
+	delete(m.members, key)
+	m.mu.Unlock()
+	m.departs.Add(1)
+	m.log.Info("worker departed", "worker", prev.info.ID, "epoch", prev.info.Epoch, "reason", reason)
+	call(m.cfg.OnDepart, prev.info)
 }
 
 // call hands f a private copy so callbacks cannot alter the view.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -153,9 +154,7 @@ func TestHeartbeatAndExpiry(t *testing.T) {
 	t.Parallel()
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	rec.none(t, "depart", "w1", 3*testTTL+500*time.Millisecond)
 	if !m.Live("w1") {
@@ -195,9 +194,7 @@ func TestHeartbeatAndExpiry(t *testing.T) {
 func TestDraining(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	if err := reg.SetDraining(ctxT(t)); err != nil {
 		t.Fatal(err)
@@ -229,9 +226,7 @@ func TestDraining(t *testing.T) {
 func TestDeregister(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	start := time.Now()
 	if err := reg.Deregister(ctxT(t)); err != nil {
@@ -265,9 +260,7 @@ func TestRestartAfterCrash(t *testing.T) {
 	t.Parallel()
 	_, js := setup(t)
 	cfg := testCfg()
-	_, rec := watch(t, js, cfg)
-	old := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	_, rec, old := watchAndRegisterW1(t, js, cfg)
 	old.Stop()
 
 	in := validInfo("w1")
@@ -289,9 +282,7 @@ func TestDuplicateAndTakeOver(t *testing.T) {
 	t.Parallel()
 	_, js := setup(t)
 	cfg := testCfg()
-	m, rec := watch(t, js, cfg)
-	first := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, first := watchAndRegisterW1(t, js, cfg)
 
 	dupInfo := validInfo("w1")
 	dupInfo.Epoch = 43
@@ -336,9 +327,7 @@ func TestKeyVanishedIsRecreated(t *testing.T) {
 	cfg := testCfg()
 	var recreated atomic.Int32
 	cfg.OnRecreate = func(Info) { recreated.Add(1) }
-	m, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	kv, err := js.KeyValue(ctxT(t), DefaultBucket)
 	if err != nil {
@@ -350,7 +339,7 @@ func TestKeyVanishedIsRecreated(t *testing.T) {
 	rec.wait(t, "depart", "w1", time.Second)
 	rec.wait(t, "join", "w1", 2*testHeartbeat+slack)
 	// The view may see the new key before the heartbeat goroutine counts it.
-	eventually(t, time.Second, func() bool { return reg.Stats().Recreated == 1 && recreated.Load() == 1 },
+	testutil.Eventually(t, time.Second, func() bool { return reg.Stats().Recreated == 1 && recreated.Load() == 1 },
 		func() string { return fmt.Sprintf("stats %+v, OnRecreate calls %d", reg.Stats(), recreated.Load()) })
 	// It is renewed with a TTL again: it survives a few TTLs, then expires.
 	rec.none(t, "depart", "w1", 2*testTTL)
@@ -457,13 +446,8 @@ func TestManyWorkers(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	deadline := time.Now().Add(2 * time.Second)
-	for m.Len() != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if m.Len() != 0 {
-		t.Fatalf("%d workers left after deregistering all", m.Len())
-	}
+	testutil.Eventually(t, 2*time.Second, func() bool { return m.Len() == 0 },
+		func() string { return fmt.Sprintf("%d workers left after deregistering all", m.Len()) })
 	if st := m.Stats(); st.Joins != n || st.Departs != n {
 		t.Fatalf("stats %+v", st)
 	}
@@ -540,8 +524,11 @@ func TestHeartbeatSurvivesOutages(t *testing.T) {
 	reg := register(t, fj, cfg, validInfo("w1"))
 	rec.wait(t, "join", "w1", 2*time.Second)
 
+	// A short outage: until the first heartbeat fails (at most one
+	// heartbeat interval, well inside the TTL).
 	fj.down.Store(true)
-	time.Sleep(testTTL / 2)
+	testutil.Eventually(t, testTTL, func() bool { return reg.Stats().Failures > 0 },
+		func() string { return fmt.Sprintf("no heartbeat failed during the outage: %+v", reg.Stats()) })
 	fj.down.Store(false)
 	rec.none(t, "depart", "w1", testTTL)
 	if st := reg.Stats(); st.Failures == 0 || st.Recreated != 0 {
@@ -555,7 +542,7 @@ func TestHeartbeatSurvivesOutages(t *testing.T) {
 	}
 	fj.down.Store(false)
 	rec.wait(t, "join", "w1", testHeartbeat+slack)
-	eventually(t, time.Second, func() bool { return reg.Stats().Recreated == 1 },
+	testutil.Eventually(t, time.Second, func() bool { return reg.Stats().Recreated == 1 },
 		func() string { return fmt.Sprintf("stats %+v", reg.Stats()) })
 	if reg.Err() != nil {
 		t.Fatalf("Err = %v", reg.Err())
@@ -568,9 +555,7 @@ func TestHeartbeatSurvivesOutages(t *testing.T) {
 func TestHeartbeatAdoptsOwnLostWrite(t *testing.T) {
 	_, js := setup(t)
 	cfg := testCfg()
-	_, rec := watch(t, js, cfg)
-	reg := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	_, rec, reg := watchAndRegisterW1(t, js, cfg)
 
 	val, _ := EncodeInfo(reg.Info())
 	// The "lost" write: same value, CAS on the registration's revision.
@@ -624,7 +609,7 @@ func TestRestartCallbackOrder(t *testing.T) {
 	// it was delivered, so each step waits for the view to catch up.
 	want := []string{"join 1", "depart 1 (view: live=true epoch=2)", "join 2", "depart 2 (view: live=false epoch=0)"}
 	waitLog := func(n int) {
-		eventually(t, 2*time.Second, func() bool {
+		testutil.Eventually(t, 2*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(log) >= n
@@ -670,13 +655,11 @@ func TestReplicatedBucket(t *testing.T) {
 	cfg := testCfg()
 	cfg.Replicas = 3
 	// The meta leader may not know every peer yet ("no suitable peers").
-	eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		_, err = EnsureBucket(ctxT(t), js, cfg)
 		return err == nil
 	}, func() string { return fmt.Sprint(err) })
-	m, rec := watch(t, js, cfg)
-	first := register(t, js, cfg, validInfo("w1"))
-	rec.wait(t, "join", "w1", 2*time.Second)
+	m, rec, first := watchAndRegisterW1(t, js, cfg)
 	if err := first.SetDraining(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -703,7 +686,9 @@ func TestReplicatedBucket(t *testing.T) {
 	}
 	stopped := time.Now()
 	second.Stop()
-	// Expiry runs on the stream leader's timers: allow a loaded cluster more.
-	e := rec.wait(t, "depart", "w1", testTTL+3*slack)
+	// Expiry runs on the stream leader's timers, which a loaded machine
+	// delays by seconds: the bound only stops a test that never sees the
+	// depart (the latency is logged, not asserted).
+	e := rec.wait(t, "depart", "w1", 10*time.Second)
 	t.Logf("R3: departed %v after the heartbeat stopped", e.at.Sub(stopped))
 }

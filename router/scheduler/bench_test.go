@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // The design note's matrix: ISL 2,048 tokens, block size 16, worker i has
@@ -154,7 +156,7 @@ func BenchmarkCustomSelection(b *testing.B) {
 // BenchmarkSelectionUnderHard: the pin rule narrows to one worker.
 func BenchmarkSelectionUnderHard(b *testing.B) {
 	c, w, _ := benchCore(b, 2048, NewDefaultPolicy(0))
-	w.req.Affinity = hardTo(workerOnly("worker-00100"))
+	w.req.Affinity = hardTo(workerref.Any("worker-00100"))
 	w.plan, _ = applyPinRule(w.req, nil)
 	b.ReportAllocs()
 	cpu := startCPU()

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func bigWorker(name string) WorkerInfo {
@@ -162,7 +164,7 @@ func TestReplicaLoadSharing(t *testing.T) {
 	}}, nil, bigWorker("a"), bigWorker("b"))
 	r2 = newHarness(t, Config{Replica: "r2", Now: clock.Now, MaxRemoteBookings: 2}, nil, bigWorker("a"), bigWorker("b"))
 
-	d := r1.admitted(r1.submit(&Request{ID: "x", Tokens: 64, SeqHashes: hashes(4, 1), Pinned: &Target{Worker: "a"}}))
+	d := r1.admitted(r1.submit(&Request{ID: "x", Tokens: 64, SeqHashes: hashes(4, 1), Pinned: new(workerref.Any("a"))}))
 	if l := r2.loads()[wk("a", 0)]; l.PrefillTokens != 64 || l.DecodeBlocks != 4 || l.ActiveRequests != 1 || l.LocalBookings != 0 {
 		t.Fatalf("remote add not applied: %+v", l)
 	}
@@ -310,9 +312,9 @@ func TestObserveLoadCorrectsDrift(t *testing.T) {
 // Removing a worker drops its bookings and fails requests pinned to it.
 func TestRemoveWorker(t *testing.T) {
 	h := newHarness(t, Config{}, nil, wi("a", 0), wi("a", 1), wi("b", 0))
-	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 64, SeqHashes: hashes(4, 1), Pinned: &Target{Worker: "a", Rank: 1, HasRank: true}}))
-	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 0, HasRank: true}}))
-	pinned := h.submit(&Request{ID: "p", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 0, HasRank: true}})
+	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 64, SeqHashes: hashes(4, 1), Pinned: new(workerref.Of("a", 1))}))
+	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: new(workerref.Of("a", 0))}))
+	pinned := h.submit(&Request{ID: "p", Tokens: 100, Pinned: new(workerref.Of("a", 0))})
 	h.waiting(pinned)
 	if err := h.s.RemoveWorker("a"); err != nil {
 		t.Fatal(err)

@@ -115,11 +115,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		if cost < best {
 			best, bi, ties = cost, i, 1
 		} else if cost == best {
-			// reservoir sampling: each of k tied rows is kept with p = 1/k
-			ties++
-			if x.rng.intn(ties) == 0 {
-				bi = i
-			}
+			bi, ties = x.rng.keepTied(bi, i, ties)
 		}
 	}
 	return bi
@@ -149,10 +145,7 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 		if cost < best {
 			best, bi, ties = cost, i, 1
 		} else if cost == best {
-			ties++
-			if x.rng.intn(ties) == 0 {
-				bi = i
-			}
+			bi, ties = x.rng.keepTied(bi, i, ties)
 		}
 	}
 	return bi
@@ -191,10 +184,7 @@ func pickMin(x *Context, c *Candidates, cost []float64, only bool) int {
 		if v < best {
 			best, bi, ties = v, i, 1
 		} else if v == best {
-			ties++
-			if x.rng.intn(ties) == 0 {
-				bi = i
-			}
+			bi, ties = x.rng.keepTied(bi, i, ties)
 		}
 	}
 	return bi
@@ -652,10 +642,7 @@ func leastLoaded(x *Context, c *Candidates, in func(i int) bool) int {
 		case -1:
 			bi, ties = i, 1
 		case 0:
-			ties++
-			if x.rng.intn(ties) == 0 {
-				bi = i
-			}
+			bi, ties = x.rng.keepTied(bi, i, ties)
 		}
 	}
 	return bi

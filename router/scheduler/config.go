@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Thresholds decide when a worker is overloaded (not a candidate at all) and
@@ -114,14 +116,14 @@ type QueueConfig struct {
 // is always Soft: it can neither replace nor clear a Hard requirement. It is
 // called from the scheduler's actor and must be fast and side-effect free.
 type Classifier interface {
-	Classify(r *Request) (Target, bool)
+	Classify(r *Request) (workerref.Target, bool)
 }
 
 // ClassifierFunc adapts a function to Classifier.
-type ClassifierFunc func(r *Request) (Target, bool)
+type ClassifierFunc func(r *Request) (workerref.Target, bool)
 
 // Classify calls f.
-func (f ClassifierFunc) Classify(r *Request) (Target, bool) { return f(r) }
+func (f ClassifierFunc) Classify(r *Request) (workerref.Target, bool) { return f(r) }
 
 // RefreshFunc returns fresh overlaps for a request that waited long; it
 // appends to dst and returns it. Called from the actor: no I/O, be quick.

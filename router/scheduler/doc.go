@@ -20,10 +20,11 @@
 //   - The pin rule: applyPinRule in pinrule.go. It is the one place where an
 //     explicit pin, a Hard or Soft affinity requirement and a classifier's
 //     suggestion limit admission and selection, and the one place that
-//     decides whether a pin agrees with an affinity target (same worker;
-//     same rank where both name one, as bindings.Target.Matches; the pair is
-//     then exact on the more specific target, and a disagreeing pair is
-//     ErrPinConflict before selection). selectWorker (same file) executes
+//     decides whether a pin agrees with an affinity target
+//     (workerref.Target.Agrees, the rule the bindings table applies too:
+//     same worker, same rank where both name one; the pair is then exact on
+//     the more specific target, and a disagreeing pair is ErrPinConflict
+//     before selection). selectWorker (same file) executes
 //     its plan. No policy handles Hard itself.
 //   - Policies (policy.go, builtin.go, registry.go): the Policy interface,
 //     the llm-d style Pipeline of Filters, weighted Scorers and a Picker,
@@ -45,7 +46,8 @@
 // Strength), asks the index for overlaps and passes them in Request.Overlaps
 // (this package's own Overlap type), feeds membership (UpsertWorker,
 // RemoveWorker) and load reports, and calls PrefillDone/Free/Rollback over a
-// request's life.
+// request's life. The worker-and-rank target of pins, affinities and
+// classifiers is the shared leaf type workerref.Target.
 //
 // # Where to start reading
 //

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // A host's view: build the policy from YAML, register workers, schedule a
@@ -35,7 +36,7 @@ func Example() {
 		Tokens: 512,
 		// gpu-2 has the whole prompt cached, but the session is bound Hard to gpu-1.
 		Overlaps: []scheduler.Overlap{{Key: kvevents.WorkerKey{Worker: "gpu-2"}, Blocks: 32}},
-		Affinity: &scheduler.Affinity{Target: scheduler.Target{Worker: "gpu-1"}, Strength: scheduler.Hard},
+		Affinity: &scheduler.Affinity{Target: workerref.Any("gpu-1"), Strength: scheduler.Hard},
 	}
 	d, err := s.Schedule(context.Background(), req)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // slot flags. A slot is one (worker, rank).
@@ -388,7 +389,7 @@ func (f *fleet) schedulable(s int32) bool {
 	return f.flags[s]&(fLive|fAvail) == fLive|fAvail
 }
 
-// resolvedTarget is a Target mapped onto the fleet: the worker id and, for a
+// resolvedTarget is a workerref.Target mapped onto the fleet: the worker id and, for a
 // ranked target, the slot (-1 when that rank is not registered).
 type resolvedTarget struct {
 	wid     int32 // -1: worker unknown
@@ -396,7 +397,7 @@ type resolvedTarget struct {
 	hasRank bool
 }
 
-func (f *fleet) resolve(t Target) resolvedTarget {
+func (f *fleet) resolve(t workerref.Target) resolvedTarget {
 	rt := resolvedTarget{wid: f.widOf(t.Worker), slot: -1, hasRank: t.HasRank}
 	if rt.wid >= 0 && t.HasRank {
 		rt.slot = f.lookup(t.Worker, t.Rank)

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -57,8 +58,17 @@ func newHarness(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *harn
 	if cfg.Now == nil {
 		cfg.Now = clock.Now
 	}
+	s := newScheduler(t, cfg, 1, p, workers...)
+	return &harness{t: t, s: s, c: s.c, clock: clock}
+}
+
+// newScheduler builds a scheduler (not started) with the given workers and
+// the tests' defaults: seed unless cfg sets one, and the one-batch queue
+// threshold unless cfg sets thresholds.
+func newScheduler(t *testing.T, cfg Config, seed uint64, p Policy, workers ...WorkerInfo) *Scheduler {
+	t.Helper()
 	if !cfg.HasSeed {
-		cfg.Seed, cfg.HasSeed = 1, true
+		cfg.Seed, cfg.HasSeed = seed, true
 	}
 	if !cfg.ThresholdsSet {
 		cfg.Thresholds, cfg.ThresholdsSet = oneBatch(), true
@@ -72,7 +82,7 @@ func newHarness(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *harn
 			t.Fatal(err)
 		}
 	}
-	return &harness{t: t, s: s, c: s.c, clock: clock}
+	return s
 }
 
 // submit hands r to the core; the waiter's reply holds the outcome once
@@ -134,21 +144,7 @@ func (h *harness) loads() map[kvevents.WorkerKey]WorkerLoad {
 // startScheduler returns a running scheduler with the given workers.
 func startScheduler(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *Scheduler {
 	t.Helper()
-	if !cfg.HasSeed {
-		cfg.Seed, cfg.HasSeed = 7, true
-	}
-	if !cfg.ThresholdsSet {
-		cfg.Thresholds, cfg.ThresholdsSet = oneBatch(), true
-	}
-	s, err := New(cfg, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range workers {
-		if err := s.UpsertWorker(w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s := newScheduler(t, cfg, 7, p, workers...)
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -156,22 +152,11 @@ func startScheduler(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *
 	return s
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // recordingPolicy records what it was offered and picks by a rule.
 type recordingPolicy struct {
 	pick     func(x *Context, c *Candidates) int
 	seen     [][]kvevents.WorkerKey
-	affinity []*Target
+	affinity []*workerref.Target
 }
 
 func (p *recordingPolicy) Name() string { return "recording" }

@@ -1,18 +1,18 @@
 package scheduler
 
 import (
-	"encoding/binary"
 	"fmt"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // A request whose allowed set is all busy waits without holding back later
 // requests that can use other workers.
 func TestRestrictedWaiterDoesNotBlockOthers(t *testing.T) {
 	h := newHarness(t, Config{}, nil, wi("a", 0), wi("b", 0))
-	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
 	onlyA := h.submit(&Request{ID: "only-a", Tokens: 100, Allowed: []string{"a"}})
 	h.waiting(onlyA)
 	if d := h.admitted(h.submit(&Request{ID: "any", Tokens: 50})); d.Worker != wk("b", 0) {
@@ -27,8 +27,8 @@ func TestHardWorkerTargetSkipsOverloadedRank(t *testing.T) {
 	th := oneBatch()
 	th.OverloadPrefillFrac = 1
 	h := newHarness(t, Config{Thresholds: th, ThresholdsSet: true}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
-	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 0, HasRank: true}}))
-	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerOnly("a")),
+	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: new(workerref.Of("a", 0))}))
+	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerref.Any("a")),
 		Overlaps: []Overlap{{wk("b", 0), 1}}}))
 	if d.Worker != wk("a", 1) || d.HardFallback {
 		t.Fatalf("got %v fallback=%v", d.Worker, d.HardFallback)
@@ -146,13 +146,12 @@ func TestSharedBlocksPerWorker(t *testing.T) {
 	h := newHarness(t, Config{}, p, bigWorker("a"), bigWorker("b"))
 	base := hashes(8, 3)
 	// a holds the first 6 blocks of the chain, b the first 2 (twice).
-	h.admitted(h.submit(&Request{ID: "a6", Tokens: 96, SeqHashes: base[:6], Pinned: &Target{Worker: "a"}}))
-	h.admitted(h.submit(&Request{ID: "b2", Tokens: 32, SeqHashes: base[:2], Pinned: &Target{Worker: "b"}}))
-	h.admitted(h.submit(&Request{ID: "b2'", Tokens: 32, SeqHashes: base[:2], Pinned: &Target{Worker: "b"}}))
+	h.admitted(h.submit(&Request{ID: "a6", Tokens: 96, SeqHashes: base[:6], Pinned: new(workerref.Any("a"))}))
+	h.admitted(h.submit(&Request{ID: "b2", Tokens: 32, SeqHashes: base[:2], Pinned: new(workerref.Any("b"))}))
+	h.admitted(h.submit(&Request{ID: "b2'", Tokens: 32, SeqHashes: base[:2], Pinned: new(workerref.Any("b"))}))
 	h.admitted(h.submit(&Request{ID: "r", Tokens: 128, SeqHashes: base}))
 	// a: 6 booked + 8 new − 6 shared = 8; b: 2 booked + 8 − 2 = 8
 	if got[wk("a", 0)] != 8 || got[wk("b", 0)] != 8 {
 		t.Fatalf("potential decode blocks %v", got)
 	}
-	_ = binary.LittleEndian
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // pinPlan is the pin rule's verdict for one request: what limits its
@@ -11,15 +13,15 @@ import (
 type pinPlan struct {
 	// exact is an explicit pinned target: the only candidates, and the
 	// queue lane the request waits in while that target is busy.
-	exact *Target
+	exact *workerref.Target
 	// hard confines selection to this target while it has an eligible row;
 	// otherwise selection runs over the fleet (HardFallback).
-	hard *Target
+	hard *workerref.Target
 	// soft is handed to the policy as Context.Affinity.
-	soft *Target
+	soft *workerref.Target
 	// softOnFallback is the classifier's target when the request is Hard:
 	// it is used only if the Hard target turns out to be ineligible.
-	softOnFallback *Target
+	softOnFallback *workerref.Target
 }
 
 // applyPinRule is THE PIN RULE: the one place where a request's pin and
@@ -49,8 +51,8 @@ type pinPlan struct {
 //  6. A pin and an affinity requirement (of either strength) that disagree
 //     are rejected here, before selection, with ErrPinConflict. They agree
 //     when they name the same worker and, where both name a rank, the same
-//     rank (Target.agrees; the bindings table's Target.Matches is the same
-//     rule, so the host passes pin and binding through unchanged). An
+//     rank (workerref.Target.Agrees, the rule the bindings table applies
+//     too, so the host passes pin and binding through unchanged). An
 //     agreeing pair is exact on the more specific of the two: a worker-only
 //     pin with a ranked affinity is pinned to that rank, a ranked pin with a
 //     worker-only affinity keeps the pin's rank. The affinity adds nothing
@@ -64,7 +66,7 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 	if r.Pinned != nil {
 		p.exact = r.Pinned // 5
 		if aff != nil {
-			if !r.Pinned.agrees(aff.Target) { // 6
+			if !r.Pinned.Agrees(aff.Target) { // 6
 				return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
 					ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
 			}
@@ -141,7 +143,7 @@ func (c *core) runPinPlan(w *waiter) (slot int32, overlap int, fellBack bool, er
 
 // runPolicy calls the policy over c.cands with an optional Soft target and
 // validates the row it returns.
-func (c *core) runPolicy(x *Context, soft *Target) (int32, int, error) {
+func (c *core) runPolicy(x *Context, soft *workerref.Target) (int32, int, error) {
 	cs := &c.cands
 	x.hasAff, cs.hasAff = false, false
 	if soft != nil {
@@ -307,7 +309,7 @@ func (c *core) collectAll(w *waiter) {
 }
 
 // collectTarget sets c.cands to t's eligible rows that w may use.
-func (c *core) collectTarget(w *waiter, t Target) {
+func (c *core) collectTarget(w *waiter, t workerref.Target) {
 	fl := c.fl
 	cs := &c.cands
 	cs.slots, cs.owned = cs.own[:0], true

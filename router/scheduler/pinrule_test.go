@@ -8,26 +8,23 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
-func hardTo(t Target) *Affinity { return &Affinity{Target: t, Strength: Hard} }
-func softTo(t Target) *Affinity { return &Affinity{Target: t, Strength: Soft} }
-func ranked(w string, r uint32) Target {
-	return Target{Worker: w, Rank: r, HasRank: true}
-}
-func workerOnly(w string) Target { return Target{Worker: w} }
+func hardTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Strength: Hard} }
+func softTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Strength: Soft} }
 
 // A custom policy that always prefers worker b is limited to the eligible
 // Hard target, and sees only the target's rows.
 func TestHardAffinityLimitsACustomPickerToTheEligibleTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		target Target
+		target workerref.Target
 		seen   []kvevents.WorkerKey
 		want   kvevents.WorkerKey
 	}{
-		{"ranked", ranked("a", 1), []kvevents.WorkerKey{wk("a", 1)}, wk("a", 1)},
-		{"worker-only", workerOnly("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}, wk("a", 0)},
+		{"ranked", workerref.Of("a", 1), []kvevents.WorkerKey{wk("a", 1)}, wk("a", 1)},
+		{"worker-only", workerref.Any("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}, wk("a", 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &recordingPolicy{pick: preferWorker("b")}
@@ -54,7 +51,7 @@ func TestHardAffinityLimitsTheDefaultSelectorToAnEligibleTarget(t *testing.T) {
 			h := newHarness(t, Config{}, NewDefaultPolicy(temp), wi("a", 0), wi("b", 0), wi("c", 0))
 			for i := range 50 {
 				r := &Request{ID: fmt.Sprint("r", i), Tokens: 96, SeqHashes: hashes(6, 1),
-					Overlaps: []Overlap{{Key: wk("b", 0), Blocks: 6}}, Affinity: hardTo(workerOnly("a"))}
+					Overlaps: []Overlap{{Key: wk("b", 0), Blocks: 6}}, Affinity: hardTo(workerref.Any("a"))}
 				d := h.admitted(h.submit(r))
 				if d.Worker != wk("a", 0) {
 					t.Fatalf("selection %d went to %v, want a/0", i, d.Worker)
@@ -76,16 +73,16 @@ func TestHardAffinityLimitsTheDefaultSelectorToAnEligibleTarget(t *testing.T) {
 // A classifier's target is Soft: it cannot replace a Hard binding, but it
 // does replace a Soft one, and it applies when a Hard target is ineligible.
 func TestHardAffinitySurvivesAClassifierTarget(t *testing.T) {
-	cls := ClassifierFunc(func(*Request) (Target, bool) { return workerOnly("b"), true })
+	cls := ClassifierFunc(func(*Request) (workerref.Target, bool) { return workerref.Any("b"), true })
 	for _, tc := range []struct {
 		name     string
 		aff      *Affinity
 		want     kvevents.WorkerKey
 		fallback bool
 	}{
-		{"hard binding wins", hardTo(workerOnly("a")), wk("a", 0), false},
-		{"classifier replaces soft", softTo(workerOnly("a")), wk("b", 0), false},
-		{"classifier applies when hard target is gone", hardTo(workerOnly("gone")), wk("b", 0), true},
+		{"hard binding wins", hardTo(workerref.Any("a")), wk("a", 0), false},
+		{"classifier replaces soft", softTo(workerref.Any("a")), wk("b", 0), false},
+		{"classifier applies when hard target is gone", hardTo(workerref.Any("gone")), wk("b", 0), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, Config{Classifier: cls}, NewDefaultPolicy(0), wi("a", 0), wi("b", 0), wi("c", 0))
@@ -105,12 +102,12 @@ func TestHardAffinitySurvivesAClassifierTarget(t *testing.T) {
 // unbound request.
 func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
 	h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("b", 0))
-	fill := h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
 	if !h.loads()[wk("a", 0)].Busy {
 		t.Fatal("a should be busy")
 	}
 	// a is busy, b is free: the Hard request is admitted now, to a.
-	d := h.admitted(h.submit(&Request{ID: "hard-1", Tokens: 100, Affinity: hardTo(workerOnly("a"))}))
+	d := h.admitted(h.submit(&Request{ID: "hard-1", Tokens: 100, Affinity: hardTo(workerref.Any("a"))}))
 	if d.Worker != wk("a", 0) || d.HardFallback {
 		t.Fatalf("hard-1 went to %v (fallback %v), want a/0", d.Worker, d.HardFallback)
 	}
@@ -120,7 +117,7 @@ func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
 		t.Fatalf("fill-b went to %v", fillB.Worker)
 	}
 	// Now every worker is busy: both wait, the Hard one first.
-	hard2 := h.submit(&Request{ID: "hard-2", Tokens: 100, Affinity: hardTo(workerOnly("a"))})
+	hard2 := h.submit(&Request{ID: "hard-2", Tokens: 100, Affinity: hardTo(workerref.Any("a"))})
 	later := h.submit(&Request{ID: "later", Tokens: 100})
 	h.waiting(hard2)
 	h.waiting(later)
@@ -135,35 +132,34 @@ func TestHardAffinityAdmissionStaysFleetWide(t *testing.T) {
 	if d := h.admitted(later); d.Worker != wk("b", 0) {
 		t.Fatalf("later went to %v, want b/0", d.Worker)
 	}
-	_ = fill
 }
 
 // An ineligible Hard target selects normally over the fleet.
 func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		target  Target
+		target  workerref.Target
 		allowed []string
 		setup   func(h *harness)
 		seen    []kvevents.WorkerKey
 	}{
-		{name: "unknown", target: workerOnly("zz"),
+		{name: "unknown", target: workerref.Any("zz"),
 			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
-		{name: "rank out of range", target: ranked("a", 5),
+		{name: "rank out of range", target: workerref.Of("a", 5),
 			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
-		{name: "outside allowed set", target: workerOnly("a"), allowed: []string{"c", "b"},
+		{name: "outside allowed set", target: workerref.Any("a"), allowed: []string{"c", "b"},
 			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
-		{name: "overloaded", target: workerOnly("a"),
+		{name: "overloaded", target: workerref.Any("a"),
 			setup: func(h *harness) {
 				th := oneBatch()
 				th.OverloadPrefillFrac = 1
 				if err := h.s.SetThresholds(th); err != nil {
 					h.t.Fatal(err)
 				}
-				h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: &Target{Worker: "a"}}))
+				h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: new(workerref.Any("a"))}))
 			},
 			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
-		{name: "unavailable", target: workerOnly("a"),
+		{name: "unavailable", target: workerref.Any("a"),
 			setup: func(h *harness) {
 				info := wi("a", 0)
 				info.Available = false
@@ -198,7 +194,7 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 func TestHardTargetRejectedByPolicyFilterFallsBack(t *testing.T) {
 	p := &Pipeline{Filters: []Filter{dropWorker("a")}, Scorers: []WeightedScorer{{Scorer: DefaultCost{Params: DefaultCostParams()}, Weight: 1}}}
 	h := newHarness(t, Config{}, p, wi("a", 0), wi("b", 0))
-	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerOnly("a"))}))
+	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerref.Any("a"))}))
 	if d.Worker != wk("b", 0) || !d.HardFallback {
 		t.Fatalf("got %v fallback=%v", d.Worker, d.HardFallback)
 	}
@@ -219,11 +215,11 @@ func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
 	cheapOnB := []Overlap{{Key: wk("b", 0), Blocks: 6}}
 	for _, tc := range []struct {
 		name   string
-		target Target
+		target workerref.Target
 		want   []kvevents.WorkerKey
 	}{
-		{"ranked", ranked("a", 1), []kvevents.WorkerKey{wk("a", 1)}},
-		{"worker-only", workerOnly("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+		{"ranked", workerref.Of("a", 1), []kvevents.WorkerKey{wk("a", 1)}},
+		{"worker-only", workerref.Any("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
@@ -240,7 +236,7 @@ func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
 			}
 			for _, k := range tc.want {
 				if k != d.Worker {
-					h.admitted(h.submit(&Request{ID: "fill-" + k.String(), Tokens: 100, Pinned: &Target{Worker: k.Worker, Rank: k.Rank, HasRank: true}}))
+					h.admitted(h.submit(&Request{ID: "fill-" + k.String(), Tokens: 100, Pinned: new(workerref.Of(k.Worker, k.Rank))}))
 				}
 			}
 			d2 := h.admitted(h.submit(&Request{ID: "r2", Tokens: 96, SeqHashes: hashes(6, 1), Overlaps: cheapOnB,
@@ -253,11 +249,11 @@ func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
 	t.Run("custom policy gets the full set", func(t *testing.T) {
 		p := &recordingPolicy{pick: preferWorker("b")}
 		h := newHarness(t, Config{}, p, wi("a", 0), wi("a", 1), wi("b", 0))
-		d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: softTo(ranked("a", 1))}))
+		d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: softTo(workerref.Of("a", 1))}))
 		if d.Worker != wk("b", 0) {
 			t.Fatalf("custom policy's choice overridden: %v", d.Worker)
 		}
-		if len(p.seen[0]) != 3 || p.affinity[0] == nil || *p.affinity[0] != ranked("a", 1) {
+		if len(p.seen[0]) != 3 || p.affinity[0] == nil || *p.affinity[0] != workerref.Of("a", 1) {
 			t.Fatalf("policy saw %v with affinity %v", p.seen[0], p.affinity[0])
 		}
 	})
@@ -272,7 +268,7 @@ func TestSoftAffinityLimitsSamplingToTheBoundWorker(t *testing.T) {
 			got := map[kvevents.WorkerKey]int{}
 			unbound := map[kvevents.WorkerKey]int{}
 			for i := range 300 {
-				for _, aff := range []*Affinity{softTo(workerOnly("a")), nil} {
+				for _, aff := range []*Affinity{softTo(workerref.Any("a")), nil} {
 					r := &Request{ID: fmt.Sprint("r", i, aff == nil), Tokens: 32, Affinity: aff}
 					d := h.admitted(h.submit(r))
 					if aff != nil {
@@ -301,13 +297,13 @@ func TestBlockedPinnedLaneDoesNotBlockOtherWorker(t *testing.T) {
 	b := wi("b", 0)
 	b.MaxBatchedTokens = 1000
 	h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), b)
-	first := h.admitted(h.submit(&Request{ID: "a-1", Tokens: 100, Pinned: &Target{Worker: "a"}}))
-	blocked := h.submit(&Request{ID: "a-2", Tokens: 100, Pinned: &Target{Worker: "a"}})
+	first := h.admitted(h.submit(&Request{ID: "a-1", Tokens: 100, Pinned: new(workerref.Any("a"))}))
+	blocked := h.submit(&Request{ID: "a-2", Tokens: 100, Pinned: new(workerref.Any("a"))})
 	h.waiting(blocked)
 	if d := h.admitted(h.submit(&Request{ID: "any", Tokens: 100})); d.Worker != wk("b", 0) {
 		t.Fatalf("unbound request went to %v", d.Worker)
 	}
-	if d := h.admitted(h.submit(&Request{ID: "b-1", Tokens: 100, Pinned: &Target{Worker: "b"}})); d.Worker != wk("b", 0) {
+	if d := h.admitted(h.submit(&Request{ID: "b-1", Tokens: 100, Pinned: new(workerref.Any("b"))})); d.Worker != wk("b", 0) {
 		t.Fatalf("b-pinned request went to %v", d.Worker)
 	}
 	h.waiting(blocked)
@@ -320,40 +316,37 @@ func TestBlockedPinnedLaneDoesNotBlockOtherWorker(t *testing.T) {
 }
 
 // A pin and an affinity requirement agree when they name the same worker
-// and, where both name a rank, the same rank (the bindings table's
-// Target.Matches rule). An agreeing pair is exact on the more specific of
+// and, where both name a rank, the same rank (workerref.Target.Agrees, the
+// rule the bindings table uses too). An agreeing pair is exact on the more specific of
 // the two; a disagreeing pair is rejected before selection. Every shape
 // (worker-only or ranked pin × worker-only or ranked affinity), agreeing and
 // disagreeing, under both strengths.
 func TestPinAgreesWithAffinity(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		pin  Target
-		aff  Target
+		pin  workerref.Target
+		aff  workerref.Target
 		// exact is the effective pinned target; nil = ErrPinConflict.
-		exact *Target
+		exact *workerref.Target
 		seen  []kvevents.WorkerKey // rows the policy is offered
 	}{
-		{"worker pin, worker affinity, same worker", workerOnly("a"), workerOnly("a"),
-			&Target{Worker: "a"}, []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
-		{"worker pin, worker affinity, other worker", workerOnly("a"), workerOnly("b"), nil, nil},
-		{"worker pin, ranked affinity, same worker", workerOnly("a"), ranked("a", 1),
-			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
-		{"worker pin, ranked affinity, other worker", workerOnly("a"), ranked("b", 0), nil, nil},
-		{"ranked pin, worker affinity, same worker", ranked("a", 1), workerOnly("a"),
-			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
-		{"ranked pin, worker affinity, other worker", ranked("a", 1), workerOnly("b"), nil, nil},
-		{"ranked pin, ranked affinity, same rank", ranked("a", 1), ranked("a", 1),
-			&Target{Worker: "a", Rank: 1, HasRank: true}, []kvevents.WorkerKey{wk("a", 1)}},
-		{"ranked pin, ranked affinity, other rank", ranked("a", 1), ranked("a", 0), nil, nil},
-		{"ranked pin, ranked affinity, other worker", ranked("a", 0), ranked("b", 0), nil, nil},
+		{"worker pin, worker affinity, same worker", workerref.Any("a"), workerref.Any("a"),
+			new(workerref.Any("a")), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+		{"worker pin, worker affinity, other worker", workerref.Any("a"), workerref.Any("b"), nil, nil},
+		{"worker pin, ranked affinity, same worker", workerref.Any("a"), workerref.Of("a", 1),
+			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+		{"worker pin, ranked affinity, other worker", workerref.Any("a"), workerref.Of("b", 0), nil, nil},
+		{"ranked pin, worker affinity, same worker", workerref.Of("a", 1), workerref.Any("a"),
+			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+		{"ranked pin, worker affinity, other worker", workerref.Of("a", 1), workerref.Any("b"), nil, nil},
+		{"ranked pin, ranked affinity, same rank", workerref.Of("a", 1), workerref.Of("a", 1),
+			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+		{"ranked pin, ranked affinity, other rank", workerref.Of("a", 1), workerref.Of("a", 0), nil, nil},
+		{"ranked pin, ranked affinity, other worker", workerref.Of("a", 0), workerref.Of("b", 0), nil, nil},
 	} {
 		for _, strength := range []Strength{Hard, Soft} {
 			t.Run(tc.name+"/"+strength.String(), func(t *testing.T) {
 				pin, aff := tc.pin, &Affinity{Target: tc.aff, Strength: strength}
-				if got, want := pin.agrees(aff.Target), tc.exact != nil; got != want || aff.Target.agrees(pin) != want {
-					t.Fatalf("agrees = %v, want %v (both ways)", got, want)
-				}
 				// The plan: exact on the more specific target, nothing else.
 				plan, err := applyPinRule(&Request{ID: "r", Pinned: &pin, Affinity: aff}, nil)
 				if tc.exact == nil {
@@ -385,7 +378,7 @@ func TestPinAgreesWithAffinity(t *testing.T) {
 					}
 					return
 				}
-				if res.err != nil || !tc.exact.Matches(res.d.Worker) || res.d.HardFallback {
+				if res.err != nil || !tc.exact.Contains(res.d.Worker.Worker, res.d.Worker.Rank) || res.d.HardFallback {
 					t.Fatalf("got %v fallback=%v / %v, want inside %v", res.d.Worker, res.d.HardFallback, res.err, *tc.exact)
 				}
 				if len(p.seen) != 1 || !slices.Equal(p.seen[0], tc.seen) {
@@ -408,16 +401,16 @@ func TestPinAgreesWithAffinity(t *testing.T) {
 func TestAgreeingPinWaitsForTheMoreSpecificTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		pin  Target
+		pin  workerref.Target
 		aff  *Affinity
 	}{
-		{"worker pin, ranked hard binding", workerOnly("a"), hardTo(ranked("a", 1))},
-		{"worker pin, ranked soft binding", workerOnly("a"), softTo(ranked("a", 1))},
-		{"ranked pin, worker binding", ranked("a", 1), hardTo(workerOnly("a"))},
+		{"worker pin, ranked hard binding", workerref.Any("a"), hardTo(workerref.Of("a", 1))},
+		{"worker pin, ranked soft binding", workerref.Any("a"), softTo(workerref.Of("a", 1))},
+		{"ranked pin, worker binding", workerref.Of("a", 1), hardTo(workerref.Any("a"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1))
-			first := h.admitted(h.submit(&Request{ID: "busy", Tokens: 100, Pinned: &Target{Worker: "a", Rank: 1, HasRank: true}}))
+			first := h.admitted(h.submit(&Request{ID: "busy", Tokens: 100, Pinned: new(workerref.Of("a", 1))}))
 			pin := tc.pin
 			w := h.submit(&Request{ID: "r", Tokens: 100, Pinned: &pin, Affinity: tc.aff})
 			h.waiting(w)
@@ -435,13 +428,13 @@ func TestAgreeingPinWaitsForTheMoreSpecificTarget(t *testing.T) {
 func TestPinnedTargetMustBeSchedulable(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		pin     Target
+		pin     workerref.Target
 		allowed []string
 	}{
-		{"unknown", workerOnly("zz"), nil},
-		{"rank out of range", ranked("a", 3), nil},
-		{"outside allowed", workerOnly("a"), []string{"b"}},
-		{"draining", workerOnly("d"), nil},
+		{"unknown", workerref.Any("zz"), nil},
+		{"rank out of range", workerref.Of("a", 3), nil},
+		{"outside allowed", workerref.Any("a"), []string{"b"}},
+		{"draining", workerref.Any("d"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := wi("d", 0)

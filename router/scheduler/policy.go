@@ -5,6 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Policy picks one worker from the candidates. The scheduler has already
@@ -109,7 +110,7 @@ type Context struct {
 	PromptTokens  int    // ISL
 	Seq           uint64 // selections made by this scheduler so far (round robin)
 
-	aff    Target
+	aff    workerref.Target
 	hasAff bool
 	rng    *rng
 	invBS  float64 // 1 / BlockSize
@@ -131,7 +132,7 @@ func (x *Context) invBlockSize() float64 {
 
 // Affinity returns the Soft target for this request, if any: a Soft session
 // binding, an explicit wire preference, or a classifier's suggestion.
-func (x *Context) Affinity() (Target, bool) { return x.aff, x.hasAff }
+func (x *Context) Affinity() (workerref.Target, bool) { return x.aff, x.hasAff }
 
 // Uint64 returns a random number from the scheduler's (optionally seeded)
 // source.
@@ -146,36 +147,21 @@ func (x *Context) Float64() float64 { return x.rng.float64() }
 // Scratch returns a float64 slice of length n (contents undefined) that is
 // valid until Select returns, for a custom policy, filter, scorer or picker;
 // no builtin uses it. Repeated calls return the same memory.
-func (x *Context) Scratch(n int) []float64 {
-	if cap(x.userBuf) < n {
-		x.userBuf = make([]float64, n, n+n/4)
-	}
-	x.userBuf = x.userBuf[:n]
-	return x.userBuf
-}
+func (x *Context) Scratch(n int) []float64 { return resize(&x.userBuf, n) }
 
-func (x *Context) costs(n int) []float64 {
-	if cap(x.costBuf) < n {
-		x.costBuf = make([]float64, n, n+n/4)
-	}
-	x.costBuf = x.costBuf[:n]
-	return x.costBuf
-}
+func (x *Context) costs(n int) []float64 { return resize(&x.costBuf, n) }
+func (x *Context) tmp(n int) []float64   { return resize(&x.tmpBuf, n) }
+func (x *Context) bools(n int) []bool    { return resize(&x.boolBuf, n) }
 
-func (x *Context) tmp(n int) []float64 {
-	if cap(x.tmpBuf) < n {
-		x.tmpBuf = make([]float64, n, n+n/4)
+// resize returns *buf cut to length n (contents undefined), reallocating
+// with a quarter's headroom only when it is too small, so selections over a
+// steady fleet reuse one allocation per buffer.
+func resize[T any](buf *[]T, n int) []T {
+	if cap(*buf) < n {
+		*buf = make([]T, n, n+n/4)
 	}
-	x.tmpBuf = x.tmpBuf[:n]
-	return x.tmpBuf
-}
-
-func (x *Context) bools(n int) []bool {
-	if cap(x.boolBuf) < n {
-		x.boolBuf = make([]bool, n, n+n/4)
-	}
-	x.boolBuf = x.boolBuf[:n]
-	return x.boolBuf
+	*buf = (*buf)[:n]
+	return *buf
 }
 
 // Candidates is the set a policy chooses from, in (worker, rank) order. Its
@@ -294,7 +280,7 @@ type CandidateRow struct {
 // policy outside a scheduler. requestBlocks is the request's decode blocks
 // (PotentialDecodeBlocks = ActiveDecodeBlocks + requestBlocks − SharedBlocks);
 // aff, when non-nil, is the Soft target.
-func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *Target, rows []CandidateRow) (*Context, *Candidates) {
+func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *workerref.Target, rows []CandidateRow) (*Context, *Candidates) {
 	f := newFleet()
 	c := &Candidates{f: f, newBlks: int64(requestBlocks), epoch: 1 << 32, owned: true}
 	for _, row := range rows {
@@ -342,6 +328,19 @@ func (r *rng) next() uint64 {
 func (r *rng) intn(n int) int {
 	hi, _ := bits.Mul64(r.next(), uint64(n))
 	return int(hi)
+}
+
+// keepTied is one step of reservoir sampling over the rows tied at the
+// lowest cost: the k-th tied row replaces the kept one with probability 1/k,
+// so each of the k is the final pick with probability 1/k. It returns the
+// kept row and the new tie count, and is the one tie-break every minimum
+// search uses (the same draws on every path).
+func (r *rng) keepTied(kept, row, ties int) (int, int) {
+	ties++
+	if r.intn(ties) == 0 {
+		return row, ties
+	}
+	return kept, ties
 }
 
 func (r *rng) float64() float64 { return float64(r.next()>>11) * (1.0 / (1 << 53)) }

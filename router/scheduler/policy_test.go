@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Dynamo's documented example at weight 1: worker 1 scores 8+10 = 18,
@@ -74,7 +75,7 @@ func fixtureRows(n int) []CandidateRow {
 // draw for draw, at temperature 0 and above.
 func TestDefaultPolicyMatchesPipeline(t *testing.T) {
 	for _, temp := range []float64{0, 0.7, 3} {
-		for _, aff := range []*Target{nil, {Worker: "w00007"}} {
+		for _, aff := range []*workerref.Target{nil, {Worker: "w00007"}} {
 			t.Run(fmt.Sprint(temp, aff != nil), func(t *testing.T) {
 				rows := fixtureRows(64)
 				rows[3].ActivePrefillTokens = rows[5].ActivePrefillTokens // make ties likely at T0
@@ -218,14 +219,14 @@ func TestBuiltinPolicies(t *testing.T) {
 			t.Fatalf("cache tier picked %v", c.Key(j))
 		}
 		// tier 3: at 0.5 exactly (not strictly above) the least loaded wins
-		r2 := slicesClone(rows)
+		r2 := slices.Clone(rows)
 		r2[1].OverlapBlocks = 5
 		x, c = NewCandidates(req, 16, 10, 1, nil, r2)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
 			t.Fatalf("balance tier picked %v", c.Key(j))
 		}
 		// tier 1: spread 40 > 32 and 42 > 1.1·2: least loaded despite b's cache
-		r3 := slicesClone(rows)
+		r3 := slices.Clone(rows)
 		r3[3].ActiveRequests = 42
 		x, c = NewCandidates(req, 16, 10, 1, nil, r3)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
@@ -233,11 +234,11 @@ func TestBuiltinPolicies(t *testing.T) {
 		}
 		// respect_soft_affinity keeps a candidate target (unless tier 1 fires)
 		tt.RespectSoftAffinity = true
-		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, rows)
+		x, c = NewCandidates(req, 16, 10, 1, new(workerref.Any("a")), rows)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "a" {
 			t.Fatalf("soft affinity ignored: %v", c.Key(j))
 		}
-		x, c = NewCandidates(req, 16, 10, 1, &Target{Worker: "a"}, r3)
+		x, c = NewCandidates(req, 16, 10, 1, new(workerref.Any("a")), r3)
 		if j, _ := tt.Select(x, c); c.Key(j).Worker != "c" {
 			t.Fatalf("imbalance should override affinity: %v", c.Key(j))
 		}
@@ -251,8 +252,6 @@ func TestBuiltinPolicies(t *testing.T) {
 		}
 	})
 }
-
-func slicesClone(r []CandidateRow) []CandidateRow { return append([]CandidateRow(nil), r...) }
 
 func TestPipelineFiltersAndWeights(t *testing.T) {
 	rows := []CandidateRow{
@@ -284,11 +283,11 @@ func TestPipelineFiltersAndWeights(t *testing.T) {
 	}
 	// soft-affinity filter narrows only when the target is a candidate
 	p = &Pipeline{Filters: []Filter{SoftAffinityFilter{}}, Scorers: []WeightedScorer{{ActiveRequestsScorer{}, 1}}}
-	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "b"}, rows)
+	x, c = NewCandidates(req, 16, 4, 1, new(workerref.Any("b")), rows)
 	if j, _ := p.Select(x, c); c.Key(j).Worker != "b" {
 		t.Fatalf("soft-affinity filter: %v", c.Key(j))
 	}
-	x, c = NewCandidates(req, 16, 4, 1, &Target{Worker: "zz"}, rows)
+	x, c = NewCandidates(req, 16, 4, 1, new(workerref.Any("zz")), rows)
 	if j, _ := p.Select(x, c); c.Key(j).Worker != "c" {
 		t.Fatalf("soft-affinity filter with absent target: %v", c.Key(j))
 	}
@@ -452,7 +451,6 @@ func TestScorersFinite(t *testing.T) {
 			}
 		}
 	}
-	_ = kvevents.SeqHash(0)
 }
 
 func TestExpNeg(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // waiter is one Schedule call inside the actor: admitted at once or queued.
@@ -57,12 +59,12 @@ type tier struct {
 	prio   int
 	shared []*waiter
 	lanes  []*lane
-	laneBy map[Target]*lane
+	laneBy map[workerref.Target]*lane
 }
 
 // lane holds pinned requests for one exact target.
 type lane struct {
-	target Target
+	target workerref.Target
 	q      []*waiter
 }
 
@@ -201,7 +203,7 @@ func (c *core) canAdmit(w *waiter) bool {
 	return false
 }
 
-func (c *core) targetFree(t Target) bool {
+func (c *core) targetFree(t workerref.Target) bool {
 	fl := c.fl
 	var one [1]int32
 	for _, s := range fl.slotsOf(fl.resolve(t), &one) {
@@ -217,7 +219,7 @@ func (c *core) targetFree(t Target) bool {
 func (c *core) uncachedTokens(w *waiter) int64 {
 	best := 0
 	for _, o := range w.overlaps() {
-		if w.plan.exact != nil && !w.plan.exact.Matches(o.Key) {
+		if w.plan.exact != nil && !w.plan.exact.Contains(o.Key.Worker, o.Key.Rank) {
 			continue
 		}
 		if !w.allows(o.Key.Worker) {
@@ -274,7 +276,7 @@ func (c *core) enqueue(w *waiter) {
 	w.seq = q.seq
 	t := q.byPrio[w.req.Priority]
 	if t == nil {
-		t = &tier{prio: w.req.Priority, laneBy: map[Target]*lane{}}
+		t = &tier{prio: w.req.Priority, laneBy: map[workerref.Target]*lane{}}
 		q.byPrio[t.prio] = t
 		i := sort.Search(len(q.tiers), func(i int) bool { return q.tiers[i].prio < t.prio })
 		q.tiers = slices.Insert(q.tiers, i, t)

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // admitOrder frees worker a step by step and returns the order in which the
@@ -89,8 +90,8 @@ func TestQueueLimits(t *testing.T) {
 		},
 	}}
 	h := newHarness(t, cfg, nil, wi("a", 0), wi("b", 0))
-	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: &Target{Worker: "a"}}))
-	h.admitted(h.submit(&Request{ID: "fill-b", Tokens: 100, Pinned: &Target{Worker: "b"}}))
+	h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
+	h.admitted(h.submit(&Request{ID: "fill-b", Tokens: 100, Pinned: new(workerref.Any("b"))}))
 	over := func(r *Request) {
 		t.Helper()
 		res, ok := h.poll(h.submit(r))
@@ -151,8 +152,8 @@ func TestRefreshOverlapsForLongWaiters(t *testing.T) {
 		return append(dst, Overlap{Key: wk("b", 0), Blocks: 6})
 	}}
 	h := newHarness(t, cfg, NewDefaultPolicy(0), wi("a", 0), wi("b", 0))
-	fa := h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: &Target{Worker: "a"}}))
-	fb := h.admitted(h.submit(&Request{ID: "fill-b", Tokens: 100, Pinned: &Target{Worker: "b"}}))
+	fa := h.admitted(h.submit(&Request{ID: "fill-a", Tokens: 100, Pinned: new(workerref.Any("a"))}))
+	fb := h.admitted(h.submit(&Request{ID: "fill-b", Tokens: 100, Pinned: new(workerref.Any("b"))}))
 	stale := []Overlap{{Key: wk("a", 0), Blocks: 6}}
 	old := h.submit(&Request{ID: "old", Tokens: 96, SeqHashes: hashes(6, 1), Overlaps: stale})
 	h.clock.Advance(5 * time.Second)
@@ -258,8 +259,8 @@ func TestValidation(t *testing.T) {
 		{ID: "x", Tokens: -1},
 		{ID: "x", Tokens: 16, SeqHashes: hashes(2, 1)},
 		{ID: "x", Model: "other"},
-		{ID: "x", Pinned: &Target{}},
-		{ID: "x", Affinity: &Affinity{Target: Target{Worker: "a"}}},
+		{ID: "x", Pinned: &workerref.Target{}},
+		{ID: "x", Affinity: &Affinity{Target: workerref.Any("a")}},
 		{ID: "x", Affinity: &Affinity{Strength: Hard}},
 		{ID: "x", Overlaps: []Overlap{{wk("a", 0), -1}}},
 	} {
@@ -380,7 +381,8 @@ func TestActor(t *testing.T) {
 			_, err := s.Schedule(context.Background(), &Request{ID: "w", Tokens: 10})
 			errc <- err
 		}()
-		waitFor(t, "queued", func() bool { return s.Stats().Waiting == 1 })
+		testutil.Eventually(t, 5*time.Second, func() bool { return s.Stats().Waiting == 1 },
+			func() string { return fmt.Sprintf("request w not queued: %+v", s.Stats()) })
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -495,7 +497,7 @@ func queueProperty(t *testing.T, seed uint64) {
 			}
 			rq := &Request{ID: fmt.Sprint("r", seq), Tokens: 100, Priority: r.tier}
 			if r.pin != "" {
-				rq.Pinned = &Target{Worker: r.pin}
+				rq.Pinned = new(workerref.Any(r.pin))
 			}
 			w := &waiter{req: rq, reply: make(chan result, 1), dlIndex: -1}
 			r.w = w
@@ -594,7 +596,6 @@ func queueProperty(t *testing.T, seed uint64) {
 	if len(active) == 0 && len(waiting) == 0 {
 		t.Fatal("degenerate run")
 	}
-	_ = kvevents.SeqHash(0)
 }
 
 // The default queue threshold is two full batches of prefill: one booked

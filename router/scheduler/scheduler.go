@@ -318,19 +318,9 @@ var replyPool = sync.Pool{New: func() any { return make(chan error, 1) }}
 
 // call runs cmd and waits for its result. Before Start it runs it directly.
 func (s *Scheduler) call(cmd command) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return ErrClosed
-	}
-	if !s.started {
-		defer s.mu.Unlock()
-		cmd.reply = nil
-		var err error
-		s.execDirect(cmd, &err)
+	if ran, err := s.runUnstarted(cmd); ran {
 		return err
 	}
-	s.mu.Unlock()
 	ch := replyPool.Get().(chan error)
 	cmd.reply = ch
 	select {
@@ -353,21 +343,30 @@ func (s *Scheduler) call(cmd command) error {
 	}
 }
 
+// runUnstarted handles cmd without the actor when there is none: after
+// Close it answers ErrClosed, before Start it runs cmd on the caller's
+// goroutine under s.mu (so direct calls are serialised as the actor would).
+// ran is false once the actor runs; the caller then sends cmd to it.
+func (s *Scheduler) runUnstarted(cmd command) (ran bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return true, ErrClosed
+	}
+	if s.started {
+		return false, nil
+	}
+	cmd.reply = nil
+	s.execDirect(cmd, &err)
+	return true, err
+}
+
 // post queues cmd without waiting for it to run. Before Start it runs it
 // directly.
 func (s *Scheduler) post(cmd command) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return ErrClosed
-	}
-	if !s.started {
-		defer s.mu.Unlock()
-		var err error
-		s.execDirect(cmd, &err)
+	if ran, err := s.runUnstarted(cmd); ran {
 		return err
 	}
-	s.mu.Unlock()
 	select {
 	case s.cmds <- cmd:
 		return nil

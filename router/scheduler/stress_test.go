@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // TestStress drives every entry point concurrently through the actor:
@@ -47,9 +49,9 @@ func TestStress(t *testing.T) {
 					SeqHashes: hashes(rnd.IntN(2), uint64(rnd.IntN(3)))}
 				switch rnd.IntN(4) {
 				case 0:
-					r.Pinned = &Target{Worker: []string{"a", "b", "c", "d"}[rnd.IntN(4)]}
+					r.Pinned = &workerref.Target{Worker: []string{"a", "b", "c", "d"}[rnd.IntN(4)]}
 				case 1:
-					r.Affinity = &Affinity{Target: Target{Worker: "a", Rank: uint32(rnd.IntN(3)), HasRank: true}, Strength: Strength(1 + rnd.IntN(2))}
+					r.Affinity = &Affinity{Target: workerref.Of("a", uint32(rnd.IntN(3))), Strength: Strength(1 + rnd.IntN(2))}
 				}
 				if rnd.IntN(4) == 0 {
 					r.Deadline = time.Now().Add(time.Duration(rnd.IntN(3)) * time.Millisecond)

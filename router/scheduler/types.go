@@ -8,41 +8,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
-
-// Target names a worker, or one data-parallel rank of it when HasRank is set.
-// A worker-only target stands for every rank of that worker.
-type Target struct {
-	Worker  string
-	Rank    uint32
-	HasRank bool
-}
-
-// String renders "worker" or "worker/rank".
-func (t Target) String() string {
-	if !t.HasRank {
-		return t.Worker
-	}
-	return t.Worker + "/" + strconv.FormatUint(uint64(t.Rank), 10)
-}
-
-// Matches reports whether the (worker, rank) k is inside the target.
-func (t Target) Matches(k kvevents.WorkerKey) bool {
-	return k.Worker == t.Worker && (!t.HasRank || k.Rank == t.Rank)
-}
-
-// agrees reports whether t and u can name the same (worker, rank): the same
-// worker and, where both name a rank, the same rank. A worker-only target
-// agrees with every rank of its worker, in either direction. This is the
-// scheduler's one definition of a pin agreeing with an affinity target
-// (rule 6 of applyPinRule); it is the same rule as bindings.Target.Matches,
-// so a pin the binding table would accept is never refused here.
-func (t Target) agrees(u Target) bool {
-	if t.Worker != u.Worker {
-		return false
-	}
-	return !t.HasRank || !u.HasRank || t.Rank == u.Rank
-}
 
 // Strength says how strongly an affinity requirement binds selection.
 // The zero value is invalid so that a host that forgets to map a binding's
@@ -71,7 +38,7 @@ func (s Strength) String() string {
 // strength is the binding's mode, mapped by the host) or an explicit target
 // given on the wire as a routing preference (always Soft).
 type Affinity struct {
-	Target   Target
+	Target   workerref.Target
 	Strength Strength
 }
 
@@ -95,7 +62,7 @@ type Request struct {
 	Priority       int                // strict tier: a higher value is always served first
 	Class          string             // queue-limit class; "" is the default class
 	Allowed        []string           // worker names the caller allows; nil = every worker
-	Pinned         *Target            // explicit exact target with its own queue lane (narrowed to an agreeing affinity's rank)
+	Pinned         *workerref.Target  // explicit exact target with its own queue lane (narrowed to an agreeing affinity's rank)
 	SessionID      string             // informational for policies
 	Affinity       *Affinity          // session binding or wire preference
 	Deadline       time.Time          // zero = wait as long as ctx allows
