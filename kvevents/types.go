@@ -78,7 +78,8 @@ type WorkerKey struct {
 	Rank   uint32
 }
 
-func (k WorkerKey) String() string { return k.Worker + "/" + strconv.FormatUint(uint64(k.Rank), 10) }
+// String renders "worker#rank", the same printed form as workerref.Target.
+func (k WorkerKey) String() string { return k.Worker + "#" + strconv.FormatUint(uint64(k.Rank), 10) }
 
 // Batch is what one publisher sends in one message: consecutive events of
 // one (worker, rank), numbered from FirstEventID with no holes.

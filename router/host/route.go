@@ -156,11 +156,11 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 		SessionID: req.SessionID, Deadline: t0.Add(deadline), Overlaps: s.sov,
 	}
 	if req.Pin != nil {
-		s.sel.pin = scheduler.Target(*req.Pin)
+		s.sel.pin = req.Pin.Target()
 		sr.Pinned = &s.sel.pin
 	}
 	if req.Prefer != nil {
-		s.sel.prefer = scheduler.Affinity{Target: scheduler.Target(*req.Prefer), Strength: scheduler.Soft}
+		s.sel.prefer = scheduler.Affinity{Target: req.Prefer.Target(), Strength: scheduler.Soft}
 	}
 	return sr
 }
@@ -221,7 +221,7 @@ type selection struct {
 	ms     *modelState
 	tel    *routeTelemetry
 	req    scheduler.Request
-	pin    scheduler.Target
+	pin    workerref.Target
 	prefer scheduler.Affinity // the wire preference (Soft)
 	bind   scheduler.Affinity // the session binding's requirement
 	dec    scheduler.Decision
@@ -238,27 +238,27 @@ func (sel *selection) begin(r *Replica, ms *modelState, tel *routeTelemetry, req
 // binding's requirement q (nil: unbound or no session) and keep the
 // booking. The pin and the binding go to the scheduler unchanged: its pin
 // rule alone decides whether they agree.
-func (sel *selection) choose(ctx context.Context, q *bindings.Requirement) (bindings.Target, error) {
+func (sel *selection) choose(ctx context.Context, q *bindings.Requirement) (workerref.Target, error) {
 	sel.release() // a superseded selection's booking
 	sel.req.Affinity = nil
 	if sel.prefer.Target.Worker != "" {
 		sel.req.Affinity = &sel.prefer
 	}
 	if q != nil {
-		sel.bind = scheduler.Affinity{Target: scheduler.Target(q.Target), Strength: strengthOf(q.Mode)}
+		sel.bind = scheduler.Affinity{Target: q.Target, Strength: strengthOf(q.Mode)}
 		sel.req.Affinity = &sel.bind
 	}
 	t0 := time.Now()
 	d, err := sel.ms.sched.Schedule(ctx, &sel.req)
 	if err != nil {
 		if q != nil && sel.req.Pinned != nil && errors.Is(err, scheduler.ErrPinConflict) {
-			return bindings.Target{}, &pinBindingError{pin: workerref.Target(*sel.req.Pinned), session: sel.req.SessionID, binding: *q, err: err}
+			return workerref.Target{}, &pinBindingError{pin: *sel.req.Pinned, session: sel.req.SessionID, binding: *q, err: err}
 		}
-		return bindings.Target{}, err
+		return workerref.Target{}, err
 	}
 	sel.dec, sel.booked = d, true
 	sel.tel.scheduled(t0, &sel.dec)
-	return bindings.Target{Worker: d.Worker.Worker, Rank: d.Worker.Rank, HasRank: true}, nil
+	return workerref.Of(d.Worker.Worker, d.Worker.Rank), nil
 }
 
 // release gives back the selection's booking, if it holds one: a selection

@@ -40,7 +40,7 @@ func Example() {
 	}
 	d, err := s.Schedule(context.Background(), req)
 	if err != nil {
-		fmt.Println("error:", err, "status", scheduler.StatusCode(err))
+		fmt.Println("error:", err)
 		return
 	}
 	fmt.Println("route to", d.Worker, "fallback:", d.HardFallback)
@@ -48,7 +48,7 @@ func Example() {
 	_ = s.Free(d.Fence)        // end of stream
 	// Output:
 	// publish: add req-1 gpu-1
-	// route to gpu-1/0 fallback: false
+	// route to gpu-1#0 fallback: false
 	// publish: prefill_done req-1 gpu-1
 	// publish: free req-1 gpu-1
 }

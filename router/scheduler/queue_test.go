@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -95,7 +94,7 @@ func TestQueueLimits(t *testing.T) {
 	over := func(r *Request) {
 		t.Helper()
 		res, ok := h.poll(h.submit(r))
-		if !ok || !errors.Is(res.err, ErrOverloaded) || StatusCode(res.err) != 529 {
+		if !ok || !errors.Is(res.err, ErrOverloaded) {
 			t.Fatalf("%s: %v", r.ID, res.err)
 		}
 	}
@@ -121,7 +120,7 @@ func TestDeadlines(t *testing.T) {
 	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100}))
 	// Already past and would have to wait: rejected at once.
 	res, _ := h.poll(h.submit(&Request{ID: "late", Tokens: 10, Deadline: h.clock.Now()}))
-	if !errors.Is(res.err, ErrDeadline) || StatusCode(res.err) != http.StatusGatewayTimeout {
+	if !errors.Is(res.err, ErrDeadline) {
 		t.Fatalf("late: %v", res.err)
 	}
 	w5 := h.submit(&Request{ID: "d5", Tokens: 10, Deadline: h.clock.Now().Add(5 * time.Second)})
@@ -264,7 +263,7 @@ func TestValidation(t *testing.T) {
 		{ID: "x", Affinity: &Affinity{Strength: Hard}},
 		{ID: "x", Overlaps: []Overlap{{wk("a", 0), -1}}},
 	} {
-		if _, err := s.Schedule(context.Background(), r); !errors.Is(err, ErrInvalidRequest) || StatusCode(err) != http.StatusBadRequest {
+		if _, err := s.Schedule(context.Background(), r); !errors.Is(err, ErrInvalidRequest) {
 			t.Fatalf("%+v: %v", r, err)
 		}
 	}

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -177,7 +176,8 @@ type BookingEvent struct {
 }
 
 // Errors. Every error returned by the package wraps one of these; test with
-// errors.Is. StatusCode maps them to HTTP statuses for the edge.
+// errors.Is. Which API error code and HTTP status each becomes is decided at
+// the edge, in the one mapping table of router/host (maperr.go).
 var (
 	ErrNoEligibleWorker = errors.New("scheduler: no eligible worker")                    // 503
 	ErrNoCandidate      = errors.New("scheduler: policy left no candidate")              // 503
@@ -198,27 +198,3 @@ var (
 	ErrNotStarted       = errors.New("scheduler: not started")
 	ErrClosed           = errors.New("scheduler: closed")
 )
-
-// StatusCode maps an error from this package to the HTTP status the edge
-// should answer with (529 for ErrOverloaded, as Dynamo does). nil maps to 200
-// and unknown errors to 500.
-func StatusCode(err error) int {
-	switch {
-	case err == nil:
-		return http.StatusOK
-	case errors.Is(err, ErrOverloaded):
-		return 529
-	case errors.Is(err, ErrNoEligibleWorker), errors.Is(err, ErrNoCandidate), errors.Is(err, ErrCanceled),
-		errors.Is(err, ErrClosed), errors.Is(err, ErrNotStarted):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, ErrPinConflict), errors.Is(err, ErrDuplicateRequest), errors.Is(err, ErrStaleFence):
-		return http.StatusConflict
-	case errors.Is(err, ErrDeadline):
-		return http.StatusGatewayTimeout
-	case errors.Is(err, ErrInvalidRequest):
-		return http.StatusBadRequest
-	case errors.Is(err, ErrUnknownBooking), errors.Is(err, ErrUnknownRequest):
-		return http.StatusNotFound
-	}
-	return http.StatusInternalServerError
-}
