@@ -28,7 +28,10 @@
 //     drop silently.
 //   - The Subscriber (subscriber.go): an ordered consumer from any stream
 //     sequence that hands batches to a Sink and turns id gaps and epoch
-//     changes into Resync signals; bad input is counted and skipped.
+//     changes into Resync signals; bad input is counted and skipped, and
+//     logged under two bounds (loglimit.go): one line per subject per
+//     interval, and SubscriberConfig.MaxLogLines over all subjects, then
+//     one summary line.
 //   - EnsureStream (stream.go): the KVR_EVENTS stream definition.
 //
 // It does not own the prefix index that consumes batches (router/index
