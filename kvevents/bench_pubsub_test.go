@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/kvrouter/kvrouter/internal/natstest"
 )
 
 // countSink counts applied blocks and closes done at a target.
@@ -45,13 +43,8 @@ func BenchmarkPublishSubscribe(b *testing.B) {
 			name = fmt.Sprintf("blocks_per_event=%d/max_batch=default", blocksPerEvent)
 		}
 		b.Run(name, func(b *testing.B) {
-			s := natstest.Start(b)
-			_, js := natstest.JetStream(b, s)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if _, err := EnsureStream(ctx, js, StreamConfig{}); err != nil {
-				b.Fatal(err)
-			}
+			e := newEnvWithin(b, 5*time.Minute)
+			js, ctx := e.js, e.ctx
 			sink := &countSink{target: int64(b.N * blocksPerEvent), done: make(chan struct{})}
 			sub, err := NewSubscriber(js, SubscriberConfig{Sink: sink})
 			if err != nil {
@@ -59,7 +52,12 @@ func BenchmarkPublishSubscribe(b *testing.B) {
 			}
 			sctx, scancel := context.WithCancel(ctx)
 			runDone := make(chan struct{})
-			go func() { _ = sub.Run(sctx); close(runDone) }()
+			go func() {
+				defer close(runDone)
+				if err := sub.Run(sctx); err != nil {
+					b.Errorf("subscriber Run: %v", err)
+				}
+			}()
 			defer func() { scancel(); <-runDone }()
 
 			pub, err := NewPublisher(js, PublisherConfig{Model: "llama", Worker: "w0", MaxBatchEvents: bc.maxBatch})
@@ -118,13 +116,8 @@ func BenchmarkJetStreamPublishMode(b *testing.B) {
 	}
 	for _, mode := range []string{"sync", "async"} {
 		b.Run(mode, func(b *testing.B) {
-			s := natstest.Start(b)
-			_, js := natstest.JetStream(b, s)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if _, err := EnsureStream(ctx, js, StreamConfig{}); err != nil {
-				b.Fatal(err)
-			}
+			e := newEnvWithin(b, 5*time.Minute)
+			js, ctx := e.js, e.ctx
 			subj := EventSubject("", "m", "w")
 			b.SetBytes(int64(len(payload)))
 			b.ResetTimer()

@@ -8,10 +8,15 @@ import (
 )
 
 // This file holds the msgpack primitives both wire formats are decoded and
-// encoded with. They are written by hand over the byte slice rather than
-// through vmihailenco/msgpack's reflection so the per-event path does not
-// allocate, and so every length prefix can be checked against the bytes that
-// remain before anything is sized from it.
+// encoded with. They are written by hand over the byte slice so that every
+// length prefix is checked against the bytes that remain before anything is
+// sized from it, and because they are faster: BenchmarkMsgpackDecode
+// (msgpack_bench_test.go) runs the same decoding steps on
+// vmihailenco/msgpack's low-level Decoder, which reads through an
+// io.ByteScanner a byte at a time, and it is several times slower on every
+// batch measured (figures in docs/benchmarks/events.md). vmihailenco/msgpack
+// stays a test dependency: the independent encoder the tests build payloads
+// with, and that benchmark's baseline.
 
 // Decoding errors. Every decoder error wraps exactly one of these, so callers
 // can count bad input by cause with errors.Is.

@@ -169,7 +169,7 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 		js: js, cfg: cfg, epoch: cfg.Epoch, maxBytes: maxBytes,
 		subject:  EventSubject(cfg.Prefix, cfg.Model, cfg.Worker),
 		msgID:    msgIDPrefix(cfg.Model, cfg.Worker, cfg.Rank, cfg.Epoch),
-		log:      newLogLimiter(cfg.Logger, cfg.LogInterval),
+		log:      newLogLimiter(cfg.Logger, cfg.LogInterval, 0),
 		nextID:   1,
 		takenID:  1,
 		progress: make(chan struct{}),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -80,9 +81,16 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWithin(t, 30*time.Second)
+}
+
+// newEnvWithin is newEnv with a context that ends after within (long for
+// benchmarks).
+func newEnvWithin(t testing.TB, within time.Duration) *env {
+	t.Helper()
 	s := natstest.Start(t)
 	nc, js := natstest.JetStream(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
 	if _, err := EnsureStream(ctx, js, StreamConfig{}); err != nil {
 		t.Fatal(err)
@@ -367,17 +375,9 @@ func TestSubscriberReplayFromSeq(t *testing.T) {
 	waitCaughtUp(t, sub3)
 }
 
-// countHandler counts log records.
-type countHandler struct{ n atomic.Int32 }
-
-func (h *countHandler) Enabled(context.Context, slog.Level) bool  { return true }
-func (h *countHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
-func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h *countHandler) WithGroup(string) slog.Handler             { return h }
-
 func TestSubscriberSkipsBadInput(t *testing.T) {
 	e := newEnv(t)
-	logs := &countHandler{}
+	logs := &logRecords{}
 	sink := &recSink{}
 	sub := e.startSub(t, SubscriberConfig{Sink: sink, Logger: slog.New(logs), LogInterval: time.Hour})
 	good, _ := AppendBatch(nil, rawBatch("w", 1, 1, 2))
@@ -398,7 +398,7 @@ func TestSubscriberSkipsBadInput(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	// Rate limited per subject: one line for kvr.events.m.w, one for .other.
-	if n := logs.n.Load(); n != 2 {
+	if n := logs.len(); n != 2 {
 		t.Fatalf("%d log lines for 5 bad messages on 2 subjects, want 2", n)
 	}
 }
@@ -524,7 +524,7 @@ func TestRunTwiceAndWaitWithoutMessages(t *testing.T) {
 	e := newEnv(t)
 	sub := e.startSub(t, SubscriberConfig{Sink: &recSink{}})
 	waitCaughtUp(t, sub) // empty stream
-	time.Sleep(10 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, sub.running.Load, func() string { return "the first Run never started" })
 	if err := sub.Run(context.Background()); !errors.Is(err, ErrAlreadyRunning) {
 		t.Fatalf("second Run: %v", err)
 	}

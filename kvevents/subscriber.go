@@ -100,6 +100,12 @@ type SubscriberConfig struct {
 	// LogInterval is the minimum time between two log lines about bad input
 	// on the same subject (default 10s).
 	LogInterval time.Duration
+	// MaxLogLines bounds the log lines about bad input per LogInterval over
+	// all subjects (default 20), so a flood on many distinct subjects cannot
+	// flood the log. Past it, lines are counted, and the next line after the
+	// interval is one summary ("kvevents: suppressed log lines about bad
+	// input", suppressed=K). Every bad message is still counted in Stats.
+	MaxLogLines int
 }
 
 // SubscriberStats counts what a Subscriber saw.
@@ -132,7 +138,8 @@ var (
 // batches in order to a Sink, sending Resync signals on gaps and epoch
 // changes. Duplicates (every id already seen) are skipped; a batch that
 // overlaps what was seen is trimmed to its new tail. Bad input is counted,
-// logged at most once per subject per interval, and skipped.
+// logged at most once per subject and MaxLogLines times in all per
+// interval, and skipped.
 type Subscriber struct {
 	js     jetstream.JetStream
 	cfg    SubscriberConfig
@@ -176,7 +183,7 @@ func newSubscriber(js jetstream.JetStream, cfg SubscriberConfig) *Subscriber {
 	s := &Subscriber{
 		js: js, cfg: cfg,
 		filter:   EventSubjectFilter(cfg.Prefix),
-		log:      newLogLimiter(cfg.Logger, cfg.LogInterval),
+		log:      newLogLimiter(cfg.Logger, cfg.LogInterval, cfg.MaxLogLines),
 		workers:  make(map[WorkerKey]*Cursor),
 		progress: make(chan struct{}),
 	}
@@ -393,7 +400,8 @@ func checkSubject(filter, subject string, b *Batch) error {
 	return fmt.Errorf("%w: subject %q, batch model %q worker %q", ErrSubjectMismatch, subject, b.Model, b.Worker)
 }
 
-// bad counts and (rate-limited per subject) logs one skipped message.
+// bad counts and (rate-limited per subject and overall) logs one skipped
+// message.
 func (s *Subscriber) bad(subject string, seq uint64, err error) {
 	switch {
 	case errors.Is(err, ErrSubjectMismatch):

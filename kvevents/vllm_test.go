@@ -449,8 +449,9 @@ func TestConverterTableBound(t *testing.T) {
 }
 
 func FuzzDecodeVLLMBatch(f *testing.F) {
-	for _, v := range loadVLLMVectorsForFuzz() {
-		f.Add(v)
+	vecs := loadVLLMVectors(f)
+	for _, name := range vllmVectorFiles {
+		f.Add(vecs[name])
 	}
 	f.Add(mp(f, []any{0.0, []any{storedEv(nil, []uint64{1, 2}, vecTokens)}, 0}))
 	f.Add(mp(f, omap{{"events", []any{storedMap(kv{"extra_keys", []any{[]any{"s"}, nil}}), []any{"AllBlocksCleared"}}}, {"ts", 1.0}}))

@@ -222,8 +222,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	if b, err := hex.DecodeString("9701a0a0000001919103"); err == nil {
 		f.Add(b)
 	}
-	for _, v := range loadVLLMVectorsForFuzz() {
-		f.Add(v)
+	vecs := loadVLLMVectors(f)
+	for _, name := range vllmVectorFiles {
+		f.Add(vecs[name])
 	}
 	var d BatchDecoder
 	f.Fuzz(func(t *testing.T, data []byte) {

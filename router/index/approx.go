@@ -196,13 +196,7 @@ func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now tim
 		}
 		nf := 0
 		for i, h := range hashes[:n] {
-			var o, at uint64
-			var found bool
-			if h == 0 {
-				o, found = w.engines.word(0, 0)
-			} else if at, found = w.engines.probe(uint64(h), mh[i]); found {
-				o = w.engines.s[2*at+1]
-			}
+			at, o, found := w.engines.probeWord(uint64(h), mh[i])
 			if !found {
 				if h == 0 {
 					w.engines.put(0, ownerWord(r, 0))
@@ -407,13 +401,7 @@ func (a *Approx) drain(now int64, budget, floor int, ctr *atomic.Uint64) int {
 				}
 				break
 			}
-			var o, at uint64
-			var ok bool
-			if h == 0 {
-				o, ok = w.engines.word(0, 0)
-			} else if at, ok = w.engines.probe(uint64(h), mh[i]); ok {
-				o = w.engines.s[2*at+1]
-			}
+			at, o, ok := w.engines.probeWord(uint64(h), mh[i])
 			if !ok {
 				continue // a duplicate within one call, already dropped
 			}

@@ -55,7 +55,11 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = e.Close(context.Background()) })
+		t.Cleanup(func() {
+			if err := e.Close(context.Background()); err != nil {
+				t.Errorf("close engine: %v", err)
+			}
+		})
 		engines = append(engines, e)
 	}
 

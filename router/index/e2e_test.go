@@ -2,6 +2,7 @@ package index
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
@@ -50,7 +52,9 @@ func TestRecoveryWithEventPlane(t *testing.T) {
 	}
 	defer func() {
 		for _, p := range pubs {
-			_ = p.Close(context.Background())
+			if err := p.Close(context.Background()); err != nil {
+				t.Errorf("close publisher %s: %v", p.Subject(), err)
+			}
 		}
 	}()
 	emit := func(n int) {
@@ -90,20 +94,21 @@ func TestRecoveryWithEventPlane(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = sub.Run(rctx)
+			if err := sub.Run(rctx); err != nil {
+				t.Errorf("subscriber Run: %v", err)
+			}
 		}()
 		return rcancel
 	}
 	waitFor := func(x *Index, seq uint64) {
-		for x.StreamSeq() < seq {
-			if ctx.Err() != nil {
-				for _, s := range subs {
-					t.Logf("subscriber: %+v", s.Stats())
-				}
-				t.Fatalf("index at %d, waiting for %d", x.StreamSeq(), seq)
+		t.Helper()
+		testutil.Eventually(t, 15*time.Second, func() bool { return x.StreamSeq() >= seq }, func() string {
+			msg := fmt.Sprintf("index at %d, waiting for %d", x.StreamSeq(), seq)
+			for _, s := range subs {
+				msg += fmt.Sprintf("; subscriber %+v", s.Stats())
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return msg
+		})
 	}
 
 	a := New(Config{Model: model})
@@ -119,7 +124,9 @@ func TestRecoveryWithEventPlane(t *testing.T) {
 	// More traffic, then gpu-b restarts: a new publisher, a new epoch, an
 	// empty cache.
 	emit(300)
-	_ = pubs[keys[1]].Close(ctx)
+	if err := pubs[keys[1]].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	newPub(keys[1])
 	ref.clearKey(keys[1])
 	emit(300)

@@ -167,11 +167,17 @@ func (m *engMap) delH(k, h uint64) (uint64, bool) {
 		}
 		i = (i + 1) & m.mask
 	}
-	if m.ident {
-		m.deleteAt(i)
-		return k, true
-	}
 	v := m.s[2*i+1]
+	if m.ident {
+		v = k
+	}
+	m.deleteAt(i)
+	return v, true
+}
+
+// deleteAt removes the entry in bucket i (backward-shift deletion) and
+// shrinks a table grown sparse; bucket numbers are void afterwards.
+func (m *engMap) deleteAt(i uint64) {
 	j := i
 	for {
 		j = (j + 1) & m.mask
@@ -179,7 +185,7 @@ func (m *engMap) delH(k, h uint64) (uint64, bool) {
 		if kj == 0 {
 			break
 		}
-		ideal := mix(kj) & m.mask
+		ideal := m.homeOf(j) & m.mask
 		if i <= j {
 			if i < ideal && ideal <= j {
 				continue
@@ -192,10 +198,23 @@ func (m *engMap) delH(k, h uint64) (uint64, bool) {
 	}
 	m.s[2*i], m.s[2*i+1] = 0, 0
 	m.n--
-	if c := int(m.mask + 1); c > engMinCap && m.n*8 < c {
+	// An identity-mode table keeps more and shrinks later (identKeepCap).
+	keep, sparse := engMinCap, 8
+	if m.ident {
+		keep, sparse = identKeepCap, 32
+	}
+	if c := int(m.mask + 1); c > keep && m.n*sparse < c {
 		m.rehash(c / 2)
 	}
-	return v, true
+}
+
+// homeOf returns the hash that places the key of bucket j: mix(key), or in
+// identity mode the copy home keeps.
+func (m *engMap) homeOf(j uint64) uint64 {
+	if m.ident {
+		return m.home(j)
+	}
+	return mix(m.s[2*j])
 }
 
 func (m *engMap) rehash(c int) {
@@ -248,17 +267,20 @@ func (m *engMap) bytes() int { return 8 * cap(m.s) }
 // word returns the value word of k (h = mix(k)) without ever growing the
 // table.
 func (m *engMap) word(k, h uint64) (uint64, bool) {
+	_, v, ok := m.probeWord(k, h)
+	return v, ok
+}
+
+// probeWord is word that also returns the bucket probe returned, for an
+// insertProbed after a miss (for k = 0, which lives aside, at is 0: use put).
+func (m *engMap) probeWord(k, h uint64) (at, word uint64, found bool) {
 	if k == 0 {
-		if !m.hasZero {
-			return 0, false
-		}
-		return m.zeroVal, true
+		return 0, m.zeroVal, m.hasZero
 	}
-	i, ok := m.probe(k, h)
-	if !ok {
-		return 0, false
+	if at, found = m.probe(k, h); found {
+		word = m.s[2*at+1]
 	}
-	return m.s[2*i+1], true
+	return at, word, found
 }
 
 // probe returns the bucket holding k (k != 0, h = mix(k)), or the empty
@@ -297,34 +319,6 @@ func (m *engMap) insertProbed(at, k, h, v uint64) {
 // the copy of the low 32 bits of mix(key) kept in the upper half of its
 // word, which saves deletions and rehashes the mixing.
 func (m *engMap) home(j uint64) uint64 { return m.s[2*j+1] >> 32 }
-
-// deleteAt removes the entry in bucket i of an identity-mode table
-// (backward-shift deletion); bucket numbers are void afterwards.
-func (m *engMap) deleteAt(i uint64) {
-	j := i
-	for {
-		j = (j + 1) & m.mask
-		kj := m.s[2*j]
-		if kj == 0 {
-			break
-		}
-		ideal := m.home(j) & m.mask
-		if i <= j {
-			if i < ideal && ideal <= j {
-				continue
-			}
-		} else if i < ideal || ideal <= j {
-			continue
-		}
-		m.s[2*i], m.s[2*i+1] = kj, m.s[2*j+1]
-		i = j
-	}
-	m.s[2*i], m.s[2*i+1] = 0, 0
-	m.n--
-	if c := int(m.mask + 1); c > identKeepCap && m.n*32 < c {
-		m.rehash(c / 2)
-	}
-}
 
 // identKeepCap is the capacity an identity-mode table keeps however empty
 // it gets, and it shrinks only when nearly empty: an Approx worker's

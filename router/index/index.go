@@ -461,23 +461,19 @@ func (x *Index) clearLocked(w *worker, c *batchCounts) {
 }
 
 // ClearWorker drops every block held for k (an engine restart, a gap, an
-// operator action). The worker keeps its slot.
-func (x *Index) ClearWorker(k kvevents.WorkerKey) {
-	x.wmu.Lock()
-	defer x.wmu.Unlock()
-	w := x.worker(k, false)
-	if w == nil {
-		return
-	}
-	var c batchCounts
-	x.clearLocked(w, &c)
-	x.flush(&c)
-}
+// operator action). The worker keeps its slot and its cursor.
+func (x *Index) ClearWorker(k kvevents.WorkerKey) { x.clearWorker(k, false) }
 
 // resync is what a gap or epoch signal does: clear the worker and forget
 // its cursor; the batch that triggered it follows through ApplyBatch.
 func (x *Index) resync(k kvevents.WorkerKey) {
 	x.ctr.resyncs.Add(1)
+	x.clearWorker(k, true)
+}
+
+// clearWorker drops k's blocks under the write lock, and its cursor too
+// when forgetCursor is set.
+func (x *Index) clearWorker(k kvevents.WorkerKey, forgetCursor bool) {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	w := x.worker(k, false)
@@ -486,7 +482,9 @@ func (x *Index) resync(k kvevents.WorkerKey) {
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	w.cursor = kvevents.Cursor{}
+	if forgetCursor {
+		w.cursor = kvevents.Cursor{}
+	}
 	x.flush(&c)
 }
 

@@ -214,8 +214,11 @@ func TestSnapshotStoreVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_ = obs.Delete(ctx, SnapshotObjectName("m", 60))
-	_ = obs.Delete(ctx, SnapshotObjectName("m", 50))
+	for _, v := range []uint64{60, 50} {
+		if err := obs.Delete(ctx, SnapshotObjectName("m", v)); err != nil {
+			t.Fatalf("delete snapshot %d: %v", v, err)
+		}
+	}
 	if _, err := store.Load(ctx, New(Config{Model: "m"})); !errors.Is(err, ErrSnapshotCorrupt) {
 		t.Fatalf("all corrupt: %v", err)
 	}
