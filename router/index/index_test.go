@@ -45,7 +45,7 @@ func TestApplySemantics(t *testing.T) {
 	x.ApplyBatch(1, batch("a", 0, stored(1, 2, 3)))
 	x.ApplyBatch(2, batch("a", 1, stored(1, 2)))
 	x.ApplyBatch(3, batch("b", 0, stored(1), stored(1, 2, 3, 4))) // duplicate of 1 within
-	if got := fmt.Sprint(look(1, 2, 3, 4, 5)); got != "map[a/0:3 a/1:2 b/0:4]" {
+	if got := fmt.Sprint(look(1, 2, 3, 4, 5)); got != "map[a#0:3 a#1:2 b#0:4]" {
 		t.Fatalf("after stores: %s", got)
 	}
 	if out.Total != 4 {
@@ -53,7 +53,7 @@ func TestApplySemantics(t *testing.T) {
 	}
 	// Removing block 2 cuts a/0's run at 1 even though it still holds 3.
 	x.ApplyBatch(4, batch("a", 0, removed(2, 99)))
-	if got := fmt.Sprint(look(1, 2, 3)); got != "map[a/0:1 a/1:2 b/0:3]" {
+	if got := fmt.Sprint(look(1, 2, 3)); got != "map[a#0:1 a#1:2 b#0:3]" {
 		t.Fatalf("after removal: %s", got)
 	}
 	// Other tiers are ignored; Cleared empties one rank only.
@@ -63,7 +63,7 @@ func TestApplySemantics(t *testing.T) {
 	hostRm.Tier = kvevents.TierHost
 	x.ApplyBatch(5, batch("a", 1, host, hostRm))
 	x.ApplyBatch(6, batch("b", 0, kvevents.Event{Kind: kvevents.KindCleared}, kvevents.Event{Kind: 99}))
-	if got := fmt.Sprint(look(1, 2)); got != "map[a/0:1 a/1:2]" {
+	if got := fmt.Sprint(look(1, 2)); got != "map[a#0:1 a#1:2]" {
 		t.Fatalf("after clear: %s", got)
 	}
 	if got := fmt.Sprint(look(7)); got != "map[]" {
@@ -74,7 +74,7 @@ func TestApplySemantics(t *testing.T) {
 	x.ApplyBatch(8, nil)
 	x.ApplyBatch(9, &kvevents.Batch{Model: "m"})
 	x.Resync(kvevents.Signal{Model: "other", Worker: "a"})
-	if got := fmt.Sprint(look(1)); got != "map[a/0:1 a/1:1]" {
+	if got := fmt.Sprint(look(1)); got != "map[a#0:1 a#1:1]" {
 		t.Fatalf("after foreign input: %s", got)
 	}
 	// A parent the worker does not hold is counted; the block is indexed.
@@ -93,12 +93,12 @@ func TestApplySemantics(t *testing.T) {
 
 	// Resync, ClearWorker, RemoveWorker, LoadWorker.
 	x.Resync(kvevents.Signal{Kind: kvevents.SignalNewEpoch, Model: "m", Worker: "a", Rank: 1})
-	if got := fmt.Sprint(look(1)); got != "map[a/0:1]" {
+	if got := fmt.Sprint(look(1)); got != "map[a#0:1]" {
 		t.Fatalf("after resync: %s", got)
 	}
 	x.LoadWorker(kvevents.WorkerKey{Worker: "a", Rank: 1}, []kvevents.StoredBlock{{Engine: 5, Seq: 1}, {Engine: 6, Seq: 2}})
 	x.ClearWorker(kvevents.WorkerKey{Worker: "a"})
-	if got := fmt.Sprint(look(1, 2)); got != "map[a/1:2]" {
+	if got := fmt.Sprint(look(1, 2)); got != "map[a#1:2]" {
 		t.Fatalf("after load and clear: %s", got)
 	}
 	x.RemoveWorker("a")

@@ -177,7 +177,7 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 			}
 			d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Allowed: tc.allowed, Affinity: hardTo(tc.target)}))
 			if d.Worker != wk("c", 0) || !d.HardFallback {
-				t.Fatalf("got %v fallback=%v, want c/0 with fallback", d.Worker, d.HardFallback)
+				t.Fatalf("got %v fallback=%v, want c#0 with fallback", d.Worker, d.HardFallback)
 			}
 			if !slices.Equal(p.seen[len(p.seen)-1], tc.seen) {
 				t.Fatalf("policy saw %v, want %v", p.seen[len(p.seen)-1], tc.seen)
