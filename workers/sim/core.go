@@ -26,8 +26,9 @@ const (
 // differ only in how many tokens are pending.
 type request struct {
 	id        string
-	seed      uint64 // KV hash seed (LoRA)
-	outSeed   uint64 // seed of the generated tokens
+	seed      uint64   // KV hash seed (LoRA)
+	outSeed   uint64   // seed of the generated tokens
+	vocab     []uint32 // generated tokens are drawn from it when set (Request.Vocab)
 	tokens    []uint32
 	promptLen int
 	maxTokens int
@@ -364,7 +365,7 @@ func (c *core) complete(gen uint64) {
 		if r.computed < len(r.tokens) {
 			continue // prefill continues in a later chunk
 		}
-		tok := mixToken(r.outSeed, uint64(r.generated))
+		tok := r.outputToken()
 		r.tokens = append(r.tokens, tok)
 		r.generated++
 		c.stats.OutputTokens++

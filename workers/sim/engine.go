@@ -157,6 +157,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		id:        id,
 		seed:      kvevents.SeedFor(req.LoRA, ""),
 		outSeed:   outputSeed(id),
+		vocab:     req.Vocab,
 		tokens:    tokens,
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,
