@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // This file encodes vLLM's KVEventBatch exactly as vLLM's msgspec encoder
@@ -47,6 +48,19 @@ type VLLMEncoder struct {
 
 	events []byte // encoded events since the last Finish
 	n      int    // their count
+
+	// BlockRemoved's bytes around its hash list, for the last (encoding,
+	// medium, group) seen: an evicting engine writes one per block.
+	rmKey          removedKey
+	rmHead, rmTail []byte
+}
+
+type removedKey struct {
+	valid    bool
+	enc      VLLMEncoding
+	medium   string
+	hasGroup bool
+	group    int64
 }
 
 // Len returns the number of events added since the last Finish.
@@ -99,6 +113,7 @@ func (e *VLLMEncoder) Add(ev *VLLMEvent) error {
 // every event added since the last Finish (dp rank None when dpRank < 0),
 // and starts a new batch.
 func (e *VLLMEncoder) Finish(dst []byte, ts float64, dpRank int) []byte {
+	dst = slices.Grow(dst, len(e.events)+24) // header, ts, count, rank: at most 24 bytes
 	dst = appendArrayHeader(dst, 3)
 	dst = appendFloat64(dst, ts)
 	dst = appendArrayHeader(dst, e.n)
@@ -164,10 +179,7 @@ func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
 		dst = appendNil(dst)
 	}
 	key("token_ids")
-	dst = appendArrayHeader(dst, len(ev.TokenIDs))
-	for _, t := range ev.TokenIDs {
-		dst = appendUint(dst, uint64(t))
-	}
+	dst = appendTokens(appendArrayHeader(dst, len(ev.TokenIDs)), ev.TokenIDs)
 	key("block_size")
 	dst = appendUint(dst, uint64(ev.BlockSize))
 	key("lora_id")
@@ -206,27 +218,38 @@ func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
 	return dst
 }
 
-// removed writes a BlockRemoved: block_hashes, medium, group_idx.
+// removed writes a BlockRemoved: block_hashes, medium, group_idx. All but
+// the hash list is the same from one event to the next, so those bytes are
+// built once per (encoding, medium, group) and copied.
 func (e *VLLMEncoder) removed(dst []byte, ev *VLLMEvent) []byte {
+	k := removedKey{valid: true, enc: e.Encoding, medium: ev.Medium, hasGroup: ev.HasGroupIdx, group: ev.GroupIdx}
+	if k != e.rmKey {
+		e.rmKey = k
+		e.rmHead, e.rmTail = e.removedParts(e.rmHead[:0], e.rmTail[:0], ev)
+	}
+	dst = append(dst, e.rmHead...)
+	dst = appendHashes(dst, ev.BlockHashes)
+	return append(dst, e.rmTail...)
+}
+
+// removedParts builds a BlockRemoved's bytes before and after its hash list.
+func (e *VLLMEncoder) removedParts(head, tail []byte, ev *VLLMEvent) ([]byte, []byte) {
 	if e.Encoding == VLLMArrayEvents {
-		dst = appendArrayHeader(dst, 4)
-		dst = appendStr(dst, "BlockRemoved")
-		dst = appendHashes(dst, ev.BlockHashes)
-		dst = appendOptStr(dst, ev.Medium)
-		return appendOptInt(dst, ev.GroupIdx, ev.HasGroupIdx)
+		head = appendStr(appendArrayHeader(head, 4), "BlockRemoved")
+		tail = appendOptStr(tail, ev.Medium)
+		return head, appendOptInt(tail, ev.GroupIdx, ev.HasGroupIdx)
 	}
 	n := 3
 	if ev.HasGroupIdx {
 		n++
 	}
-	dst = appendMapHeader(dst, n)
-	dst = appendStr(appendStr(dst, "type"), "BlockRemoved")
-	dst = appendHashes(appendStr(dst, "block_hashes"), ev.BlockHashes)
-	dst = appendOptStr(appendStr(dst, "medium"), ev.Medium)
+	head = appendStr(appendStr(appendMapHeader(head, n), "type"), "BlockRemoved")
+	head = appendStr(head, "block_hashes")
+	tail = appendOptStr(appendStr(tail, "medium"), ev.Medium)
 	if ev.HasGroupIdx {
-		dst = appendInt(appendStr(dst, "group_idx"), ev.GroupIdx)
+		tail = appendInt(appendStr(tail, "group_idx"), ev.GroupIdx)
 	}
-	return dst
+	return head, tail
 }
 
 // appendExtraKeys writes one extra_keys entry per block: nil, or the
@@ -255,6 +278,32 @@ func appendExtraKeys(dst []byte, ev *VLLMEvent, blocks int) []byte {
 		}
 	}
 	return dst
+}
+
+// appendTokens writes token ids in msgpack's smallest unsigned forms, into
+// room reserved once (at most 5 bytes a token) rather than token by token:
+// token lists are most of an engine's event bytes.
+func appendTokens(dst []byte, ts []uint32) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, 5*len(ts))[:n+5*len(ts)]
+	for _, t := range ts {
+		switch {
+		case t <= 0x7f:
+			dst[n] = byte(t)
+			n++
+		case t <= math.MaxUint8:
+			dst[n], dst[n+1] = 0xcc, byte(t)
+			n += 2
+		case t <= math.MaxUint16:
+			dst[n], dst[n+1], dst[n+2] = 0xcd, byte(t>>8), byte(t)
+			n += 3
+		default:
+			dst[n] = 0xce
+			binary.BigEndian.PutUint32(dst[n+1:], t)
+			n += 5
+		}
+	}
+	return dst[:n]
 }
 
 func appendHashes(dst []byte, hs []EngineHash) []byte {

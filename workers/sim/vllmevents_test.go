@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -542,4 +544,69 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkVLLMEventsServingCPU measures the process CPU per completed
+// request of an engine serving as `kvrouter sim serve` runs it: Run on the
+// wall clock at the replay's speed-up (10), 64 clients each submitting a
+// small prompt (a 256-token shared system prompt of one of 32 conversations
+// plus 64 new tokens) for 16 output tokens and draining its stream, a cache
+// small enough to evict. Without events and with vLLM events over ZMQ (no
+// subscriber). The budget is +5 % CPU for publishing.
+func BenchmarkVLLMEventsServingCPU(b *testing.B) {
+	for _, mode := range []string{"discard", "vllm-zmq"} {
+		b.Run(mode, func(b *testing.B) {
+			cfg := Config{Worker: "bench", Model: "m", KVBlocks: 4096, Speedup: 10, Clock: WallClock{},
+				NewEmitter: func(uint32, uint64) (EventEmitter, error) { return DiscardEmitter{}, nil }}
+			var v *VLLMEvents
+			if mode != "discard" {
+				v = newVLLMEvents(b, vllmTestConfig(10_000), 1)
+				cfg.NewEmitter = v.Factory()
+			}
+			e, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			ran := make(chan error, 1)
+			go func() { ran <- e.Run(ctx) }()
+			defer func() {
+				stop()
+				<-ran
+				e.Close(context.Background())
+			}()
+			var next atomic.Int64
+			systems := make([][]uint32, 32)
+			for i := range systems {
+				systems[i] = seq(i*100_000, 256)
+			}
+			b.ReportAllocs()
+			start, t0 := cpuTime(), time.Now()
+			var wg sync.WaitGroup
+			for c := 0; c < 64; c++ {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(c), 9))
+					for next.Add(1) <= int64(b.N) {
+						prompt := cat(systems[rng.IntN(len(systems))], seq(rng.IntN(1<<30), 64))
+						st, err := e.Submit(ctx, Request{Tokens: prompt, MaxTokens: 16})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if res, err := st.Wait(ctx); err != nil || res.OutputTokens != 16 {
+							b.Errorf("request: %+v, %v", res, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(t0)
+			b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+			if v != nil {
+				b.ReportMetric(float64(v.Publisher(0).Stats().Published)/float64(b.N), "batches/op")
+			}
+		})
+	}
 }
