@@ -158,6 +158,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		seed:      kvevents.SeedFor(req.LoRA, ""),
 		outSeed:   outputSeed(id),
 		vocab:     req.Vocab,
+		lora:      req.LoRA,
 		tokens:    tokens,
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,
