@@ -113,10 +113,11 @@ func (e *VLLMEncoder) Add(ev *VLLMEvent) error {
 // every event added since the last Finish (dp rank None when dpRank < 0),
 // and starts a new batch.
 func (e *VLLMEncoder) Finish(dst []byte, ts float64, dpRank int) []byte {
-	dst = slices.Grow(dst, len(e.events)+24) // header, ts, count, rank: at most 24 bytes
 	dst = appendArrayHeader(dst, 3)
 	dst = appendFloat64(dst, ts)
 	dst = appendArrayHeader(dst, e.n)
+	// One append of the whole body: when it must grow dst, the runtime
+	// copies without zeroing first (a Grow beforehand would zero it all).
 	dst = append(dst, e.events...)
 	if dpRank < 0 {
 		dst = appendNil(dst)

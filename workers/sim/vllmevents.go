@@ -126,8 +126,7 @@ type vllmEmitter struct {
 	epoch  uint64
 	dpRank int
 	enc    kvevents.VLLMEncoder
-	ev     kvevents.VLLMEvent // scratch
-	hashes []kvevents.EngineHash
+	hashes []kvevents.EngineHash // scratch
 	now    func() time.Time
 	closed bool
 }
@@ -141,7 +140,9 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 	for _, b := range ev.Blocks {
 		e.hashes = append(e.hashes, b.Engine)
 	}
-	e.ev = kvevents.VLLMEvent{
+	// A local, not a field: the event is large and full of pointers, and
+	// rewriting a heap copy per event costs write barriers.
+	vev := kvevents.VLLMEvent{
 		Kind: kvevents.KindStored, BlockHashes: e.hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: tokens, Medium: "GPU", LoraName: lora,
 		// As vLLM >= 0.24 fills them for a full-attention model: one nil
@@ -149,9 +150,9 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 		HasExtraKeys: true, ExtraKeyCount: len(ev.Blocks), HasGroupIdx: true, SpecKind: "full_attention",
 	}
 	if len(ev.Blocks) > 0 {
-		e.ev.BlockSize = len(tokens) / len(ev.Blocks)
+		vev.BlockSize = len(tokens) / len(ev.Blocks)
 	}
-	return e.enc.Add(&e.ev)
+	return e.enc.Add(&vev)
 }
 
 // Emit encodes Removed (one BlockRemoved per block, as vLLM's block pool
@@ -159,17 +160,17 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 func (e *vllmEmitter) Emit(ev kvevents.Event) error {
 	switch ev.Kind {
 	case kvevents.KindRemoved:
+		e.hashes = append(e.hashes[:0], 0)
+		vev := kvevents.VLLMEvent{Kind: kvevents.KindRemoved, BlockHashes: e.hashes, Medium: "GPU", HasGroupIdx: true}
 		for _, h := range ev.Removed {
-			e.hashes = append(e.hashes[:0], h)
-			e.ev = kvevents.VLLMEvent{Kind: kvevents.KindRemoved, BlockHashes: e.hashes, Medium: "GPU", HasGroupIdx: true}
-			if err := e.enc.Add(&e.ev); err != nil {
+			e.hashes[0] = h
+			if err := e.enc.Add(&vev); err != nil {
 				return err
 			}
 		}
 		return nil
 	case kvevents.KindCleared:
-		e.ev = kvevents.VLLMEvent{Kind: kvevents.KindCleared}
-		return e.enc.Add(&e.ev)
+		return e.enc.Add(&kvevents.VLLMEvent{Kind: kvevents.KindCleared})
 	case kvevents.KindStored:
 		return fmt.Errorf("%w: %d blocks dropped", ErrNoTokens, len(ev.Blocks))
 	}
