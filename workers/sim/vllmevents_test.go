@@ -246,6 +246,46 @@ func waitSubscribed(t testing.TB, p *vllmzmq.Publisher) {
 		func() string { return "no subscriber reached " + p.Endpoint() })
 }
 
+// TestVLLMEventsLoRA: a request's adapter travels as lora_name (and in
+// extra_keys), so the converter seeds its hashes as the engine did: the same
+// tokens under two adapters are two different cached prefixes, and the view
+// built from events equals the Dump.
+func TestVLLMEventsLoRA(t *testing.T) {
+	v := newVLLMEvents(t, vllmTestConfig(100), 1)
+	e, _, _ := newTestEngine(t, Config{NewEmitter: v.Factory()})
+	p := v.Publisher(0)
+	f := newFollower(t, e.Keys()[0], p, newMirror(t))
+	waitSubscribed(t, p)
+	for _, lora := range []string{"", "adapter-a", "adapter-b"} {
+		submit(t, e, Request{Tokens: seq(1, 64), MaxTokens: 1, LoRA: lora})
+		runIdle(t, e)
+	}
+	f.catchUp(p)
+	key := e.Keys()[0]
+	if got, want := f.m.seqs(key), e.Dump()[key]; !slices.Equal(got, want) || len(want) != 12 {
+		t.Fatalf("view %d blocks, engine %d (want 3 adapters x 4 blocks)", len(got), len(want))
+	}
+	res, err := vllmzmq.Replay(context.Background(), p.ReplayEndpoint(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	var vb kvevents.VLLMBatch
+	for _, b := range res.Batches {
+		if err := kvevents.DecodeVLLMBatch(b.Payload, &vb); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range vb.Events {
+			if ev.Kind == kvevents.KindStored {
+				names = append(names, ev.LoraName)
+			}
+		}
+	}
+	if !slices.Equal(names, []string{"", "adapter-a", "adapter-b"}) {
+		t.Fatalf("lora_name of the stored events %q", names)
+	}
+}
+
 // TestVLLMEventsOneBatchPerStep: the events of one engine step travel as
 // one batch (one seq), in the order the engine emitted them, and idle
 // steps publish nothing.
