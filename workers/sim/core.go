@@ -182,8 +182,10 @@ type StepEmitter interface {
 // TokenEmitter is an EventEmitter that also needs a Stored event's tokens
 // (vLLM's BlockStored carries them): EmitStored gets them in place of Emit,
 // len(blocks)·BlockSize tokens, and the request's LoRA name. It must not
-// keep tokens after it returns. Reannounce has no tokens (the cache keeps
-// hashes only) and calls Emit.
+// keep tokens after it returns. Reannounce skips a TokenEmitter: it has no
+// tokens (the cache keeps hashes only), and a Cleared without the Stored
+// events after it would empty its subscribers' view for nothing (vLLM
+// never re-announces; its subscribers replay instead).
 type TokenEmitter interface {
 	EventEmitter
 	EmitStored(ev kvevents.Event, tokens []uint32, lora string) error
@@ -633,6 +635,9 @@ func (c *core) loop(ctx context.Context) {
 // reannounce emits Cleared and then Stored events for every cached block,
 // parents first, in runs along chains.
 func (c *core) reannounce() {
+	if _, ok := c.emitter.(TokenEmitter); ok {
+		return
+	}
 	c.emit(kvevents.Event{Kind: kvevents.KindCleared, Tier: kvevents.TierDevice})
 	children := make(map[kvevents.SeqHash][]kvevents.SeqHash)
 	var roots []kvevents.SeqHash

@@ -18,9 +18,8 @@ import (
 // started with --kv-events-config does.
 
 // ErrNoTokens: a Stored event reached a vLLM emitter through Emit, without
-// the tokens BlockStored must carry. Only Reannounce does that (the cache
-// keeps hashes, not tokens); vLLM never re-announces, so the event is
-// dropped and counted in Stats.EmitErrors.
+// the tokens BlockStored must carry (the engine uses EmitStored; Reannounce,
+// which has no tokens, skips vLLM emitters). The event is dropped.
 var ErrNoTokens = errors.New("sim: vLLM events need the stored blocks' tokens")
 
 // VLLMEvents publishes an engine's events in vLLM's wire format: one

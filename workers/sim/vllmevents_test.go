@@ -509,13 +509,20 @@ func TestVLLMEventsDisabledAndErrors(t *testing.T) {
 	if _, err := on.Factory()(1, 1); !errors.Is(err, ErrBadRank) {
 		t.Fatalf("rank beyond the publishers: %v", err)
 	}
-	// Reannounce has no tokens: vLLM events drop its Stored events and say so.
+	// Reannounce has no tokens: it publishes nothing over ZMQ (a lone
+	// AllBlocksCleared would wipe the subscribers' view).
 	e, _, _ := newTestEngine(t, Config{NewEmitter: on.Factory()})
 	submit(t, e, Request{Tokens: seq(0, 40), MaxTokens: 1})
 	runIdle(t, e)
+	before := on.Publisher(0).NextSeq()
 	e.Reannounce()
-	if st := e.Stats()[0]; st.EmitErrors == 0 || !errors.Is(st.LastEmitError, ErrNoTokens) {
-		t.Fatalf("reannounce through vLLM events: %d errors, last %v", st.EmitErrors, st.LastEmitError)
+	if st := e.Stats()[0]; st.EmitErrors != 0 || on.Publisher(0).NextSeq() != before || before == 0 {
+		t.Fatalf("reannounce through vLLM events: %d errors (last %v), seq %d -> %d", st.EmitErrors, st.LastEmitError, before, on.Publisher(0).NextSeq())
+	}
+	// A Stored event without tokens cannot become a BlockStored.
+	em, _ = on.Factory()(0, 1)
+	if err := em.Emit(kvevents.Event{Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 1}}}); !errors.Is(err, ErrNoTokens) {
+		t.Fatalf("Stored through Emit: %v", err)
 	}
 }
 
