@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +17,13 @@ import (
 
 // BenchmarkStreamedCompletions serves streamed completions (small prompts,
 // 16 output tokens) from one engine at the replay's speed-up (10x) to a real
-// HTTP client over loopback, 64 clients at once, and reports completions per
-// second of wall clock. The issue wants at least 2,000 on 2 cores.
+// HTTP client over loopback, 192 clients at once, and reports completions
+// per second of wall clock. The issue wants at least 2,000 on 2 cores.
+//
+// On a machine shared with other work the wall-clock rate measures the
+// share of the CPU the benchmark got, so it also reports the process CPU
+// time per completion (server and client together, user + system) and the
+// rate two whole cores would sustain at that cost (completions/2cores-s).
 func BenchmarkStreamedCompletions(b *testing.B) {
 	eng, err := sim.New(sim.Config{Worker: "sim-0", Model: testModel, Speedup: 10})
 	if err != nil {
@@ -43,9 +49,9 @@ func BenchmarkStreamedCompletions(b *testing.B) {
 	var n atomic.Uint64
 	done := []byte("data: [DONE]")
 
-	b.SetParallelism(32) // 64 clients on 2 cores
+	b.SetParallelism(96) // 192 clients on 2 cores
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime(b)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			// A distinct prompt per request: no prefix reuse flatters it.
@@ -71,4 +77,16 @@ func BenchmarkStreamedCompletions(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "completions/s")
+	perOp := (cpuTime(b) - cpu0) / time.Duration(b.N)
+	b.ReportMetric(float64(perOp.Microseconds()), "cpu-µs/op")
+	b.ReportMetric(2*float64(time.Second)/float64(perOp), "completions/2cores-s")
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
