@@ -16,7 +16,9 @@
 //     buffer_steps batches;
 //   - the client side (subscriber.go): Subscriber (a SUB socket yielding
 //     Messages, malformed ones counted and skipped) and Replay (a DEALER
-//     request for every buffered batch from a seq).
+//     request for every buffered batch from a seq);
+//   - what both sides share about zmq4 sockets (sockets.go): bind or
+//     connect, options, dialable addresses.
 //
 // Start reading at Publisher.Publish and Publisher.answer.
 //

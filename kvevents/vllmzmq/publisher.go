@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -89,18 +87,9 @@ func NewPublisher(cfg Config, rank int, log *slog.Logger) (*Publisher, error) {
 		p.Close()
 		return nil, fmt.Errorf("vllmzmq: hwm %d: %w", cfg.HWM, err)
 	}
-	if Binds(cfg.Endpoint) {
-		if err := p.pub.Listen(cfg.Endpoint); err != nil {
-			p.Close()
-			return nil, fmt.Errorf("vllmzmq: bind PUB rank %d: %w", rank, err)
-		}
-	} else {
-		// ZeroMQ connects in the background and keeps trying; so does this.
-		p.wg.Go(func() {
-			if err := p.pub.Dial(cfg.Endpoint); err != nil && ctx.Err() == nil {
-				p.log.Warn("PUB connect failed", "err", err)
-			}
-		})
+	if err := attach(ctx, p.pub, cfg.Endpoint, &p.wg, p.log); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("vllmzmq: bind PUB rank %d: %w", rank, err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		p.replay = zmq4.NewRouter(ctx, zmq4.WithLogger(quietLogger()))
@@ -125,20 +114,6 @@ func (p *Publisher) ReplayEndpoint() string {
 		return ""
 	}
 	return dialable(p.cfg.ReplayEndpoint, p.replay.Addr())
-}
-
-func dialable(endpoint string, addr net.Addr) string {
-	ta, ok := addr.(*net.TCPAddr)
-	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
-		return endpoint
-	}
-	host := "127.0.0.1"
-	if !ta.IP.IsUnspecified() {
-		host = ta.IP.String()
-	} else if ta.IP.To4() == nil && strings.Contains(endpoint, "::") {
-		host = "::1"
-	}
-	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(ta.Port))
 }
 
 // Publish sends payload (one encoded KVEventBatch) as the next seq, keeps

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -74,17 +72,9 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		s.Close()
 		return nil, fmt.Errorf("vllmzmq: subscribe %q: %w", cfg.Topic, err)
 	}
-	if Binds(cfg.Endpoint) {
-		if err := s.sock.Listen(cfg.Endpoint); err != nil {
-			s.Close()
-			return nil, fmt.Errorf("vllmzmq: bind SUB: %w", err)
-		}
-	} else {
-		s.wg.Go(func() {
-			if err := s.sock.Dial(cfg.Endpoint); err != nil && ctx.Err() == nil {
-				s.log.Warn("SUB connect failed", "err", err)
-			}
-		})
+	if err := attach(ctx, s.sock, cfg.Endpoint, &s.wg, s.log); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("vllmzmq: bind SUB: %w", err)
 	}
 	s.wg.Go(s.read)
 	return s, nil
@@ -232,19 +222,3 @@ func parseReply(frames [][]byte) (m Message, end bool, err error) {
 	}
 	return Message{Topic: string(frames[0]), Seq: binary.BigEndian.Uint64(frames[1]), Payload: frames[2]}, false, nil
 }
-
-// socketOptions are the options of a socket on endpoint: a connecting
-// socket retries until closed and reconnects when its peer goes away (what
-// libzmq does by default); a binding one must not get them, because zmq4
-// then "reconnects" a listener by dialing its own wildcard address.
-func socketOptions(endpoint string) []zmq4.Option {
-	opts := []zmq4.Option{zmq4.WithLogger(quietLogger())}
-	if !Binds(endpoint) {
-		opts = append(opts, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
-	}
-	return opts
-}
-
-// quietLogger silences zmq4's own logger (it prints to stderr by default);
-// errors that matter come back as values.
-func quietLogger() *log.Logger { return log.New(io.Discard, "", 0) }
