@@ -267,12 +267,13 @@ func (p *Publisher) answer(frames [][]byte) {
 	}
 	for _, b := range batches {
 		if err := send(p.topic, binary.BigEndian.AppendUint64(nil, b.seq), b.payload); err != nil {
-			p.log.Warn("replay send", "err", err, "seq", b.seq)
+			// The client went away (zmq4 reports it here, not at Recv).
+			p.log.Debug("replay send", "err", err, "seq", b.seq)
 			return
 		}
 	}
 	if err := send(nil, endSeq, nil); err != nil {
-		p.log.Warn("replay end marker", "err", err)
+		p.log.Debug("replay end marker", "err", err)
 		return
 	}
 	p.mu.Lock()
