@@ -56,6 +56,10 @@ type detokenizeRequest struct {
 	Tokens []uint32 `json:"tokens"`
 }
 
+func (s *sampling) modelName() string          { return s.Model }
+func (t *tokenizeRequest) modelName() string   { return t.Model }
+func (d *detokenizeRequest) modelName() string { return d.Model }
+
 // Replies, in vLLM's shapes.
 
 type usage struct {

@@ -27,12 +27,7 @@ type job struct {
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if e := s.readBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !s.decode(w, r, &req) {
 		return
 	}
 	tokens, err := promptTokens(req.Prompt)
@@ -50,12 +45,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if e := s.readBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !s.decode(w, r, &req) {
 		return
 	}
 	msgs, err := messages(req.Messages)

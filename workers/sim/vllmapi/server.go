@@ -88,20 +88,31 @@ func New(cfg Config) (*Server, error) {
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// readBody reads and decodes the JSON body of r into v.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) *Error {
+// request is a decoded request body that names a model.
+type request interface{ modelName() string }
+
+// decode reads r's JSON body into v and checks its model; on failure it
+// writes the error reply and returns false.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v request) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return badRequest("request body over %d bytes", tooBig.Limit)
+			writeError(w, badRequest("request body over %d bytes", tooBig.Limit))
+			return false
 		}
-		return badRequest("reading the request body: %v", err)
+		writeError(w, badRequest("reading the request body: %v", err))
+		return false
 	}
 	if err := decodeBody(body, v); err != nil {
-		return badRequest("%v", err)
+		writeError(w, badRequest("%v", err))
+		return false
 	}
-	return nil
+	if e := s.checkModel(v.modelName()); e != nil {
+		writeError(w, e)
+		return false
+	}
+	return true
 }
 
 // checkModel accepts the served model name, or none (vLLM then uses the
@@ -122,12 +133,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req tokenizeRequest
-	if e := s.readBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !s.decode(w, r, &req) {
 		return
 	}
 	var text string
@@ -154,12 +160,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 	var req detokenizeRequest
-	if e := s.readBody(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !s.decode(w, r, &req) {
 		return
 	}
 	text, err := Detokenize(req.Tokens)
