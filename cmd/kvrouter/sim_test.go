@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -187,5 +188,52 @@ func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("sim serve did not stop within 30 s of SIGTERM")
+	}
+}
+
+// --count 2 runs two engines in one process, each on its own HTTP port with
+// its own cache: a prompt cached on the first is cold on the second.
+func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuf
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
+			"--speedup", "100", "--log-level", "warn"}, &out, &errOut)
+	}()
+	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Count(out.String(), "on http://") == 2 },
+		func() string {
+			return "two engines did not start; stdout " + out.String() + " stderr " + errOut.String()
+		})
+	client := &http.Client{Timeout: 20 * time.Second}
+	defer client.CloseIdleConnections()
+	cached := func(p int) string {
+		t.Helper()
+		resp, err := client.Post("http://127.0.0.1:"+strconv.Itoa(p)+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"`+strings.Repeat("same prompt ", 6)+`","max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(r.Usage.PromptTokensDetails.CachedTokens)
+	}
+	if got := []string{cached(port), cached(port), cached(port + 1)}; !slices.Equal(got, []string{"0", "64", "0"}) {
+		t.Fatalf("cached tokens on engine 0, engine 0 again, engine 1: %v; want [0 64 0]", got)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 }
