@@ -22,7 +22,8 @@
 //   - vLLM interop (vllm.go): DecodeVLLMBatch reads every KVEventBatch shape
 //     vLLM, SGLang and TensorRT-LLM publish; a Converter (one per engine)
 //     turns those events into ours, hashing token_ids and chaining children
-//     onto their parents' sequence hashes.
+//     onto their parents' sequence hashes. VLLMEncoder (vllmenc.go) writes
+//     the batch back in vLLM's own bytes, for the simulated engine.
 //   - The Publisher (publisher.go): per (worker, rank), batches, numbers
 //     events from 1, publishes in order with a dedup id, retries, and a
 //     bounded buffer that fails loudly (ErrBufferFull) rather than block or
@@ -37,8 +38,9 @@
 //
 // It does not own the prefix index that consumes batches (router/index
 // implements Sink), the engine processes or simulators that produce events
-// (workers, workers/sim), the ZMQ transport of vLLM's event stream (an
-// adapter feeds DecodeVLLMBatch with the payload frame), or snapshots (the
+// (workers, workers/sim), the ZMQ transport of vLLM's event stream
+// (kvevents/vllmzmq; its payload frame is what DecodeVLLMBatch reads), or
+// snapshots (the
 // index records a stream sequence and restarts a Subscriber from it).
 //
 // Tests decode vLLM's own payloads from testdata/vllm, copies of

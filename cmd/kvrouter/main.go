@@ -49,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runDemo(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:])
+	case "sim":
+		err = runSim(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

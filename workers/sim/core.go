@@ -26,8 +26,10 @@ const (
 // differ only in how many tokens are pending.
 type request struct {
 	id        string
-	seed      uint64 // KV hash seed (LoRA)
-	outSeed   uint64 // seed of the generated tokens
+	seed      uint64   // KV hash seed (LoRA)
+	lora      string   // LoRA adapter name (Request.LoRA), for emitters that publish it
+	outSeed   uint64   // seed of the generated tokens
+	vocab     []uint32 // generated tokens are drawn from it when set (Request.Vocab)
 	tokens    []uint32
 	promptLen int
 	maxTokens int
@@ -165,6 +167,49 @@ func (c *core) emit(ev kvevents.Event) {
 	if err := c.emitter.Emit(ev); err != nil {
 		c.stats.EmitErrors++
 		c.stats.LastEmitError = err
+	}
+}
+
+// StepEmitter is an EventEmitter that wants to know where engine steps
+// end: EndStep is called (under the rank's lock) after every step that
+// emitted events, and after Reset, Restart, Close and Reannounce, so that
+// one step's events can travel as one batch, as vLLM publishes them.
+type StepEmitter interface {
+	EventEmitter
+	EndStep() error
+}
+
+// TokenEmitter is an EventEmitter that also needs a Stored event's tokens
+// (vLLM's BlockStored carries them): EmitStored gets them in place of Emit,
+// len(blocks)·BlockSize tokens, and the request's LoRA name. It must not
+// keep tokens after it returns. Reannounce skips a TokenEmitter: it has no
+// tokens (the cache keeps hashes only), and a Cleared without the Stored
+// events after it would empty its subscribers' view for nothing (vLLM
+// never re-announces; its subscribers replay instead).
+type TokenEmitter interface {
+	EventEmitter
+	EmitStored(ev kvevents.Event, tokens []uint32, lora string) error
+}
+
+func (c *core) emitStored(ev kvevents.Event, tokens []uint32, lora string) {
+	te, ok := c.emitter.(TokenEmitter)
+	if !ok {
+		c.emit(ev)
+		return
+	}
+	if err := te.EmitStored(ev, tokens, lora); err != nil {
+		c.stats.EmitErrors++
+		c.stats.LastEmitError = err
+	}
+}
+
+// endStep tells a StepEmitter that the step's events are complete.
+func (c *core) endStep() {
+	if se, ok := c.emitter.(StepEmitter); ok {
+		if err := se.EndStep(); err != nil {
+			c.stats.EmitErrors++
+			c.stats.LastEmitError = err
+		}
 	}
 }
 
@@ -364,7 +409,7 @@ func (c *core) complete(gen uint64) {
 		if r.computed < len(r.tokens) {
 			continue // prefill continues in a later chunk
 		}
-		tok := mixToken(r.outSeed, uint64(r.generated))
+		tok := r.outputToken()
 		r.tokens = append(r.tokens, tok)
 		r.generated++
 		c.stats.OutputTokens++
@@ -410,7 +455,7 @@ func (c *core) register(r *request, old int) {
 			ev.Parent, ev.HasParent = c.engineHash(r.hashes[start-1]), true
 		}
 		c.stats.StoredBlocks += uint64(len(stored))
-		c.emit(ev)
+		c.emitStored(ev, r.tokens[start*bs:(start+len(stored))*bs], r.lora)
 		stored = stored[:0]
 	}
 	for i := from; i < to; i++ {
@@ -536,6 +581,7 @@ func (c *core) clear() {
 	c.gen++
 	c.stats.Clears++
 	c.emit(kvevents.Event{Kind: kvevents.KindCleared, Tier: kvevents.TierDevice})
+	c.endStep()
 }
 
 // busy reports whether the rank holds requests.
@@ -543,18 +589,27 @@ func (c *core) busy() bool { return len(c.running) > 0 || len(c.waiting) > 0 }
 
 // stepOnce runs one step to completion on the clock. It returns false when
 // there was nothing to do.
+// The step's events (evictions while scheduling, stores on completion) end
+// with endStep, as vLLM publishes one batch per scheduler step.
 func (c *core) stepOnce(ctx context.Context) (bool, error) {
 	c.mu.Lock()
 	d, gen, ok := c.schedule()
+	if !ok {
+		c.endStep()
+	}
 	c.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
 	if err := c.clock.Sleep(ctx, d); err != nil {
+		c.mu.Lock()
+		c.endStep()
+		c.mu.Unlock()
 		return true, err
 	}
 	c.mu.Lock()
 	c.complete(gen)
+	c.endStep()
 	c.mu.Unlock()
 	return true, nil
 }
@@ -580,6 +635,9 @@ func (c *core) loop(ctx context.Context) {
 // reannounce emits Cleared and then Stored events for every cached block,
 // parents first, in runs along chains.
 func (c *core) reannounce() {
+	if _, ok := c.emitter.(TokenEmitter); ok {
+		return
+	}
 	c.emit(kvevents.Event{Kind: kvevents.KindCleared, Tier: kvevents.TierDevice})
 	children := make(map[kvevents.SeqHash][]kvevents.SeqHash)
 	var roots []kvevents.SeqHash
@@ -629,6 +687,7 @@ func (c *core) reannounce() {
 		c.emit(ev)
 	}
 	c.storeBuf = run
+	c.endStep()
 }
 
 // advanceTo steps while the rank has work and its clock is before t, then

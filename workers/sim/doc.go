@@ -18,6 +18,8 @@
 //     tokens' blocks too unless SkipOutputBlocks), Removed (on eviction),
 //     Cleared (Reset, Restart, Close), all on kvevents.TierDevice, sent
 //     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
+//     An emitter may also implement StepEmitter (told where each step ends)
+//     and TokenEmitter (given a Stored event's tokens).
 //     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
 //     salt hashed from (worker, rank);
 //   - the Go API (engine.go, stream.go): New, Submit → Stream, Run (step
@@ -31,6 +33,9 @@
 //     streamed chunks and a final message with ttft_ms, itl_ms, e2e_ms and
 //     cached_tokens; Generate is the client; ExpandBlockIDs turns Mooncake
 //     block ids into tokens identically for engine, bench client and router;
+//   - vLLM's KV events over ZMQ (vllmevents.go): VLLMEvents publishes one
+//     vLLM KVEventBatch per engine step on each rank's kvevents/vllmzmq
+//     sockets, as an engine started with --kv-events-config does;
 //   - Fleet (fleet.go): N engines in one process, each with its publisher,
 //     registration and load reporter, for `kvrouter worker --sim --count N`.
 //

@@ -157,6 +157,8 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		id:        id,
 		seed:      kvevents.SeedFor(req.LoRA, ""),
 		outSeed:   outputSeed(id),
+		vocab:     req.Vocab,
+		lora:      req.LoRA,
 		tokens:    tokens,
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,

@@ -22,6 +22,13 @@ type Request struct {
 	LoRA      string   // adapter name; changes the KV hash seed
 	Rank      uint32   // data-parallel rank to run on
 
+	// Vocab, when set, is the vocabulary generated tokens are drawn from:
+	// output token i is Vocab[mixToken(outputSeed(ID), i) % len(Vocab)]
+	// instead of a 31-bit id. A face with its own tokenizer (the HTTP face's
+	// byte-level one) sets it so that the text it returns tokenizes back to
+	// exactly the tokens the engine cached. It is not copied: do not modify it.
+	Vocab []uint32
+
 	// Arrival backdates the request's arrival (zero = the rank's clock now),
 	// for discrete-event replays with AdvanceTo: an engine that was busy
 	// past the trace time still charges the queueing from the trace time.

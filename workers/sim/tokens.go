@@ -53,6 +53,16 @@ func mixToken(k, j uint64) uint32 {
 // later turn can resend) exactly what the engine produced.
 func outputSeed(requestID string) uint64 { return xxh3.HashString(requestID) }
 
+// outputToken is the request's next generated token: mixToken of its
+// output seed and index, mapped into its vocabulary when it has one.
+func (r *request) outputToken() uint32 {
+	tok := mixToken(r.outSeed, uint64(r.generated))
+	if len(r.vocab) > 0 {
+		tok = r.vocab[tok%uint32(len(r.vocab))]
+	}
+	return tok
+}
+
 func grow(s []uint32, n int) []uint32 {
 	if cap(s)-len(s) >= n {
 		return s

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
+)
+
+// sim serve --help documents every flag it defines, vLLM's included.
+func TestSimServeHelpDocumentsEveryFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"sim", "serve", "--help"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	c := newFlags("t", "about")
+	addLogFlags(c)
+	addSimServeFlags(c)
+	c.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(out.String(), "  --"+f.Name+" ") && !strings.Contains(out.String(), "  --"+f.Name+"\t") &&
+			!regexp.MustCompile(`(?m)^  --`+regexp.QuoteMeta(f.Name)+`\b`).MatchString(out.String()) {
+			t.Errorf("help lacks --%s", f.Name)
+		}
+	})
+	for _, name := range []string{"host", "port", "block-size", "num-gpu-blocks", "max-model-len", "max-num-seqs",
+		"max-num-batched-tokens", "speedup", "data-parallel-size", "kv-events-config", "count"} {
+		if c.Lookup(name) == nil {
+			t.Errorf("sim serve has no --%s", name)
+		}
+	}
+}
+
+// MODEL may come before, between or after the flags, as with vllm serve.
+func TestSplitPositional(t *testing.T) {
+	c := newFlags("t", "about")
+	addSimServeFlags(c)
+	for _, tc := range []struct {
+		args  []string
+		model string
+		rest  []string
+	}{
+		{[]string{"m", "--port", "9"}, "m", []string{"--port", "9"}},
+		{[]string{"--port", "9", "m"}, "m", []string{"--port", "9"}},
+		{[]string{"--port=9", "m", "--count", "2"}, "m", []string{"--port=9", "--count", "2"}},
+		{[]string{"--enforce-eager", "m"}, "m", []string{"--enforce-eager"}},
+		{[]string{"--port", "9"}, "", []string{"--port", "9"}},
+	} {
+		model, rest := splitPositional(c.FlagSet, tc.args)
+		if model != tc.model || !slices.Equal(rest, tc.rest) {
+			t.Errorf("%q: got %q %q, want %q %q", tc.args, model, rest, tc.model, tc.rest)
+		}
+	}
+}
+
+func TestSimServeUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"sim"},
+		{"sim", "serve"}, // no model
+		{"sim", "serve", "m", "--model", "other"},
+		{"sim", "serve", "m", "--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"kafka"}`},
+		{"sim", "serve", "m", "--kv-events-config", `{not json`},
+		{"sim", "serve", "m", "--count", "0"},
+		{"sim", "serve", "m", "--port", "0", "--count", "2"},
+		{"sim", "serve", "m", "--max-num-seqs", "0"},
+		{"sim", "serve", "m", "--block-size", "0"},
+		{"sim", "serve", "m", "--speedup", "0"},
+		{"sim", "serve", "m", "--num-gpu-blocks", "1"}, // the engine wants >= 2
+		{"sim", "serve", "m", "--no-such-flag"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), args, &out, &errOut); code != 2 {
+			t.Errorf("%q: exit %d, want 2 (stderr %q)", args, code, errOut.String())
+		}
+	}
+}
+
+// simChildEnv makes TestSimServeChild run the command: the parent test
+// runs it in a child process so that it can send a real SIGTERM (and so
+// that go-zeromq's PUB writer goroutine, which outlives its socket's Close
+// in zmq4 v0.17.0, ends with the child instead of failing goleak here).
+const simChildEnv = "KVR_TEST_SIM_SERVE_ARGS"
+
+func TestSimServeChild(t *testing.T) {
+	args := os.Getenv(simChildEnv)
+	if args == "" {
+		t.Skip("runs only as the child of TestSimServeRunsAndStopsOnSIGTERM")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	var argv []string
+	if err := json.Unmarshal([]byte(args), &argv); err != nil {
+		t.Fatalf("%s: %v", simChildEnv, err)
+	}
+	os.Exit(run(ctx, argv, os.Stdout, os.Stderr))
+}
+
+// sim serve answers vLLM's endpoints with vLLM's flags and KV events on,
+// publishes the events on ZMQ, and exits 0 on SIGTERM.
+func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
+	args := []string{"sim", "serve", "Qwen/Qwen3-0.6B", "--host", "127.0.0.1", "--port", "0",
+		"--block-size", "16", "--num-gpu-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "8",
+		"--max-num-batched-tokens", "1024", "--speedup", "100", "--gpu-memory-utilization", "0.8", "--enable-prefix-caching",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv"}`,
+		"--log-level", "warn"}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSimServeChild$")
+	argv, err := json.Marshal(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), simChildEnv+"="+string(argv))
+	var out, errOut syncBuf
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	addr := regexp.MustCompile(`on http://(127\.0\.0\.1:\d+)`)
+	testutil.Eventually(t, 60*time.Second, func() bool { return addr.MatchString(out.String()) },
+		func() string { return "no address printed; stdout " + out.String() + " stderr " + errOut.String() })
+	base := "http://" + addr.FindStringSubmatch(out.String())[1]
+	events := regexp.MustCompile(`rank 0 events (tcp://\S+) replay (tcp://\S+)`).FindStringSubmatch(out.String())
+	if events == nil {
+		t.Fatalf("startup line does not name the event endpoints: %s", out.String())
+	}
+
+	// A late joiner replays from seq 0 and finds the batches of the request.
+	client := &http.Client{Timeout: 20 * time.Second}
+	resp, err := client.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"Qwen/Qwen3-0.6B","prompt":"`+strings.Repeat("hello ", 8)+`","max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"completion_tokens":4`) {
+		t.Fatalf("completion: %d %s", resp.StatusCode, body)
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rep, err := vllmzmq.Replay(rctx, events[2], 0)
+	if err != nil {
+		t.Fatalf("replay from %s: %v", events[2], err)
+	}
+	if len(rep.Batches) == 0 {
+		t.Fatalf("replay from %s returned no batches after a 48-token prompt was cached", events[2])
+	}
+
+	resp, err = client.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `vllm:cache_config_info{block_size="16",engine="0",model_name="Qwen/Qwen3-0.6B",num_gpu_blocks="512"} 1`) {
+		t.Fatalf("/metrics lacks the cache config of the flags:\n%s", body)
+	}
+	client.CloseIdleConnections()
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v; stderr %s", err, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sim serve did not stop within 30 s of SIGTERM")
+	}
+}
+
+// --count 2 runs two engines in one process, each on its own HTTP port with
+// its own cache: a prompt cached on the first is cold on the second.
+func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuf
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
+			"--speedup", "100", "--log-level", "warn"}, &out, &errOut)
+	}()
+	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Count(out.String(), "on http://") == 2 },
+		func() string {
+			return "two engines did not start; stdout " + out.String() + " stderr " + errOut.String()
+		})
+	client := &http.Client{Timeout: 20 * time.Second}
+	defer client.CloseIdleConnections()
+	cached := func(p int) string {
+		t.Helper()
+		resp, err := client.Post("http://127.0.0.1:"+strconv.Itoa(p)+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"`+strings.Repeat("same prompt ", 6)+`","max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(r.Usage.PromptTokensDetails.CachedTokens)
+	}
+	if got := []string{cached(port), cached(port), cached(port + 1)}; !slices.Equal(got, []string{"0", "64", "0"}) {
+		t.Fatalf("cached tokens on engine 0, engine 0 again, engine 1: %v; want [0 64 0]", got)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+}

@@ -1,0 +1,28 @@
+// Package vllmapi is the vLLM-compatible HTTP face of a simulated engine
+// (workers/sim): the OpenAI API as vLLM serves it, so that OpenAI clients,
+// gateways and metric scrapers can talk to the simulator as to `vllm serve`.
+//
+// It owns:
+//
+//   - the endpoints (server.go, generate.go): POST /v1/completions and
+//     /v1/chat/completions, whole or streamed as Server-Sent Events with
+//     vLLM's chunk shapes and usage (prompt_tokens_details.cached_tokens is
+//     the prefix the simulated cache held); POST /tokenize and /detokenize;
+//     GET /v1/models, /health and /metrics;
+//   - the request and reply shapes (api.go) and vLLM's error replies
+//     (errors.go);
+//   - the tokenizer and chat template (tokenizer.go): byte-level, no
+//     special tokens, so that a conversation's next turn tokenizes to a
+//     strict extension of the previous prompt and reply;
+//   - /metrics (metrics.go): vLLM's Prometheus names, gauges read from the
+//     engine at scrape time, counters and histograms in model time.
+//
+// A client that disconnects cancels its request: the request context is the
+// engine's submit context, so the engine drops it and frees its blocks.
+//
+// It does not own the engine (sim.Engine), KV events (sim.NewVLLMEvents and
+// kvevents/vllmzmq) or the command (cmd/kvrouter sim serve). Where it
+// differs from vLLM is listed in docs/simulator.md.
+//
+// Start reading at Server.run in generate.go.
+package vllmapi

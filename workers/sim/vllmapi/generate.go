@@ -1,0 +1,318 @@
+package vllmapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kvrouter/kvrouter/workers/sim"
+)
+
+// job is one generation request, validated, in the terms both endpoints
+// share.
+type job struct {
+	id           string
+	chat         bool
+	tokens       []uint32
+	maxTokens    int
+	stream       bool
+	includeUsage bool
+	rank         uint32
+	created      int64
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	tokens, err := promptTokens(req.Prompt)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	j, e := s.newJob(r, false, req.sampling, tokens, req.MaxTokens)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.run(w, r, j)
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	msgs, err := messages(req.Messages)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	tokens := Tokenize(RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt))
+	maxTokens := req.MaxCompletionTokens // the newer name wins, as in vLLM
+	if maxTokens == nil {
+		maxTokens = req.MaxTokens
+	}
+	j, e := s.newJob(r, true, req.sampling, tokens, maxTokens)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.run(w, r, j)
+}
+
+// newJob validates what both endpoints share. Without max_tokens the
+// request may generate up to the context length, as in vLLM.
+func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32, maxTokens *int) (job, *Error) {
+	if sp.N != nil && *sp.N != 1 {
+		return job{}, badRequest("n = %d: the simulator generates exactly one choice (n = 1)", *sp.N)
+	}
+	if len(tokens) == 0 {
+		return job{}, badRequest("the prompt is empty: at least one token is needed")
+	}
+	limit := s.cfg.MaxModelLen
+	if len(tokens) >= limit {
+		return job{}, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, len(tokens))
+	}
+	n := limit - len(tokens)
+	if maxTokens != nil {
+		n = *maxTokens
+		if n < 1 {
+			return job{}, badRequest("max_tokens must be at least 1, got %d.", n)
+		}
+		if len(tokens)+n > limit {
+			return job{}, badRequest("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", n, limit, len(tokens), n, limit, len(tokens))
+		}
+	}
+	rank, e := s.pickRank(r)
+	if e != nil {
+		return job{}, e
+	}
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	return job{
+		id:           fmt.Sprintf("%s%016x", prefix, s.nextID.Add(1)),
+		chat:         chat,
+		tokens:       tokens,
+		maxTokens:    n,
+		stream:       sp.Stream,
+		includeUsage: sp.Stream && sp.StreamOptions != nil && sp.StreamOptions.IncludeUsage,
+		rank:         rank,
+		created:      time.Now().Unix(),
+	}, nil
+}
+
+// run submits j to the engine and writes the reply, streamed or whole. The
+// request's context is the submit context: a client that goes away cancels
+// the request, and the engine frees its blocks.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
+	ctx := r.Context()
+	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab})
+	if err != nil {
+		writeError(w, submitError(err))
+		return
+	}
+	s.inflight[j.rank].Add(1)
+	defer s.inflight[j.rank].Add(-1)
+	var res sim.Result
+	var ok bool
+	if j.stream {
+		res, ok = s.stream(ctx, w, j, st)
+	} else {
+		res, ok = s.whole(ctx, w, j, st)
+	}
+	if !ok {
+		// The client left first: the result comes once the engine has
+		// dropped the request; count it then.
+		go func() {
+			res, _ := st.Wait(context.Background())
+			s.metrics.observe(j.rank, res)
+		}()
+		return
+	}
+	s.metrics.observe(j.rank, res)
+}
+
+func submitError(err error) *Error {
+	switch {
+	case errors.Is(err, sim.ErrTooLong):
+		return badRequest("the request does not fit in the simulated KV cache: %v", err)
+	case errors.Is(err, sim.ErrClosed):
+		return unavailable("the engine is shutting down")
+	case errors.Is(err, context.Canceled):
+		return badRequest("request cancelled: %v", err)
+	}
+	return internal("%v", err)
+}
+
+// resultError is the reply to a request the engine ended with an error.
+func resultError(res sim.Result) *Error {
+	switch {
+	case errors.Is(res.Err, sim.ErrClosed), errors.Is(res.Err, sim.ErrRestarted):
+		return unavailable("request %s: %v", res.RequestID, res.Err)
+	}
+	return internal("request %s: %v", res.RequestID, res.Err)
+}
+
+// collect reads every token of st. ok is false when ctx ended first.
+func collect(ctx context.Context, st *sim.Stream) (out []uint32, res sim.Result, ok bool) {
+	var buf []uint32
+	for {
+		ch, err := st.RecvInto(ctx, buf)
+		if err == io.EOF {
+			res, _ = st.Result()
+			return out, res, true
+		}
+		if err != nil {
+			return nil, sim.Result{}, false
+		}
+		out = append(out, ch.Tokens...)
+		buf = ch.Tokens
+	}
+}
+
+func usageOf(res sim.Result) *usage {
+	return &usage{
+		PromptTokens:        res.PromptTokens,
+		CompletionTokens:    res.OutputTokens,
+		TotalTokens:         res.PromptTokens + res.OutputTokens,
+		PromptTokensDetails: promptTokenDet{CachedTokens: res.CachedTokens},
+	}
+}
+
+// finishLength is the finish reason of every successful request: the
+// filler has no end-of-sequence token, so max_tokens always ends it.
+var finishLength = sim.FinishLength
+
+func (s *Server) whole(ctx context.Context, w http.ResponseWriter, j job, st *sim.Stream) (sim.Result, bool) {
+	out, res, ok := collect(ctx, st)
+	if !ok {
+		return res, false
+	}
+	if res.Err != nil {
+		writeError(w, resultError(res))
+		return res, true
+	}
+	text := string(appendText(nil, out))
+	if j.chat {
+		writeJSON(w, http.StatusOK, chatReply{
+			ID: j.id, Object: "chat.completion", Created: j.created, Model: s.cfg.Model,
+			Choices: []chatChoice{{Message: &chatReplyMessage{Role: "assistant", Content: text, ToolCalls: []string{}}, FinishReason: &finishLength}},
+			Usage:   usageOf(res),
+		})
+		return res, true
+	}
+	writeJSON(w, http.StatusOK, completionReply{
+		ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model,
+		Choices: []completionChoice{{Text: text, FinishReason: &finishLength}},
+		Usage:   usageOf(res),
+	})
+	return res, true
+}
+
+// sse writes Server-Sent Events: "data: JSON\n\n", flushed per event.
+type sse struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	buf []byte
+	err error
+}
+
+func (e *sse) send(v any) {
+	if e.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		e.err = err
+		return
+	}
+	e.raw(b)
+}
+
+func (e *sse) raw(payload []byte) {
+	if e.err != nil {
+		return
+	}
+	e.buf = append(append(append(e.buf[:0], "data: "...), payload...), "\n\n"...)
+	if _, e.err = e.w.Write(e.buf); e.err == nil {
+		e.err = e.rc.Flush()
+	}
+}
+
+// stream writes j's reply as vLLM streams it: for chat a first chunk with
+// the role, then one chunk per run of tokens the engine produced (the last
+// with finish_reason), the usage chunk when asked for, then [DONE]. An
+// error after the stream started is sent as a data event with the error
+// object, then [DONE]. ok is false when the client left first.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, j job, st *sim.Stream) (sim.Result, bool) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	ev := &sse{w: w, rc: http.NewResponseController(w)}
+	chunk := s.chunker(j)
+	if j.chat {
+		ev.send(chunk(&chatDelta{Role: "assistant"}, "", nil))
+	}
+	var buf []uint32
+	var text []byte
+	for ev.err == nil {
+		ch, err := st.RecvInto(ctx, buf)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return sim.Result{}, false
+		}
+		buf = ch.Tokens
+		text = appendText(text[:0], ch.Tokens)
+		var finish *string
+		if ch.Index+len(ch.Tokens) == j.maxTokens {
+			finish = &finishLength
+		}
+		ev.send(chunk(&chatDelta{Content: string(text)}, string(text), finish))
+	}
+	if ev.err != nil {
+		return sim.Result{}, false
+	}
+	res, _ := st.Result()
+	if res.Err != nil {
+		ev.send(resultError(res).body())
+	} else if j.includeUsage {
+		ev.send(s.usageChunk(j, res))
+	}
+	ev.raw([]byte("[DONE]"))
+	return res, true
+}
+
+// usageChunk is the last chunk of a stream with include_usage: no choices,
+// the usage.
+func (s *Server) usageChunk(j job, res sim.Result) any {
+	if j.chat {
+		return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.cfg.Model, Choices: []chatChoice{}, Usage: usageOf(res)}
+	}
+	return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model, Choices: []completionChoice{}, Usage: usageOf(res)}
+}
+
+// chunker returns the function that builds j's chunks: a delta (chat) or
+// text (completions) with its finish reason.
+func (s *Server) chunker(j job) func(d *chatDelta, text string, finish *string) any {
+	if j.chat {
+		return func(d *chatDelta, _ string, finish *string) any {
+			return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.cfg.Model,
+				Choices: []chatChoice{{Delta: d, FinishReason: finish}}}
+		}
+	}
+	return func(_ *chatDelta, text string, finish *string) any {
+		return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model,
+			Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+	}
+}

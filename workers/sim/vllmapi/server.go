@@ -1,0 +1,190 @@
+package vllmapi
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/workers/sim"
+)
+
+// DefaultMaxModelLen is the context length when Config.MaxModelLen is 0
+// (vLLM reads it from the model's config; the simulator has none).
+const DefaultMaxModelLen = 8192
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 64 << 20
+
+// RankHeader chooses the data-parallel rank of a request, as in vLLM. Without
+// it the server picks the rank with the fewest requests in flight.
+const RankHeader = "X-Data-Parallel-Rank"
+
+// Config configures a Server.
+type Config struct {
+	Engine      *sim.Engine  // required; the server does not close it
+	Model       string       // served model name; "" = the engine's model
+	MaxModelLen int          // longest prompt plus output in tokens; 0 = DefaultMaxModelLen
+	Logger      *slog.Logger // nil = slog.Default()
+}
+
+// Server is the vLLM-compatible HTTP face of one simulated engine. It is an
+// http.Handler; serve it with any http.Server.
+type Server struct {
+	cfg      Config
+	eng      *sim.Engine
+	log      *slog.Logger
+	mux      *http.ServeMux
+	metrics  *metrics
+	nextID   atomic.Uint64
+	inflight []atomic.Int64 // requests in flight per rank
+	started  int64          // unix seconds, the models' "created"
+}
+
+// New builds a server over cfg.Engine.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("vllmapi: Config.Engine is required")
+	}
+	ec := cfg.Engine.Config()
+	if cfg.Model == "" {
+		cfg.Model = ec.Model
+	}
+	if cfg.MaxModelLen == 0 {
+		cfg.MaxModelLen = DefaultMaxModelLen
+	}
+	if cfg.MaxModelLen < 1 {
+		return nil, fmt.Errorf("vllmapi: max model len %d (want >= 1)", cfg.MaxModelLen)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		eng:      cfg.Engine,
+		log:      cfg.Logger,
+		mux:      http.NewServeMux(),
+		inflight: make([]atomic.Int64, ec.Ranks),
+		started:  time.Now().Unix(),
+	}
+	var err error
+	if s.metrics, err = newMetrics(s); err != nil {
+		return nil, err
+	}
+	s.mux.HandleFunc("POST /v1/completions", s.completions)
+	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	s.mux.HandleFunc("POST /tokenize", s.tokenize)
+	s.mux.HandleFunc("POST /detokenize", s.detokenize)
+	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.Handle("GET /metrics", s.metrics.handler())
+	return s, nil
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// request is a decoded request body that names a model.
+type request interface{ modelName() string }
+
+// decode reads r's JSON body into v and checks its model; on failure it
+// writes the error reply and returns false.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v request) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, badRequest("request body over %d bytes", tooBig.Limit))
+			return false
+		}
+		writeError(w, badRequest("reading the request body: %v", err))
+		return false
+	}
+	if err := decodeBody(body, v); err != nil {
+		writeError(w, badRequest("%v", err))
+		return false
+	}
+	if e := s.checkModel(v.modelName()); e != nil {
+		writeError(w, e)
+		return false
+	}
+	return true
+}
+
+// checkModel accepts the served model name, or none (vLLM then uses the
+// only model it serves).
+func (s *Server) checkModel(model string) *Error {
+	if model != "" && model != s.cfg.Model {
+		return notFound("The model `%s` does not exist.", model)
+	}
+	return nil
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
+		ID: s.cfg.Model, Object: "model", Created: s.started, OwnedBy: "vllm", Root: s.cfg.Model,
+		MaxModelLen: s.cfg.MaxModelLen,
+	}}})
+}
+
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req tokenizeRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	var text string
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		writeError(w, badRequest("give either prompt or messages, not both"))
+		return
+	case req.Prompt != nil:
+		text = *req.Prompt
+	case req.Messages != nil:
+		msgs, err := messages(req.Messages)
+		if err != nil {
+			writeError(w, badRequest("%v", err))
+			return
+		}
+		text = RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	default:
+		writeError(w, badRequest("prompt or messages is required"))
+		return
+	}
+	toks := Tokenize(text)
+	writeJSON(w, http.StatusOK, tokenizeReply{Count: len(toks), MaxModelLen: s.cfg.MaxModelLen, Tokens: toks})
+}
+
+func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
+	var req detokenizeRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	text, err := Detokenize(req.Tokens)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, detokenizeReply{Prompt: text})
+}
+
+// pickRank returns the rank named by RankHeader, or the least busy one.
+func (s *Server) pickRank(r *http.Request) (uint32, *Error) {
+	if h := r.Header.Get(RankHeader); h != "" {
+		n, err := strconv.ParseUint(h, 10, 32)
+		if err != nil || int(n) >= len(s.inflight) {
+			return 0, badRequest("%s %q: want a rank in 0..%d", RankHeader, h, len(s.inflight)-1)
+		}
+		return uint32(n), nil
+	}
+	best := 0
+	for i := 1; i < len(s.inflight); i++ {
+		if s.inflight[i].Load() < s.inflight[best].Load() {
+			best = i
+		}
+	}
+	return uint32(best), nil
+}
