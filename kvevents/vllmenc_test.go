@@ -2,26 +2,10 @@ package kvevents
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"reflect"
 	"strings"
 	"testing"
-)
-
-// The shared vectors A (map events, vLLM >= 0.24) and B (positional, vLLM
-// 0.11-0.23), copied from ../shared/testvectors/vllm so that the encoder is
-// checked byte for byte even where the shared directory is absent.
-const (
-	vllmVectorAHex = "93cb41d954fc40200000928ba474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cff1e2d3c4b5a69788cf0123" +
-		"456789abcdefb1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647398017fcc80ccffcd0100cdffffce00010000ce00" +
-		"02505caa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65" +
-		"797392c0c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e84a4747970" +
-		"65ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391cf0123456789abcdefa66d656469756da3475055a967726f75705f" +
-		"6964780000"
-	vllmVectorBHex = "93cb41d954fc40200000929cab426c6f636b53746f72656492cff1e2d3c4b5a69788cf0123456789abcdefc098017fcc80ccffcd0100" +
-		"cdffffce00010000ce0002505c04c0a3475055c092c0c000ae66756c6c5f617474656e74696f6ec094ac426c6f636b52656d6f76656491cf" +
-		"0123456789abcdefa34750550000"
 )
 
 // vectorContent is the content every shared vector carries, built the way
@@ -36,34 +20,19 @@ func vectorContent() []VLLMEvent {
 	}
 }
 
-func mustHex(t testing.TB, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestVLLMEncoderReproducesVectors: the vectors' content encodes to the
 // vectors' exact bytes, and so does every vector decoded and re-encoded.
 func TestVLLMEncoderReproducesVectors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		enc  VLLMEncoding
-		hex  string
 		file string
 	}{
-		{"A map events", VLLMMapEvents, vllmVectorAHex, "vllm_kvbatch_A_map_events.bin"},
-		{"B positional events", VLLMArrayEvents, vllmVectorBHex, "vllm_kvbatch_B_positional_events.bin"},
+		{"A map events", VLLMMapEvents, "vllm_kvbatch_A_map_events.bin"},
+		{"B positional events", VLLMArrayEvents, "vllm_kvbatch_B_positional_events.bin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want := mustHex(t, tc.hex)
-			if dir := vllmVectorDir(); dir != "" {
-				if file := loadVLLMVectors(t)[tc.file]; !bytes.Equal(file, want) {
-					t.Fatalf("embedded copy of %s differs from the shared file", tc.file)
-				}
-			}
+			want := loadVLLMVectors(t)[tc.file]
 			e := VLLMEncoder{Encoding: tc.enc}
 			for _, ev := range vectorContent() {
 				if err := e.Add(&ev); err != nil {
@@ -224,11 +193,9 @@ func TestVLLMEncoderRejects(t *testing.T) {
 // write re-encodes to the same bytes after one round (encode is a fixed point
 // of decode∘encode), in both encodings.
 func FuzzVLLMEncodeRoundTrip(f *testing.F) {
-	for _, v := range loadVLLMVectorsForFuzz() {
+	for _, v := range loadVLLMVectors(f) {
 		f.Add(v)
 	}
-	f.Add(mustHex(f, vllmVectorAHex))
-	f.Add(mustHex(f, vllmVectorBHex))
 	f.Add(vllmStored16x16(f, true))
 	var vb, again VLLMBatch
 	f.Fuzz(func(t *testing.T, data []byte) {
