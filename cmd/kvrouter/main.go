@@ -17,6 +17,8 @@ Usage: kvrouter <command> [flags]
 Commands:
   serve    run a router replica (NATS and HTTP route API)
   worker   run simulated workers (--sim) that publish KV events and serve requests
+  sim      simulated engines that speak vLLM's protocols (sim serve MODEL: OpenAI HTTP,
+           /tokenize, /metrics, KV events over ZMQ with replay)
   demo     one command on a fresh machine: embedded NATS, simulated workers, two
            replicas, a synthetic workload, and kvrouter vs round-robin side by side
   bench    replay workloads and compare policies (bench replay), microbenchmarks
