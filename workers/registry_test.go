@@ -659,6 +659,12 @@ func TestReplicatedBucket(t *testing.T) {
 		_, err = EnsureBucket(ctxT(t), js, cfg)
 		return err == nil
 	}, func() string { return fmt.Sprint(err) })
+	// A new R3 stream answers only once its leader is elected; until then a
+	// create gets "no response from stream".
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		st, err := js.Stream(ctxT(t), "KV_"+DefaultBucket)
+		return err == nil && st.CachedInfo().Cluster != nil && st.CachedInfo().Cluster.Leader != ""
+	}, func() string { return "bucket stream has no leader" })
 	m, rec, first := watchAndRegisterW1(t, js, cfg)
 	if err := first.SetDraining(ctxT(t)); err != nil {
 		t.Fatal(err)

@@ -77,6 +77,7 @@ var Targets = []Target{
 	// Issue 7: the replica's NATS route API.
 	{Issue: 7, Goal: "route over NATS, one replica, 2,048-token requests", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "routes/s", Min: 20000},
 	{Issue: 7, Goal: "route over NATS, p50 client to client", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "p50-µs", Max: 150},
+	{Issue: 12, Goal: "one simulated engine, streamed completions per second of wall clock (16 output tokens)", Package: "workers/sim/vllmapi", Bench: `^StreamedCompletions`, Unit: "completions/s", Min: 2000},
 }
 
 // Format prints a figure with its unit, scaling ns to µs or ms when large.
