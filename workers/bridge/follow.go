@@ -154,13 +154,19 @@ func firstSeq(res vllmzmq.ReplayResult) string {
 	return strconv.FormatUint(res.Batches[0].Seq, 10)
 }
 
-// resync tells routers to drop the rank (KindCleared) and forgets the
-// converter's engine-hash table: later children of blocks stored before are
-// skipped as unknown parents (routers under-count; they never keep a block
-// the engine dropped).
+// resync tells routers to drop the rank (KindCleared): they never keep a
+// block the engine may have dropped while its events were lost. After an
+// engine restart the converter forgets its engine-hash table too (the new
+// process's cache is empty). Otherwise it keeps it: an engine hash names
+// the same content for the engine's life, so a later child of a block
+// stored before the loss still gets its true sequence hashes, and routers
+// learn it although its parent, still cached but never announced again,
+// stays unknown to them until the engine stores it anew.
 func (r *rank) resync(reason string) {
 	r.b.met.resyncs.WithLabelValues(r.label, reason).Inc()
-	r.conv, _ = kvevents.NewConverter(r.conv0) // the config was checked at start
+	if reason == reasonRestart {
+		r.conv, _ = kvevents.NewConverter(r.conv0) // the config was checked at start
+	}
 	r.emit(kvevents.Event{Kind: kvevents.KindCleared})
 }
 

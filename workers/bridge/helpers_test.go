@@ -202,14 +202,15 @@ func (e *engine) close() {
 func (e *engine) eventsEndpoint() string { return e.events.Publisher(0).Endpoint() }
 func (e *engine) replayEndpoint() string { return e.events.Publisher(0).ReplayEndpoint() }
 
-// workload runs n requests on rank, prompts of 2-6 blocks sharing prefixes
-// (seed picks them), so that with a small cache blocks are evicted.
+// workload runs n requests on rank, prompts of 2-6 blocks; within one
+// workload they share first blocks (five families per seed), so that cached
+// prefixes are reused, and with a small cache blocks are evicted.
 func (e *engine) workload(t *testing.T, rank uint32, n int, seed int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range n {
-		prefix := (seed*7919 + i) % 5
+		prefix := seed*5 + (seed*7919+i)%5
 		blocks := 2 + (i % 5)
 		toks := make([]uint32, 0, blocks*testBlock+3)
 		for b := range blocks {
