@@ -38,39 +38,74 @@ func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int
 
 var msgpackNil = []byte{0xc0}
 
-// splitEnvelope returns the raw ts, each raw event and the raw dp_rank (nil
-// when absent) of a batch.
-func splitEnvelope(payload []byte) (ts []byte, events []msgpack.RawMessage, rank []byte, err error) {
+// splitEnvelope returns the raw ts, each raw event and the raw dp_rank
+// (msgpack nil when absent) of a batch. Every declared length is checked
+// against the bytes left before anything is allocated for it (each element
+// takes at least one byte).
+func splitEnvelope(payload []byte) (ts []byte, events [][]byte, rank []byte, err error) {
 	dec := msgpack.NewDecoder(bytes.NewReader(payload))
 	code, err := dec.PeekCode()
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("batch envelope: %w", err)
 	}
-	var tsRaw, evRaw, rankRaw msgpack.RawMessage
+	var tsRaw, evRaw, rankRaw []byte
 	if msgpackIsMap(code) {
-		var m map[string]msgpack.RawMessage
-		if err := dec.Decode(&m); err != nil {
-			return nil, nil, nil, fmt.Errorf("batch envelope: %w", err)
+		n, err := dec.DecodeMapLen()
+		if err != nil || n < 0 || n > len(payload) {
+			return nil, nil, nil, fmt.Errorf("batch envelope map of %d entries: %v", n, err)
 		}
-		tsRaw, evRaw, rankRaw = m["ts"], m["events"], m["data_parallel_rank"]
+		for range n {
+			k, err := dec.DecodeString()
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("batch envelope key: %w", err)
+			}
+			v, err := dec.DecodeRaw()
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("batch envelope %q: %w", k, err)
+			}
+			switch k {
+			case "ts":
+				tsRaw = v
+			case "events":
+				evRaw = v
+			case "data_parallel_rank":
+				rankRaw = v
+			}
+		}
 	} else {
-		var a []msgpack.RawMessage
-		if err := dec.Decode(&a); err != nil {
-			return nil, nil, nil, fmt.Errorf("batch envelope: %w", err)
+		n, err := dec.DecodeArrayLen()
+		if err != nil || n < 2 || n > len(payload) {
+			return nil, nil, nil, fmt.Errorf("batch envelope of %d elements, want at least 2: %v", n, err)
 		}
-		if len(a) < 2 {
-			return nil, nil, nil, fmt.Errorf("batch envelope of %d elements, want at least 2", len(a))
-		}
-		tsRaw, evRaw = a[0], a[1]
-		if len(a) > 2 {
-			rankRaw = a[2]
+		for i := range n {
+			v, err := dec.DecodeRaw()
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("batch envelope element %d: %w", i, err)
+			}
+			switch i {
+			case 0:
+				tsRaw = v
+			case 1:
+				evRaw = v
+			case 2:
+				rankRaw = v
+			}
 		}
 	}
 	if tsRaw == nil || evRaw == nil {
 		return nil, nil, nil, errors.New("batch envelope without ts or events")
 	}
-	if err := msgpack.Unmarshal(evRaw, &events); err != nil {
-		return nil, nil, nil, fmt.Errorf("batch events: %w", err)
+	evDec := msgpack.NewDecoder(bytes.NewReader(evRaw))
+	n, err := evDec.DecodeArrayLen()
+	if err != nil || n < 0 || n > len(evRaw) {
+		return nil, nil, nil, fmt.Errorf("batch events: array of %d: %v", n, err)
+	}
+	for i := range n {
+		v, err := evDec.DecodeRaw()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("batch event %d: %w", i, err)
+		}
+		events = append(events, v)
 	}
 	if rankRaw == nil {
 		rankRaw = msgpackNil
