@@ -65,7 +65,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		regBucket  = c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry")
 		heartbeat  = c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period")
 		ttl        = c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)")
-		maxDelay   = c.duration("event-max-delay", 2*time.Millisecond, "longest a KV event waits in the publisher's batch")
+		maxDelay   = c.duration("event-max-delay", 500*time.Microsecond, "longest a KV event waits in the publisher's batch")
 		drain      = c.duration("drain-timeout", 30*time.Second, "longest wait for the engine's requests in flight when stopping")
 	)
 	if err := c.parse(args); err != nil {

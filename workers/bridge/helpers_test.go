@@ -47,7 +47,7 @@ type fleet struct {
 	mirror *mirror
 }
 
-func newFleet(t *testing.T) *fleet {
+func newFleet(t testing.TB) *fleet {
 	t.Helper()
 	s := natstest.Start(t)
 	nc, js := natstest.JetStream(t, s)
@@ -140,7 +140,7 @@ type engineOpts struct {
 	noReplay                     bool // no replay socket
 }
 
-func startEngine(t *testing.T, worker string, o engineOpts) *engine {
+func startEngine(t testing.TB, worker string, o engineOpts) *engine {
 	t.Helper()
 	if o.ranks == 0 {
 		o.ranks = 1
