@@ -137,7 +137,7 @@ type WorkerStatus struct {
 	Rank             uint32            `json:"rank"`
 	Model            string            `json:"model"`
 	Endpoint         string            `json:"endpoint"`
-	State            string            `json:"state"` // "ready" or "draining"
+	State            string            `json:"state"` // "ready", "draining" or "unavailable"
 	BlockSize        int               `json:"block_size"`
 	KVBlocks         int               `json:"kv_blocks"`
 	MaxBatchedTokens int               `json:"max_batched_tokens"`

@@ -270,14 +270,7 @@ func (b *Bridge) closeRanks(ctx context.Context) error {
 // and re-evaluates the worker's state (a stale scrape makes it
 // unavailable).
 func (b *Bridge) scrapeLoop(ctx context.Context) {
-	t := time.NewTicker(b.cfg.MetricsInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, b.cfg.MetricsInterval, func() {
 		s, err := b.eng.scrape(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -300,19 +293,12 @@ func (b *Bridge) scrapeLoop(ctx context.Context) {
 			b.met.malformed.WithLabelValues(r.label).Set(float64(r.sub.Malformed()))
 		}
 		b.evaluate(ctx)
-	}
+	})
 }
 
 // healthLoop checks GET /health every HealthInterval.
 func (b *Bridge) healthLoop(ctx context.Context) {
-	t := time.NewTicker(b.cfg.HealthInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, b.cfg.HealthInterval, func() {
 		err := b.eng.health(ctx)
 		if ctx.Err() != nil {
 			return
@@ -328,6 +314,22 @@ func (b *Bridge) healthLoop(ctx context.Context) {
 			b.log.Warn("engine health check failing: worker unavailable", "err", err)
 		}
 		b.evaluate(ctx)
+	})
+}
+
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ctx.Err() == nil {
+			f()
+		}
 	}
 }
 

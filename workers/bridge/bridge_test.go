@@ -22,8 +22,7 @@ func TestIndexEqualsEngineCache(t *testing.T) {
 	f := newFleet(t)
 	e := startEngine(t, "w1", engineOpts{kvBlocks: 48})
 	br := runBridge(t, f, bridgeCfg(e, "w1"))
-	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := registered(t, f.js, "w1"); return ok },
-		func() string { return "the worker to register" })
+	waitRegistered(t, f, "w1")
 	info, _ := registered(t, f.js, "w1")
 	if info.Endpoint != e.srv.URL || info.BlockSize != testBlock || info.KVBlocks != 48 ||
 		len(info.Ranks) != 1 || info.Ranks[0] != 0 || info.Model != testModel || info.State != workers.StateReady {
@@ -176,8 +175,7 @@ func TestTwoDataParallelRanks(t *testing.T) {
 	cfg.KVReplay = "tcp://127.0.0.1:" + itoa(base+2)
 	cfg.DataParallelSize = 2
 	runBridge(t, f, cfg)
-	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := registered(t, f.js, "w2"); return ok },
-		func() string { return "the worker to register" })
+	waitRegistered(t, f, "w2")
 	if info, _ := registered(t, f.js, "w2"); len(info.Ranks) != 2 || info.Ranks[1] != 1 {
 		t.Fatalf("ranks %v, want [0 1]", info.Ranks)
 	}

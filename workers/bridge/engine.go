@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -99,10 +100,48 @@ func (e *engineClient) scrape(ctx context.Context) (scrape, error) {
 	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.names, time.Now())
 }
 
+// wanted returns the lines of a Prometheus text page that belong to one of
+// names (samples and their HELP and TYPE comments): an engine's page has
+// hundreds of series and the bridge reads four, so parsing only those keeps
+// an idle bridge's CPU low.
+func wanted(r io.Reader, names []string) (io.Reader, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i+1], body[i+1:]
+		} else {
+			body = nil
+		}
+		name := line
+		if bytes.HasPrefix(name, []byte("# HELP ")) || bytes.HasPrefix(name, []byte("# TYPE ")) {
+			name = name[7:]
+		}
+		if i := bytes.IndexAny(name, "{ \t\n"); i >= 0 {
+			name = name[:i]
+		}
+		for _, n := range names {
+			if n != "" && string(name) == n {
+				out.Write(line)
+				break
+			}
+		}
+	}
+	return &out, nil
+}
+
 // parseMetrics reads the gauges of names from a Prometheus text page. The
 // rank of a sample is its "engine" label (vLLM), else "dp_rank" (SGLang),
 // else 0.
 func parseMetrics(r io.Reader, names metricNames, at time.Time) (scrape, error) {
+	r, err := wanted(r, []string{names.running, names.waiting, names.usage, names.cacheInfo, names.capacityTokens})
+	if err != nil {
+		return scrape{}, fmt.Errorf("engine metrics: %w", err)
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {

@@ -71,8 +71,13 @@ func (r *rank) run(ctx context.Context) error {
 func (r *rank) handle(ctx context.Context, m vllmzmq.Message) {
 	switch {
 	case !r.synced:
-		// No replay socket: what the engine said before is unknown.
-		r.resync(reasonNoReplay)
+		// No replay socket, or the first replay failed: what the engine
+		// said before is unknown.
+		reason := reasonNoReplay
+		if r.replay != "" {
+			reason = reasonReplayFailed
+		}
+		r.resync(reason)
 		r.applyLive(m)
 	case m.Seq == r.expected:
 		r.overlap = nil // live has passed every replayed batch

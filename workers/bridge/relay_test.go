@@ -101,11 +101,12 @@ func waitRegistered(t *testing.T, f *fleet, id string) {
 		func() string { return "worker " + id + " to register" })
 }
 
-// Lost frames are replayed from the engine's replay socket and the index
-// converges without a resync.
-func TestGapIsReplayed(t *testing.T) {
+// relayed is engine w1 with o, a relay and a bridge reading the events
+// through it; a first workload has converged.
+func relayed(t *testing.T, o engineOpts) (*fleet, *engine, *relay, *running) {
+	t.Helper()
 	f := newFleet(t)
-	e := startEngine(t, "w1", engineOpts{kvBlocks: 48})
+	e := startEngine(t, "w1", o)
 	rl := startRelay(t, e.eventsEndpoint())
 	cfg := bridgeCfg(e, "w1")
 	cfg.KVEvents = rl.endpoint
@@ -113,6 +114,13 @@ func TestGapIsReplayed(t *testing.T) {
 	waitRegistered(t, f, "w1")
 	e.workload(t, 0, 5, 1)
 	converged(t, f, e, "w1")
+	return f, e, rl, br
+}
+
+// Lost frames are replayed from the engine's replay socket and the index
+// converges without a resync.
+func TestGapIsReplayed(t *testing.T) {
+	f, e, rl, br := relayed(t, engineOpts{kvBlocks: 48})
 	resyncs := counter(br.b, "resyncs_total")
 	rl.setDrop(func(seq uint64) bool { return seq%3 == 0 })
 	e.workload(t, 0, 40, 2)
@@ -135,15 +143,7 @@ func TestGapIsReplayed(t *testing.T) {
 // the blocks it holds, so blocks stored before the loss stay unknown to
 // routers until the engine evicts them (an under-count, never a phantom).
 func TestOverrunResyncs(t *testing.T) {
-	f := newFleet(t)
-	e := startEngine(t, "w1", engineOpts{kvBlocks: 48, bufferSteps: 4})
-	rl := startRelay(t, e.eventsEndpoint())
-	cfg := bridgeCfg(e, "w1")
-	cfg.KVEvents = rl.endpoint
-	br := runBridge(t, f, cfg)
-	waitRegistered(t, f, "w1")
-	e.workload(t, 0, 5, 1)
-	converged(t, f, e, "w1")
+	f, e, rl, br := relayed(t, engineOpts{kvBlocks: 48, bufferSteps: 4})
 	rl.setDrop(func(uint64) bool { return true })
 	e.workload(t, 0, 20, 2)
 	rl.setDrop(func(uint64) bool { return false })
