@@ -9,13 +9,20 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/workers"
 )
 
 // bridge --help documents every flag it defines.
@@ -125,5 +132,119 @@ func TestBridgeJoinsSimServe(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("bridge did not stop")
+	}
+}
+
+const bridgeChildEnv = "KVR_TEST_BRIDGE_ARGS"
+
+// TestBridgeChild runs kvrouter bridge as a child process of
+// TestBridgeDrainsOnSIGTERM.
+func TestBridgeChild(t *testing.T) {
+	args := os.Getenv(bridgeChildEnv)
+	if args == "" {
+		t.Skip("runs only as the child of TestBridgeDrainsOnSIGTERM")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	var argv []string
+	if err := json.Unmarshal([]byte(args), &argv); err != nil {
+		t.Fatalf("%s: %v", bridgeChildEnv, err)
+	}
+	os.Exit(run(ctx, argv, os.Stdout, os.Stderr))
+}
+
+// SIGTERM drains a registered bridge: it deregisters (the registry key is
+// gone) and exits 0.
+func TestBridgeDrainsOnSIGTERM(t *testing.T) {
+	simPort, evPort, repPort, natsPort := freePort(t), freePort(t), freePort(t), freePort(t)
+	cfg := `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:` + strconv.Itoa(evPort) +
+		`","replay_endpoint":"tcp://*:` + strconv.Itoa(repPort) + `","topic":"kv"}`
+	child := func(env, test string, argv []string, out io.Writer) *exec.Cmd {
+		a, _ := json.Marshal(argv)
+		c := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+		c.Env = append(os.Environ(), env+"="+string(a))
+		c.Stdout, c.Stderr = out, out
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	var simOut, brOut syncBuf
+	sim := child(simChildEnv, "TestSimServeChild", []string{"sim", "serve", "m", "--host", "127.0.0.1",
+		"--port", strconv.Itoa(simPort), "--speedup", "100", "--kv-events-config", cfg, "--log-level", "warn"}, &simOut)
+	defer func() { sim.Process.Kill(); sim.Wait() }()
+	br := child(bridgeChildEnv, "TestBridgeChild", []string{"bridge", "--model", "m", "--worker-id", "wsig",
+		"--embedded-nats", "--embedded-listen", "127.0.0.1:" + strconv.Itoa(natsPort),
+		"--engine-url", "http://127.0.0.1:" + strconv.Itoa(simPort),
+		"--kv-events", "tcp://127.0.0.1:" + strconv.Itoa(evPort), "--kv-replay", "tcp://127.0.0.1:" + strconv.Itoa(repPort),
+		"--topic", "kv", "--http-addr", "", "--health-interval", "100ms", "--drain-timeout", "2s", "--log-level", "warn"}, &brOut)
+	exited := make(chan error, 1)
+	go func() { exited <- br.Wait() }()
+	defer func() {
+		if br.ProcessState == nil {
+			br.Process.Kill()
+			<-exited
+		}
+	}()
+	var kv jetstream.KeyValue
+	var conn *nats.Conn
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		nc, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(natsPort), nats.MaxReconnects(0))
+		if err != nil {
+			return false
+		}
+		js, _ := jetstream.New(nc)
+		if kv, err = js.KeyValue(context.Background(), workers.DefaultBucket); err != nil {
+			nc.Close()
+			return false
+		}
+		if _, err := kv.Get(context.Background(), workers.KeyFor("wsig")); err != nil {
+			nc.Close()
+			return false
+		}
+		conn = nc
+		return true
+	}, func() string { return "the bridge to register wsig; its output: " + brOut.String() })
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer func() { stopWatch(); conn.Close() }()
+	watch, err := kv.Watch(wctx, workers.KeyFor("wsig"), jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	if err := br.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var states []string
+	deregistered := false
+	timeout := time.After(20 * time.Second)
+	for !deregistered {
+		select {
+		case e := <-watch.Updates():
+			if e == nil {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				deregistered = true
+				break
+			}
+			info, err := workers.DecodeInfo(e.Value())
+			if err == nil {
+				states = append(states, string(info.State))
+			}
+		case <-timeout:
+			t.Fatalf("not deregistered within 20 s of SIGTERM (states seen %v); output %s", states, brOut.String())
+		}
+	}
+	if !slices.Contains(states, string(workers.StateDraining)) {
+		t.Errorf("states seen before the delete %v, want draining first", states)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v; output %s", err, brOut.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the bridge did not exit after SIGTERM")
 	}
 }
