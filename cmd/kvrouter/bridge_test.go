@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"regexp"
 	"slices"
 	"strconv"
@@ -135,24 +134,6 @@ func TestBridgeJoinsSimServe(t *testing.T) {
 	}
 }
 
-const bridgeChildEnv = "KVR_TEST_BRIDGE_ARGS"
-
-// TestBridgeChild runs kvrouter bridge as a child process of
-// TestBridgeDrainsOnSIGTERM.
-func TestBridgeChild(t *testing.T) {
-	args := os.Getenv(bridgeChildEnv)
-	if args == "" {
-		t.Skip("runs only as the child of TestBridgeDrainsOnSIGTERM")
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	var argv []string
-	if err := json.Unmarshal([]byte(args), &argv); err != nil {
-		t.Fatalf("%s: %v", bridgeChildEnv, err)
-	}
-	os.Exit(run(ctx, argv, os.Stdout, os.Stderr))
-}
-
 // SIGTERM drains a registered bridge: it deregisters (the registry key is
 // gone) and exits 0.
 func TestBridgeDrainsOnSIGTERM(t *testing.T) {
@@ -173,7 +154,8 @@ func TestBridgeDrainsOnSIGTERM(t *testing.T) {
 	sim := child(simChildEnv, "TestSimServeChild", []string{"sim", "serve", "m", "--host", "127.0.0.1",
 		"--port", strconv.Itoa(simPort), "--speedup", "100", "--kv-events-config", cfg, "--log-level", "warn"}, &simOut)
 	defer func() { sim.Process.Kill(); sim.Wait() }()
-	br := child(bridgeChildEnv, "TestBridgeChild", []string{"bridge", "--model", "m", "--worker-id", "wsig",
+	// TestSimServeChild runs any command line it is given.
+	br := child(simChildEnv, "TestSimServeChild", []string{"bridge", "--model", "m", "--worker-id", "wsig",
 		"--embedded-nats", "--embedded-listen", "127.0.0.1:" + strconv.Itoa(natsPort),
 		"--engine-url", "http://127.0.0.1:" + strconv.Itoa(simPort),
 		"--kv-events", "tcp://127.0.0.1:" + strconv.Itoa(evPort), "--kv-replay", "tcp://127.0.0.1:" + strconv.Itoa(repPort),

@@ -101,17 +101,30 @@ func waitRegistered(t *testing.T, f *fleet, id string) {
 		func() string { return "worker " + id + " to register" })
 }
 
-// relayed is engine w1 with o, a relay and a bridge reading the events
-// through it; a first workload has converged.
-func relayed(t *testing.T, o engineOpts) (*fleet, *engine, *relay, *running) {
+// bridged is engine w1 with o and a registered bridge on it (its config
+// changed by mutate when not nil).
+func bridged(t *testing.T, o engineOpts, mutate func(*Config, *engine)) (*fleet, *engine, *running) {
 	t.Helper()
 	f := newFleet(t)
 	e := startEngine(t, "w1", o)
-	rl := startRelay(t, e.eventsEndpoint())
 	cfg := bridgeCfg(e, "w1")
-	cfg.KVEvents = rl.endpoint
+	if mutate != nil {
+		mutate(&cfg, e)
+	}
 	br := runBridge(t, f, cfg)
 	waitRegistered(t, f, "w1")
+	return f, e, br
+}
+
+// relayed is bridged with the events going through a relay; a first
+// workload has converged.
+func relayed(t *testing.T, o engineOpts) (*fleet, *engine, *relay, *running) {
+	t.Helper()
+	var rl *relay
+	f, e, br := bridged(t, o, func(c *Config, e *engine) {
+		rl = startRelay(t, e.eventsEndpoint())
+		c.KVEvents = rl.endpoint
+	})
 	e.workload(t, 0, 5, 1)
 	converged(t, f, e, "w1")
 	return f, e, rl, br
@@ -173,11 +186,8 @@ func extra(got, want []kvevents.SeqHash) int { return len(got) - common(got, wan
 // An engine restart (seq back to 0, empty cache) clears the rank; the
 // index follows the new incarnation.
 func TestEngineRestart(t *testing.T) {
-	f := newFleet(t)
-	e := startEngine(t, "w1", engineOpts{kvBlocks: 48})
-	br := runBridge(t, f, bridgeCfg(e, "w1"))
-	waitRegistered(t, f, "w1")
-	e.workload(t, 0, 20, 1)
+	f, e, br := bridged(t, engineOpts{kvBlocks: 48}, nil)
+	e.workload(t, 0, 15, 1)
 	converged(t, f, e, "w1")
 	if err := e.eng.Restart(context.Background()); err != nil {
 		t.Fatal(err)
@@ -194,11 +204,8 @@ func TestEngineRestart(t *testing.T) {
 // replay, so they end with exactly the engine's cache, and never hold a
 // block the engine dropped meanwhile.
 func TestBridgeRestart(t *testing.T) {
-	f := newFleet(t)
-	e := startEngine(t, "w1", engineOpts{kvBlocks: 48})
-	br := runBridge(t, f, bridgeCfg(e, "w1"))
-	waitRegistered(t, f, "w1")
-	e.workload(t, 0, 20, 1)
+	f, e, br := bridged(t, engineOpts{kvBlocks: 48}, nil)
+	e.workload(t, 0, 15, 1)
 	converged(t, f, e, "w1")
 	if err := br.halt(t); err != nil {
 		t.Fatal(err)
