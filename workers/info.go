@@ -23,10 +23,15 @@ const (
 	// StateDraining: the worker is live (its cache and bindings stay valid)
 	// but must not be chosen for new requests; it is finishing in-flight work.
 	StateDraining State = "draining"
+	// StateUnavailable: the worker is live but its engine is not answering
+	// (health check failing, or its load reports stale: see workers/bridge).
+	// Like draining, routers keep its cache and bindings and do not choose
+	// it; unlike draining, it comes back to ready on its own.
+	StateUnavailable State = "unavailable"
 )
 
 // Valid reports whether s is one of the defined states.
-func (s State) Valid() bool { return s == StateReady || s == StateDraining }
+func (s State) Valid() bool { return s == StateReady || s == StateDraining || s == StateUnavailable }
 
 // InfoVersion is the format version written in every registry value ("v").
 // Decoders reject any other version rather than guess at its meaning.
@@ -184,7 +189,7 @@ func (i Info) Validate() error {
 		}
 	}
 	if !i.State.Valid() {
-		return bad("state", "%q, want %q or %q", i.State, StateReady, StateDraining)
+		return bad("state", "%q, want %q, %q or %q", i.State, StateReady, StateDraining, StateUnavailable)
 	}
 	return nil
 }

@@ -227,3 +227,24 @@ func TestKeyForGolden(t *testing.T) {
 		}
 	}
 }
+
+// Unavailable is a valid state that routers do not choose, and it survives
+// the wire.
+func TestStateUnavailable(t *testing.T) {
+	if !StateUnavailable.Valid() {
+		t.Fatal("unavailable is not a valid state")
+	}
+	i := Info{ID: "w", Model: "m", Endpoint: "http://e:8000", Ranks: []uint32{0}, BlockSize: 16, KVBlocks: 1,
+		MaxBatchedTokens: 1, MaxSeqs: 1, Epoch: 1, State: StateUnavailable}
+	if i.Available() {
+		t.Fatal("an unavailable worker is available")
+	}
+	b, err := EncodeInfo(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeInfo(b)
+	if err != nil || back.State != StateUnavailable {
+		t.Fatalf("decoded %+v, %v", back, err)
+	}
+}

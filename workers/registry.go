@@ -516,7 +516,7 @@ func (r *Registration) Stats() RegistrationStats {
 // to write it; the error is returned.
 func (r *Registration) SetState(ctx context.Context, s State) error {
 	if !s.Valid() {
-		return &InfoError{ID: r.id, Field: "state", Reason: fmt.Sprintf("%q, want %q or %q", s, StateReady, StateDraining)}
+		return &InfoError{ID: r.id, Field: "state", Reason: fmt.Sprintf("%q, want %q, %q or %q", s, StateReady, StateDraining, StateUnavailable)}
 	}
 	r.mu.Lock()
 	if r.stopped {

@@ -17,6 +17,7 @@ Usage: kvrouter <command> [flags]
 Commands:
   serve    run a router replica (NATS and HTTP route API)
   worker   run simulated workers (--sim) that publish KV events and serve requests
+  bridge   join a vLLM or SGLang engine to the fleet (events, registration, load)
   sim      simulated engines that speak vLLM's protocols (sim serve MODEL: OpenAI HTTP,
            /tokenize, /metrics, KV events over ZMQ with replay)
   demo     one command on a fresh machine: embedded NATS, simulated workers, two
@@ -51,6 +52,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runDemo(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:])
+	case "bridge":
+		err = runBridge(ctx, args[1:], stdout, stderr)
 	case "sim":
 		err = runSim(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -137,7 +137,7 @@ type WorkerStatus struct {
 	Rank             uint32            `json:"rank"`
 	Model            string            `json:"model"`
 	Endpoint         string            `json:"endpoint"`
-	State            string            `json:"state"` // "ready" or "draining"
+	State            string            `json:"state"` // "ready", "draining" or "unavailable"
 	BlockSize        int               `json:"block_size"`
 	KVBlocks         int               `json:"kv_blocks"`
 	MaxBatchedTokens int               `json:"max_batched_tokens"`
@@ -146,6 +146,22 @@ type WorkerStatus struct {
 	Labels           map[string]string `json:"labels,omitempty"`
 	IndexedBlocks    int               `json:"indexed_blocks"`
 	Load             *WorkerLoad       `json:"load,omitempty"`
+	// Reported is the last load report the worker rank published (the
+	// simulator's, or a bridge's scrape of its engine), absent before the
+	// first.
+	Reported *ReportedLoad `json:"reported,omitempty"`
+}
+
+// ReportedLoad is a worker rank's last load report and its age.
+type ReportedLoad struct {
+	Running       int     `json:"running"`        // requests in the running batch
+	Waiting       int     `json:"waiting"`        // requests queued in the engine
+	KVUsedBlocks  int     `json:"kv_used_blocks"` // blocks in use or cached
+	KVTotalBlocks int     `json:"kv_total_blocks"`
+	KVUsage       float64 `json:"kv_usage"` // KVUsedBlocks / KVTotalBlocks, 0..1
+	// AgeMS is how long ago the engine measured it (its report's "at"),
+	// in milliseconds, when this replica answered.
+	AgeMS int64 `json:"age_ms"`
 }
 
 // WorkerLoad is a worker rank's load as this replica predicts it.

@@ -161,6 +161,7 @@ func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
 				if l, ok := loads[[2]string{w.ID, strconv.FormatUint(uint64(rank), 10)}]; ok {
 					ws.Load = &l
 				}
+				ws.Reported = ms.reportedStatus(workerKeyOf(w.ID, rank))
 				out.Workers = append(out.Workers, ws)
 			}
 		}

@@ -3,7 +3,10 @@ package host
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -84,6 +87,7 @@ func (r *Replica) onDepart(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, nil)
+	ms.forgetLoad(i.ID)
 	ms.sched.RemoveWorker(i.ID)
 	// A re-incarnation (same id, new epoch) departs the old one after the
 	// new one may already have published events: the subscriber's epoch
@@ -108,6 +112,7 @@ func (r *Replica) onLoad(l workers.LoadReport) {
 	if !ok {
 		return
 	}
+	ms.recordLoad(l)
 	ms.sched.ObserveLoad(scheduler.LoadReport{
 		Key:             workerKeyOf(l.Worker, l.Rank),
 		ActiveRequests:  l.ActiveRequests,
@@ -117,4 +122,19 @@ func (r *Replica) onLoad(l workers.LoadReport) {
 		PrefillTokens:   l.PrefillTokens,
 		At:              l.At,
 	})
+}
+
+// reportedStatus renders k's last load report for GET /v1/workers (nil
+// before the first).
+func (ms *modelState) reportedStatus(k kvevents.WorkerKey) *api.ReportedLoad {
+	l, ok := ms.reportedLoad(k)
+	if !ok {
+		return nil
+	}
+	out := &api.ReportedLoad{Running: l.ActiveRequests, Waiting: l.WaitingRequests, KVUsedBlocks: l.KVUsedBlocks,
+		KVTotalBlocks: l.KVTotalBlocks, AgeMS: max(0, time.Since(l.At).Milliseconds())}
+	if l.KVTotalBlocks > 0 {
+		out.KVUsage = float64(l.KVUsedBlocks) / float64(l.KVTotalBlocks)
+	}
+	return out
 }

@@ -41,6 +41,40 @@ type modelState struct {
 	decDropped atomic.Uint64    // decisions not shared (buffer full)
 	decBad     atomic.Uint64    // undecodable decision messages received
 	decApplied atomic.Uint64    // peers' decisions recorded
+
+	// lastReport holds the last load report of each worker rank, for GET
+	// /v1/workers (the scheduler folds each into its load view on arrival).
+	reportedMu sync.Mutex
+	lastReport map[kvevents.WorkerKey]workers.LoadReport
+}
+
+// recordLoad keeps l as the last report of its rank.
+func (ms *modelState) recordLoad(l workers.LoadReport) {
+	ms.reportedMu.Lock()
+	if ms.lastReport == nil {
+		ms.lastReport = map[kvevents.WorkerKey]workers.LoadReport{}
+	}
+	ms.lastReport[kvevents.WorkerKey{Worker: l.Worker, Rank: l.Rank}] = l
+	ms.reportedMu.Unlock()
+}
+
+// reportedLoad returns the last report of k, if any.
+func (ms *modelState) reportedLoad(k kvevents.WorkerKey) (workers.LoadReport, bool) {
+	ms.reportedMu.Lock()
+	defer ms.reportedMu.Unlock()
+	l, ok := ms.lastReport[k]
+	return l, ok
+}
+
+// forgetLoad drops the reports of a departed worker.
+func (ms *modelState) forgetLoad(worker string) {
+	ms.reportedMu.Lock()
+	for k := range ms.lastReport {
+		if k.Worker == worker {
+			delete(ms.lastReport, k)
+		}
+	}
+	ms.reportedMu.Unlock()
 }
 
 func (r *Replica) newModel(name string) (*modelState, error) {
