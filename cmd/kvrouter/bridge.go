@@ -17,7 +17,6 @@ import (
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/host"
-	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/bridge"
 )
 
@@ -60,14 +59,8 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		health     = c.duration("health-interval", bridge.DefaultHealthInterval, "period of the engine's /health check")
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
-		prefix     = c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject")
-		stream     = c.str("event-stream", kvevents.DefaultStream, "JetStream stream of KV events (created if missing)")
-		regBucket  = c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry")
-		heartbeat  = c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period")
-		ttl        = c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)")
-		maxDelay   = c.duration("event-max-delay", 500*time.Microsecond, "longest a KV event waits in the publisher's batch")
-		drain      = c.duration("drain-timeout", 30*time.Second, "longest wait for the engine's requests in flight when stopping")
 	)
+	ws := addWorkerSideFlags(c, 500*time.Microsecond, "the engine's requests in flight")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -93,9 +86,9 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MetricsInterval: *interval, StaleIntervals: *stale, HealthInterval: *health, ReplayTimeout: *replayTO,
-		Prefix: *prefix, Events: kvevents.PublisherConfig{MaxDelay: *maxDelay},
-		Registry:  workers.RegistryConfig{Bucket: *regBucket, TTL: *ttl, Heartbeat: *heartbeat, Logger: log},
-		DrainWait: *drain, Logger: log,
+		Prefix: *ws.prefix, Events: kvevents.PublisherConfig{MaxDelay: *ws.maxDelay},
+		Registry:  ws.registry(log),
+		DrainWait: *ws.drain, Logger: log,
 	}
 	nc, err := natsconn.Open(ctx, nf.config("kvrouter-bridge"), log)
 	if err != nil {
@@ -110,8 +103,8 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageError{err}
 	}
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *stream, Prefix: *prefix}); err != nil {
-		return fmt.Errorf("event stream %s: %w", *stream, err)
+	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *ws.stream, Prefix: *ws.prefix}); err != nil {
+		return fmt.Errorf("event stream %s: %w", *ws.stream, err)
 	}
 	if *httpAddr != "" {
 		ln, err := net.Listen("tcp", *httpAddr)

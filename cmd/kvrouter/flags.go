@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workers"
 )
 
 // cmdFlags is a flag set in which every flag also reads an environment
@@ -242,3 +244,31 @@ func splitList(s string) []string {
 
 // helpRequested reports whether err is the flag package's -h/--help.
 func helpRequested(err error) bool { return errors.Is(err, flag.ErrHelp) }
+
+// workerSideFlags are the flags every process that acts as a worker (the
+// simulated `worker` and the engine `bridge`) shares: where its events go,
+// where it registers, and how long it drains.
+type workerSideFlags struct {
+	prefix, stream, regBucket *string
+	heartbeat, ttl, maxDelay  *time.Duration
+	drain                     *time.Duration
+}
+
+// addWorkerSideFlags defines them on c; maxDelay and drainWhat differ per
+// command (a bridge batches for less, and waits for the engine's requests).
+func addWorkerSideFlags(c *cmdFlags, maxDelay time.Duration, drainWhat string) workerSideFlags {
+	return workerSideFlags{
+		prefix:    c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject"),
+		stream:    c.str("event-stream", kvevents.DefaultStream, "JetStream stream of KV events (created if missing)"),
+		regBucket: c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry"),
+		heartbeat: c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period"),
+		ttl:       c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)"),
+		maxDelay:  c.duration("event-max-delay", maxDelay, "longest a KV event waits in the publisher's batch"),
+		drain:     c.duration("drain-timeout", 30*time.Second, "longest wait for "+drainWhat+" when stopping"),
+	}
+}
+
+// registry is the registry configuration the flags name.
+func (w workerSideFlags) registry(log *slog.Logger) workers.RegistryConfig {
+	return workers.RegistryConfig{Bucket: *w.regBucket, TTL: *w.ttl, Heartbeat: *w.heartbeat, Logger: log}
+}

@@ -34,7 +34,6 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		count      = c.integer("count", 4, "number of simulated workers in this process")
 		idPrefix   = c.str("id-prefix", "sim", "worker ids are <id-prefix>-0 .. <id-prefix>-<count-1>; unique per fleet")
 		model      = c.str("model", "default", "model the workers serve")
-		prefix     = c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject")
 		ranks      = c.integer("ranks", 1, "data-parallel ranks per worker (each with its own KV cache)")
 		blockSize  = c.integer("block-size", sim.DefaultBlockSize, "KV block size in tokens (routers must use the same)")
 		kvBlocks   = c.integer("kv-blocks", sim.DefaultKVBlocks, "KV cache blocks per rank")
@@ -42,13 +41,8 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		maxSeqs    = c.integer("max-seqs", sim.DefaultMaxSeqs, "running requests per rank")
 		speedup    = c.float("speedup", sim.DefaultSpeedup, "model time runs this many times faster than the wall clock")
 		loadEvery  = c.duration("load-interval", workers.DefaultLoadInterval, "period of load reports on <prefix>.load.<model>.<id>")
-		heartbeat  = c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period")
-		ttl        = c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)")
-		regBucket  = c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry")
-		stream     = c.str("event-stream", kvevents.DefaultStream, "JetStream stream of KV events (created if missing)")
-		maxDelay   = c.duration("event-max-delay", 5*time.Millisecond, "longest a KV event waits in the publisher's batch")
-		drain      = c.duration("drain-timeout", 30*time.Second, "longest wait for in-flight requests when stopping")
 	)
+	ws := addWorkerSideFlags(c, 5*time.Millisecond, "in-flight requests")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -74,18 +68,18 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *stream, Prefix: *prefix}); err != nil {
-		return fmt.Errorf("event stream %s: %w", *stream, err)
+	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *ws.stream, Prefix: *ws.prefix}); err != nil {
+		return fmt.Errorf("event stream %s: %w", *ws.stream, err)
 	}
 	fleet, err := sim.NewFleet(sim.FleetConfig{
 		Count:    *count,
 		IDPrefix: *idPrefix,
-		Engine: sim.Config{Model: *model, Prefix: *prefix, Ranks: *ranks, BlockSize: *blockSize, KVBlocks: *kvBlocks,
+		Engine: sim.Config{Model: *model, Prefix: *ws.prefix, Ranks: *ranks, BlockSize: *blockSize, KVBlocks: *kvBlocks,
 			MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs, Speedup: *speedup},
-		NewEmitter:   sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: *prefix, Model: *model, MaxDelay: *maxDelay}),
-		Registry:     workers.RegistryConfig{Bucket: *regBucket, TTL: *ttl, Heartbeat: *heartbeat, Logger: log},
+		NewEmitter:   sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: *ws.prefix, Model: *model, MaxDelay: *ws.maxDelay}),
+		Registry:     ws.registry(log),
 		LoadInterval: *loadEvery,
-		Drain:        workers.DrainConfig{MaxWait: *drain},
+		Drain:        workers.DrainConfig{MaxWait: *ws.drain},
 		Logger:       log,
 	})
 	if err != nil {
@@ -98,7 +92,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		*count, *model, *idPrefix, *idPrefix, *count-1, nc.Where())
 	<-ctx.Done()
 	log.Info("signal received: draining workers")
-	sctx, cancel := context.WithTimeout(context.Background(), *drain+10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), *ws.drain+10*time.Second)
 	defer cancel()
 	return fleet.Stop(sctx)
 }
