@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// tokenizeReply is vLLM's /tokenize answer (the fields the gateway reads).
+type tokenizeReply struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
+}
+
+// tokenizeBody is vLLM's /tokenize request: prompt, or messages with
+// add_generation_prompt (default true).
+type tokenizeBody struct {
+	Model               string          `json:"model"`
+	Prompt              string          `json:"prompt,omitempty"`
+	Messages            json.RawMessage `json:"messages,omitempty"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
+}
+
+// engineRoot is the engine's server root from its registered endpoint, its
+// OpenAI base URL: "http://h:8000/v1" and "http://h:8000" both give
+// "http://h:8000" (vLLM serves /tokenize at the root and the OpenAI API
+// under /v1).
+func engineRoot(endpoint string) string {
+	e := strings.TrimRight(endpoint, "/")
+	return strings.TrimSuffix(e, "/v1")
+}
+
+// promptIDs returns the token ids of a completion prompt given as ids
+// ([1,2,3] or [[1,2,3]]): such a prompt needs no tokenize call.
+func promptIDs(raw json.RawMessage) ([]uint32, bool) {
+	t := bytes.TrimSpace(raw)
+	if len(t) < 2 || t[0] != '[' {
+		return nil, false
+	}
+	var ids []uint32
+	if json.Unmarshal(t, &ids) == nil {
+		return ids, len(ids) > 0
+	}
+	var nested [][]uint32
+	if json.Unmarshal(t, &nested) == nil && len(nested) == 1 && len(nested[0]) > 0 {
+		return nested[0], true
+	}
+	return nil, false
+}
+
+// promptText returns a completion prompt given as one string ("..." or
+// ["..."]).
+func promptText(raw json.RawMessage) (string, bool) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var list []string
+	if json.Unmarshal(raw, &list) == nil && len(list) == 1 {
+		return list[0], true
+	}
+	return "", false
+}
+
+// errNoTokenize means the prompt has a shape the engine's /tokenize does not
+// take (a batch of prompts): the request routes on load alone.
+var errNoTokenize = fmt.Errorf("prompt shape has no single tokenization")
+
+// tokenize asks the engine at root for the prompt's token ids.
+func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientRequest) (*tokenizeReply, error) {
+	tb := tokenizeBody{Model: cr.Model}
+	if kind == kindChat {
+		tb.Messages, tb.AddGenerationPrompt = cr.Messages, cr.AddGenerationPrompt
+	} else {
+		if ids, ok := promptIDs(cr.Prompt); ok {
+			return &tokenizeReply{Count: len(ids), Tokens: ids}, nil
+		}
+		text, ok := promptText(cr.Prompt)
+		if !ok {
+			return nil, errNoTokenize
+		}
+		tb.Prompt = text
+	}
+	body, err := json.Marshal(&tb)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, root+"/tokenize", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize at %s: %w", root, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*MaxBodyBytes))
+	if err != nil {
+		return nil, fmt.Errorf("tokenize at %s: reading the reply: %w", root, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, &tokenizeStatusError{root: root, status: resp.StatusCode, body: string(data)}
+	}
+	var tr tokenizeReply
+	if err := json.Unmarshal(data, &tr); err != nil {
+		return nil, fmt.Errorf("tokenize at %s: decoding the reply: %w", root, err)
+	}
+	return &tr, nil
+}
+
+// tokenizeStatusError is a /tokenize reply other than 200. A 400 is the
+// engine refusing the prompt itself (it would refuse the generate request
+// too): the gateway passes it to the client instead of routing.
+type tokenizeStatusError struct {
+	root   string
+	status int
+	body   string
+}
+
+func (e *tokenizeStatusError) Error() string {
+	return fmt.Sprintf("tokenize at %s: status %d: %s", e.root, e.status, strings.TrimSpace(e.body))
+}
