@@ -58,6 +58,9 @@ type Config struct {
 	// WorkersTTL is how long a model's worker list (for /v1/models and the
 	// tokenize target) is reused before it is read again (default 1 s).
 	WorkersTTL time.Duration
+	// MaxBodyBytes bounds a client's request body (larger: 413); default
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
 	// CallTimeout bounds each tokenize and lifecycle call (default 5 s).
 	CallTimeout time.Duration
 	// HTTPClient talks to the engines; default a client whose transport
@@ -99,6 +102,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.WorkersTTL <= 0 {
 		cfg.WorkersTTL = DefaultWorkersTTL
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
@@ -265,13 +271,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
-// readBody reads a client body of at most MaxBodyBytes.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *RequestError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+// readBody reads a client body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *RequestError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			e := badRequest("", "the request body is larger than %d bytes", MaxBodyBytes)
+			e := badRequest("", "the request body is larger than %d bytes", limit)
 			e.Status, e.Code = http.StatusRequestEntityTooLarge, "request_too_large"
 			return nil, e
 		}

@@ -21,7 +21,7 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	ctx, span := g.tracer.Start(ctx, "gateway "+kind, trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 
-	body, rerr := readBody(w, r)
+	body, rerr := readBody(w, r, g.cfg.MaxBodyBytes)
 	var cr clientRequest
 	if rerr == nil {
 		cr, rerr = readRequest(kind, body)

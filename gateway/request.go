@@ -14,8 +14,8 @@ const (
 
 // Limits of what the request reader accepts.
 const (
-	// MaxBodyBytes bounds a client's request body (larger: 413).
-	MaxBodyBytes = 32 << 20
+	// DefaultMaxBodyBytes bounds a client's request body (larger: 413).
+	DefaultMaxBodyBytes = 32 << 20
 	maxModelLen  = 256 // bytes of "model", as the route API's limit
 )
 

@@ -100,7 +100,7 @@ func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientReq
 		return nil, fmt.Errorf("tokenize at %s: %w", root, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*MaxBodyBytes))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*DefaultMaxBodyBytes))
 	if err != nil {
 		return nil, fmt.Errorf("tokenize at %s: reading the reply: %w", root, err)
 	}
