@@ -68,7 +68,9 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var eb struct{ Error struct{ Message, Code string } }
+		var eb struct {
+			Error struct{ Message, Code string }
+		}
 		if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &eb) != nil || eb.Error.Message == "" {
 			t.Fatalf("port %d: %d %s, want 503 in OpenAI's error shape", port, resp.StatusCode, body)
 		}
