@@ -16,7 +16,7 @@ const (
 const (
 	// DefaultMaxBodyBytes bounds a client's request body (larger: 413).
 	DefaultMaxBodyBytes = 32 << 20
-	maxModelLen  = 256 // bytes of "model", as the route API's limit
+	maxModelLen         = 256 // bytes of "model", as the route API's limit
 )
 
 // clientRequest is what routing needs of a client's body; the body itself
