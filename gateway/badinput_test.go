@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -188,5 +189,27 @@ func FuzzReadRequest(f *testing.F) {
 		_, _ = promptIDs(cr.Prompt)
 		_, _ = promptText(cr.Prompt)
 		_ = cr.outputTokens()
+	})
+}
+
+// parseTokenIDs reads what encoding/json reads as []uint32, and refuses
+// what it refuses.
+func FuzzParseTokenIDs(f *testing.F) {
+	for _, s := range []string{`[]`, `[1,2,3]`, ` [ 4294967295 , 0 ] `, `[4294967296]`, `[1,]`, `[-1]`, `[1.5]`, `["1"]`, `[01]`, `{}`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, err := parseTokenIDs(raw, nil)
+		var want []uint32
+		jerr := json.Unmarshal(raw, &want)
+		if err == nil && jerr != nil && json.Valid(raw) {
+			t.Fatalf("%q: accepted %v, encoding/json: %v", raw, got, jerr)
+		}
+		if err == nil && jerr == nil && !slices.Equal(got, want) {
+			t.Fatalf("%q: %v, encoding/json %v", raw, got, want)
+		}
+		if err != nil && jerr == nil && len(want) > 0 {
+			t.Fatalf("%q: refused (%v), encoding/json reads %v", raw, err, want)
+		}
 	})
 }

@@ -8,13 +8,59 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/router/api"
 )
 
 // tokenizeReply is vLLM's /tokenize answer (the fields the gateway reads).
 type tokenizeReply struct {
-	Count       int      `json:"count"`
-	MaxModelLen int      `json:"max_model_len"`
-	Tokens      []uint32 `json:"tokens"`
+	Count       int             `json:"count"`
+	MaxModelLen int             `json:"max_model_len"`
+	Tokens      []uint32        `json:"-"` // parsed from RawTokens by parseTokenIDs
+	RawTokens   json.RawMessage `json:"tokens"`
+}
+
+// parseTokenIDs reads a JSON array of token ids. encoding/json spends most
+// of a 2,048-token tokenize call decoding the array element by element
+// through reflection (BenchmarkTTFT/tokenize, docs/gateway.md); the reply
+// is still validated by encoding/json, which hands over the raw array.
+func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, error) {
+	i := 0
+	skip := func() {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i == len(raw) || raw[i] != '[' {
+		return nil, fmt.Errorf("tokens: want an array of token ids")
+	}
+	i++
+	skip()
+	if i < len(raw) && raw[i] == ']' {
+		return dst, nil
+	}
+	for {
+		skip()
+		start, v := i, uint64(0)
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' && i-start < 11 {
+			v = v*10 + uint64(raw[i]-'0')
+			i++
+		}
+		if i == start || v > 1<<32-1 {
+			return nil, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
+		}
+		dst = append(dst, uint32(v))
+		skip()
+		if i < len(raw) && raw[i] == ',' {
+			i++
+			continue
+		}
+		if i < len(raw) && raw[i] == ']' {
+			return dst, nil
+		}
+		return nil, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
+	}
 }
 
 // tokenizeBody is vLLM's /tokenize request: prompt, or messages with
@@ -111,6 +157,10 @@ func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientReq
 	if err := json.Unmarshal(data, &tr); err != nil {
 		return nil, fmt.Errorf("tokenize at %s: decoding the reply: %w", root, err)
 	}
+	if tr.Tokens, err = parseTokenIDs(tr.RawTokens, make([]uint32, 0, min(max(tr.Count, 0), api.MaxTokens))); err != nil {
+		return nil, fmt.Errorf("tokenize at %s: %w", root, err)
+	}
+	tr.RawTokens = nil
 	return &tr, nil
 }
 
