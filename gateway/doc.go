@@ -8,9 +8,9 @@
 // for the prompt's exact token ids (/tokenize, tokenize.go), routes them
 // through a Router (route, prefill done, free, cancel; router.go), forwards
 // the client's body unchanged to the chosen engine, streams the reply back
-// event by event, and books: prefill_done at the first streamed token (or
-// the whole reply), free exactly once at the end, on client disconnect or
-// on upstream failure (forward.go). A failure before the first byte is
+// event by event, and books: prefill_done at the first streamed token,
+// free exactly once at the end (a whole reply gets free alone), on client
+// disconnect or on upstream failure (forward.go). A failure before the first byte is
 // retried once on another worker. GET /v1/models lists the models with
 // live workers; every other path is 404 in OpenAI's error shape
 // (errors.go).

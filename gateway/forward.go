@@ -215,7 +215,7 @@ func (x *exchange) setHeaders(up *http.Response) {
 }
 
 // whole relays a reply that is not streamed (or an engine's refusal): the
-// whole body, then prefill_done and free.
+// whole body, then free (run's deferred call).
 func (x *exchange) whole(ctx context.Context, up *http.Response) {
 	data, err := io.ReadAll(up.Body)
 	if err != nil {
@@ -229,9 +229,9 @@ func (x *exchange) whole(ctx context.Context, up *http.Response) {
 	x.g.m.ttft.Record(ctx, time.Since(x.t0).Seconds())
 	x.g.m.answered(ctx, up.StatusCode)
 	x.span.SetAttributes(attribute.Int("http.response.status_code", up.StatusCode))
-	if up.StatusCode == http.StatusOK {
-		x.prefillDone(ctx)
-	}
+	// No prefill_done before the free that follows at once: free releases
+	// the prefill and decode load together, so the call would change
+	// nothing and cost a round trip to the router per request.
 }
 
 // readers pools the stream readers (one per stream, reused).
