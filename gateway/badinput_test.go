@@ -192,24 +192,30 @@ func FuzzReadRequest(f *testing.F) {
 	})
 }
 
-// parseTokenIDs reads what encoding/json reads as []uint32, and refuses
-// what it refuses.
-func FuzzParseTokenIDs(f *testing.F) {
-	for _, s := range []string{`[]`, `[1,2,3]`, ` [ 4294967295 , 0 ] `, `[4294967296]`, `[1,]`, `[-1]`, `[1.5]`, `["1"]`, `[01]`, `{}`, ``} {
+// decodeTokenizeReply reads what encoding/json reads, and refuses what it
+// refuses.
+func FuzzDecodeTokenizeReply(f *testing.F) {
+	for _, s := range []string{`{"count":3,"max_model_len":8,"tokens":[1,2,3],"token_strs":null}`, `{"count":0,"tokens":[]}`,
+		`{"tokens" : [ 4294967295 , 0 ], "count":2}`, `{"count":1,"tokens":[4294967296]}`, `{"count":2,"tokens":[1,]}`,
+		`{"count":1,"tokens":[-1]}`, `{"count":1,"tokens":["1"]}`, `{"count":1,"tokens":[1]`, `{"x":"\"tokens\":[1]","count":1,"tokens":[2]}`, `{"m":{"tokens":[1]},"count":1,"tokens":[2]}`,
+		`{"tokens":[1],"count":1,"tokens":[2]}`, `{"a":"tokens","count":1,"tokens":[5]}`, ``} {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		got, err := parseTokenIDs(raw, nil)
-		var want []uint32
-		jerr := json.Unmarshal(raw, &want)
-		if err == nil && jerr != nil && json.Valid(raw) {
-			t.Fatalf("%q: accepted %v, encoding/json: %v", raw, got, jerr)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := decodeTokenizeReply(data)
+		var want struct {
+			Count       int      `json:"count"`
+			MaxModelLen int      `json:"max_model_len"`
+			Tokens      []uint32 `json:"tokens"`
 		}
-		if err == nil && jerr == nil && !slices.Equal(got, want) {
-			t.Fatalf("%q: %v, encoding/json %v", raw, got, want)
-		}
-		if err != nil && jerr == nil && len(want) > 0 {
-			t.Fatalf("%q: refused (%v), encoding/json reads %v", raw, err, want)
+		jerr := json.Unmarshal(data, &want)
+		switch {
+		case err == nil && jerr != nil:
+			t.Fatalf("%q: accepted %+v, encoding/json: %v", data, got, jerr)
+		case err != nil && jerr == nil && len(want.Tokens) > 0:
+			t.Fatalf("%q: refused (%v), encoding/json reads %+v", data, err, want)
+		case err == nil && (!slices.Equal(got.Tokens, want.Tokens) && len(want.Tokens)+len(got.Tokens) > 0 || got.Count != want.Count || got.MaxModelLen != want.MaxModelLen):
+			t.Fatalf("%q: %+v, encoding/json %+v", data, got, want)
 		}
 	})
 }

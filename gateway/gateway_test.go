@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/openai/openai-go/v3"
@@ -216,8 +215,7 @@ func TestEngineKilledMidStream(t *testing.T) {
 	}
 	for s.Next() {
 	}
-	var se interface{ Error() string }
-	if err := s.Err(); err == nil || !errors.As(err, &se) || !strings.Contains(err.Error(), "upstream_error") {
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "upstream_error") {
 		t.Fatalf("stream error %v, want the gateway's upstream_error event", err)
 	}
 	s.Close()
@@ -311,5 +309,3 @@ func TestModels(t *testing.T) {
 		t.Fatalf("models %+v, want only %q", page.Data, testModel)
 	}
 }
-
-var _ = bindings.Hard

@@ -20,11 +20,10 @@ type tokenizeReply struct {
 	RawTokens   json.RawMessage `json:"tokens"`
 }
 
-// parseTokenIDs reads a JSON array of token ids. encoding/json spends most
-// of a 2,048-token tokenize call decoding the array element by element
-// through reflection (BenchmarkTTFT/tokenize, docs/gateway.md); the reply
-// is still validated by encoding/json, which hands over the raw array.
-func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, error) {
+// parseTokenIDs reads a JSON array of token ids at the start of raw
+// (after white space) and returns them appended to dst, with the length of
+// raw it read.
+func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
 	i := 0
 	skip := func() {
 		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
@@ -33,12 +32,12 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, error) {
 	}
 	skip()
 	if i == len(raw) || raw[i] != '[' {
-		return nil, fmt.Errorf("tokens: want an array of token ids")
+		return nil, 0, fmt.Errorf("tokens: want an array of token ids")
 	}
 	i++
 	skip()
 	if i < len(raw) && raw[i] == ']' {
-		return dst, nil
+		return dst, i + 1, nil
 	}
 	for {
 		skip()
@@ -48,7 +47,7 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, error) {
 			i++
 		}
 		if i == start || v > 1<<32-1 {
-			return nil, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
+			return nil, 0, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
 		}
 		dst = append(dst, uint32(v))
 		skip()
@@ -57,10 +56,51 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, error) {
 			continue
 		}
 		if i < len(raw) && raw[i] == ']' {
-			return dst, nil
+			return dst, i + 1, nil
 		}
-		return nil, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
+		return nil, 0, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
 	}
+}
+
+var tokensKey = []byte(`"tokens"`)
+
+// decodeTokenizeReply reads a /tokenize reply. encoding/json spent most of a
+// 2,048-token tokenize call scanning and decoding the id array through
+// reflection (BenchmarkTTFT/tokenize, docs/gateway.md), so the fast path
+// reads the array by hand and gives encoding/json the rest of the reply
+// (with "tokens":null in its place); it is taken only when the reply's
+// count agrees with the ids read. Anything else goes through encoding/json
+// whole.
+func decodeTokenizeReply(data []byte) (tokenizeReply, error) {
+	var tr tokenizeReply
+	if k := bytes.Index(data, tokensKey); k >= 0 {
+		j := k + len(tokensKey)
+		for j < len(data) && (data[j] == ' ' || data[j] == '\t' || data[j] == '\n' || data[j] == '\r') {
+			j++
+		}
+		colon := j < len(data) && data[j] == ':'
+		j++
+		if ids, n, err := parseTokenIDs(data[min(j, len(data)):], nil); colon && err == nil {
+			rest := make([]byte, 0, k+len(data)-j-n+16)
+			rest = append(append(append(rest, data[:k]...), `"tokens":null`...), data[j+n:]...)
+			// The array read must be the top-level "tokens" (not a nested
+			// key, not one of duplicate keys, where the last counts).
+			if json.Unmarshal(rest, &tr) == nil && isNull(tr.RawTokens) && tr.Count == len(ids) {
+				tr.Tokens, tr.RawTokens = ids, nil
+				return tr, nil
+			}
+			tr = tokenizeReply{}
+		}
+	}
+	if err := json.Unmarshal(data, &tr); err != nil {
+		return tokenizeReply{}, fmt.Errorf("decoding the reply: %w", err)
+	}
+	ids, _, err := parseTokenIDs(tr.RawTokens, make([]uint32, 0, min(max(tr.Count, 0), api.MaxTokens)))
+	if err != nil {
+		return tokenizeReply{}, err
+	}
+	tr.Tokens, tr.RawTokens = ids, nil
+	return tr, nil
 }
 
 // tokenizeBody is vLLM's /tokenize request: prompt, or messages with
@@ -153,14 +193,10 @@ func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientReq
 	if resp.StatusCode != http.StatusOK {
 		return nil, &tokenizeStatusError{root: root, status: resp.StatusCode, body: string(data)}
 	}
-	var tr tokenizeReply
-	if err := json.Unmarshal(data, &tr); err != nil {
-		return nil, fmt.Errorf("tokenize at %s: decoding the reply: %w", root, err)
-	}
-	if tr.Tokens, err = parseTokenIDs(tr.RawTokens, make([]uint32, 0, min(max(tr.Count, 0), api.MaxTokens))); err != nil {
+	tr, err := decodeTokenizeReply(data)
+	if err != nil {
 		return nil, fmt.Errorf("tokenize at %s: %w", root, err)
 	}
-	tr.RawTokens = nil
 	return &tr, nil
 }
 
