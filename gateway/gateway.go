@@ -218,8 +218,11 @@ func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
 	defer cancel()
 	resp, err := g.router.Workers(ctx, model)
 	if err != nil {
+		// Keep the last list and ask again after WorkersTTL: requests
+		// must not queue up behind one failing call each.
 		g.log.Debug("workers", "model", model, "err", err)
-		return c.engines // keep the last list; try again next request
+		c.at = time.Now()
+		return c.engines
 	}
 	var es []engine
 	for _, ws := range resp.Workers {
