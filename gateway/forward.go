@@ -64,9 +64,17 @@ func (x *exchange) run(ctx context.Context) {
 			x.g.m.retries.Add(ctx, 1)
 			x.span.AddEvent("retry", trace.WithAttributes(attribute.String("kvr.failed_worker", uf.worker)))
 			x.rq.RequestID, x.rq.AllowedWorkers = x.g.newRequestID(), allowed
+			first := uf
 			up, err = x.attempt(ctx)
-			if errors.As(err, &uf) {
+			var re *RequestError
+			switch {
+			case errors.As(err, &uf):
 				x.g.m.upstreamError(ctx, uf.phase)
+			case errors.As(err, &re) && ctx.Err() == nil:
+				// The router refused the retry (a Hard session bound to
+				// the failed worker, no other eligible worker): the
+				// client's problem is still the failed engine.
+				err = serverError(http.StatusBadGateway, "upstream_error", "%v; the retry on another worker was refused: %s", first, re.Message)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/router/api"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -104,5 +105,47 @@ func TestTraceContextToEngine(t *testing.T) {
 	}
 	if rt.frees != 1 {
 		t.Fatalf("%d frees, want 1", rt.frees)
+	}
+}
+
+// refuseRetry routes the first attempt to a dead endpoint and refuses the
+// retry as a Hard binding would.
+type refuseRetry struct {
+	routeTo
+	calls int
+}
+
+func (r *refuseRetry) Route(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse) error {
+	r.mu.Lock()
+	r.calls++
+	n := r.calls
+	r.mu.Unlock()
+	if n > 1 {
+		return api.NewError(api.CodeBindingRejected, "session bound to w", nil)
+	}
+	return r.routeTo.Route(ctx, req, resp)
+}
+
+// An engine that refuses connections and a router that refuses the retry
+// (a Hard session on that engine): 502 naming the engine's failure, not
+// the router's 409; both bookings freed.
+func TestRetryRefusedIsBadGateway(t *testing.T) {
+	dead := refusingEndpoint(t)
+	rt := &refuseRetry{routeTo: routeTo{endpoint: dead}}
+	g, err := New(Config{Router: rt, Models: []string{testModel}, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two workers in the list, so that a retry is attempted.
+	g.models[testModel].engines = []engine{{worker: "w", root: engineRoot(dead)}, {worker: "w2", root: engineRoot(dead)}}
+	g.models[testModel].at = time.Now()
+	gw := httptest.NewServer(g)
+	defer gw.Close()
+	resp, eb := post(t, gw.URL, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != http.StatusBadGateway || eb.Error.Code != "upstream_error" || !strings.Contains(eb.Error.Message, "refused") {
+		t.Fatalf("status %d %+v", resp.StatusCode, eb)
+	}
+	if rt.calls != 2 || rt.frees != 1 {
+		t.Fatalf("%d routes, %d frees; want 2 routes (one retry) and 1 free (the routed attempt)", rt.calls, rt.frees)
 	}
 }
