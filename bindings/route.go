@@ -43,7 +43,25 @@ import (
 //
 // On success the request goes to Result.Target. On Rejected, Route returns
 // the Result (with the unchanged binding) and the error.
+//
+// A binding Route creates has Config.DefaultMode; RouteMode lets the request
+// choose.
 func (t *Table) Route(ctx context.Context, model, session string, sel Selector) (Result, error) {
+	return t.RouteMode(ctx, model, session, ModeUnset, sel)
+}
+
+// RouteMode is Route where a binding the request creates gets mode
+// (ModeUnset = Config.DefaultMode). The mode rule: mode applies only when
+// the session has no binding yet; an existing binding keeps the mode stored
+// in its value (its strength, and the mode of its re-binds), whatever the
+// request asks for.
+func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode, sel Selector) (Result, error) {
+	if mode == ModeUnset {
+		mode = t.cfg.DefaultMode
+	}
+	if !mode.Valid() {
+		return Result{}, fmt.Errorf("%w: %s", ErrUnknownMode, mode)
+	}
 	if sel == nil {
 		return Result{}, ErrNilSelector
 	}
@@ -72,14 +90,14 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
-		return t.commit(ctx, model, session, string(kb), sel, cur, &tgt, 1)
+		return t.commit(ctx, model, session, string(kb), mode, sel, cur, &tgt, 1)
 	}
-	return t.commit(ctx, model, session, string(kb), sel, cur, nil, 0)
+	return t.commit(ctx, model, session, string(kb), mode, sel, cur, nil, 0)
 }
 
 // commit runs steps 2 and 3 from the state cur; pre is a selection already
-// made under cur's requirement.
-func (t *Table) commit(ctx context.Context, model, session, key string, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
+// made under cur's requirement; mode is the mode of a binding it creates.
+func (t *Table) commit(ctx context.Context, model, session, key string, mode Mode, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
 	var (
 		fl      *flight
 		base    = rand.Uint64() // nonces of this call: base-<write index>
@@ -160,7 +178,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, sel Sele
 				return Result{Selections: ch.selections}, err
 			}
 			now := time.Now()
-			rec := recordFor(model, session, tgt, t.cfg.DefaultMode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
+			rec := recordFor(model, session, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
 			intent[writes] = Created
 			st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 			writes++

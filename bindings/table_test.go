@@ -714,3 +714,41 @@ func TestClassifyWrite(t *testing.T) {
 		}
 	}
 }
+
+// The mode rule of RouteMode: the request's mode applies to the binding it
+// creates; an existing binding keeps its stored mode whatever a later
+// request asks for.
+func TestRouteModeStoredModeWins(t *testing.T) {
+	tb := newEnv(t).open(Config{DefaultMode: Hard})
+	ctx := ctxT(t, 10*time.Second)
+	cases := []struct {
+		name        string
+		session     string
+		first, next Mode
+		want        Mode
+	}{
+		{"unset takes the default", "s-default", ModeUnset, ModeUnset, Hard},
+		{"request creates soft", "s-soft", Soft, ModeUnset, Soft},
+		{"stored soft wins over a hard request", "s-soft2", Soft, Hard, Soft},
+		{"stored hard wins over a soft request", "s-hard", Hard, Soft, Hard},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := tb.RouteMode(ctx, model, c.session, c.first, always("w1"))
+			if err != nil || r.Outcome != Created || r.Binding.Mode != c.want {
+				t.Fatalf("first: %+v, %v (want mode %v)", r, err, c.want)
+			}
+			// Soft re-binds to another worker; Hard (w1 live by default) rejects.
+			r, err = tb.RouteMode(ctx, model, c.session, c.next, always("w2"))
+			if c.want == Soft && (err != nil || r.Outcome != Rebound || r.Binding.Mode != Soft) {
+				t.Fatalf("next: %+v, %v (want a Soft re-bind)", r, err)
+			}
+			if c.want == Hard && (err == nil || r.Outcome != Rejected || r.Binding.Mode != Hard) {
+				t.Fatalf("next: %+v, %v (want a Hard rejection)", r, err)
+			}
+		})
+	}
+	if _, err := tb.RouteMode(ctx, model, "s-bad", Mode(9), always("w1")); !errors.Is(err, ErrUnknownMode) {
+		t.Fatalf("mode 9: %v, want ErrUnknownMode", err)
+	}
+}

@@ -20,6 +20,7 @@ Commands:
   bridge   join a vLLM or SGLang engine to the fleet (events, registration, load)
   sim      simulated engines that speak vLLM's protocols (sim serve MODEL: OpenAI HTTP,
            /tokenize, /metrics, KV events over ZMQ with replay)
+  gateway  the OpenAI-compatible gateway: OpenAI clients in, routed and booked requests out
   demo     one command on a fresh machine: embedded NATS, simulated workers, two
            replicas, a synthetic workload, and kvrouter vs round-robin side by side
   bench    replay workloads and compare policies (bench replay), microbenchmarks
@@ -56,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runBridge(ctx, args[1:], stdout, stderr)
 	case "sim":
 		err = runSim(ctx, args[1:], stdout, stderr)
+	case "gateway":
+		err = runGateway(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

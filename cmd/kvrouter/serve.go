@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"time"
 
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/internal/telemetry"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -53,6 +56,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		models      = c.str("models", "default", "models this replica routes, comma separated")
 		blockSize   = c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')")
 		httpAddr    = c.str("http-addr", ":8080", "HTTP API listen address (\"\" = no HTTP)")
+		openaiAddr  = c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)")
 		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
 		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing)")
 		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events (when this replica creates it)")
@@ -144,18 +148,36 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{err}
 	}
 	startErr := r.Start(ctx)
+	var gw *gatewayServer
+	if startErr == nil && *openaiAddr != "" {
+		gw, startErr = startOpenAI(r, *openaiAddr, cfg.Telemetry, log)
+	}
 	if startErr == nil {
-		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()))
+		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()), orNone(gw.where()))
 		<-ctx.Done()
 		log.Info("signal received: shutting down")
 	}
+	var gwErr error
+	if gw != nil {
+		gwErr = gw.stop(30 * time.Second) // requests in flight still need the replica
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	closeErr := r.Close(sctx)
+	closeErr := errors.Join(gwErr, r.Close(sctx))
 	if startErr != nil {
 		return startErr
 	}
 	return closeErr
+}
+
+// startOpenAI runs the gateway in process over r (serve --openai-addr).
+func startOpenAI(r *host.Replica, addr string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
+	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Logger: log,
+		Telemetry: gateway.Telemetry{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider, Propagator: tel.Propagator}})
+	if err != nil {
+		return nil, err
+	}
+	return startGatewayServer(g, addr, nil, log) // /metrics is on --http-addr
 }
 
 func applyPolicyFile(cfg *host.Config, path string) error {

@@ -17,6 +17,7 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 	seeds := []string{
 		`{"model":"m","token_ids":[1,2,3]}`,
 		`{"v":1,"model":"m","block_hashes":[1,"2"],"block_size":16,"session_id":"s","pin":{"worker":"w","rank":0}}`,
+		`{"model":"m","token_ids":[1],"session_id":"s","session_mode":"soft"}`,
 		`{"model":"m","prefer":{"worker":"w"},"allowed_workers":["a","b"],"priority":-1,"x":{"y":[null,true,1e5]}}`,
 		`{"model":"\ud83d\ude00\u00e9\n","token_ids":[]}`,
 		`{"model":"m","token_ids":[1],"token_ids":null,"pin":{"worker":"a"},"pin":null}`,
@@ -73,7 +74,7 @@ func normalize(x *RouteRequest) {
 func foldedKeys(data []byte) bool {
 	known := map[string]bool{}
 	for _, k := range []string{"v", "request_id", "model", "token_ids", "block_hashes", "block_size", "input_tokens",
-		"lora_name", "cache_salt", "session_id", "pin", "prefer", "allowed_workers", "priority",
+		"lora_name", "cache_salt", "session_id", "session_mode", "pin", "prefer", "allowed_workers", "priority",
 		"expected_output_tokens", "deadline_ms", "worker", "rank"} {
 		known[k] = true
 	}

@@ -566,6 +566,8 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 			r.CacheSalt, e = d.str("cache_salt", 1024)
 		case "session_id":
 			r.SessionID, e = d.str("session_id", MaxSessionIDLen)
+		case "session_mode":
+			r.SessionMode, e = d.str("session_mode", MaxSessionMode)
 		case "pin":
 			r.Pin = new(WorkerRef)
 			e = d.workerRef("pin", r.Pin)

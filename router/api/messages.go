@@ -18,6 +18,7 @@ const (
 	MaxRequestIDLen  = 256     // bytes
 	MaxModelLen      = 256     // bytes
 	MaxWorkerIDLen   = 256     // bytes
+	MaxSessionMode   = 16      // bytes of session_mode ("hard" or "soft")
 	MaxAllowed       = 10_000  // entries in allowed_workers
 	MaxTokens        = 1 << 21 // token ids in one request (2 Mi)
 	MaxBlockHashes   = 1 << 17 // block hashes in one request
@@ -55,7 +56,11 @@ type RouteRequest struct {
 	LoraName    string   `json:"lora_name,omitempty"`    // mixed into the hash seed (kvevents.SeedFor)
 	CacheSalt   string   `json:"cache_salt,omitempty"`   // mixed into the hash seed (kvevents.SeedFor)
 
-	SessionID      string     `json:"session_id,omitempty"`
+	SessionID string `json:"session_id,omitempty"`
+	// SessionMode is the mode ("hard" or "soft") of the binding this
+	// request creates; "" = the replica's default (serve --session-mode).
+	// The mode stored in an existing binding wins over it.
+	SessionMode    string     `json:"session_mode,omitempty"`
 	Pin            *WorkerRef `json:"pin,omitempty"`    // exact worker: own queue lane, never another worker
 	Prefer         *WorkerRef `json:"prefer,omitempty"` // Soft routing preference
 	AllowedWorkers []string   `json:"allowed_workers,omitempty"`

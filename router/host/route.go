@@ -82,7 +82,14 @@ func (r *Replica) Route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 	defer r.leave()
 	s := r.getScratch()
 	defer r.putScratch(s)
-	return r.route(ctx, req, resp, s)
+	err := r.route(ctx, req, resp, s)
+	if resp.Binding != nil {
+		// The binding info lives in the pooled scratch: give the caller
+		// its own copy.
+		b := *resp.Binding
+		resp.Binding = &b
+	}
+	return err
 }
 
 // route is one request's life: lookup -> requirement -> select (and commit
@@ -165,6 +172,15 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 	return sr
 }
 
+// sessionMode is the binding mode a request asks for (validated): "" is
+// bindings.ModeUnset, the table's default (serve --session-mode). The
+// bindings table applies it only to a binding the request creates: the
+// mode stored in an existing binding wins (bindings.Table.RouteMode).
+func sessionMode(s string) bindings.Mode {
+	m, _ := bindings.ParseMode(s)
+	return m
+}
+
 // selectAndBind selects a worker: directly for a request without a
 // session, through the bindings table (which reads the binding, calls the
 // selection with it as the requirement and commits the outcome) for one
@@ -174,7 +190,7 @@ func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, s *r
 		_, err := s.choose(ctx, nil)
 		return bindings.Result{}, err
 	}
-	res, err := r.table.Route(ctx, req.Model, req.SessionID, s.choose)
+	res, err := r.table.RouteMode(ctx, req.Model, req.SessionID, sessionMode(req.SessionMode), s.choose)
 	s.tel.bound(&res)
 	if err == nil && !s.sel.booked {
 		err = api.NewError(api.CodeInternal, "binding commit returned without a selection", nil)
@@ -312,8 +328,8 @@ func (r *Replica) validate(req *api.RouteRequest) (*modelState, *api.Error) {
 	switch {
 	case len(req.TokenIDs) > 0 && len(req.BlockHashes) > 0:
 		return nil, api.BadField("token_ids", "give either token_ids or block_hashes, not both")
-	case len(req.TokenIDs) == 0 && len(req.BlockHashes) == 0:
-		return nil, api.BadField("token_ids", "the prompt is required: give token_ids or block_hashes")
+	case len(req.TokenIDs) == 0 && len(req.BlockHashes) == 0 && req.InputTokens == 0:
+		return nil, api.BadField("token_ids", "the prompt is required: give token_ids, block_hashes or (to route on load alone) input_tokens")
 	case len(req.BlockHashes) > 0 && req.BlockSize == 0:
 		return nil, api.BadField("block_size", "is required with block_hashes (model %q uses %d)", req.Model, ms.blockSize)
 	case req.BlockSize != 0 && req.BlockSize != ms.blockSize:
@@ -330,6 +346,8 @@ func (r *Replica) validate(req *api.RouteRequest) (*modelState, *api.Error) {
 		return nil, api.BadField("prefer", "pin and prefer are exclusive: a pin is already exact")
 	case len(req.SessionID) > api.MaxSessionIDLen:
 		return nil, api.BadField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), api.MaxSessionIDLen)
+	case req.SessionMode != "" && req.SessionMode != "hard" && req.SessionMode != "soft":
+		return nil, api.BadField("session_mode", "%q is not a mode (want \"hard\" or \"soft\")", req.SessionMode)
 	}
 	if req.Pin != nil && req.Pin.Worker == "" {
 		return nil, api.BadField("pin.worker", "is required")

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kvrouter/kvrouter/gateway"
+	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/internal/telemetry"
+	"github.com/kvrouter/kvrouter/router/api"
+)
+
+const gatewayAbout = `Run the OpenAI-compatible gateway: point any OpenAI client at
+http://<listen>/v1 and kvrouter does the rest. For each POST
+/v1/chat/completions or /v1/completions (streamed or not) it asks a live engine
+of the model for the prompt's token ids (/tokenize), routes them through the
+router replicas over NATS (the route API), forwards the body unchanged to the
+chosen engine, streams the reply back and books prefill_done and free. GET
+/v1/models lists the models with live workers; other paths are 404 in OpenAI's
+error shape. GET /metrics is Prometheus. The session id comes from
+--session-header, the mode from X-Session-Mode: hard|soft. The gateway is
+stateless: run as many as you like. docs/gateway.md has the details.
+SIGINT/SIGTERM stop it gracefully (requests in flight finish, at most
+--shutdown-timeout).`
+
+func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newFlags("kvrouter gateway", gatewayAbout)
+	c.SetOutput(stderr)
+	c.helpOut = stdout
+	nf := addNATSFlags(c, false)
+	lf := addLogFlags(c)
+	var (
+		listen     = c.str("listen", "127.0.0.1:8000", "HTTP address of the OpenAI API (and /metrics)")
+		prefix     = c.str("prefix", api.DefaultPrefix, "first token of the router's NATS subjects")
+		models     = c.str("models", "default", "models the gateway serves, comma separated (another model is 404)")
+		gf         = addGatewayFlags(c)
+		shutdown   = c.duration("shutdown-timeout", 30*time.Second, "longest wait for requests in flight when stopping")
+		traceFile  = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
+		traceRatio = c.float("trace-sample", 1, "fraction of requests traced when --trace-file is set (parent decisions are honoured)")
+	)
+	if err := c.parse(args); err != nil {
+		if helpRequested(err) {
+			return err
+		}
+		return usageError{err}
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return usageError{err}
+	}
+	prom, err := telemetry.NewPrometheus(true)
+	if err != nil {
+		return err
+	}
+	defer prom.Shutdown(context.Background())
+	tel := gateway.Telemetry{MeterProvider: prom.Provider}
+	if *traceFile != "" {
+		tf, err := telemetry.OpenTraceFile(*traceFile, *traceRatio, "kvrouter-gateway")
+		if err != nil {
+			return err
+		}
+		defer tf.Shutdown(context.Background())
+		tel.TracerProvider = tf.Provider
+	}
+	nc, err := natsconn.Open(ctx, nf.config("kvrouter-gateway"), log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	cfg := gf.config(gateway.ClientRouter{C: api.NewClient(nc.Conn, *prefix, tel.Propagator)}, splitList(*models), tel, log)
+	g, err := gateway.New(cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	srv, err := startGatewayServer(g, *listen, prom.Handler, log)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "kvrouter gateway ready: OpenAI API on http://%s/v1, models %v, NATS %s\n", srv.addr, cfg.Models, nc.Where())
+	<-ctx.Done()
+	log.Info("signal received: stopping the gateway")
+	return srv.stop(*shutdown)
+}
+
+// gatewayFlags are the gateway's own settings (`serve --openai-addr` runs
+// the gateway with their defaults).
+type gatewayFlags struct {
+	sessionHeader           *string
+	workersTTL, callTimeout *time.Duration
+	maxBody                 *int
+}
+
+func addGatewayFlags(c *cmdFlags) *gatewayFlags {
+	return &gatewayFlags{
+		sessionHeader: c.str("session-header", gateway.DefaultSessionHeader, "request header carrying the session id (the mode is X-Session-Mode: hard|soft)"),
+		workersTTL:    c.duration("workers-ttl", gateway.DefaultWorkersTTL, "how long a model's worker list (for /v1/models and the tokenize target) is reused"),
+		callTimeout:   c.duration("call-timeout", gateway.DefaultCallTimeout, "longest tokenize or lifecycle call"),
+		maxBody:       c.integer("max-body-bytes", gateway.DefaultMaxBodyBytes, "largest client request body (larger: 413)"),
+	}
+}
+
+func (f *gatewayFlags) config(r gateway.Router, models []string, tel gateway.Telemetry, log *slog.Logger) gateway.Config {
+	return gateway.Config{Router: r, Models: models, SessionHeader: *f.sessionHeader, WorkersTTL: *f.workersTTL,
+		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Telemetry: tel, Logger: log}
+}
+
+// gatewayServer is a gateway listening on HTTP.
+type gatewayServer struct {
+	http *http.Server
+	addr string
+	done chan error
+}
+
+// startGatewayServer serves g on addr, with /metrics beside it when
+// metrics is not nil.
+func startGatewayServer(g *gateway.Gateway, addr string, metrics http.Handler, log *slog.Logger) (*gatewayServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("gateway listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
+	mux.Handle("/", g)
+	s := &gatewayServer{http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, addr: ln.Addr().String(), done: make(chan error, 1)}
+	go func() { s.done <- s.http.Serve(ln) }()
+	log.Info("gateway listening", "addr", s.addr)
+	return s, nil
+}
+
+// where is the listen address ("" when there is no server).
+func (s *gatewayServer) where() string {
+	if s == nil {
+		return ""
+	}
+	return s.addr
+}
+
+// stop finishes the requests in flight (at most timeout), then closes.
+func (s *gatewayServer) stop(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := s.http.Shutdown(ctx)
+	if err != nil {
+		s.http.Close()
+	}
+	if serr := <-s.done; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kvrouter gateway --help documents every flag (with its variable and
+// default, as TestHelpListsEveryFlag checks for the other commands).
+func TestGatewayHelpDocumentsEveryFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"gateway", "--help"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, name := range []string{"listen", "nats-url", "nats-creds", "nats-tls-ca", "embedded-nats", "prefix", "models", "session-header",
+		"workers-ttl", "call-timeout", "max-body-bytes", "shutdown-timeout", "trace-file", "trace-sample", "log-level"} {
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(l, "  --"+name+" ") {
+				line = l
+			}
+		}
+		if line == "" || !strings.HasSuffix(line, envName(name)) {
+			t.Errorf("--%s: not documented with its variable (%q)", name, line)
+		}
+	}
+	var o2, e2 bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "--help"}, &o2, &e2); code != 0 || !strings.Contains(o2.String(), "--openai-addr") {
+		t.Fatalf("serve --help lacks --openai-addr (exit %d)", code)
+	}
+}
+
+// serve --openai-addr runs the gateway in process; kvrouter gateway runs it
+// over NATS against the same replica. Both answer the OpenAI API: the model
+// list, and 503 in OpenAI's shape while no worker is registered.
+func TestServeOpenAIAddrAndGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server, a replica and a gateway")
+	}
+	natsPort, httpPort, oaPort, gwPort := freePort(t), freePort(t), freePort(t), freePort(t)
+	sctx, stopServe := context.WithCancel(context.Background())
+	gctx, stopGateway := context.WithCancel(context.Background())
+	var serveOut, serveErr, gwOut, gwErr syncBuf
+	serveDone, gwDone := make(chan int, 1), make(chan int, 1)
+	go func() {
+		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--openai-addr", fmt.Sprintf("127.0.0.1:%d", oaPort),
+			"--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
+	}()
+	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), 200, 20*time.Second)
+	go func() {
+		gwDone <- run(gctx, []string{"gateway", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", gwPort), "--models", "llama", "--log-level", "warn"}, &gwOut, &gwErr)
+	}()
+	for _, port := range []int{oaPort, gwPort} {
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		waitHTTP(t, base+"/v1/models", 200, 20*time.Second)
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var eb struct {
+			Error struct{ Message, Code string }
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &eb) != nil || eb.Error.Message == "" {
+			t.Fatalf("port %d: %d %s, want 503 in OpenAI's error shape", port, resp.StatusCode, body)
+		}
+	}
+	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", gwPort), 200, 5*time.Second)
+	stopGateway()
+	if code := <-gwDone; code != 0 {
+		t.Fatalf("gateway exit %d: %s", code, gwErr.String())
+	}
+	stopServe()
+	if code := <-serveDone; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	}
+	if !strings.Contains(gwOut.String(), "gateway ready") || !strings.Contains(serveOut.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
+		t.Fatalf("banners: %q %q", gwOut.String(), serveOut.String())
+	}
+}

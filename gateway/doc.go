@@ -1,0 +1,29 @@
+// Package gateway is kvrouter's OpenAI-compatible HTTP gateway: an OpenAI
+// client pointed at it gets prefix-aware, session-aware routing with
+// bookings that balance, and nothing else to do.
+//
+// For each POST /v1/chat/completions or /v1/completions it reads only what
+// routing needs (model, messages or prompt, stream, max_tokens or
+// max_completion_tokens, user; request.go), asks a live engine of the model
+// for the prompt's exact token ids (/tokenize, tokenize.go), routes them
+// through a Router (route, prefill done, free, cancel; router.go), forwards
+// the client's body unchanged to the chosen engine, streams the reply back
+// event by event, and books: prefill_done at the first streamed token,
+// free exactly once at the end (a whole reply gets free alone), on client
+// disconnect or on upstream failure (forward.go). A failure before the first byte is
+// retried once on another worker. GET /v1/models lists the models with
+// live workers; every other path is 404 in OpenAI's error shape
+// (errors.go).
+//
+// The Router is satisfied by the route API over NATS (ClientRouter, what
+// `kvrouter gateway` runs) and by an in-process replica (ReplicaRouter,
+// `kvrouter serve --openai-addr`). Telemetry goes through the OpenTelemetry
+// API only (telemetry.go); exporters are set up by the command.
+//
+// It does not route (router/host does), hold bookings (the replicas do) or
+// parse the engine's replies beyond finding SSE event boundaries and the
+// first token. docs/gateway.md is the user's documentation.
+//
+// Where to start reading: Gateway.generate in generate.go, then
+// exchange.run in forward.go.
+package gateway

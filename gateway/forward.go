@@ -1,0 +1,339 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/workerref"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// exchange is one routed request: its booking (freed exactly once), its
+// upstream call and the relay of the reply.
+type exchange struct {
+	g    *Gateway
+	w    http.ResponseWriter
+	r    *http.Request
+	kind string
+	cr   *clientRequest
+	body []byte
+	rq   *api.RouteRequest
+	t0   time.Time
+	span trace.Span
+
+	rs        api.RouteResponse
+	booked    bool // rs holds a booking not yet freed
+	prefilled bool
+}
+
+// upstreamFailure is an attempt that failed before the first byte reached
+// the client: it may be retried on another worker.
+type upstreamFailure struct {
+	phase  string
+	worker string
+	err    error
+}
+
+func (f *upstreamFailure) Error() string {
+	return fmt.Sprintf("upstream %s (%s): %v", f.worker, f.phase, f.err)
+}
+
+// run routes and forwards, retrying once on another worker (excluded from
+// the first through the allowed set) when the first attempt fails before
+// its first byte, then relays the reply.
+func (x *exchange) run(ctx context.Context) {
+	defer x.free(ctx)
+	up, err := x.attempt(ctx)
+	var uf *upstreamFailure
+	if errors.As(err, &uf) {
+		x.g.m.upstreamError(ctx, uf.phase)
+		x.free(ctx)
+		if allowed := x.g.others(ctx, x.rq.Model, uf.worker); len(allowed) > 0 && ctx.Err() == nil {
+			x.g.m.retries.Add(ctx, 1)
+			x.span.AddEvent("retry", trace.WithAttributes(attribute.String("kvr.failed_worker", uf.worker)))
+			x.rq.RequestID, x.rq.AllowedWorkers = x.g.newRequestID(), allowed
+			first := uf
+			up, err = x.attempt(ctx)
+			var re *RequestError
+			switch {
+			case errors.As(err, &uf):
+				x.g.m.upstreamError(ctx, uf.phase)
+			case errors.As(err, &re) && ctx.Err() == nil:
+				// The router refused the retry (a Hard session bound to
+				// the failed worker, no other eligible worker): the
+				// client's problem is still the failed engine.
+				err = serverError(http.StatusBadGateway, "upstream_error", "%v; the retry on another worker was refused: %s", first, re.Message)
+			}
+		}
+	}
+	if err != nil {
+		var re *RequestError
+		if !errors.As(err, &re) {
+			re = serverError(http.StatusBadGateway, "upstream_error", "the engine could not be reached: %v", err)
+		}
+		x.g.fail(ctx, x.span, x.w, re)
+		return
+	}
+	defer up.Body.Close()
+	x.setHeaders(up)
+	if x.cr.Stream && up.StatusCode == http.StatusOK {
+		x.stream(ctx, up)
+		return
+	}
+	x.whole(ctx, up)
+}
+
+// attempt routes the request and sends it to the chosen worker. A failure
+// to connect, or a 5xx answer, is an *upstreamFailure; a route failure a
+// *RequestError.
+func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
+	if err := x.route(ctx); err != nil {
+		return nil, err
+	}
+	ctx, span := x.g.tracer.Start(ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("kvr.worker", x.rs.Worker), attribute.String("server.address", x.rs.Endpoint)))
+	defer span.End() // the span covers the call up to the reply's headers
+	url := engineRoot(x.rs.Endpoint) + x.r.URL.Path
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(x.body))
+	if err != nil {
+		return nil, &upstreamFailure{phase: phaseConnect, worker: x.rs.Worker, err: err}
+	}
+	copyRequestHeaders(req.Header, x.r.Header)
+	req.Header.Set(rankHeader, strconv.FormatUint(uint64(x.rs.Rank), 10))
+	x.g.tel.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	up, err := x.g.http.Do(req)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return nil, &upstreamFailure{phase: phaseConnect, worker: x.rs.Worker, err: err}
+	}
+	span.SetAttributes(attribute.Int("http.response.status_code", up.StatusCode))
+	if up.StatusCode >= 500 {
+		msg, _ := io.ReadAll(io.LimitReader(up.Body, 4096))
+		up.Body.Close()
+		span.SetStatus(codes.Error, up.Status)
+		return nil, &upstreamFailure{phase: phaseStatus, worker: x.rs.Worker, err: fmt.Errorf("status %d: %s", up.StatusCode, bytes.TrimSpace(msg))}
+	}
+	return up, nil
+}
+
+// route asks the router for a worker (in a child span). A client that
+// goes away while its request waits in the router's queue cancels it.
+func (x *exchange) route(ctx context.Context) error {
+	ctx, span := x.g.tracer.Start(ctx, "route")
+	defer span.End()
+	if err := x.g.router.Route(ctx, x.rq, &x.rs); err != nil {
+		if ctx.Err() != nil {
+			cctx, cancel := x.g.callContext(ctx)
+			if cerr := x.g.router.Cancel(cctx, x.rq.Model, x.rq.RequestID); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
+				x.g.log.Debug("cancel", "request", x.rq.RequestID, "err", cerr)
+			}
+			cancel()
+		}
+		span.SetStatus(codes.Error, err.Error())
+		return routeError(ctx, err)
+	}
+	x.booked, x.prefilled = true, false
+	outcome := api.OutcomeNone
+	if x.rs.Binding != nil {
+		outcome = x.rs.Binding.Outcome
+	}
+	attrs := []attribute.KeyValue{attribute.String("kvr.worker", workerref.Of(x.rs.Worker, x.rs.Rank).String()),
+		attribute.Int("kvr.overlap_blocks", x.rs.OverlapBlocks), attribute.String("kvr.session_outcome", outcome),
+		attribute.String("kvr.request_id", x.rs.RequestID)}
+	span.SetAttributes(attrs...)
+	x.span.SetAttributes(attrs...)
+	return nil
+}
+
+// callContext bounds a tokenize or lifecycle call; a lifecycle call must
+// happen even when the client is gone, so it does not inherit ctx's end.
+func (g *Gateway) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+}
+
+// prefillDone reports the first token, once per booking.
+func (x *exchange) prefillDone(ctx context.Context) {
+	if !x.booked || x.prefilled {
+		return
+	}
+	x.prefilled = true
+	cctx, cancel := x.g.callContext(ctx)
+	defer cancel()
+	if err := x.g.router.PrefillDone(cctx, x.rq.Model, &x.rs); err != nil {
+		x.g.log.Debug("prefill_done", "request", x.rs.RequestID, "err", err)
+	}
+}
+
+// free releases the booking, exactly once: at the end of the reply, on an
+// upstream failure, or when the client went away.
+func (x *exchange) free(ctx context.Context) {
+	if !x.booked {
+		return
+	}
+	x.booked = false
+	cctx, cancel := x.g.callContext(ctx)
+	defer cancel()
+	if err := x.g.router.Free(cctx, x.rq.Model, &x.rs); err != nil {
+		x.g.log.Warn("free", "request", x.rs.RequestID, "worker", x.rs.Worker, "err", err)
+	}
+}
+
+// copyRequestHeaders passes the client's headers the engine may read
+// (authorization for engines started with an API key, content
+// negotiation), not hop-by-hop ones.
+func copyRequestHeaders(dst, src http.Header) {
+	for _, k := range []string{"Authorization", "Content-Type", "Accept", "User-Agent", "Baggage"} {
+		if v := src.Values(k); len(v) > 0 {
+			dst[k] = v
+		}
+	}
+	if dst.Get("Content-Type") == "" {
+		dst.Set("Content-Type", "application/json")
+	}
+}
+
+// setHeaders writes the reply's headers: the engine's content headers and
+// what routing did.
+func (x *exchange) setHeaders(up *http.Response) {
+	h := x.w.Header()
+	for _, k := range []string{"Content-Type", "Cache-Control"} {
+		if v := up.Header.Get(k); v != "" {
+			h.Set(k, v)
+		}
+	}
+	h.Set(HeaderWorker, workerref.Of(x.rs.Worker, x.rs.Rank).String())
+	h.Set(HeaderOverlapBlocks, strconv.Itoa(x.rs.OverlapBlocks))
+	outcome := api.OutcomeNone
+	if x.rs.Binding != nil {
+		outcome = x.rs.Binding.Outcome
+	}
+	h.Set(HeaderSessionOutcome, outcome)
+}
+
+// whole relays a reply that is not streamed (or an engine's refusal): the
+// whole body, then free (run's deferred call).
+func (x *exchange) whole(ctx context.Context, up *http.Response) {
+	data, err := io.ReadAll(up.Body)
+	if err != nil {
+		x.g.m.upstreamError(ctx, phaseStream)
+		x.w.Header().Del("Content-Type")
+		x.g.fail(ctx, x.span, x.w, serverError(http.StatusBadGateway, "upstream_error", "the engine's reply broke off: %v", err))
+		return
+	}
+	x.w.WriteHeader(up.StatusCode)
+	_, _ = x.w.Write(data)
+	x.g.m.ttft.Record(ctx, time.Since(x.t0).Seconds())
+	x.g.m.answered(ctx, up.StatusCode)
+	x.span.SetAttributes(attribute.Int("http.response.status_code", up.StatusCode))
+	// No prefill_done before the free that follows at once: free releases
+	// the prefill and decode load together, so the call would change
+	// nothing and cost a round trip to the router per request.
+}
+
+// readers pools the stream readers (one per stream, reused).
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+
+var (
+	dataDone     = []byte("data: [DONE]")
+	roleOnly     = []byte(`"delta":{"role":"assistant","content":""}`)
+	emptyChoices = []byte(`"choices":[]`)
+	dataPrefix   = []byte("data:")
+)
+
+// stream relays Server-Sent Events as they arrive, flushing at the end of
+// each event (its blank line). The first event carrying tokens is the
+// first token: prefill_done. After the first byte an upstream failure ends
+// the stream with an error event; a client that goes away ends it (the
+// engine's request is cancelled with the upstream context).
+func (x *exchange) stream(ctx context.Context, up *http.Response) {
+	rc := http.NewResponseController(x.w)
+	x.w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(up.Body)
+	defer func() { br.Reset(nil); readers.Put(br) }()
+
+	var (
+		done, tokens bool // [DONE] seen; this event carries tokens
+		last         time.Time
+		status       = http.StatusOK
+	)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			if bytes.HasPrefix(line, dataPrefix) {
+				done = done || bytes.HasPrefix(line, dataDone)
+				tokens = !done && !bytes.Contains(line, roleOnly) && !bytes.Contains(line, emptyChoices)
+			}
+			if _, werr := x.w.Write(line); werr != nil {
+				status = api.StatusCanceled // the client went away
+				break
+			}
+			if isBlank(line) {
+				if ferr := rc.Flush(); ferr != nil {
+					status = api.StatusCanceled
+					break
+				}
+				if tokens {
+					now := time.Now()
+					if !x.prefilled {
+						x.g.m.ttft.Record(ctx, now.Sub(x.t0).Seconds())
+						x.prefillDone(ctx)
+					} else {
+						x.g.m.itl.Record(ctx, now.Sub(last).Seconds())
+					}
+					last, tokens = now, false
+				}
+			}
+		}
+		if err == nil || errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if done && errors.Is(err, io.EOF) {
+			break
+		}
+		if x.r.Context().Err() != nil {
+			status = api.StatusCanceled
+			break
+		}
+		// The engine's body ended before [DONE], or broke.
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		x.g.m.upstreamError(ctx, phaseStream)
+		x.span.SetStatus(codes.Error, err.Error())
+		status = http.StatusBadGateway
+		x.errorEvent(rc, err)
+		break
+	}
+	x.g.m.answered(ctx, status)
+	x.span.SetAttributes(attribute.Int("http.response.status_code", status))
+}
+
+// errorEvent ends a broken stream: an error event in OpenAI's shape (the
+// SDKs turn it into a stream error), then [DONE].
+func (x *exchange) errorEvent(rc *http.ResponseController, cause error) {
+	e := serverError(http.StatusBadGateway, "upstream_error", "the engine's stream broke off (worker %s): %v", x.rs.Worker, cause)
+	var b bytes.Buffer
+	b.WriteString("data: ")
+	_ = writeJSONTo(&b, e.body())
+	b.WriteString("\n\ndata: [DONE]\n\n")
+	_, _ = x.w.Write(b.Bytes())
+	_ = rc.Flush()
+}
+
+func isBlank(line []byte) bool {
+	return len(line) == 1 && line[0] == '\n' || len(line) == 2 && line[0] == '\r' && line[1] == '\n'
+}

@@ -1,0 +1,290 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Defaults of Config.
+const (
+	DefaultSessionHeader = "X-Session-Id"
+	ModeHeader           = "X-Session-Mode"
+	DefaultWorkersTTL    = time.Second
+	DefaultCallTimeout   = 5 * time.Second
+)
+
+// Response headers telling the client what routing did.
+const (
+	HeaderWorker         = "X-Kvr-Worker"          // w#r
+	HeaderOverlapBlocks  = "X-Kvr-Overlap-Blocks"  // leading prompt blocks the worker held
+	HeaderSessionOutcome = "X-Kvr-Session-Outcome" // the binding outcome; "none" without a session
+)
+
+// rankHeader sends a request to one data-parallel rank, as vLLM reads it.
+const rankHeader = "X-Data-Parallel-Rank"
+
+// ErrConfig is returned by New for an unusable Config.
+var ErrConfig = errors.New("gateway: bad config")
+
+// Config configures a Gateway. Router and Models are required.
+type Config struct {
+	// Router routes and books (ClientRouter over NATS, ReplicaRouter in
+	// process).
+	Router Router
+	// Models are the models the gateway serves; another model is 404.
+	Models []string
+	// SessionHeader carries the session id (default X-Session-Id). The
+	// mode comes from X-Session-Mode: hard|soft ("" = the router's
+	// default).
+	SessionHeader string
+	// ID prefixes the request ids the gateway gives the router
+	// ("<ID>-<n>"); default "gw-" and ten characters of a NUID.
+	ID string
+	// WorkersTTL is how long a model's worker list (for /v1/models and the
+	// tokenize target) is reused before it is read again (default 1 s).
+	WorkersTTL time.Duration
+	// MaxBodyBytes bounds a client's request body (larger: 413); default
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// CallTimeout bounds each tokenize and lifecycle call (default 5 s).
+	CallTimeout time.Duration
+	// HTTPClient talks to the engines; default a client whose transport
+	// keeps up to 1,024 idle connections per engine.
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+	Telemetry  Telemetry
+}
+
+// Gateway is the OpenAI-compatible HTTP front of the router. It is an
+// http.Handler; it holds no state beyond caches and may run anywhere, as
+// many times as wanted.
+type Gateway struct {
+	cfg    Config
+	router Router
+	http   *http.Client
+	log    *slog.Logger
+	tracer trace.Tracer
+	tel    Telemetry
+	m      *metrics
+	mux    *http.ServeMux
+	models map[string]*workerCache
+	seq    atomic.Uint64
+}
+
+// New builds a gateway from cfg.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Router == nil {
+		return nil, fmt.Errorf("%w: Router is required", ErrConfig)
+	}
+	if len(cfg.Models) == 0 {
+		return nil, fmt.Errorf("%w: at least one model is required", ErrConfig)
+	}
+	if cfg.SessionHeader == "" {
+		cfg.SessionHeader = DefaultSessionHeader
+	}
+	if cfg.ID == "" {
+		cfg.ID = "gw-" + strings.ToLower(nuid.Next()[12:])
+	}
+	if cfg.WorkersTTL <= 0 {
+		cfg.WorkersTTL = DefaultWorkersTTL
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Transport: newTransport()}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Telemetry = cfg.Telemetry.withDefaults()
+	g := &Gateway{
+		cfg: cfg, router: cfg.Router, http: cfg.HTTPClient, log: cfg.Logger, tel: cfg.Telemetry,
+		tracer: cfg.Telemetry.TracerProvider.Tracer(instrumentationName),
+		mux:    http.NewServeMux(), models: map[string]*workerCache{},
+	}
+	for _, m := range cfg.Models {
+		if m == "" {
+			return nil, fmt.Errorf("%w: empty model name", ErrConfig)
+		}
+		g.models[m] = &workerCache{}
+	}
+	var err error
+	if g.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
+		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
+	g.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.generate(w, r, kindChat) })
+	g.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { g.generate(w, r, kindCompletion) })
+	g.mux.HandleFunc("GET /v1/models", g.listModels)
+	g.mux.HandleFunc("/", g.notFound)
+	return g, nil
+}
+
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil, // engines are reached directly
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false, // engines speak HTTP/1.1
+	}
+}
+
+// ServeHTTP serves the gateway's API.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+
+// notFound answers every other path in OpenAI's error shape: the gateway
+// forwards only the generate endpoints (documented in docs/gateway.md).
+func (g *Gateway) notFound(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/models" {
+		e := serverError(http.StatusMethodNotAllowed, "method_not_allowed", "%s %s is not served (method not allowed)", r.Method, r.URL.Path)
+		g.writeError(r.Context(), w, e)
+		return
+	}
+	g.writeError(r.Context(), w, notFound("unknown_url", "%s %s is not served by the kvrouter gateway (it serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models)", r.Method, r.URL.Path))
+}
+
+// modelCard is one entry of GET /v1/models.
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// listModels is GET /v1/models: the configured models that have at least
+// one ready worker.
+func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
+	out := struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{Object: "list", Data: []modelCard{}}
+	for _, m := range g.cfg.Models {
+		if ws := g.liveWorkers(r.Context(), m); len(ws) > 0 {
+			out.Data = append(out.Data, modelCard{ID: m, Object: "model", OwnedBy: "kvrouter"})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	g.m.answered(r.Context(), http.StatusOK)
+}
+
+// engine is one live worker of a model as the gateway uses it.
+type engine struct {
+	worker string
+	root   string // the engine's server root (engineRoot of its endpoint)
+}
+
+// workerCache is one model's live workers, read from the router at most
+// once per WorkersTTL.
+type workerCache struct {
+	mu      sync.Mutex
+	at      time.Time
+	engines []engine
+	next    atomic.Uint64 // round robin of the tokenize target
+}
+
+// liveWorkers returns the model's ready workers (one entry per worker,
+// whatever its ranks), from the cache when it is fresh.
+func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
+	c := g.models[model]
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < g.cfg.WorkersTTL {
+		return c.engines
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	defer cancel()
+	resp, err := g.router.Workers(ctx, model)
+	if err != nil {
+		// Keep the last list and ask again after WorkersTTL: requests
+		// must not queue up behind one failing call each.
+		g.log.Debug("workers", "model", model, "err", err)
+		c.at = time.Now()
+		return c.engines
+	}
+	var es []engine
+	for _, ws := range resp.Workers {
+		if ws.State != "ready" || ws.Endpoint == "" || slices.ContainsFunc(es, func(e engine) bool { return e.worker == ws.Worker }) {
+			continue
+		}
+		es = append(es, engine{worker: ws.Worker, root: engineRoot(ws.Endpoint)})
+	}
+	c.engines, c.at = es, time.Now()
+	return es
+}
+
+// tokenizeTarget picks the engine that tokenizes a request: round robin
+// over the live workers.
+func (g *Gateway) tokenizeTarget(ctx context.Context, model string) (engine, bool) {
+	es := g.liveWorkers(ctx, model)
+	if len(es) == 0 {
+		return engine{}, false
+	}
+	n := g.models[model].next.Add(1)
+	return es[int(n%uint64(len(es)))], true
+}
+
+// others lists the live workers other than the failed one (the allowed set
+// of a retry).
+func (g *Gateway) others(ctx context.Context, model, failed string) []string {
+	var out []string
+	for _, e := range g.liveWorkers(ctx, model) {
+		if e.worker != failed {
+			out = append(out, e.worker)
+		}
+	}
+	return out
+}
+
+// newRequestID is "<ID>-<n>", n in base 36: the id the router books under
+// (and that cancel names).
+func (g *Gateway) newRequestID() string {
+	return g.cfg.ID + "-" + strconv.FormatUint(g.seq.Add(1), 36)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding the reply failed","type":"server_error","param":null,"code":"internal"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// readBody reads a client body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *RequestError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			e := badRequest("", "the request body is larger than %d bytes", limit)
+			e.Status, e.Code = http.StatusRequestEntityTooLarge, "request_too_large"
+			return nil, e
+		}
+		return nil, badRequest("", "reading the request body: %v", err)
+	}
+	return body, nil
+}

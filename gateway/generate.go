@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/kvrouter/kvrouter/router/api"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// generate is one generate request's life: read -> tokenize -> route ->
+// forward (one retry elsewhere before the first byte) -> relay -> free.
+func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) {
+	t0 := time.Now()
+	ctx := g.tel.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := g.tracer.Start(ctx, "gateway "+kind, trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+
+	body, rerr := readBody(w, r, g.cfg.MaxBodyBytes)
+	var cr clientRequest
+	if rerr == nil {
+		cr, rerr = readRequest(kind, body)
+	}
+	if rerr == nil && g.models[cr.Model] == nil {
+		rerr = notFound("model_not_found", "the model %q does not exist (served: %v)", cr.Model, g.cfg.Models)
+	}
+	session, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
+	if rerr == nil {
+		rerr = checkSession(g.cfg.SessionHeader, session, mode)
+	}
+	if rerr != nil {
+		g.fail(ctx, span, w, rerr)
+		return
+	}
+	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+
+	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: session,
+		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
+	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
+		g.fail(ctx, span, w, rerr)
+		return
+	}
+	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, t0: t0, span: span}
+	x.run(ctx)
+}
+
+// checkSession validates the session headers.
+func checkSession(header, session, mode string) *RequestError {
+	switch {
+	case len(session) > api.MaxSessionIDLen:
+		return badRequest(header, "the %s header is %d bytes long, the limit is %d", header, len(session), api.MaxSessionIDLen)
+	case mode != "" && mode != "hard" && mode != "soft":
+		return badRequest(ModeHeader, "the %s header is %q: want hard or soft", ModeHeader, mode)
+	}
+	return nil
+}
+
+// prompt fills rq's prompt: the engine's own token ids from /tokenize on a
+// live worker, or, when that fails, an estimate of the prompt's length so
+// that the request routes on load alone (counted in
+// kvr_gateway_tokenize_failures_total). An engine refusing the prompt
+// (400) or a prompt longer than the engine's context refuses the request.
+func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, body []byte, rq *api.RouteRequest) *RequestError {
+	tr, err := g.tokenizeOnce(ctx, kind, cr)
+	var se *tokenizeStatusError
+	switch {
+	case err == nil && tr.MaxModelLen > 0 && tr.Count+cr.outputTokens() > tr.MaxModelLen:
+		e := badRequest("messages", "this model's maximum context length is %d tokens; the request has %d prompt tokens and asks for %d more",
+			tr.MaxModelLen, tr.Count, cr.outputTokens())
+		if kind == kindCompletion {
+			e.Param = "prompt"
+		}
+		e.Code = "context_length_exceeded"
+		return e
+	case err == nil && len(tr.Tokens) > api.MaxTokens:
+		return badRequest("prompt", "the prompt has %d tokens, the limit is %d", len(tr.Tokens), api.MaxTokens)
+	case err == nil && len(tr.Tokens) > 0:
+		rq.TokenIDs = tr.Tokens
+		return nil
+	case errors.As(err, &se) && se.status == http.StatusBadRequest:
+		return badRequest("", "the engine refused the prompt: %s", se.body)
+	}
+	if err != nil && !errors.Is(err, errNoTokenize) {
+		g.m.tokenizeFails.Add(ctx, 1)
+		g.log.Debug("tokenize failed: routing on load alone", "model", cr.Model, "err", err)
+	}
+	rq.InputTokens = max(1, len(body)/4) // about 4 bytes of JSON per token
+	return nil
+}
+
+// tokenizeOnce calls /tokenize on one live worker, in a child span.
+func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientRequest) (*tokenizeReply, error) {
+	e, ok := g.tokenizeTarget(ctx, cr.Model)
+	if !ok {
+		return nil, errors.New("no live worker to tokenize on")
+	}
+	ctx, span := g.tracer.Start(ctx, "tokenize", trace.WithAttributes(attribute.String("kvr.worker", e.worker)))
+	defer span.End()
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	defer cancel()
+	t0 := time.Now()
+	tr, err := g.tokenize(ctx, e.root, kind, cr)
+	g.m.tokenize.Record(ctx, time.Since(t0).Seconds())
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	span.SetAttributes(attribute.Int("kvr.prompt_tokens", len(tr.Tokens)))
+	return tr, nil
+}
+
+// fail answers the client with e and marks the span.
+func (g *Gateway) fail(ctx context.Context, span trace.Span, w http.ResponseWriter, e *RequestError) {
+	span.SetAttributes(attribute.Int("http.response.status_code", e.Status))
+	span.SetStatus(codes.Error, e.Message)
+	g.writeError(ctx, w, e)
+}
