@@ -115,7 +115,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cfg.Telemetry = cfg.Telemetry.withDefaults()
+	cfg.Telemetry = cfg.Telemetry.WithDefaults()
 	g := &Gateway{
 		cfg: cfg, router: cfg.Router, http: cfg.HTTPClient, log: cfg.Logger, tel: cfg.Telemetry,
 		tracer: cfg.Telemetry.TracerProvider.Tracer(instrumentationName),

@@ -1,40 +1,20 @@
 package gateway
 
 import (
+	"github.com/kvrouter/kvrouter/router/api"
+
 	"context"
 	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 const instrumentationName = "github.com/kvrouter/kvrouter/gateway"
 
-// Telemetry is where the gateway's spans and metrics go: the OpenTelemetry
-// API only; exporters are set up at the edge (internal/telemetry). Zero
-// values are no-ops, except Propagator (W3C trace context and baggage).
-type Telemetry struct {
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
-	Propagator     propagation.TextMapPropagator
-}
-
-func (t Telemetry) withDefaults() Telemetry {
-	if t.TracerProvider == nil {
-		t.TracerProvider = tracenoop.NewTracerProvider()
-	}
-	if t.MeterProvider == nil {
-		t.MeterProvider = noop.NewMeterProvider()
-	}
-	if t.Propagator == nil {
-		t.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
-	return t
-}
+// Telemetry is where the gateway's spans and metrics go (api.Telemetry: the
+// OpenTelemetry API only; zero values are no-ops).
+type Telemetry = api.Telemetry
 
 // metrics are the gateway's instruments (docs/gateway.md lists them).
 type metrics struct {

@@ -173,7 +173,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // startOpenAI runs the gateway in process over r (serve --openai-addr).
 func startOpenAI(r *host.Replica, addr string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
 	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Logger: log,
-		Telemetry: gateway.Telemetry{TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider, Propagator: tel.Propagator}})
+		Telemetry: tel})
 	if err != nil {
 		return nil, err
 	}

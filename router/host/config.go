@@ -227,6 +227,6 @@ func (c *Config) normalize() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	c.Telemetry = c.Telemetry.withDefaults()
+	c.Telemetry = c.Telemetry.WithDefaults()
 	return nil
 }

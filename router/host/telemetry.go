@@ -12,8 +12,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
@@ -202,27 +200,9 @@ func attr(kv ...attribute.KeyValue) metric.MeasurementOption {
 	return metric.WithAttributeSet(attribute.NewSet(kv...))
 }
 
-// Telemetry bundles the providers a replica reports to. Zero values are
-// valid: nil providers mean no-op, a nil propagator means W3C trace context
-// plus baggage.
-type Telemetry struct {
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
-	Propagator     propagation.TextMapPropagator
-}
-
-func (t Telemetry) withDefaults() Telemetry {
-	if t.TracerProvider == nil {
-		t.TracerProvider = tracenoop.NewTracerProvider()
-	}
-	if t.MeterProvider == nil {
-		t.MeterProvider = noop.NewMeterProvider()
-	}
-	if t.Propagator == nil {
-		t.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
-	return t
-}
+// Telemetry is where the replica's spans and metrics go (api.Telemetry: the
+// OpenTelemetry API only; zero values are no-ops).
+type Telemetry = api.Telemetry
 
 // isNoopTracer reports whether tp is the no-op provider (no spans at all).
 func isNoopTracer(tp trace.TracerProvider) bool {
