@@ -78,6 +78,11 @@ var Targets = []Target{
 	{Issue: 7, Goal: "route over NATS, one replica, 2,048-token requests", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "routes/s", Min: 20000},
 	{Issue: 7, Goal: "route over NATS, p50 client to client", Package: "router/host", Bench: `(?i)route.*nats|nats.*route`, Unit: "p50-µs", Max: 150},
 	{Issue: 12, Goal: "one simulated engine, streamed completions per second of wall clock (16 output tokens)", Package: "workers/sim/vllmapi", Bench: `^StreamedCompletions`, Unit: "completions/s", Min: 2000},
+	{Issue: 13, Goal: "bridge relays ZMQ -> JetStream, 16 blocks per event", Package: "workers/bridge", Bench: `^Relay`, Unit: "blocks/s", Min: 200000},
+	{Issue: 13, Goal: "engine publish -> router index applied at 10,000 events/s, p50", Package: "workers/bridge", Bench: `^EndToEndLatency`, Unit: "p50-ms", Max: 2},
+	{Issue: 13, Goal: "engine publish -> router index applied at 10,000 events/s, p99", Package: "workers/bridge", Bench: `^EndToEndLatency`, Unit: "p99-ms", Max: 10},
+	{Issue: 13, Goal: "idle CPU of a bridge", Package: "workers/bridge", Bench: `^IdleCPU`, Unit: "%core", Max: 1},
+	{Issue: 14, Goal: "non-streaming requests per second through one gateway", Package: "gateway", Bench: `^Throughput`, Unit: "req/s", Min: 3000},
 }
 
 // Format prints a figure with its unit, scaling ns to µs or ms when large.
