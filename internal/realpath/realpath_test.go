@@ -1,0 +1,497 @@
+package realpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"go.uber.org/goleak"
+
+	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/gateway"
+	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
+	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/workers"
+	"github.com/kvrouter/kvrouter/workers/bridge"
+	"github.com/kvrouter/kvrouter/workers/sim"
+	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// zmq4's PUB writer goroutine outlives Close (as in kvevents/vllmzmq).
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+		// The embedded nats-server's shutdown leaves these behind briefly.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
+		// Keep-alive connections of HTTP transports.
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+const (
+	testModel = "m"
+	testBlock = 16 // engines' and routers' block size
+)
+
+func testLogger() *slog.Logger {
+	if os.Getenv("KVR_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// testRegistry: short TTLs, so that the stack starts and stops quickly.
+func testRegistry() workers.RegistryConfig {
+	return workers.RegistryConfig{TTL: time.Second, Heartbeat: 300 * time.Millisecond, MarkerTTL: time.Second, Logger: testLogger()}
+}
+
+// stack is the whole real path in one process.
+type stack struct {
+	t        *testing.T
+	srv      *server.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	replicas []*host.Replica
+	engines  []*engine
+	http     *http.Client // the test's own client to the engines
+}
+
+// engine is one `kvrouter sim serve` engine as cmd/kvrouter/sim.go starts
+// it: the simulated core, its vLLM event sockets (PUB and replay) and its
+// HTTP face on a real listener.
+type engine struct {
+	id      string
+	eng     *sim.Engine
+	events  *sim.VLLMEvents
+	srv     *http.Server
+	url     string
+	stopRun context.CancelFunc
+	ran     chan struct{}
+}
+
+type stackOpts struct {
+	engines, replicas int
+	kvBlocks          int // per engine rank
+}
+
+func startStack(t *testing.T, o stackOpts) *stack {
+	t.Helper()
+	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(8<<20)), http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
+	t.Cleanup(st.http.CloseIdleConnections)
+	st.nc, st.js = natstest.JetStream(t, st.srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kvevents.EnsureStream(ctx, st.js, kvevents.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range o.replicas {
+		st.startReplica(ctx, i)
+	}
+	for i := range o.engines {
+		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks)
+		st.startBridge(e)
+	}
+	st.waitReady(o.engines)
+	return st
+}
+
+func (st *stack) startReplica(ctx context.Context, i int) {
+	st.t.Helper()
+	cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
+		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, Logger: testLogger().With("replica", i)}
+	r, err := host.New(natstest.Connect(st.t, st.srv), cfg)
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		_ = r.Close(context.Background())
+		st.t.Fatalf("replica %d start: %v", i, err)
+	}
+	st.replicas = append(st.replicas, r)
+	st.t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := r.Close(cctx); err != nil {
+			st.t.Errorf("replica %d close: %v", i, err)
+		}
+	})
+}
+
+// startEngine starts an engine with events on ephemeral ZMQ ports and HTTP
+// on 127.0.0.1:0.
+func (st *stack) startEngine(id string, kvBlocks int) *engine {
+	st.t.Helper()
+	ec := vllmzmq.DefaultConfig()
+	ec.EnableKVCacheEvents, ec.Topic = true, "kv"
+	ec.Endpoint, ec.ReplayEndpoint = "tcp://*:0", "tcp://*:0"
+	ev, err := sim.NewVLLMEvents(ec, 1, testLogger())
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	eng, err := sim.New(sim.Config{Worker: id, Model: testModel, BlockSize: testBlock, KVBlocks: kvBlocks,
+		Speedup: 1000, NewEmitter: ev.Factory()})
+	if err != nil {
+		ev.Close()
+		st.t.Fatal(err)
+	}
+	face, err := vllmapi.New(vllmapi.Config{Engine: eng, Model: testModel, MaxModelLen: 8192, Logger: testLogger()})
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	e := &engine{id: id, eng: eng, events: ev, srv: &http.Server{Handler: face, ReadHeaderTimeout: 10 * time.Second},
+		url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
+	runCtx, stop := context.WithCancel(context.Background())
+	e.stopRun = stop
+	go func() { defer close(e.ran); _ = eng.Run(runCtx) }()
+	go func() { _ = e.srv.Serve(ln) }()
+	st.engines = append(st.engines, e)
+	st.t.Cleanup(e.close)
+	return e
+}
+
+// close stops the engine in sim serve's order: HTTP, engine, event sockets.
+func (e *engine) close() {
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if e.srv.Shutdown(sctx) != nil {
+		e.srv.Close()
+	}
+	_ = e.eng.Close(sctx)
+	e.stopRun()
+	<-e.ran
+	_ = e.events.Close()
+}
+
+// startBridge runs a bridge on e as `kvrouter bridge` does, over its own
+// NATS connection.
+func (st *stack) startBridge(e *engine) {
+	st.t.Helper()
+	p := e.events.Publisher(0)
+	cfg := bridge.Config{
+		EngineURL: e.url, KVEvents: p.Endpoint(), KVReplay: p.ReplayEndpoint(), Topic: "kv",
+		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
+		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
+		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
+		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
+	}
+	nc, js := natstest.JetStream(st.t, st.srv)
+	b, err := bridge.New(cfg, nc, js)
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	st.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				st.t.Errorf("bridge %s: %v", e.id, err)
+			}
+		case <-time.After(15 * time.Second):
+			st.t.Errorf("bridge %s did not stop", e.id)
+		}
+	})
+}
+
+// waitReady waits until every replica lists n ready workers, each with a
+// load report from its bridge's scrape.
+func (st *stack) waitReady(n int) {
+	st.t.Helper()
+	testutil.Eventually(st.t, 15*time.Second, func() bool {
+		for _, r := range st.replicas {
+			w, err := r.Workers(testModel)
+			if err != nil || len(w.Workers) != n {
+				return false
+			}
+			for _, ws := range w.Workers {
+				if ws.State != "ready" || ws.Reported == nil {
+					return false
+				}
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("every replica to list %d ready bridged workers: %s", n, st.workers()) })
+}
+
+// workers renders what each replica lists, for failure messages.
+func (st *stack) workers() string {
+	var b strings.Builder
+	for _, r := range st.replicas {
+		w, err := r.Workers(testModel)
+		if err != nil {
+			fmt.Fprintf(&b, "[%s: %v] ", r.ID(), err)
+			continue
+		}
+		for _, ws := range w.Workers {
+			active := -1
+			if ws.Load != nil {
+				active = ws.Load.ActiveRequests
+			}
+			fmt.Fprintf(&b, "[%s %s#%d %s indexed=%d active=%d] ", r.ID(), ws.Worker, ws.Rank, ws.State, ws.IndexedBlocks, active)
+		}
+	}
+	return b.String()
+}
+
+// complete sends one completion with token-id prompt straight to e's HTTP
+// face, as any client of the engine would.
+func (st *stack) complete(e *engine, prompt []uint32) {
+	st.t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": testModel, "prompt": prompt, "max_tokens": 2})
+	resp, err := st.http.Post(e.url+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		st.t.Fatalf("%s: %v", e.id, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		st.t.Fatalf("%s: %s: %s", e.id, resp.Status, out)
+	}
+}
+
+// workload builds n prompts of 2-6 blocks in five families sharing their
+// first two blocks, so that prefixes are reused and, with a small cache,
+// blocks are evicted. It returns the prompts and how many distinct blocks
+// they hold.
+func workload(seed, n int) ([][]uint32, int) {
+	var prompts [][]uint32
+	distinct := map[string]bool{}
+	for i := range n {
+		family := i % 5
+		blocks := 2 + (i*7)%5
+		toks := make([]uint32, 0, blocks*testBlock+3)
+		for b := range blocks {
+			for j := range testBlock {
+				v := uint32(seed*1_000_003 + family*977 + b*101 + j)
+				if b >= 2 {
+					v += uint32(i * 131)
+				}
+				toks = append(toks, v)
+			}
+			distinct[fmt.Sprint(toks)] = true // a block is its whole prefix
+		}
+		prompts = append(prompts, append(toks, 1, 2, 3))
+	}
+	return prompts, len(distinct)
+}
+
+// The routers' indexes, fed only through the bridges (ZMQ -> JetStream),
+// converge to what the engines really hold after a workload with evictions:
+// every replica's indexed block count per worker rank equals the size of
+// the engine's cache dump.
+func TestBridgedIndexEqualsEngines(t *testing.T) {
+	const kvBlocks = 32
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: kvBlocks})
+	for i, e := range st.engines {
+		prompts, distinct := workload(i+1, 40)
+		if distinct <= kvBlocks {
+			t.Fatalf("workload holds %d distinct blocks, not more than the %d the engine caches: no eviction", distinct, kvBlocks)
+		}
+		for _, p := range prompts {
+			st.complete(e, p)
+		}
+	}
+	var last string
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for _, e := range st.engines {
+			for k, want := range e.eng.Dump() {
+				for _, r := range st.replicas {
+					got := indexed(r, e.id, k.Rank)
+					if got != len(want) {
+						last = fmt.Sprintf("%s indexes %d blocks on %s#%d, the engine holds %d", r.ID(), got, e.id, k.Rank, len(want))
+						return false
+					}
+				}
+			}
+		}
+		return true
+	}, func() string { return "the indexes to equal the engines' caches: " + last + "; " + st.workers() })
+	for _, e := range st.engines {
+		for k, want := range e.eng.Dump() {
+			if len(want) == 0 || len(want) > kvBlocks {
+				t.Errorf("%s#%d holds %d blocks, want 1..%d", e.id, k.Rank, len(want), kvBlocks)
+			}
+		}
+	}
+}
+
+// indexed is the replica's indexed block count on worker#rank (-1 when it
+// does not list it).
+func indexed(r *host.Replica, worker string, rank uint32) int {
+	w, err := r.Workers(testModel)
+	if err != nil {
+		return -1
+	}
+	for _, ws := range w.Workers {
+		if ws.Worker == worker && ws.Rank == rank {
+			return ws.IndexedBlocks
+		}
+	}
+	return -1
+}
+
+// gatewayURL starts a gateway over router and returns its base URL.
+func (st *stack) gatewayURL(router gateway.Router) string {
+	st.t.Helper()
+	g, err := gateway.New(gateway.Config{Router: router, Models: []string{testModel}, WorkersTTL: 100 * time.Millisecond,
+		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: testLogger()})
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	s := httptest.NewServer(g)
+	st.t.Cleanup(func() { s.CloseClientConnections(); s.Close() })
+	return s.URL
+}
+
+// waitIdle waits until no replica holds a booking on any worker.
+func (st *stack) waitIdle() {
+	st.t.Helper()
+	testutil.Eventually(st.t, 10*time.Second, func() bool {
+		for _, r := range st.replicas {
+			w, err := r.Workers(testModel)
+			if err != nil {
+				return false
+			}
+			for _, ws := range w.Workers {
+				if ws.Load == nil || ws.Load.ActiveRequests != 0 || ws.Load.PrefillTokens != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	}, func() string { return "every booking to be freed: " + st.workers() })
+}
+
+func longText(seed string, n int) string {
+	return strings.Repeat(seed+" ", n/(len(seed)+1)+1)[:n]
+}
+
+// The official OpenAI client through the gateway, over bridged engines:
+// whole and streamed chat replies; the turns of one conversation (one
+// X-Session-Id) land on one worker, and the engine reports the cached
+// prefix; afterwards no replica holds a booking.
+func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 4096})
+	// One gateway routes in process over replica 0, the other over NATS
+	// (whichever replica answers): both must agree on the session.
+	gws := []string{
+		st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]}),
+		st.gatewayURL(gateway.ClientRouter{C: api.NewClient(natstest.Connect(t, st.srv), "", nil)}),
+	}
+	hc := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(hc.CloseIdleConnections)
+	clients := make([]openai.Client, len(gws))
+	for i, u := range gws {
+		clients[i] = openai.NewClient(option.WithBaseURL(u+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0), option.WithHTTPClient(hc))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	params := func(msgs ...openai.ChatCompletionMessageParamUnion) openai.ChatCompletionNewParams {
+		return openai.ChatCompletionNewParams{Model: testModel, Messages: msgs, MaxCompletionTokens: openai.Int(8),
+			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
+	}
+	known := map[string]bool{"e0#0": true, "e1#0": true}
+
+	t.Run("whole", func(t *testing.T) {
+		var hr *http.Response
+		r, err := clients[0].Chat.Completions.New(ctx, params(openai.UserMessage(longText("a whole reply", 200))), option.WithResponseInto(&hr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Choices) != 1 || r.Choices[0].Message.Content == "" || r.Usage.CompletionTokens != 8 {
+			t.Errorf("reply %+v", r)
+		}
+		if w := hr.Header.Get(gateway.HeaderWorker); !known[w] {
+			t.Errorf("%s = %q", gateway.HeaderWorker, w)
+		}
+	})
+	t.Run("stream", func(t *testing.T) {
+		var hr *http.Response
+		s := clients[1].Chat.Completions.NewStreaming(ctx, params(openai.UserMessage(longText("a streamed reply", 200))), option.WithResponseInto(&hr))
+		var acc openai.ChatCompletionAccumulator
+		for s.Next() {
+			acc.AddChunk(s.Current())
+		}
+		if err := s.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(acc.Choices) != 1 || acc.Choices[0].Message.Content == "" || acc.Usage.CompletionTokens != 8 {
+			t.Errorf("accumulated reply %+v", acc.ChatCompletion)
+		}
+		if w := hr.Header.Get(gateway.HeaderWorker); !known[w] {
+			t.Errorf("%s = %q", gateway.HeaderWorker, w)
+		}
+	})
+	t.Run("conversation", func(t *testing.T) {
+		msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage(longText("tell me about caches", 400))}
+		var first string
+		for turn := range 4 {
+			c := clients[turn%2] // alternate gateways (and routers)
+			var hr *http.Response
+			var content string
+			var cached int64
+			opts := []option.RequestOption{option.WithHeader("X-Session-Id", "conv-1"), option.WithResponseInto(&hr)}
+			if turn%2 == 0 {
+				r, err := c.Chat.Completions.New(ctx, params(msgs...), opts...)
+				if err != nil {
+					t.Fatalf("turn %d: %v", turn, err)
+				}
+				content, cached = r.Choices[0].Message.Content, r.Usage.PromptTokensDetails.CachedTokens
+			} else {
+				s := c.Chat.Completions.NewStreaming(ctx, params(msgs...), opts...)
+				var acc openai.ChatCompletionAccumulator
+				for s.Next() {
+					acc.AddChunk(s.Current())
+				}
+				if err := s.Err(); err != nil {
+					t.Fatalf("turn %d: %v", turn, err)
+				}
+				content, cached = acc.Choices[0].Message.Content, acc.Usage.PromptTokensDetails.CachedTokens
+			}
+			w := hr.Header.Get(gateway.HeaderWorker)
+			switch {
+			case !known[w]:
+				t.Fatalf("turn %d: %s = %q", turn, gateway.HeaderWorker, w)
+			case turn == 0:
+				first = w
+			case w != first:
+				t.Fatalf("turn %d went to %s, the conversation is on %s (outcome %s)", turn, w, first, hr.Header.Get(gateway.HeaderSessionOutcome))
+			case cached == 0:
+				t.Errorf("turn %d: cached_tokens 0 on %s", turn, w)
+			}
+			if n, _ := strconv.Atoi(hr.Header.Get(gateway.HeaderOverlapBlocks)); turn > 0 && n == 0 {
+				t.Errorf("turn %d: the router saw no overlap on %s (%s %q)", turn, w, gateway.HeaderOverlapBlocks, hr.Header.Get(gateway.HeaderOverlapBlocks))
+			}
+			msgs = append(msgs, openai.AssistantMessage(content), openai.UserMessage("and then? "+strconv.Itoa(turn)))
+		}
+	})
+	st.waitIdle()
+}
