@@ -93,7 +93,8 @@ type engine struct {
 
 type stackOpts struct {
 	engines, replicas int
-	kvBlocks          int // per engine rank
+	kvBlocks          int  // per engine rank
+	eventsOnly        bool // replicas without the predicted index: route overlaps read the event-fed index alone
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -107,7 +108,7 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		t.Fatal(err)
 	}
 	for i := range o.replicas {
-		st.startReplica(ctx, i)
+		st.startReplica(ctx, i, o.eventsOnly)
 	}
 	for i := range o.engines {
 		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks)
@@ -117,10 +118,13 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	return st
 }
 
-func (st *stack) startReplica(ctx context.Context, i int) {
+func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	st.t.Helper()
 	cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
 		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, Logger: testLogger().With("replica", i)}
+	if eventsOnly {
+		cfg.PredictedTTL, cfg.DecisionSyncBuffer = -1, -1
+	}
 	r, err := host.New(natstest.Connect(st.t, st.srv), cfg)
 	if err != nil {
 		st.t.Fatal(err)
@@ -238,7 +242,9 @@ func (st *stack) waitReady(n int) {
 			}
 		}
 		return true
-	}, func() string { return fmt.Sprintf("every replica to list %d ready bridged workers: %s", n, st.workers()) })
+	}, func() string {
+		return fmt.Sprintf("every replica to list %d ready bridged workers: %s", n, st.workers())
+	})
 }
 
 // workers renders what each replica lists, for failure messages.
@@ -279,11 +285,9 @@ func (st *stack) complete(e *engine, prompt []uint32) {
 
 // workload builds n prompts of 2-6 blocks in five families sharing their
 // first two blocks, so that prefixes are reused and, with a small cache,
-// blocks are evicted. It returns the prompts and how many distinct blocks
-// they hold.
-func workload(seed, n int) ([][]uint32, int) {
+// blocks are evicted.
+func workload(seed, n int) [][]uint32 {
 	var prompts [][]uint32
-	distinct := map[string]bool{}
 	for i := range n {
 		family := i % 5
 		blocks := 2 + (i*7)%5
@@ -296,37 +300,66 @@ func workload(seed, n int) ([][]uint32, int) {
 				}
 				toks = append(toks, v)
 			}
-			distinct[fmt.Sprint(toks)] = true // a block is its whole prefix
 		}
 		prompts = append(prompts, append(toks, 1, 2, 3))
 	}
-	return prompts, len(distinct)
+	return prompts
 }
 
 // The routers' indexes, fed only through the bridges (ZMQ -> JetStream),
 // converge to what the engines really hold after a workload with evictions:
 // every replica's indexed block count per worker rank equals the size of
-// the engine's cache dump.
+// the engine's cache dump, and for every prompt of the workload the route
+// API's overlap on its engine equals the leading prompt blocks in the
+// engine's dump.
 func TestBridgedIndexEqualsEngines(t *testing.T) {
 	const kvBlocks = 32
-	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: kvBlocks})
+	// Without the predicted index: the routes below that read overlaps
+	// would otherwise add their own prompts to it (and share them with the
+	// other replica) and the overlaps would not be the events' alone.
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: kvBlocks, eventsOnly: true})
+	prompts := map[string][][]uint32{}
 	for i, e := range st.engines {
-		prompts, distinct := workload(i+1, 40)
-		if distinct <= kvBlocks {
-			t.Fatalf("workload holds %d distinct blocks, not more than the %d the engine caches: no eviction", distinct, kvBlocks)
-		}
-		for _, p := range prompts {
+		prompts[e.id] = workload(i+1, 40)
+		for _, p := range prompts[e.id] {
 			st.complete(e, p)
 		}
+		if s := e.eng.Stats()[0]; s.RemovedBlocks == 0 {
+			t.Fatalf("%s evicted nothing (stored %d blocks in a cache of %d): the test would not cover removals", e.id, s.StoredBlocks, kvBlocks)
+		}
 	}
+	if n := len(st.engines[0].eng.Dump()); n != 1 {
+		t.Fatalf("engines have %d ranks, the test checks rank 0 only", n)
+	}
+	// A full cache holds as many blocks after one more request as before:
+	// equal counts alone would pass with the last events still in flight,
+	// so the overlaps are part of the condition.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	var last string
+	t0 := time.Now()
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		for _, e := range st.engines {
-			for k, want := range e.eng.Dump() {
-				for _, r := range st.replicas {
-					got := indexed(r, e.id, k.Rank)
-					if got != len(want) {
-						last = fmt.Sprintf("%s indexes %d blocks on %s#%d, the engine holds %d", r.ID(), got, e.id, k.Rank, len(want))
+			dump := e.eng.Dump()[kvevents.WorkerKey{Worker: e.id, Rank: 0}]
+			held := map[kvevents.SeqHash]bool{}
+			for _, h := range dump {
+				held[h] = true
+			}
+			for _, r := range st.replicas {
+				if got := indexed(r, e.id, 0); got != len(dump) {
+					last = fmt.Sprintf("%s indexes %d blocks on %s#0, the engine holds %d", r.ID(), got, e.id, len(dump))
+					return false
+				}
+				for i, p := range prompts[e.id] {
+					want := 0
+					for _, h := range kvevents.SeqHashes(nil, p, testBlock, kvevents.SeedFor("", "")) {
+						if !held[h] {
+							break
+						}
+						want++
+					}
+					if got := st.overlap(ctx, r, e.id, p); got != want {
+						last = fmt.Sprintf("%s: prompt %d on %s: overlap %d blocks, the engine holds the first %d", r.ID(), i, e.id, got, want)
 						return false
 					}
 				}
@@ -334,13 +367,24 @@ func TestBridgedIndexEqualsEngines(t *testing.T) {
 		}
 		return true
 	}, func() string { return "the indexes to equal the engines' caches: " + last + "; " + st.workers() })
-	for _, e := range st.engines {
-		for k, want := range e.eng.Dump() {
-			if len(want) == 0 || len(want) > kvBlocks {
-				t.Errorf("%s#%d holds %d blocks, want 1..%d", e.id, k.Rank, len(want), kvBlocks)
-			}
-		}
+	t.Logf("indexes equal the engines' caches %v after the last request", time.Since(t0))
+}
+
+// overlap routes prompt to worker on r and frees the booking at once.
+func (st *stack) overlap(ctx context.Context, r *host.Replica, worker string, prompt []uint32) int {
+	st.t.Helper()
+	rr := gateway.ReplicaRouter{R: r}
+	var resp api.RouteResponse
+	if err := rr.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: prompt, AllowedWorkers: []string{worker}}, &resp); err != nil {
+		st.t.Fatalf("route on %s to %s: %v", r.ID(), worker, err)
 	}
+	if err := rr.Free(ctx, testModel, &resp); err != nil {
+		st.t.Fatalf("free %s on %s: %v", resp.RequestID, r.ID(), err)
+	}
+	if resp.Worker != worker {
+		st.t.Fatalf("route on %s allowed %s only and chose %s", r.ID(), worker, resp.Worker)
+	}
+	return resp.OverlapBlocks
 }
 
 // indexed is the replica's indexed block count on worker#rank (-1 when it
