@@ -121,7 +121,8 @@ func startStack(t *testing.T, o stackOpts) *stack {
 func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	st.t.Helper()
 	cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
-		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, Logger: testLogger().With("replica", i)}
+		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, HTTPAddr: "127.0.0.1:0",
+		Logger: testLogger().With("replica", i)}
 	if eventsOnly {
 		cfg.PredictedTTL, cfg.DecisionSyncBuffer = -1, -1
 	}
@@ -231,7 +232,7 @@ func (st *stack) waitReady(n int) {
 	st.t.Helper()
 	testutil.Eventually(st.t, 15*time.Second, func() bool {
 		for _, r := range st.replicas {
-			w, err := r.Workers(testModel)
+			w, err := st.list(r)
 			if err != nil || len(w.Workers) != n {
 				return false
 			}
@@ -247,11 +248,33 @@ func (st *stack) waitReady(n int) {
 	})
 }
 
+// list reads the model's workers from r's HTTP API, as an operator does
+// (GET /v1/workers).
+func (st *stack) list(r *host.Replica) (*api.WorkersResponse, error) {
+	resp, err := st.http.Get("http://" + r.HTTPAddr() + "/v1/workers?model=" + testModel)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/workers on %s: %s: %s", r.ID(), resp.Status, body)
+	}
+	var w api.WorkersResponse
+	if err := json.Unmarshal(body, &w); err != nil {
+		return nil, fmt.Errorf("GET /v1/workers on %s: %w", r.ID(), err)
+	}
+	return &w, nil
+}
+
 // workers renders what each replica lists, for failure messages.
 func (st *stack) workers() string {
 	var b strings.Builder
 	for _, r := range st.replicas {
-		w, err := r.Workers(testModel)
+		w, err := st.list(r)
 		if err != nil {
 			fmt.Fprintf(&b, "[%s: %v] ", r.ID(), err)
 			continue
@@ -346,7 +369,7 @@ func TestBridgedIndexEqualsEngines(t *testing.T) {
 				held[h] = true
 			}
 			for _, r := range st.replicas {
-				if got := indexed(r, e.id, 0); got != len(dump) {
+				if got := st.indexed(r, e.id, 0); got != len(dump) {
 					last = fmt.Sprintf("%s indexes %d blocks on %s#0, the engine holds %d", r.ID(), got, e.id, len(dump))
 					return false
 				}
@@ -389,8 +412,8 @@ func (st *stack) overlap(ctx context.Context, r *host.Replica, worker string, pr
 
 // indexed is the replica's indexed block count on worker#rank (-1 when it
 // does not list it).
-func indexed(r *host.Replica, worker string, rank uint32) int {
-	w, err := r.Workers(testModel)
+func (st *stack) indexed(r *host.Replica, worker string, rank uint32) int {
+	w, err := st.list(r)
 	if err != nil {
 		return -1
 	}
@@ -420,7 +443,7 @@ func (st *stack) waitIdle() {
 	st.t.Helper()
 	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, r := range st.replicas {
-			w, err := r.Workers(testModel)
+			w, err := st.list(r)
 			if err != nil {
 				return false
 			}
@@ -432,6 +455,15 @@ func (st *stack) waitIdle() {
 		}
 		return true
 	}, func() string { return "every booking to be freed: " + st.workers() })
+}
+
+// completed is each engine's count of finished requests, by w#r.
+func (st *stack) completed() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, e := range st.engines {
+		out[e.id+"#0"] = e.eng.Stats()[0].Completed
+	}
+	return out
 }
 
 func longText(seed string, n int) string {
@@ -458,15 +490,19 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	params := func(msgs ...openai.ChatCompletionMessageParamUnion) openai.ChatCompletionNewParams {
-		return openai.ChatCompletionNewParams{Model: testModel, Messages: msgs, MaxCompletionTokens: openai.Int(8),
-			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
+	// stream_options only when streaming: vLLM refuses it otherwise.
+	params := func(stream bool, msgs ...openai.ChatCompletionMessageParamUnion) openai.ChatCompletionNewParams {
+		p := openai.ChatCompletionNewParams{Model: testModel, Messages: msgs, MaxCompletionTokens: openai.Int(8)}
+		if stream {
+			p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		}
+		return p
 	}
 	known := map[string]bool{"e0#0": true, "e1#0": true}
 
 	t.Run("whole", func(t *testing.T) {
 		var hr *http.Response
-		r, err := clients[0].Chat.Completions.New(ctx, params(openai.UserMessage(longText("a whole reply", 200))), option.WithResponseInto(&hr))
+		r, err := clients[0].Chat.Completions.New(ctx, params(false, openai.UserMessage(longText("a whole reply", 200))), option.WithResponseInto(&hr))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -479,7 +515,7 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 	})
 	t.Run("stream", func(t *testing.T) {
 		var hr *http.Response
-		s := clients[1].Chat.Completions.NewStreaming(ctx, params(openai.UserMessage(longText("a streamed reply", 200))), option.WithResponseInto(&hr))
+		s := clients[1].Chat.Completions.NewStreaming(ctx, params(true, openai.UserMessage(longText("a streamed reply", 200))), option.WithResponseInto(&hr))
 		var acc openai.ChatCompletionAccumulator
 		for s.Next() {
 			acc.AddChunk(s.Current())
@@ -497,6 +533,7 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 	t.Run("conversation", func(t *testing.T) {
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage(longText("tell me about caches", 400))}
 		var first string
+		before := st.completed()
 		for turn := range 4 {
 			c := clients[turn%2] // alternate gateways (and routers)
 			var hr *http.Response
@@ -504,13 +541,13 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 			var cached int64
 			opts := []option.RequestOption{option.WithHeader("X-Session-Id", "conv-1"), option.WithResponseInto(&hr)}
 			if turn%2 == 0 {
-				r, err := c.Chat.Completions.New(ctx, params(msgs...), opts...)
+				r, err := c.Chat.Completions.New(ctx, params(false, msgs...), opts...)
 				if err != nil {
 					t.Fatalf("turn %d: %v", turn, err)
 				}
 				content, cached = r.Choices[0].Message.Content, r.Usage.PromptTokensDetails.CachedTokens
 			} else {
-				s := c.Chat.Completions.NewStreaming(ctx, params(msgs...), opts...)
+				s := c.Chat.Completions.NewStreaming(ctx, params(true, msgs...), opts...)
 				var acc openai.ChatCompletionAccumulator
 				for s.Next() {
 					acc.AddChunk(s.Current())
@@ -520,12 +557,16 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 				}
 				content, cached = acc.Choices[0].Message.Content, acc.Usage.PromptTokensDetails.CachedTokens
 			}
-			w := hr.Header.Get(gateway.HeaderWorker)
+			w, outcome := hr.Header.Get(gateway.HeaderWorker), hr.Header.Get(gateway.HeaderSessionOutcome)
 			switch {
 			case !known[w]:
 				t.Fatalf("turn %d: %s = %q", turn, gateway.HeaderWorker, w)
+			case turn == 0 && outcome != api.OutcomeCreated:
+				t.Fatalf("turn 0: session outcome %q, want %q", outcome, api.OutcomeCreated)
 			case turn == 0:
 				first = w
+			case outcome == api.OutcomeRebound:
+				t.Fatalf("turn %d: the session was rebound to %s", turn, w)
 			case w != first:
 				t.Fatalf("turn %d went to %s, the conversation is on %s (outcome %s)", turn, w, first, hr.Header.Get(gateway.HeaderSessionOutcome))
 			case cached == 0:
@@ -535,6 +576,17 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 				t.Errorf("turn %d: the router saw no overlap on %s (%s %q)", turn, w, gateway.HeaderOverlapBlocks, hr.Header.Get(gateway.HeaderOverlapBlocks))
 			}
 			msgs = append(msgs, openai.AssistantMessage(content), openai.UserMessage("and then? "+strconv.Itoa(turn)))
+		}
+		// The header names the engine that really served every turn.
+		after := st.completed()
+		for w := range known {
+			want := uint64(0)
+			if w == first {
+				want = 4
+			}
+			if got := after[w] - before[w]; got != want {
+				t.Errorf("engine %s completed %d requests of the conversation, want %d", w, got, want)
+			}
 		}
 	})
 	st.waitIdle()
