@@ -95,6 +95,7 @@ type stackOpts struct {
 	engines, replicas int
 	kvBlocks          int  // per engine rank
 	eventsOnly        bool // replicas without the predicted index: route overlaps read the event-fed index alone
+	lateBridges       int  // the last this many engines start without a bridge (the test starts it)
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -112,9 +113,11 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	}
 	for i := range o.engines {
 		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks)
-		st.startBridge(e)
+		if i < o.engines-o.lateBridges {
+			st.startBridge(e)
+		}
 	}
-	st.waitReady(o.engines)
+	st.waitReady(o.engines - o.lateBridges)
 	return st
 }
 
@@ -195,7 +198,7 @@ func (e *engine) close() {
 
 // startBridge runs a bridge on e as `kvrouter bridge` does, over its own
 // NATS connection.
-func (st *stack) startBridge(e *engine) {
+func (st *stack) startBridge(e *engine) *bridge.Bridge {
 	st.t.Helper()
 	p := e.events.Publisher(0)
 	cfg := bridge.Config{
@@ -224,6 +227,31 @@ func (st *stack) startBridge(e *engine) {
 			st.t.Errorf("bridge %s did not stop", e.id)
 		}
 	})
+	return b
+}
+
+// bridgeMetric is the sum of the bridge's series of metric name, read from
+// its /metrics page (0 when absent).
+func bridgeMetric(t *testing.T, b *bridge.Bridge, name string) float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	b.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("bridge /metrics: %d %s", rec.Code, rec.Body)
+	}
+	sum := 0.0
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("bridge /metrics line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
 }
 
 // waitReady waits until every replica lists n ready workers, each with a
@@ -351,17 +379,56 @@ func TestBridgedIndexEqualsEngines(t *testing.T) {
 			t.Fatalf("%s evicted nothing (stored %d blocks in a cache of %d): the test would not cover removals", e.id, s.StoredBlocks, kvBlocks)
 		}
 	}
-	if n := len(st.engines[0].eng.Dump()); n != 1 {
-		t.Fatalf("engines have %d ranks, the test checks rank 0 only", n)
+	st.converged(prompts)
+}
+
+// A bridge started after its engine has already served a workload with
+// evictions learns the engine's past from the replay socket: the index
+// then equals the engine's cache as exactly as for a bridge that watched
+// from the start.
+func TestLateBridgeCatchesUpByReplay(t *testing.T) {
+	const kvBlocks = 32
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: kvBlocks, eventsOnly: true, lateBridges: 1})
+	late := st.engines[1]
+	prompts := map[string][][]uint32{late.id: workload(7, 40)}
+	for _, p := range prompts[late.id][:30] {
+		st.complete(late, p)
 	}
-	// A full cache holds as many blocks after one more request as before:
-	// equal counts alone would pass with the last events still in flight,
-	// so the overlaps are part of the condition.
+	if s := late.eng.Stats()[0]; s.RemovedBlocks == 0 {
+		t.Fatalf("%s evicted nothing before its bridge started", late.id)
+	}
+	b := st.startBridge(late)
+	st.waitReady(len(st.engines))
+	for _, p := range prompts[late.id][30:] {
+		st.complete(late, p)
+	}
+	st.converged(prompts)
+	n := bridgeMetric(t, b, "kvr_bridge_replayed_batches_total")
+	if n == 0 {
+		t.Error("the late bridge received no batch from the replay socket")
+	}
+	t.Logf("the late bridge replayed %v batches", n)
+	if n := bridgeMetric(t, b, "kvr_bridge_resyncs_total"); n != 0 {
+		t.Errorf("the late bridge resynced %v times: it did not learn the past from the replay", n)
+	}
+}
+
+// converged waits until every replica's index equals each engine's cache:
+// the indexed block count per worker equals the size of the engine's dump,
+// and for every prompt of prompts[worker] the route API's overlap on that
+// worker equals the leading prompt blocks in the engine's dump. A full
+// cache holds as many blocks after one more request as before: equal
+// counts alone would pass with the last events still in flight.
+func (st *stack) converged(prompts map[string][][]uint32) {
+	st.t.Helper()
+	if n := len(st.engines[0].eng.Dump()); n != 1 {
+		st.t.Fatalf("engines have %d ranks, the test checks rank 0 only", n)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var last string
 	t0 := time.Now()
-	testutil.Eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, e := range st.engines {
 			dump := e.eng.Dump()[kvevents.WorkerKey{Worker: e.id, Rank: 0}]
 			held := map[kvevents.SeqHash]bool{}
@@ -390,7 +457,7 @@ func TestBridgedIndexEqualsEngines(t *testing.T) {
 		}
 		return true
 	}, func() string { return "the indexes to equal the engines' caches: " + last + "; " + st.workers() })
-	t.Logf("indexes equal the engines' caches %v after the last request", time.Since(t0))
+	st.t.Logf("indexes equal the engines' caches %v after the last request", time.Since(t0))
 }
 
 // overlap routes prompt to worker on r and frees the booking at once.
