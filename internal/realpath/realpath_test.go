@@ -105,6 +105,7 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	st.nc, st.js = natstest.JetStream(t, st.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The event stream, as `kvrouter bridge` ensures it before Run.
 	if _, err := kvevents.EnsureStream(ctx, st.js, kvevents.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
