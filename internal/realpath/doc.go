@@ -1,0 +1,15 @@
+// Package realpath holds end-to-end tests over the real path a request and
+// a KV event take in production, with no shortcut: simulated engines shaped
+// like `kvrouter sim serve` (vLLM's HTTP face on a real listener, KV events
+// over real ZMQ PUB and replay sockets), one workers/bridge per engine (ZMQ
+// SUB and replay, /health and /metrics scrapes, registry registration),
+// two router replicas (router/host) on an embedded NATS server, and
+// gateways (gateway) in front, driven by the official OpenAI Go client.
+// Everything the tests read from the routers comes through their public
+// faces: GET /v1/workers and the route API.
+//
+// The package has no code of its own; start reading at realpath_test.go:
+// startStack builds the whole path, converged is the exact comparison of
+// the routers' indexes with the engines' caches (sim.Engine.Dump), and
+// each test says in its comment what it checks.
+package realpath
