@@ -38,16 +38,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// zmq4's PUB writer goroutine outlives Close (as in kvevents/vllmzmq).
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
-		// The embedded nats-server's shutdown leaves these behind briefly.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
-		// Keep-alive connections of HTTP transports.
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testutil.IgnoredGoroutines()...)
 }
 
 const (

@@ -1,0 +1,20 @@
+package testutil
+
+import "go.uber.org/goleak"
+
+// IgnoredGoroutines are the goroutines a package's goleak check may find
+// that are not its own leaks, one list for every TestMain:
+//   - the embedded nats-server's shutdown leaves startGoRoutine helpers
+//     behind for a moment;
+//   - HTTP transports keep idle keep-alive connections (their read and
+//     write loops, parked in the poller);
+//   - zmq4 v0.17.0 never stops a PUB socket's writer goroutine on Close.
+func IgnoredGoroutines() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	}
+}
