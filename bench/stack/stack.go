@@ -345,7 +345,7 @@ func (s *Stack) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// router adapts host.Client to replay.Router.
+// router adapts api.Client to replay.Router.
 type router struct {
 	c        *api.Client
 	model    string
