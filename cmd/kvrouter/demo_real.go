@@ -120,6 +120,7 @@ type realStack struct {
 	bridges    []chan error
 	stopBridge context.CancelFunc
 	gw         *http.Server
+	gwClient   *http.Client // the gateway's client to the engines
 	gatewayURL string
 	workerRefs []string
 }
@@ -175,8 +176,9 @@ func startRealStack(ctx context.Context, cfg realDemoConfig, policy string) (st 
 	if err := st.waitReady(ctx, len(st.engines)); err != nil {
 		return st, err
 	}
+	st.gwClient = &http.Client{Transport: &http.Transport{}}
 	g, err := gateway.New(gateway.Config{Router: gateway.ClientRouter{C: api.NewClient(nc, "", nil)}, Models: []string{realModel},
-		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: cfg.log})
+		HTTPClient: st.gwClient, Logger: cfg.log})
 	if err != nil {
 		return st, err
 	}
@@ -300,6 +302,7 @@ func (st *realStack) close() error {
 		if st.gw.Shutdown(sctx) != nil {
 			st.gw.Close()
 		}
+		st.gwClient.CloseIdleConnections()
 	}
 	if st.stopBridge != nil {
 		st.stopBridge()
@@ -415,6 +418,11 @@ func (w *chatWorkload) run(ctx context.Context, base string, sessions replay.Ses
 				r.ID, r.Session = fmt.Sprintf("%s/%d", id, t), id
 				rec.Add(r)
 				if r.Outcome != metrics.Done {
+					// The rest of the conversation cannot be sent: count
+					// it as failed, so that "requests done" shows the loss.
+					for rest := t + 1; rest < w.turns; rest++ {
+						rec.Add(metrics.Record{ID: fmt.Sprintf("%s/%d", id, rest), Session: id, Outcome: metrics.Failed, Code: "session aborted"})
+					}
 					return
 				}
 				msgs = append(msgs, chatMsg{"assistant", reply})
