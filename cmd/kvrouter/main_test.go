@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -88,6 +89,9 @@ func TestUsageErrors(t *testing.T) {
 		{"worker", "--sim", "--count", "0"},
 		{"demo", "--session-mode", "x"},
 		{"demo", "stray-argument"},
+		{"demo", "--path", "grpc"},
+		{"demo", "--path", "real", "--policies", "random"},
+		{"demo", "--path", "real", "--turns", "0"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, &out, &errOut); code != 2 {
@@ -193,20 +197,35 @@ func waitHTTP(t *testing.T, url string, status int, d time.Duration) {
 	}, func() string { return fmt.Sprintf("%s never answered %d (last err %v)", url, status, last) })
 }
 
-// A tiny demo run: the comparison table comes out with both policies.
+// A tiny demo run on each path: the comparison table comes out with both
+// policies. On the real path (the default) every request is served through
+// the gateway, and kvrouter keeps every session on one worker while
+// round-robin, without session ids, does not.
 func TestDemoSmall(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the demo workload twice")
+		t.Skip("runs the demo workload twice per path")
 	}
-	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"demo", "--quiet", "--scale", "0.1", "--speedup", "20", "--workers", "2"}, &out, &errOut)
-	if code != 0 {
-		t.Fatalf("demo exit %d: %s", code, errOut.String())
-	}
-	for _, want := range []string{"kvrouter (sessions: hard)", "round-robin (sessions: none)", "prefix-cache hit ratio", "TTFT p99", "sessions on one worker"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("demo output lacks %q:\n%s", want, out.String())
-		}
+	for _, tc := range []struct {
+		path string
+		args []string
+		want []string
+	}{
+		{"real", []string{"--scale", "0.25", "--turns", "3", "--speedup", "4", "--workers", "2"},
+			[]string{`requests done +24/24 +24/24`, `sessions on one worker +8/8 `}},
+		{"nats", []string{"--path", "nats", "--scale", "0.1", "--speedup", "20", "--workers", "2"}, nil},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), append([]string{"demo", "--quiet"}, tc.args...), &out, &errOut)
+			if code != 0 {
+				t.Fatalf("demo exit %d: %s", code, errOut.String())
+			}
+			for _, want := range append([]string{`kvrouter \(sessions: hard\)`, `round-robin \(sessions: none\)`, "prefix-cache hit ratio", "TTFT p99", "sessions on one worker"}, tc.want...) {
+				if !regexp.MustCompile(want).MatchString(out.String()) {
+					t.Errorf("demo output lacks %q:\n%s", want, out.String())
+				}
+			}
+		})
 	}
 }
 
