@@ -140,8 +140,9 @@ func (g *Gateway) approxPrompt(ctx context.Context, kind string, cr *clientReque
 	return nil
 }
 
-// checkTokenizer validates Config.Tokenizer.
-func checkTokenizer(t string) error {
+// CheckTokenizer validates a Config.Tokenizer value (the commands check
+// their flag with it before starting anything).
+func CheckTokenizer(t string) error {
 	if t != TokenizerEngine && t != TokenizerApprox {
 		return fmt.Errorf("%w: tokenizer %q (want %q or %q)", ErrConfig, t, TokenizerEngine, TokenizerApprox)
 	}

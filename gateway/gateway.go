@@ -117,7 +117,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Tokenizer == "" {
 		cfg.Tokenizer = TokenizerEngine
 	}
-	if err := checkTokenizer(cfg.Tokenizer); err != nil {
+	if err := CheckTokenizer(cfg.Tokenizer); err != nil {
 		return nil, err
 	}
 	if cfg.HTTPClient == nil {
