@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -58,7 +59,7 @@ func approxText(dst []byte, kind string, cr *clientRequest) ([]byte, bool) {
 	}
 	for _, m := range msgs {
 		dst = append(append(dst, m.Role...), '\n')
-		dst = m.appendContent(dst)
+		dst = append(dst, m.Content...)
 		dst = append(dst, '\n')
 	}
 	return dst, true
@@ -66,30 +67,33 @@ func approxText(dst []byte, kind string, cr *clientRequest) ([]byte, bool) {
 
 // approxMessage is one chat message as the canonical rendering reads it.
 type approxMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role    string        `json:"role"`
+	Content approxContent `json:"content"`
 }
 
-// appendContent appends the message's text: a string content, or the text
-// of the text parts of a list of parts. Anything else (null, images only)
-// contributes nothing.
-func (m approxMessage) appendContent(dst []byte) []byte {
-	var s string
-	if json.Unmarshal(m.Content, &s) == nil {
-		return append(dst, s...)
+// approxContent is a message's text: a string content, or the text of the
+// text parts of a list of parts. Anything else (null, images only)
+// contributes nothing. It decodes in the messages' one pass.
+type approxContent string
+
+func (c *approxContent) UnmarshalJSON(data []byte) error {
+	if len(data) > 0 && data[0] == '"' {
+		return json.Unmarshal(data, (*string)(c))
 	}
 	var parts []struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
-	if json.Unmarshal(m.Content, &parts) == nil {
+	if json.Unmarshal(data, &parts) == nil {
+		var b strings.Builder
 		for _, p := range parts {
 			if p.Type == "text" {
-				dst = append(dst, p.Text...)
+				b.WriteString(p.Text)
 			}
 		}
+		*c = approxContent(b.String())
 	}
-	return dst
+	return nil
 }
 
 // approxBlocks appends to dst the chained pseudo-block hashes of text at
@@ -127,17 +131,33 @@ func (g *Gateway) approxPrompt(ctx context.Context, kind string, cr *clientReque
 			return nil
 		}
 	}
-	text, ok := approxText(nil, kind, cr)
 	bs := g.blockSize(ctx, cr.Model)
-	if !ok || bs < 1 {
+	hashes, inputTokens, ok := approxHashes(kind, cr, bs)
+	if !ok {
 		rq.InputTokens = max(1, len(body)/ApproxBytesPerToken)
 		return nil
 	}
-	rq.InputTokens = max(1, (len(text)+ApproxBytesPerToken-1)/ApproxBytesPerToken)
-	if rq.BlockHashes = approxBlocks(nil, text, bs); len(rq.BlockHashes) > 0 {
-		rq.BlockSize = bs
+	rq.InputTokens = inputTokens
+	if len(hashes) > 0 {
+		rq.BlockHashes, rq.BlockSize = hashes, bs
 	}
 	return nil
+}
+
+// approxHashes is the approx scheme of a request at block size bs: its
+// pseudo-blocks and input_tokens. ok is false without a single text or a
+// block size.
+func approxHashes(kind string, cr *clientRequest, bs int) ([]uint64, int, bool) {
+	if bs < 1 {
+		return nil, 0, false
+	}
+	// The text is at most as long as the JSON it comes from.
+	text, ok := approxText(make([]byte, 0, len(cr.Messages)+len(cr.Prompt)), kind, cr)
+	if !ok {
+		return nil, 0, false
+	}
+	hashes := approxBlocks(make([]uint64, 0, min(len(text)/(bs*ApproxBytesPerToken), api.MaxBlockHashes)), text, bs)
+	return hashes, max(1, (len(text)+ApproxBytesPerToken-1)/ApproxBytesPerToken), true
 }
 
 // CheckTokenizer validates a Config.Tokenizer value (the commands check

@@ -188,9 +188,8 @@ func BenchmarkApproxTokenizer(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		text, _ := approxText(nil, kindChat, &cr)
-		if hs := approxBlocks(nil, text, 16); len(hs) != 128 {
-			b.Fatalf("%d pseudo-blocks, want 128", len(hs))
+		if hs, n, _ := approxHashes(kindChat, &cr, 16); len(hs) != 128 || n != 2048 {
+			b.Fatalf("%d pseudo-blocks and %d input tokens, want 128 and 2048", len(hs), n)
 		}
 	}
 }
