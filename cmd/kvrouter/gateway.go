@@ -19,7 +19,9 @@ import (
 const gatewayAbout = `Run the OpenAI-compatible gateway: point any OpenAI client at
 http://<listen>/v1 and kvrouter does the rest. For each POST
 /v1/chat/completions or /v1/completions (streamed or not) it asks a live engine
-of the model for the prompt's token ids (/tokenize), routes them through the
+of the model for the prompt's token ids (/tokenize; --tokenizer approx makes no
+such call and routes on pseudo-blocks of the text instead, for --approximate
+replicas), routes them through the
 router replicas over NATS (the route API), forwards the body unchanged to the
 chosen engine, streams the reply back and books prefill_done and free. GET
 /v1/models lists the models with live workers; other paths are 404 in OpenAI's
