@@ -63,6 +63,11 @@ type Config struct {
 	MaxBodyBytes int64
 	// CallTimeout bounds each tokenize and lifecycle call (default 5 s).
 	CallTimeout time.Duration
+	// Tokenizer is how the prompt becomes what the router hashes:
+	// TokenizerEngine (the default, "" too) asks the engine's /tokenize;
+	// TokenizerApprox cuts the text into pseudo-blocks for a replica in
+	// approximate mode, with no /tokenize call (approx.go).
+	Tokenizer string
 	// HTTPClient talks to the engines; default a client whose transport
 	// keeps up to 1,024 idle connections per engine.
 	HTTPClient *http.Client
@@ -108,6 +113,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.Tokenizer == "" {
+		cfg.Tokenizer = TokenizerEngine
+	}
+	if err := CheckTokenizer(cfg.Tokenizer); err != nil {
+		return nil, err
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Transport: newTransport()}
@@ -196,10 +207,11 @@ type engine struct {
 // workerCache is one model's live workers, read from the router at most
 // once per WorkersTTL.
 type workerCache struct {
-	mu      sync.Mutex
-	at      time.Time
-	engines []engine
-	next    atomic.Uint64 // round robin of the tokenize target
+	mu        sync.Mutex
+	at        time.Time
+	engines   []engine
+	blockSize int           // of the first ready worker that reports one (0: none yet)
+	next      atomic.Uint64 // round robin of the tokenize target
 }
 
 // liveWorkers returns the model's ready workers (one entry per worker,
@@ -225,14 +237,32 @@ func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
 		return c.engines
 	}
 	var es []engine
+	bs := 0
 	for _, ws := range resp.Workers {
+		if bs == 0 && ws.State == "ready" {
+			bs = ws.BlockSize
+		}
 		if ws.State != "ready" || ws.Endpoint == "" || slices.ContainsFunc(es, func(e engine) bool { return e.worker == ws.Worker }) {
 			continue
 		}
 		es = append(es, engine{worker: ws.Worker, root: engineRoot(ws.Endpoint)})
 	}
-	c.engines, c.at = es, time.Now()
+	c.engines, c.blockSize, c.at = es, bs, time.Now()
 	return es
+}
+
+// blockSize is the model's KV block size as its ready workers report it
+// (the replica drops workers whose block size differs from the model's),
+// 0 when no ready worker is known.
+func (g *Gateway) blockSize(ctx context.Context, model string) int {
+	c := g.models[model]
+	if c == nil {
+		return 0
+	}
+	g.liveWorkers(ctx, model) // refreshes the cache when it is stale
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.blockSize
 }
 
 // tokenizeTarget picks the engine that tokenizes a request: round robin

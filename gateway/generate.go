@@ -60,12 +60,16 @@ func checkSession(header, session, mode string) *RequestError {
 	return nil
 }
 
-// prompt fills rq's prompt: the engine's own token ids from /tokenize on a
-// live worker, or, when that fails, an estimate of the prompt's length so
+// prompt fills rq's prompt: with Config.Tokenizer approx, the text's
+// pseudo-blocks (approxPrompt); otherwise the engine's own token ids from
+// /tokenize on a live worker, or, when that fails, an estimate of the prompt's length so
 // that the request routes on load alone (counted in
 // kvr_gateway_tokenize_failures_total). An engine refusing the prompt
 // (400) or a prompt longer than the engine's context refuses the request.
 func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, body []byte, rq *api.RouteRequest) *RequestError {
+	if g.cfg.Tokenizer == TokenizerApprox {
+		return g.approxPrompt(ctx, kind, cr, body, rq)
+	}
 	tr, err := g.tokenizeOnce(ctx, kind, cr)
 	var se *tokenizeStatusError
 	switch {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,12 +68,17 @@ type testEngine struct {
 	reg  *workers.Registration
 	stop context.CancelFunc
 	done chan struct{}
+	// tokenizeCalls counts the /tokenize requests that reached the engine.
+	tokenizeCalls atomic.Int64
 }
 
 type fleetOpts struct {
 	replicas int
 	engines  int
 	mode     bindings.Mode // the replicas' default session mode (Hard when unset)
+	// approximate runs the replicas in approximate mode and the engines
+	// without KV events.
+	approximate bool
 }
 
 func startFleet(t testing.TB, o fleetOpts) *fleet {
@@ -83,7 +89,8 @@ func startFleet(t testing.TB, o fleetOpts) *fleet {
 	defer cancel()
 	for i := range o.replicas {
 		cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
-			Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second, DefaultMode: o.mode}, Logger: testLogger()}
+			Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second, DefaultMode: o.mode}, Logger: testLogger(),
+			Approximate: o.approximate}
 		r, err := host.New(natstest.Connect(t, f.srv), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -101,19 +108,23 @@ func startFleet(t testing.TB, o fleetOpts) *fleet {
 		})
 	}
 	for i := range o.engines {
-		f.addEngine(ctx, fmt.Sprintf("e%d", i))
+		f.addEngine(ctx, fmt.Sprintf("e%d", i), !o.approximate)
 	}
 	f.waitWorkers(o.engines)
 	return f
 }
 
 // addEngine starts a simulated engine with its HTTP face and registers it
-// with its base URL as the endpoint.
-func (f *fleet) addEngine(ctx context.Context, id string) *testEngine {
+// with its base URL as the endpoint; with events, its KV events are
+// published (otherwise it says nothing, as an engine for approximate mode).
+func (f *fleet) addEngine(ctx context.Context, id string, events bool) *testEngine {
 	f.t.Helper()
-	mk := sim.PublisherFactory(f.js, kvevents.PublisherConfig{Model: testModel, MaxDelay: time.Millisecond})
-	eng, err := sim.New(sim.Config{Worker: id, Model: testModel, KVBlocks: 4096, Speedup: 200,
-		NewEmitter: func(rank uint32, epoch uint64) (sim.EventEmitter, error) { return mk(id, rank, epoch) }})
+	cfg := sim.Config{Worker: id, Model: testModel, KVBlocks: 4096, Speedup: 200}
+	if events {
+		mk := sim.PublisherFactory(f.js, kvevents.PublisherConfig{Model: testModel, MaxDelay: time.Millisecond})
+		cfg.NewEmitter = func(rank uint32, epoch uint64) (sim.EventEmitter, error) { return mk(id, rank, epoch) }
+	}
+	eng, err := sim.New(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -121,7 +132,13 @@ func (f *fleet) addEngine(ctx context.Context, id string) *testEngine {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	te := &testEngine{id: id, eng: eng, http: httptest.NewServer(api), done: make(chan struct{})}
+	te := &testEngine{id: id, eng: eng, done: make(chan struct{})}
+	te.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			te.tokenizeCalls.Add(1)
+		}
+		api.ServeHTTP(w, r)
+	}))
 	runCtx, stop := context.WithCancel(context.Background())
 	te.stop = stop
 	go func() { defer close(te.done); _ = eng.Run(runCtx) }()

@@ -19,7 +19,9 @@ import (
 const gatewayAbout = `Run the OpenAI-compatible gateway: point any OpenAI client at
 http://<listen>/v1 and kvrouter does the rest. For each POST
 /v1/chat/completions or /v1/completions (streamed or not) it asks a live engine
-of the model for the prompt's token ids (/tokenize), routes them through the
+of the model for the prompt's token ids (/tokenize; --tokenizer approx makes no
+such call and routes on pseudo-blocks of the text instead, for --approximate
+replicas), routes them through the
 router replicas over NATS (the route API), forwards the body unchanged to the
 chosen engine, streams the reply back and books prefill_done and free. GET
 /v1/models lists the models with live workers; other paths are 404 in OpenAI's
@@ -49,6 +51,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 		return usageError{err}
+	}
+	if err := gateway.CheckTokenizer(*gf.tokenizer); err != nil {
+		return usageError{fmt.Errorf("--tokenizer: %w", err)}
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
@@ -94,6 +99,7 @@ type gatewayFlags struct {
 	sessionHeader           *string
 	workersTTL, callTimeout *time.Duration
 	maxBody                 *int
+	tokenizer               *string
 }
 
 func addGatewayFlags(c *cmdFlags) *gatewayFlags {
@@ -102,12 +108,19 @@ func addGatewayFlags(c *cmdFlags) *gatewayFlags {
 		workersTTL:    c.duration("workers-ttl", gateway.DefaultWorkersTTL, "how long a model's worker list (for /v1/models and the tokenize target) is reused"),
 		callTimeout:   c.duration("call-timeout", gateway.DefaultCallTimeout, "longest tokenize or lifecycle call"),
 		maxBody:       c.integer("max-body-bytes", gateway.DefaultMaxBodyBytes, "largest client request body (larger: 413)"),
+		tokenizer:     addTokenizerFlag(c, "tokenizer"),
 	}
 }
 
 func (f *gatewayFlags) config(r gateway.Router, models []string, tel gateway.Telemetry, log *slog.Logger) gateway.Config {
 	return gateway.Config{Router: r, Models: models, SessionHeader: *f.sessionHeader, WorkersTTL: *f.workersTTL,
-		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Telemetry: tel, Logger: log}
+		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Tokenizer: *f.tokenizer, Telemetry: tel, Logger: log}
+}
+
+// addTokenizerFlag is the gateway's tokenizer choice (gateway's
+// --tokenizer, serve's --openai-tokenizer).
+func addTokenizerFlag(c *cmdFlags, name string) *string {
+	return c.str(name, gateway.TokenizerEngine, "how the gateway reads prompts: engine (exact token ids from the engine's /tokenize) or approx (no /tokenize call: text cut into pseudo-blocks, for replicas in --approximate mode; docs/gateway.md)")
 }
 
 // gatewayServer is a gateway listening on HTTP.

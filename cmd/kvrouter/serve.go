@@ -57,6 +57,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		blockSize   = c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')")
 		httpAddr    = c.str("http-addr", ":8080", "HTTP API listen address (\"\" = no HTTP)")
 		openaiAddr  = c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)")
+		openaiTok   = addTokenizerFlag(c, "openai-tokenizer")
 		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
 		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing)")
 		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events (when this replica creates it)")
@@ -89,6 +90,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return usageError{err}
+	}
+	if err := gateway.CheckTokenizer(*openaiTok); err != nil {
+		return usageError{fmt.Errorf("--openai-tokenizer: %w", err)}
 	}
 	mode, err := bindings.ParseMode(*sessionMode)
 	if err != nil {
@@ -150,7 +154,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	startErr := r.Start(ctx)
 	var gw *gatewayServer
 	if startErr == nil && *openaiAddr != "" {
-		gw, startErr = startOpenAI(r, *openaiAddr, cfg.Telemetry, log)
+		gw, startErr = startOpenAI(r, *openaiAddr, *openaiTok, cfg.Telemetry, log)
 	}
 	if startErr == nil {
 		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()), orNone(gw.where()))
@@ -171,8 +175,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // startOpenAI runs the gateway in process over r (serve --openai-addr).
-func startOpenAI(r *host.Replica, addr string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
-	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Logger: log,
+func startOpenAI(r *host.Replica, addr, tokenizer string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
+	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Tokenizer: tokenizer, Logger: log,
 		Telemetry: tel})
 	if err != nil {
 		return nil, err
