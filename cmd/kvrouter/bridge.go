@@ -12,9 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/workers/bridge"
@@ -90,21 +87,14 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Registry:  ws.registry(log),
 		DrainWait: *ws.drain, Logger: log,
 	}
-	nc, err := natsconn.Open(ctx, nf.config("kvrouter-bridge"), log)
+	nc, js, err := ws.connect(ctx, nf, "kvrouter-bridge", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc.Conn)
-	if err != nil {
-		return err
-	}
 	b, err := bridge.New(cfg, nc.Conn, js)
 	if err != nil {
 		return usageError{err}
-	}
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *ws.stream, Prefix: *ws.prefix}); err != nil {
-		return fmt.Errorf("event stream %s: %w", *ws.stream, err)
 	}
 	if *httpAddr != "" {
 		ln, err := net.Listen("tcp", *httpAddr)

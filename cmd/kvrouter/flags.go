@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workers"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // cmdFlags is a flag set in which every flag also reads an environment
@@ -271,4 +273,26 @@ func addWorkerSideFlags(c *cmdFlags, maxDelay time.Duration, drainWhat string) w
 // registry is the registry configuration the flags name.
 func (w workerSideFlags) registry(log *slog.Logger) workers.RegistryConfig {
 	return workers.RegistryConfig{Bucket: *w.regBucket, TTL: *w.ttl, Heartbeat: *w.heartbeat, Logger: log}
+}
+
+// connect opens the NATS connection nf names and makes sure the event
+// stream exists, as every worker-side process needs before it publishes.
+// The caller closes the connection.
+func (w workerSideFlags) connect(ctx context.Context, nf *natsFlags, name string, log *slog.Logger) (*natsconn.Conn, jetstream.JetStream, error) {
+	nc, err := natsconn.Open(ctx, nf.config(name), log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc.Conn)
+	if err == nil {
+		_, err = kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *w.stream, Prefix: *w.prefix})
+		if err != nil {
+			err = fmt.Errorf("event stream %s: %w", *w.stream, err)
+		}
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }

@@ -6,11 +6,9 @@ import (
 	"io"
 	"time"
 
-	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 const workerAbout = `Run simulated workers: GPU-free engines with a block KV cache (prefix reuse,
@@ -59,18 +57,11 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageError{err}
 	}
-	nc, err := natsconn.Open(ctx, nf.config("kvrouter-worker"), log)
+	nc, js, err := ws.connect(ctx, nf, "kvrouter-worker", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc.Conn)
-	if err != nil {
-		return err
-	}
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *ws.stream, Prefix: *ws.prefix}); err != nil {
-		return fmt.Errorf("event stream %s: %w", *ws.stream, err)
-	}
 	fleet, err := sim.NewFleet(sim.FleetConfig{
 		Count:    *count,
 		IDPrefix: *idPrefix,
