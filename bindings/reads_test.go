@@ -1,0 +1,142 @@
+package bindings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
+)
+
+// stallWatches deletes every consumer of the bindings stream: the watches
+// of all tables on the server stop receiving while their connections stay
+// up, as after the loss of the node that hosted the watch consumers.
+func stallWatches(t testing.TB, e *env) {
+	t.Helper()
+	_, js := natstest.JetStream(t, e.s)
+	ctx := ctxT(t, 10*time.Second)
+	stream, err := js.Stream(ctx, "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := stream.ConsumerNames(ctx)
+	n := 0
+	for name := range names.Name() {
+		if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Fatalf("delete consumer %q: %v", name, err)
+		}
+		n++
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no watch consumer to stall")
+	}
+}
+
+// readStaleness is the bound the default configuration promises for reads
+// served from the cache (Config.MaxStaleness's default).
+const readStaleness = time.Second
+
+// After the watch of replica b stalls, replica a re-binds a session. b must
+// never serve the old binding of a Hard session, and serve the old one of a
+// Soft session only within readStaleness of the re-bind; this holds for
+// Route and for Get. (On f91f613 b serves the old binding for as long as
+// its watch is stalled.)
+func TestStalledWatchReads(t *testing.T) {
+	tests := []struct {
+		mode Mode
+		read string
+	}{
+		{Hard, "route"}, {Hard, "get"}, {Soft, "route"}, {Soft, "get"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode.String()+"/"+tc.read, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			liveA := &liveSet{}
+			a := e.open(Config{ReplicaID: "a", DefaultMode: tc.mode, Liveness: liveA})
+			b := e.open(Config{ReplicaID: "b", DefaultMode: tc.mode})
+			mustRoute(t, a, model, "s", always("w1"))
+			testutil.Eventually(t, 5*time.Second, func() bool {
+				bd, err := b.Get(context.Background(), model, "s")
+				return err == nil && bd.Worker == "w1"
+			}, func() string { return "still waiting for b to see the binding" })
+
+			stallWatches(t, e)
+			liveA.depart("w1") // lets a re-bind the Hard session
+			if r := mustRoute(t, a, model, "s", always("w2")); r.Outcome != Rebound {
+				t.Fatalf("a: %+v", r)
+			}
+			rebound := time.Now()
+
+			read := func() string {
+				if tc.read == "get" {
+					bd, err := b.Get(ctxT(t, 10*time.Second), model, "s")
+					if err != nil {
+						t.Fatalf("b.Get: %v", err)
+					}
+					return bd.Worker
+				}
+				return mustRoute(t, b, model, "s", pick("w3")).Target.Worker
+			}
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				asked := time.Now()
+				w := read()
+				switch {
+				case w == "w2":
+					return true
+				case tc.mode == Hard:
+					t.Fatalf("b served the replaced Hard binding (%s) %v after the re-bind", w, asked.Sub(rebound))
+				case asked.Sub(rebound) > readStaleness:
+					t.Fatalf("b served the replaced Soft binding (%s) %v after the re-bind (bound %v)", w, asked.Sub(rebound), readStaleness)
+				}
+				return false
+			}, func() string { return "still waiting for b to serve the re-bound worker" })
+		})
+	}
+}
+
+// A stalled watch makes reads fall back to the leader (counted), and the
+// table recovers by itself: the watch is restarted, the cache is fresh
+// again and serves Soft reads without the leader.
+func TestStaleFallbackAndRecovery(t *testing.T) {
+	e := newEnv(t)
+	a := e.open(Config{ReplicaID: "a", DefaultMode: Soft})
+	b := e.open(Config{ReplicaID: "b", DefaultMode: Soft, MaxStaleness: 200 * time.Millisecond})
+	mustRoute(t, a, model, "s", always("w1"))
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		bd, err := b.Get(context.Background(), model, "s")
+		return err == nil && bd.Worker == "w1" && b.Stats().CacheFresh
+	}, func() string { return fmt.Sprintf("still waiting for b to see the binding: %+v", b.Stats()) })
+
+	stallWatches(t, e)
+	mustRoute(t, a, model, "moved-on", always("w1")) // the stream moves past b's watch
+	testutil.Eventually(t, 5*time.Second, func() bool { return !b.Stats().CacheFresh },
+		func() string { return fmt.Sprintf("b's cache still claims to be fresh: %+v", b.Stats()) })
+	before := b.Stats()
+	if bd, err := b.Get(context.Background(), model, "s"); err != nil || bd.Worker != "w1" {
+		t.Fatalf("b.Get while stale: %+v %v", bd, err)
+	}
+	if s := b.Stats(); s.StaleFallbacks != before.StaleFallbacks+1 || s.LeaderReads != before.LeaderReads+1 {
+		t.Fatalf("a stale read did not fall back to the leader: before %+v after %+v", before, s)
+	}
+
+	testutil.Eventually(t, 15*time.Second, func() bool { s := b.Stats(); return s.CacheFresh && s.WatchRestarts > 0 },
+		func() string { return fmt.Sprintf("b did not recover: %+v", b.Stats()) })
+	// Under load a probe may be late and the cache briefly not fresh: what
+	// must happen is that reads are served from it again.
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		before := b.Stats()
+		if bd, err := b.Get(context.Background(), model, "moved-on"); err != nil || bd.Worker != "w1" {
+			t.Fatalf("b.Get after recovery: %+v %v", bd, err)
+		}
+		return b.Stats().LeaderReads == before.LeaderReads
+	}, func() string { return fmt.Sprintf("Soft reads after recovery still go to the leader: %+v", b.Stats()) })
+}
