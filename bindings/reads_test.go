@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
@@ -139,4 +140,131 @@ func TestStaleFallbackAndRecovery(t *testing.T) {
 		}
 		return b.Stats().LeaderReads == before.LeaderReads
 	}, func() string { return fmt.Sprintf("Soft reads after recovery still go to the leader: %+v", b.Stats()) })
+}
+
+// A binding lives at least IdleTTL after the last request of its session,
+// wherever in the binding's life that request falls: before or after the
+// renewal point. The expiry marker's time (the server's) says when it
+// went. (On f91f613 a binding could go IdleTTL/2 after its last request.)
+func TestTTLOutlivesLastRequest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for 3 s TTLs")
+	}
+	const idle = 3 * time.Second
+	for _, last := range []time.Duration{0, 1200 * time.Millisecond, 2500 * time.Millisecond} {
+		t.Run(last.String(), func(t *testing.T) {
+			t.Parallel()
+			// Markers outlive the test so that their time can be read.
+			tb := newEnv(t).open(Config{IdleTTL: idle, MarkerTTL: time.Minute})
+			lastAt := time.Now() // the start of the last Route
+			mustRoute(t, tb, model, "s", always("w1"))
+			if last > 0 {
+				time.Sleep(time.Until(lastAt.Add(last))) // schedules the last request; not a wait for a result
+				lastAt = time.Now()
+				mustRoute(t, tb, model, "s", always("w1"))
+			}
+			var gone readState
+			testutil.Eventually(t, 2*StoredTTL(idle)+5*time.Second, func() bool {
+				gone = leaderGet(t, tb, model, "s")
+				return !gone.present
+			}, func() string { return "still waiting for the binding to expire" })
+			if gone.rev == 0 {
+				t.Fatal("no expiry marker read")
+			}
+			if lived := gone.storedAt.Sub(lastAt); lived < idle {
+				t.Fatalf("last request at %v: the binding expired %v after it (IdleTTL %v)", last, lived, idle)
+			}
+		})
+	}
+}
+
+// Route honours ctx's deadline when the stream leader does not answer, and
+// says so with ErrUnavailable: a write that never gets an answer, and a
+// server that is gone. OpTimeout and ResolveTimeout are a minute, so that
+// only ctx can end the call soon (on f91f613 the resolution of the
+// unanswered write outlived ctx by ResolveTimeout).
+func TestUnavailableWithinDeadline(t *testing.T) {
+	tests := []struct {
+		name  string
+		mode  Mode
+		fault func(e *env, tb *Table)
+	}{
+		{"write never answered", Soft, func(_ *env, tb *Table) {
+			tb.publish = func(ctx context.Context, _ *nats.Msg, _ ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+		}},
+		{"server gone, hard read", Hard, func(e *env, _ *Table) { e.s.Shutdown() }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			tb := e.open(Config{DefaultMode: tc.mode, OpTimeout: time.Minute, ResolveTimeout: time.Minute})
+			session := "new"
+			if tc.mode == Hard {
+				mustRoute(t, tb, model, "bound", always("w1"))
+				session = "bound"
+			}
+			tc.fault(e, tb)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := tb.Route(ctx, model, session, always("w1"))
+			took := time.Since(start)
+			t.Logf("Route returned after %v: %v", took, err)
+			var ue *UnavailableError
+			if !errors.Is(err, ErrUnavailable) || !errors.As(err, &ue) {
+				t.Fatalf("Route: %v, want ErrUnavailable", err)
+			}
+			// Far from both the 300 ms deadline and the 1 min timeouts: not
+			// a timing check, a check of which one ended the call.
+			if took > 30*time.Second {
+				t.Fatalf("Route took %v with a 300 ms deadline", took)
+			}
+			if tc.mode == Hard {
+				if _, err := tb.Get(ctxT(t, 300*time.Millisecond), model, session); !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("Get: %v, want ErrUnavailable", err)
+				}
+			}
+		})
+	}
+}
+
+// MaxSessions and MaxBytes make the server refuse a create past them,
+// reported as *FullError; the sessions already stored still re-bind.
+func TestBucketFull(t *testing.T) {
+	tests := []struct {
+		name   string
+		cfg    Config
+		stored int // creates that pass
+	}{
+		{"sessions", Config{MaxSessions: 3}, 3},
+		{"bytes", Config{MaxBytes: 1000}, 2}, // a revision is ~400 bytes
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.DefaultMode = Soft
+			tb := newEnv(t).open(cfg)
+			for i := range tc.stored {
+				mustRoute(t, tb, model, fmt.Sprintf("s%d", i), always("w1"))
+			}
+			_, err := tb.Route(ctxT(t, 10*time.Second), model, "one-too-many", always("w1"))
+			var fe *FullError
+			if !errors.Is(err, ErrFull) || !errors.As(err, &fe) || fe.Bucket != DefaultBucket {
+				t.Fatalf("create past the limit: %v, want a *FullError", err)
+			}
+			want := fmt.Sprintf("bindings: bucket %q full: %d sessions", DefaultBucket, cfg.MaxSessions)
+			if cfg.MaxBytes > 0 {
+				want = fmt.Sprintf("bindings: bucket %q full: %d bytes", DefaultBucket, cfg.MaxBytes)
+			}
+			if fe.Error() != want {
+				t.Fatalf("error text %q, want %q", fe.Error(), want)
+			}
+			if r := mustRoute(t, tb, model, "s0", always("w2")); r.Outcome != Rebound {
+				t.Fatalf("re-bind of a stored session at the limit: %+v", r)
+			}
+		})
+	}
 }

@@ -163,7 +163,7 @@ func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, erro
 	case errors.Is(err, jskv.ErrNoMessage):
 		return readState{leader: true}, nil
 	case err != nil:
-		return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
+		return readState{}, err // leaderRead names the key
 	case m.Tombstone():
 		return readState{rev: m.Seq, storedAt: m.Time, leader: true}, nil
 	}
@@ -193,7 +193,8 @@ func (t *Table) leaderRead(ctx context.Context, key string) (readState, error) {
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode != 0 && apiErr.Code != 503 {
-			return readState{}, err // the server answered: retrying will not help
+			// The server answered: retrying will not help.
+			return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
 		}
 		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return readState{}, unavailable(ctx, "leader read", key, err)

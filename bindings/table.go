@@ -201,6 +201,8 @@ type Table struct {
 	stallAfter   time.Duration
 
 	stop      chan struct{}
+	stopCtx   context.Context // ends with stop: bounds the background requests
+	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -254,6 +256,7 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 		stallAfter:   max(2*cfg.MaxStaleness, 500*time.Millisecond),
 		stop:         make(chan struct{}),
 	}
+	t.stopCtx, t.cancel = context.WithCancel(context.Background())
 	t.reqPool.New = func() any { return new(Requirement) }
 	if !cfg.StrictReads {
 		if err := t.startWatch(ctx); err != nil {
@@ -319,6 +322,7 @@ func (t *Table) Close() error {
 	t.closeOnce.Do(func() {
 		t.closed.Store(true)
 		close(t.stop)
+		t.cancel()
 		t.wg.Wait()
 	})
 	return nil

@@ -194,7 +194,7 @@ func (t *Table) watchOnce(ready func()) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.stopCtx)
 	defer cancel()
 	w, err := t.kv.WatchAll(ctx)
 	if err != nil {
@@ -282,7 +282,7 @@ type streamInfoReply struct {
 // lastSeq asks the stream leader (STREAM.INFO is answered by the leader)
 // for the bucket stream's last sequence.
 func (t *Table) lastSeq(timeout time.Duration) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(t.stopCtx, timeout)
 	defer cancel()
 	m, err := t.nc.RequestWithContext(ctx, t.infoSubj, nil)
 	if err != nil {
