@@ -41,8 +41,8 @@ func connectCluster(t testing.TB, c *natstest.Cluster, first int) (*nats.Conn, j
 
 // Kill the stream leader of a 3-node cluster (R3 bucket) while two replicas
 // commit: new sessions enter all the time (racing creates) and live ones
-// pass half their idle TTL (renewals). No session is routed to two workers,
-// no binding expires less than idle/2 after a route that relied on it, and
+// pass their renewal point (renewals). No session is routed to two workers,
+// no binding expires less than idle after a route that relied on it, and
 // every unanswered write is resolved.
 func TestClusterLeaderKill(t *testing.T) {
 	if testing.Short() {
@@ -114,7 +114,7 @@ func TestClusterLeaderKill(t *testing.T) {
 					if err != nil {
 						switch {
 						case errors.Is(err, ErrAmbiguous), errors.Is(err, ErrTooManyConflicts), errors.Is(err, context.DeadlineExceeded),
-							strings.Contains(err.Error(), "leader read"):
+							errors.Is(err, ErrUnavailable), strings.Contains(err.Error(), "leader read"):
 							errs[errClass(err)]++
 						default:
 							failed = append(failed, err)
@@ -168,7 +168,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		t.Errorf("unexpected Route error: %v", err)
 	}
 	// The guarantee (Config.IdleTTL): a binding stays stored for at least
-	// idle/2 after the start of every successful Route that returned it (or
+	// idle after the start of every successful Route that returned it (or
 	// an earlier revision of it). Each loss is timed by what the server
 	// recorded, never by when this check runs (its leader reads take a few
 	// hundred milliseconds in all under -race):
@@ -176,11 +176,11 @@ func TestClusterLeaderKill(t *testing.T) {
 	//    read the key, before the creator's clock in the new value;
 	//  - a binding gone at the end: it went when the server stored the
 	//    expiry marker; with no marker, before the leader read returned.
-	// A loss earlier than idle/2 after the start of a route that returned
+	// A loss earlier than idle after the start of a route that returned
 	// an older revision of the session breaks the guarantee.
 	checkLoss := func(session string, lostBy time.Time, before uint64, what string) {
 		for rev, start := range relied[session] {
-			if rev < before && lostBy.Sub(start) < idle/2 {
+			if rev < before && lostBy.Sub(start) < idle {
 				t.Errorf("session %s: binding %s at most %v after the start of a route that returned revision %d",
 					session, what, lostBy.Sub(start), rev)
 			}
@@ -237,6 +237,8 @@ func TestClusterLeaderKill(t *testing.T) {
 
 func errClass(err error) string {
 	switch {
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
 	case errors.Is(err, ErrAmbiguous):
 		return "ambiguous"
 	case errors.Is(err, ErrTooManyConflicts):
@@ -245,4 +247,95 @@ func errClass(err error) string {
 		return "deadline"
 	}
 	return "leader-read"
+}
+
+// Kill the stream leader of an R3 bucket while one replica creates a new
+// session after another, and log how long the election took (kill to a new
+// leader seen) and how long after it writes succeeded again. It measures;
+// it asserts only that writes resume (issue 15: within 2 s of the
+// election).
+func TestClusterWritesResumeAfterLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster with leader kills takes ~10 s")
+	}
+	c := natstest.StartCluster(t, 3)
+	nc, js := connectCluster(t, c, 0)
+	tb := openOn(t, js, nc, Config{Replicas: 3, OpTimeout: 250 * time.Millisecond, ResolveTimeout: 5 * time.Second, MaxAttempts: 8})
+	stream := "KV_" + DefaultBucket
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+		func() string { return "still waiting for a stream leader" })
+
+	var (
+		mu   sync.Mutex
+		oks  []time.Time // when each successful create returned
+		n    int
+		stop = make(chan struct{})
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := tb.Route(ctx, model, fmt.Sprintf("s%d", i), always("w1"))
+			cancel()
+			mu.Lock()
+			n++
+			if err == nil {
+				oks = append(oks, time.Now())
+			}
+			mu.Unlock()
+		}
+	}()
+	defer func() { close(stop); <-done }()
+
+	for round := 0; round < 3; round++ {
+		time.Sleep(500 * time.Millisecond)
+		old := c.StreamLeader(stream)
+		if old < 0 {
+			t.Fatalf("round %d: no stream leader", round)
+		}
+		killed := time.Now()
+		c.Servers[old].Shutdown()
+		var elected time.Time
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			l := c.StreamLeader(stream)
+			if l >= 0 && l != old {
+				elected = time.Now()
+				return true
+			}
+			return false
+		}, func() string { return "still waiting for a new stream leader" })
+		var resumed time.Time
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(oks) > 0 && oks[len(oks)-1].After(elected) {
+				for _, at := range oks {
+					if at.After(killed) {
+						resumed = at
+						break
+					}
+				}
+				return true
+			}
+			return false
+		}, func() string { return "writes did not resume after the election" })
+		after := resumed.Sub(elected)
+		if after < 0 {
+			after = 0 // a write landed before the test saw the new leader
+		}
+		t.Logf("round %d: killed n%d; new leader n%d after %v; first write after the kill returned %v after the kill, %v after the election",
+			round, old, c.StreamLeader(stream), elected.Sub(killed), resumed.Sub(killed), after)
+		c.Restart(old)
+		testutil.Eventually(t, 20*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+			func() string { return "still waiting for a stream leader after restart" })
+	}
+	mu.Lock()
+	t.Logf("%d creates, %d succeeded; %+v", n, len(oks), tb.Stats())
+	mu.Unlock()
 }

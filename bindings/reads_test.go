@@ -268,3 +268,73 @@ func TestBucketFull(t *testing.T) {
 		})
 	}
 }
+
+func TestDecodeLastSeq(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply string
+		want  uint64
+		ok    bool
+	}{
+		{"leader", `{"state":{"last_seq":42},"cluster":{"leader":"n1"}}`, 42, true},
+		{"single server", `{"state":{"last_seq":7}}`, 7, true},
+		{"empty stream", `{"state":{"last_seq":0},"cluster":{"leader":"n0"}}`, 0, true},
+		{"leaderless member", `{"state":{"last_seq":40},"cluster":{"name":"c"}}`, 0, false},
+		{"api error", `{"error":{"code":503,"err_code":10008,"description":"unavailable"}}`, 0, false},
+		{"no state", `{}`, 0, false},
+		{"bad json", `{"state":`, 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := decodeLastSeq([]byte(tc.reply))
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Fatalf("decodeLastSeq(%s) = %d, %v; want %d, ok %v", tc.reply, got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func FuzzDecodeLastSeq(f *testing.F) {
+	f.Add([]byte(`{"state":{"last_seq":42},"cluster":{"leader":"n1"}}`))
+	f.Add([]byte(`{"error":{"code":404,"err_code":10059}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = decodeLastSeq(data) // must not panic
+	})
+}
+
+// The freshness proof, step by step: probes answered before the watch has
+// caught up prove nothing; the newest satisfied probe's send time is the
+// cache's "fresh as of"; a new watch starts from nothing; the snapshot's
+// own probe covers an idle stream whose last message is gone.
+func TestFreshnessProof(t *testing.T) {
+	var f freshness
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	check := func(step string, now time.Time, wantOK bool, wantAge time.Duration) {
+		t.Helper()
+		age, ok := f.age(now)
+		if ok != wantOK || (ok && age != wantAge) {
+			t.Fatalf("%s: age %v ok %v, want %v ok %v", step, age, ok, wantAge, wantOK)
+		}
+	}
+	check("new", at(0), false, 0)
+	f.snapshotDone(10, at(0)) // stream at 10 when the watch started; its last message may be gone
+	check("snapshot", at(100*time.Millisecond), true, 100*time.Millisecond)
+	f.answered(probe{sent: at(200 * time.Millisecond), last: 12})
+	check("probe ahead of the watch", at(300*time.Millisecond), true, 300*time.Millisecond)
+	f.answered(probe{sent: at(400 * time.Millisecond), last: 13})
+	f.delivered(12, at(450*time.Millisecond))
+	check("first probe satisfied", at(500*time.Millisecond), true, 300*time.Millisecond)
+	if f.stalled(at(500*time.Millisecond), time.Second) {
+		t.Fatal("stalled after a delivery")
+	}
+	if !f.stalled(at(2*time.Second), time.Second) {
+		t.Fatal("not stalled: probe at 13 unsatisfied and no delivery for 1.5 s")
+	}
+	f.delivered(14, at(2*time.Second))
+	check("second probe satisfied", at(2*time.Second), true, 1600*time.Millisecond)
+	f.answered(probe{sent: at(2100 * time.Millisecond), last: 14}) // idle stream: satisfied at once
+	check("idle", at(2200*time.Millisecond), true, 100*time.Millisecond)
+	f.reset()
+	check("after reset", at(2300*time.Millisecond), false, 0)
+}

@@ -277,10 +277,18 @@ type streamInfoReply struct {
 	State *struct {
 		LastSeq uint64 `json:"last_seq"`
 	} `json:"state,omitempty"`
+	Cluster *struct {
+		Leader string `json:"leader"`
+	} `json:"cluster,omitempty"`
 }
 
-// lastSeq asks the stream leader (STREAM.INFO is answered by the leader)
-// for the bucket stream's last sequence.
+// errNoLeader: a STREAM.INFO answer without a leader. A member of a
+// leaderless group answers from its own state, which may lag.
+var errNoLeader = errors.New("stream info: answered without a stream leader")
+
+// lastSeq asks the stream leader (STREAM.INFO is answered by the leader,
+// or by a member while the group has none, which is refused) for the
+// bucket stream's last sequence.
 func (t *Table) lastSeq(timeout time.Duration) (uint64, error) {
 	ctx, cancel := context.WithTimeout(t.stopCtx, timeout)
 	defer cancel()
@@ -301,6 +309,9 @@ func decodeLastSeq(data []byte) (uint64, error) {
 	}
 	if r.State == nil {
 		return 0, errors.New("stream info: reply without state")
+	}
+	if r.Cluster != nil && r.Cluster.Leader == "" {
+		return 0, errNoLeader
 	}
 	return r.State.LastSeq, nil
 }
