@@ -232,21 +232,34 @@ func TestUnavailableWithinDeadline(t *testing.T) {
 }
 
 // MaxSessions and MaxBytes make the server refuse a create past them,
-// reported as *FullError; the sessions already stored still re-bind.
+// reported as *FullError. On one server the sessions already stored still
+// re-bind; on R3 the server refuses their writes too, and a renewal refused
+// so serves the request under the binding it has.
 func TestBucketFull(t *testing.T) {
 	tests := []struct {
-		name   string
-		cfg    Config
-		stored int // creates that pass
+		name    string
+		cfg     Config
+		stored  int // creates that pass
+		cluster bool
 	}{
-		{"sessions", Config{MaxSessions: 3}, 3},
-		{"bytes", Config{MaxBytes: 1000}, 2}, // a revision is ~400 bytes
+		{"sessions", Config{MaxSessions: 3}, 3, false},
+		{"bytes", Config{MaxBytes: 1000}, 2, false}, // a revision is ~400 bytes
+		{"sessions on R3", Config{MaxSessions: 3, Replicas: 3, IdleTTL: 2 * time.Second}, 3, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
 			cfg.DefaultMode = Soft
-			tb := newEnv(t).open(cfg)
+			var tb *Table
+			if tc.cluster {
+				if testing.Short() {
+					t.Skip("starts a 3-node cluster")
+				}
+				nc, js := connectCluster(t, natstest.StartCluster(t, 3), 0)
+				tb = openOn(t, js, nc, cfg)
+			} else {
+				tb = newEnv(t).open(cfg)
+			}
 			for i := range tc.stored {
 				mustRoute(t, tb, model, fmt.Sprintf("s%d", i), always("w1"))
 			}
@@ -262,8 +275,21 @@ func TestBucketFull(t *testing.T) {
 			if fe.Error() != want {
 				t.Fatalf("error text %q, want %q", fe.Error(), want)
 			}
-			if r := mustRoute(t, tb, model, "s0", always("w2")); r.Outcome != Rebound {
-				t.Fatalf("re-bind of a stored session at the limit: %+v", r)
+			if !tc.cluster {
+				if r := mustRoute(t, tb, model, "s0", always("w2")); r.Outcome != Rebound {
+					t.Fatalf("re-bind of a stored session at the limit: %+v", r)
+				}
+				return
+			}
+			if _, err := tb.Route(ctxT(t, 10*time.Second), model, "s0", always("w2")); !errors.Is(err, ErrFull) {
+				t.Fatalf("re-bind at the limit on R3: %v, want ErrFull (if the server now allows it, update docs/protocol.md)", err)
+			}
+			// Past the renewal point (StoredTTL - IdleTTL = 1 s) the renewal is
+			// refused and the request served under the binding.
+			time.Sleep(StoredTTL(cfg.IdleTTL) - cfg.IdleTTL + 100*time.Millisecond) // schedules the request
+			r := mustRoute(t, tb, model, "s1", pick("w9"))
+			if r.Outcome != Fresh || r.Target.Worker != "w1" || tb.Stats().RenewalsRefused != 1 {
+				t.Fatalf("renewal at the limit on R3: %+v, %+v", r, tb.Stats())
 			}
 		})
 	}

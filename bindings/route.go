@@ -257,6 +257,13 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 		st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 		writes++
 		if err != nil {
+			if want == Renewed && errors.Is(err, ErrFull) {
+				// A full replicated bucket refuses renewals too (the
+				// server's pre-check counts every message as new): the
+				// binding stands until its TTL runs out, serve under it.
+				t.st.renewalsRefused.Add(1)
+				return t.done(Fresh, tgt, bound, ch.selections), nil
+			}
 			return Result{Selections: ch.selections}, err
 		}
 		if landed {

@@ -45,6 +45,9 @@ type Stats struct {
 	// WatchRestarts is watches ended or found stalled and started again
 	// (with a cache rebuilt from nothing).
 	WatchRestarts uint64
+	// RenewalsRefused is renewals the server refused because the bucket
+	// was full (ErrFull); the request was served under the binding.
+	RenewalsRefused uint64
 
 	CacheHits, CacheMisses, CacheEvictions uint64
 	CacheEntries                           int
@@ -87,6 +90,7 @@ type counters struct {
 	leaderReads, readRetries                 atomic.Uint64
 	staleFallbacks, hardReads                atomic.Uint64
 	probes, probeErrors, watchRestarts       atomic.Uint64
+	renewalsRefused                          atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -130,5 +134,6 @@ func (t *Table) Stats() Stats {
 		Probes:          c.probes.Load(),
 		ProbeErrors:     c.probeErrors.Load(),
 		WatchRestarts:   c.watchRestarts.Load(),
+		RenewalsRefused: c.renewalsRefused.Load(),
 	}
 }

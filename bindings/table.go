@@ -252,7 +252,7 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 		flights:     flights{m: make(map[string]*flight)},
 
 		restart:      make(chan struct{}, 1),
-		probeTimeout: max(cfg.MaxStaleness, 200*time.Millisecond),
+		probeTimeout: max(cfg.MaxStaleness/2, 100*time.Millisecond),
 		stallAfter:   max(2*cfg.MaxStaleness, 500*time.Millisecond),
 		stop:         make(chan struct{}),
 	}
