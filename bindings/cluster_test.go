@@ -339,3 +339,109 @@ func TestClusterWritesResumeAfterLeaderLoss(t *testing.T) {
 	t.Logf("%d creates, %d succeeded; %+v", n, len(oks), tb.Stats())
 	mu.Unlock()
 }
+
+// Kill the node that hosts the watch consumers on a 3-node cluster (R3
+// bucket), then re-bind sessions through replica a. Replica b must never
+// serve a replaced Hard binding, and serve a replaced Soft binding only
+// within readStaleness of the re-bind; reads that fail while the cluster
+// recovers are tolerated (they are errors, not stale answers).
+func TestClusterWatchNodeLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster with a node kill takes ~10 s")
+	}
+	c := natstest.StartCluster(t, 3)
+	liveA := &liveSet{}
+	cfg := Config{Replicas: 3, OpTimeout: 500 * time.Millisecond, ResolveTimeout: 3 * time.Second, MaxAttempts: 8}
+	ncA, jsA := connectCluster(t, c, 0)
+	ca := cfg
+	ca.ReplicaID, ca.Liveness = "a", liveA
+	a := openOn(t, jsA, ncA, ca)
+	ncB, jsB := connectCluster(t, c, 1)
+	cb := cfg
+	cb.ReplicaID = "b"
+	b := openOn(t, jsB, ncB, cb)
+
+	const perMode = 20
+	sessions := map[string]Mode{}
+	for i := range perMode {
+		for _, m := range []Mode{Hard, Soft} {
+			s := fmt.Sprintf("%s-%d", m, i)
+			sessions[s] = m
+			if _, err := a.RouteMode(ctxT(t, 10*time.Second), model, s, m, always("w1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for s := range sessions {
+			if bd, err := b.Get(ctxT(t, 5*time.Second), model, s); err != nil || bd.Worker != "w1" {
+				return false
+			}
+		}
+		return true
+	}, func() string { return "still waiting for b to see every binding" })
+
+	// The node hosting most consumers of the bindings stream.
+	stream, err := jsA.Stream(ctxT(t, 5*time.Second), "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]int{}
+	infos := stream.ListConsumers(ctxT(t, 5*time.Second))
+	for ci := range infos.Info() {
+		if ci.Cluster != nil {
+			hosts[ci.Cluster.Leader]++
+		}
+	}
+	victim := -1
+	for i, s := range c.Servers {
+		if victim < 0 || hosts[s.Name()] > hosts[c.Servers[victim].Name()] {
+			victim = i
+		}
+	}
+	t.Logf("consumers per node %v; killing n%d (stream leader n%d)", hosts, victim, c.StreamLeader("KV_"+DefaultBucket))
+	c.Servers[victim].Shutdown()
+	defer c.Restart(victim)
+
+	liveA.depart("w1")
+	rebound := map[string]time.Time{}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		for s := range sessions {
+			if _, ok := rebound[s]; ok {
+				continue
+			}
+			r, err := a.Route(ctxT(t, 2*time.Second), model, s, always("w2"))
+			if err == nil && r.Target.Worker == "w2" {
+				rebound[s] = time.Now()
+			}
+		}
+		return len(rebound) == len(sessions)
+	}, func() string { return fmt.Sprintf("a re-bound %d of %d sessions", len(rebound), len(sessions)) })
+
+	var stale, failed int
+	var worst time.Duration
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		done := true
+		for s, m := range sessions {
+			asked := time.Now()
+			bd, err := b.Get(ctxT(t, 2*time.Second), model, s)
+			switch {
+			case err != nil:
+				failed++
+				done = false
+			case bd.Worker == "w2":
+			case m == Hard:
+				t.Fatalf("b served the replaced Hard binding of %s %v after the re-bind", s, asked.Sub(rebound[s]))
+			default:
+				stale++
+				done = false
+				worst = max(worst, asked.Sub(rebound[s]))
+				if asked.Sub(rebound[s]) > readStaleness {
+					t.Fatalf("b served the replaced Soft binding of %s %v after the re-bind (bound %v)", s, asked.Sub(rebound[s]), readStaleness)
+				}
+			}
+		}
+		return done
+	}, func() string { return "still waiting for b to serve every re-bound worker" })
+	t.Logf("b: %d stale Soft answers within the bound (worst %v), %d failed reads; %+v", stale, worst, failed, b.Stats())
+}
