@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -156,32 +157,88 @@ func BenchmarkBareKVUpdate(b *testing.B) {
 	})
 }
 
-// BenchmarkRouteFresh: a request of a session whose binding is fresh, the
-// hot path. No KV write, no round trip, no allocation.
+// BenchmarkRouteFresh: a request of a session whose binding is fresh and
+// agrees with selection, the hot path (no KV write), under each read rule:
+// a Soft binding from the provably fresh cache (no round trip, no
+// allocation), a Hard binding from the stream leader (one STREAM.MSG.GET),
+// and StrictReads (every read from the leader). On one embedded server and
+// on a 3-node in-process cluster with an R3 bucket (the reader connected to
+// node 0, wherever the stream leader is).
 func BenchmarkRouteFresh(b *testing.B) {
-	for _, strict := range []bool{false, true} {
-		b.Run(fmt.Sprintf("strict=%v", strict), func(b *testing.B) {
-			s := natstest.Start(b)
-			nc, js := natstest.JetStream(b, s)
-			tb := openOn(b, js, nc, Config{StrictReads: strict})
-			ctx := context.Background()
-			sel := pick("w9")
-			if _, err := tb.Route(ctx, model, "busy-session", always("w1")); err != nil {
-				b.Fatal(err)
+	type setup struct {
+		name     string
+		replicas int
+		conn     func(b *testing.B) benchConn
+	}
+	setups := []setup{
+		{"single", 1, func(b *testing.B) benchConn {
+			nc, js := natstest.JetStream(b, natstest.Start(b))
+			return benchConn{nc, js}
+		}},
+		{"cluster", 3, func(b *testing.B) benchConn {
+			nc, js := connectCluster(b, natstest.StartCluster(b, 3), 0)
+			return benchConn{nc, js}
+		}},
+	}
+	reads := []struct {
+		name   string
+		mode   Mode
+		strict bool
+	}{
+		{"soft", Soft, false}, {"hard", Hard, false}, {"strict", Soft, true},
+	}
+	for _, su := range setups {
+		b.Run(su.name, func(b *testing.B) {
+			conn := su.conn(b)
+			for _, rd := range reads {
+				b.Run(rd.name, func(b *testing.B) {
+					bucket := fmt.Sprintf("bf%d", time.Now().UnixNano())
+					tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: su.replicas, DefaultMode: rd.mode, StrictReads: rd.strict})
+					defer conn.js.DeleteKeyValue(context.Background(), bucket)
+					if _, err := tb.Route(context.Background(), model, "busy-session", always("w1")); err != nil {
+						b.Fatal(err)
+					}
+					if !rd.strict {
+						testutil.Eventually(b, 10*time.Second, func() bool { return tb.Stats().CacheFresh },
+							func() string { return "the cache is not fresh" })
+					}
+					writes := tb.Stats().Writes
+					timeRoutes(b, tb, func(int) string { return "busy-session" }, pick("w9"), Fresh)
+					if w := tb.Stats().Writes; w != writes {
+						b.Fatalf("fresh path wrote %d times", w-writes)
+					}
+				})
 			}
-			writes := tb.Stats().Writes
+		})
+	}
+}
+
+// BenchmarkProbe: one freshness probe (STREAM.INFO to the stream leader),
+// sent every MaxStaleness/4 by each replica.
+func BenchmarkProbe(b *testing.B) {
+	for _, cluster := range []bool{false, true} {
+		b.Run(map[bool]string{false: "single", true: "cluster"}[cluster], func(b *testing.B) {
+			var conn benchConn
+			replicas := 1
+			if cluster {
+				conn.nc, conn.js = connectCluster(b, natstest.StartCluster(b, 3), 0)
+				replicas = 3
+			} else {
+				conn.nc, conn.js = natstest.JetStream(b, natstest.Start(b))
+			}
+			tb := openOn(b, conn.js, conn.nc, Config{Replicas: replicas, StrictReads: true})
+			ts := make(timings, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				res, err := tb.Route(ctx, model, "busy-session", sel)
-				if err != nil || res.Outcome != Fresh {
-					b.Fatalf("op %d: %v %v", i, res.Outcome, err)
+				t0 := time.Now()
+				if _, err := tb.lastSeq(time.Second); err != nil {
+					b.Fatal(err)
 				}
+				ts[i] = time.Since(t0)
 			}
 			b.StopTimer()
-			if w := tb.Stats().Writes; w != writes {
-				b.Fatalf("fresh path wrote %d times", w-writes)
-			}
+			ts.report(b)
 		})
 	}
 }

@@ -164,6 +164,15 @@ func (c *cache) sweep(now time.Time) int {
 	return n
 }
 
+// reset empties the cache for a new watch: an entry the old one missed the
+// removal of (its marker gone too) must not linger.
+func (c *cache) reset() {
+	c.mu.Lock()
+	clear(c.m)
+	c.incomplete.Store(false)
+	c.mu.Unlock()
+}
+
 func (c *cache) len() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

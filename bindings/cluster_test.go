@@ -41,8 +41,8 @@ func connectCluster(t testing.TB, c *natstest.Cluster, first int) (*nats.Conn, j
 
 // Kill the stream leader of a 3-node cluster (R3 bucket) while two replicas
 // commit: new sessions enter all the time (racing creates) and live ones
-// pass half their idle TTL (renewals). No session is routed to two workers,
-// no binding expires less than idle/2 after a route that relied on it, and
+// pass their renewal point (renewals). No session is routed to two workers,
+// no binding expires less than idle after a route that relied on it, and
 // every unanswered write is resolved.
 func TestClusterLeaderKill(t *testing.T) {
 	if testing.Short() {
@@ -114,7 +114,7 @@ func TestClusterLeaderKill(t *testing.T) {
 					if err != nil {
 						switch {
 						case errors.Is(err, ErrAmbiguous), errors.Is(err, ErrTooManyConflicts), errors.Is(err, context.DeadlineExceeded),
-							strings.Contains(err.Error(), "leader read"):
+							errors.Is(err, ErrUnavailable), strings.Contains(err.Error(), "leader read"):
 							errs[errClass(err)]++
 						default:
 							failed = append(failed, err)
@@ -168,7 +168,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		t.Errorf("unexpected Route error: %v", err)
 	}
 	// The guarantee (Config.IdleTTL): a binding stays stored for at least
-	// idle/2 after the start of every successful Route that returned it (or
+	// idle after the start of every successful Route that returned it (or
 	// an earlier revision of it). Each loss is timed by what the server
 	// recorded, never by when this check runs (its leader reads take a few
 	// hundred milliseconds in all under -race):
@@ -176,11 +176,11 @@ func TestClusterLeaderKill(t *testing.T) {
 	//    read the key, before the creator's clock in the new value;
 	//  - a binding gone at the end: it went when the server stored the
 	//    expiry marker; with no marker, before the leader read returned.
-	// A loss earlier than idle/2 after the start of a route that returned
+	// A loss earlier than idle after the start of a route that returned
 	// an older revision of the session breaks the guarantee.
 	checkLoss := func(session string, lostBy time.Time, before uint64, what string) {
 		for rev, start := range relied[session] {
-			if rev < before && lostBy.Sub(start) < idle/2 {
+			if rev < before && lostBy.Sub(start) < idle {
 				t.Errorf("session %s: binding %s at most %v after the start of a route that returned revision %d",
 					session, what, lostBy.Sub(start), rev)
 			}
@@ -237,6 +237,8 @@ func TestClusterLeaderKill(t *testing.T) {
 
 func errClass(err error) string {
 	switch {
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
 	case errors.Is(err, ErrAmbiguous):
 		return "ambiguous"
 	case errors.Is(err, ErrTooManyConflicts):
@@ -245,4 +247,201 @@ func errClass(err error) string {
 		return "deadline"
 	}
 	return "leader-read"
+}
+
+// Kill the stream leader of an R3 bucket while one replica creates a new
+// session after another, and log how long the election took (kill to a new
+// leader seen) and how long after it writes succeeded again. It measures;
+// it asserts only that writes resume (issue 15: within 2 s of the
+// election).
+func TestClusterWritesResumeAfterLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster with leader kills takes ~10 s")
+	}
+	c := natstest.StartCluster(t, 3)
+	nc, js := connectCluster(t, c, 0)
+	tb := openOn(t, js, nc, Config{Replicas: 3, OpTimeout: 250 * time.Millisecond, ResolveTimeout: 5 * time.Second, MaxAttempts: 8})
+	stream := "KV_" + DefaultBucket
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+		func() string { return "still waiting for a stream leader" })
+
+	var (
+		mu   sync.Mutex
+		oks  []time.Time // when each successful create returned
+		n    int
+		stop = make(chan struct{})
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := tb.Route(ctx, model, fmt.Sprintf("s%d", i), always("w1"))
+			cancel()
+			mu.Lock()
+			n++
+			if err == nil {
+				oks = append(oks, time.Now())
+			}
+			mu.Unlock()
+		}
+	}()
+	defer func() { close(stop); <-done }()
+
+	for round := 0; round < 3; round++ {
+		time.Sleep(500 * time.Millisecond)
+		old := c.StreamLeader(stream)
+		if old < 0 {
+			t.Fatalf("round %d: no stream leader", round)
+		}
+		killed := time.Now()
+		c.Servers[old].Shutdown()
+		var elected time.Time
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			l := c.StreamLeader(stream)
+			if l >= 0 && l != old {
+				elected = time.Now()
+				return true
+			}
+			return false
+		}, func() string { return "still waiting for a new stream leader" })
+		var resumed time.Time
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(oks) > 0 && oks[len(oks)-1].After(elected) {
+				for _, at := range oks {
+					if at.After(killed) {
+						resumed = at
+						break
+					}
+				}
+				return true
+			}
+			return false
+		}, func() string { return "writes did not resume after the election" })
+		after := resumed.Sub(elected)
+		if after < 0 {
+			after = 0 // a write landed before the test saw the new leader
+		}
+		t.Logf("round %d: killed n%d; new leader n%d after %v; first write after the kill returned %v after the kill, %v after the election",
+			round, old, c.StreamLeader(stream), elected.Sub(killed), resumed.Sub(killed), after)
+		c.Restart(old)
+		testutil.Eventually(t, 20*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
+			func() string { return "still waiting for a stream leader after restart" })
+	}
+	mu.Lock()
+	t.Logf("%d creates, %d succeeded; %+v", n, len(oks), tb.Stats())
+	mu.Unlock()
+}
+
+// Kill the node that hosts the watch consumers on a 3-node cluster (R3
+// bucket), then re-bind sessions through replica a. Replica b must never
+// serve a replaced Hard binding, and serve a replaced Soft binding only
+// within readStaleness of the re-bind; reads that fail while the cluster
+// recovers are tolerated (they are errors, not stale answers).
+func TestClusterWatchNodeLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster with a node kill takes ~10 s")
+	}
+	c := natstest.StartCluster(t, 3)
+	liveA := &liveSet{}
+	cfg := Config{Replicas: 3, OpTimeout: 500 * time.Millisecond, ResolveTimeout: 3 * time.Second, MaxAttempts: 8}
+	ncA, jsA := connectCluster(t, c, 0)
+	ca := cfg
+	ca.ReplicaID, ca.Liveness = "a", liveA
+	a := openOn(t, jsA, ncA, ca)
+	ncB, jsB := connectCluster(t, c, 1)
+	cb := cfg
+	cb.ReplicaID = "b"
+	b := openOn(t, jsB, ncB, cb)
+
+	const perMode = 20
+	sessions := map[string]Mode{}
+	for i := range perMode {
+		for _, m := range []Mode{Hard, Soft} {
+			s := fmt.Sprintf("%s-%d", m, i)
+			sessions[s] = m
+			if _, err := a.RouteMode(ctxT(t, 10*time.Second), model, s, m, always("w1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for s := range sessions {
+			if bd, err := b.Get(ctxT(t, 5*time.Second), model, s); err != nil || bd.Worker != "w1" {
+				return false
+			}
+		}
+		return true
+	}, func() string { return "still waiting for b to see every binding" })
+
+	// The node hosting most consumers of the bindings stream.
+	stream, err := jsA.Stream(ctxT(t, 5*time.Second), "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]int{}
+	infos := stream.ListConsumers(ctxT(t, 5*time.Second))
+	for ci := range infos.Info() {
+		if ci.Cluster != nil {
+			hosts[ci.Cluster.Leader]++
+		}
+	}
+	victim := -1
+	for i, s := range c.Servers {
+		if victim < 0 || hosts[s.Name()] > hosts[c.Servers[victim].Name()] {
+			victim = i
+		}
+	}
+	t.Logf("consumers per node %v; killing n%d (stream leader n%d)", hosts, victim, c.StreamLeader("KV_"+DefaultBucket))
+	c.Servers[victim].Shutdown()
+	defer c.Restart(victim)
+
+	liveA.depart("w1")
+	rebound := map[string]time.Time{}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		for s := range sessions {
+			if _, ok := rebound[s]; ok {
+				continue
+			}
+			r, err := a.Route(ctxT(t, 2*time.Second), model, s, always("w2"))
+			if err == nil && r.Target.Worker == "w2" {
+				rebound[s] = time.Now()
+			}
+		}
+		return len(rebound) == len(sessions)
+	}, func() string { return fmt.Sprintf("a re-bound %d of %d sessions", len(rebound), len(sessions)) })
+
+	var stale, failed int
+	var worst time.Duration
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		done := true
+		for s, m := range sessions {
+			asked := time.Now()
+			bd, err := b.Get(ctxT(t, 2*time.Second), model, s)
+			switch {
+			case err != nil:
+				failed++
+				done = false
+			case bd.Worker == "w2":
+			case m == Hard:
+				t.Fatalf("b served the replaced Hard binding of %s %v after the re-bind", s, asked.Sub(rebound[s]))
+			default:
+				stale++
+				done = false
+				worst = max(worst, asked.Sub(rebound[s]))
+				if asked.Sub(rebound[s]) > readStaleness {
+					t.Fatalf("b served the replaced Soft binding of %s %v after the re-bind (bound %v)", s, asked.Sub(rebound[s]), readStaleness)
+				}
+			}
+		}
+		return done
+	}, func() string { return "still waiting for b to serve every re-bound worker" })
+	t.Logf("b: %d stale Soft answers within the bound (worst %v), %d failed reads; %+v", stale, worst, failed, b.Stats())
 }

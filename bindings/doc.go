@@ -9,15 +9,21 @@
 // $JS.API.STREAM.MSG.GET, conditional writes that keep the per-key TTL, and
 // the mapping of codes 10071 and 10164 to ErrConflict, built on
 // internal/jskv, which workers share; bindings adds the ambiguous-outcome
-// classification and its own errors), cache.go (the
-// bounded, watch-fed read cache), value.go (the stored JSON) and key.go (the
-// key format, escaped by internal/escape's scheme with '_').
+// classification and its own errors), firstRead in table.go (the read rule:
+// Hard bindings from the stream leader, Soft ones and absences from the cache
+// only while it is provably at most MaxStaleness behind), watch.go (the watch
+// that feeds the cache, the probe that proves its freshness, the restart of a
+// stalled watch), cache.go (the bounded, watch-fed read cache), limits.go
+// (MaxSessions and MaxBytes on the bucket), value.go (the stored JSON) and
+// key.go (the key format, escaped by internal/escape's scheme with '_').
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
 // the key and value format (docs/protocol.md), its own Mode type (Hard,
 // Soft), the commit rule (a selection keeps a binding when their targets
 // agree: workerref.Target.Agrees, the rule the scheduler's pin rule applies
-// too), the idle TTL and its renewal, the single-flight of first requests
+// too), the read guarantee per mode, the idle TTL and its renewal (a binding
+// outlives its session's last request by at least IdleTTL), the session
+// cap, the single-flight of first requests
 // within a replica, the resolution of writes whose outcome is unknown
 // (leader read + nonce), and the counters (Stats). The target type itself is
 // the shared leaf workerref's.

@@ -30,9 +30,21 @@ var (
 	// selection picked another. The binding is left as it is.
 	ErrHardBindingConflict = errors.New("bindings: hard binding conflict")
 	// ErrAmbiguous: a write's outcome could not be learnt from the stream
-	// leader before Config.ResolveTimeout. Nothing is assumed; the request
-	// should fail.
+	// leader before the caller's deadline or Config.ResolveTimeout. Nothing
+	// is assumed; the request should fail. When the cause is that the
+	// leader did not answer, the error also matches ErrUnavailable.
 	ErrAmbiguous = errors.New("bindings: write outcome unknown")
+	// ErrUnavailable: the stream leader gave no answer in time (before the
+	// caller's deadline, or Config.ResolveTimeout without one) to a leader
+	// read, to a write's resolution or while a write was in flight: a
+	// leader election, a cluster without quorum. Retrying later is safe.
+	// The concrete error is an *UnavailableError; it also matches its
+	// cause (e.g. context.DeadlineExceeded), so test for it first.
+	ErrUnavailable = errors.New("bindings: stream leader unavailable")
+	// ErrFull: the bucket refused a new binding because it holds
+	// Config.MaxSessions entries or Config.MaxBytes bytes. The concrete
+	// error is a *FullError.
+	ErrFull = errors.New("bindings: bucket full")
 	// ErrNotFound: the session has no binding.
 	ErrNotFound = errors.New("bindings: no binding")
 	// ErrNilSelector: Route was called without a Selector.
@@ -78,3 +90,38 @@ func (e *MalformedValueError) Error() string {
 
 // Unwrap returns ErrMalformedValue and the cause.
 func (e *MalformedValueError) Unwrap() []error { return []error{ErrMalformedValue, e.Err} }
+
+// UnavailableError is returned (wrapping ErrUnavailable and the cause) when
+// the stream leader did not answer in time.
+type UnavailableError struct {
+	Op  string // "leader read", "wait for an in-flight write", ...
+	Key string
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("bindings: stream leader unavailable: %s of key %q: %v", e.Op, e.Key, e.Err)
+}
+
+// Unwrap returns ErrUnavailable and the cause.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
+
+// FullError is returned (wrapping ErrFull and the server's error) when the
+// server refused a write because the bucket reached a limit.
+type FullError struct {
+	Bucket string
+	// Sessions is the entry limit (MaxSessions) when that was reached;
+	// Bytes the byte limit (MaxBytes) otherwise.
+	Sessions, Bytes int64
+	Err             error
+}
+
+func (e *FullError) Error() string {
+	if e.Bytes > 0 {
+		return fmt.Sprintf("bindings: bucket %q full: %d bytes", e.Bucket, e.Bytes)
+	}
+	return fmt.Sprintf("bindings: bucket %q full: %d sessions", e.Bucket, e.Sessions)
+}
+
+// Unwrap returns ErrFull and the server's error.
+func (e *FullError) Unwrap() []error { return []error{ErrFull, e.Err} }

@@ -102,7 +102,7 @@ func leaderGet(t testing.TB, tb *Table, model, session string) readState {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := tb.leaderRead(ctxT(t, 10*time.Second), key, 10*time.Second)
+	st, err := tb.leaderRead(ctxT(t, 10*time.Second), key)
 	if err != nil {
 		t.Fatalf("leader read of %q: %v", key, err)
 	}

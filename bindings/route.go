@@ -15,9 +15,11 @@ import (
 // Route is the commit protocol, called once per request that has a session
 // id. It
 //
-//  1. reads the binding and its revision: from the watch-fed cache, or from
-//     the stream leader under StrictReads (or when the cache cannot prove
-//     an absence, or after any lost or unanswered write);
+//  1. reads the binding and its revision (firstRead): a Hard binding
+//     from the stream leader; a Soft one or an absence from the watch-fed
+//     cache while it is provably at most MaxStaleness behind the bucket,
+//     else from the leader (also under StrictReads, and after any lost or
+//     unanswered write);
 //  2. calls sel with the requirement (nil when unbound, else the bound
 //     target and the binding's mode as its strength);
 //  3. commits, every write conditional on the revision read:
@@ -26,7 +28,8 @@ import (
 //     the winner's binding. Concurrent first requests of the session in
 //     this replica wait for the one creating it instead of racing;
 //     - selected == bound: no write while the binding is fresh (Fresh);
-//     once more than half of its TTL has passed, renew it (Renewed);
+//     once more than StoredTTL - IdleTTL has passed since it was stored,
+//     renew it (Renewed), so that it outlives this request by IdleTTL;
 //     - Hard, selected != bound: if the bound worker is not live
 //     (Config.Liveness), re-bind (Rebound); if it is live, leave the
 //     binding and return a *HardConflictError (Rejected);
@@ -37,7 +40,10 @@ import (
 // A write that gets no answer (a timeout while the stream leader changes)
 // is resolved by reading the key from the leader and comparing the nonce in
 // the value, never by assuming; if the leader cannot be asked in time Route
-// returns ErrAmbiguous. After MaxAttempts lost rounds it returns
+// returns ErrAmbiguous (also matching ErrUnavailable). ctx's deadline bounds
+// everything Route waits for: a leader that does not answer before it is
+// ErrUnavailable. A create past MaxSessions is ErrFull. After MaxAttempts
+// lost rounds it returns
 // ErrTooManyConflicts. A malformed stored value is reported
 // (ErrMalformedValue) and left alone.
 //
@@ -159,7 +165,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 					select {
 					case <-f.done:
 					case <-ctx.Done():
-						return Result{Selections: ch.selections}, fmt.Errorf("bindings: session %q (model %q): waiting for its binding: %w", session, model, ctx.Err())
+						return Result{Selections: ch.selections}, unavailable(ctx, "wait for the creation", key, ctx.Err())
 					}
 					st, err := t.readKey(ctx, key)
 					if err != nil {
@@ -178,7 +184,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 				return Result{Selections: ch.selections}, err
 			}
 			now := time.Now()
-			rec := recordFor(model, session, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, makeNonce(base, writes))
+			rec := recordFor(model, session, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.msgTTL, makeNonce(base, writes))
 			intent[writes] = Created
 			st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 			writes++
@@ -217,14 +223,14 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 				return t.done(Fresh, merge(bound.Target, tgt), bound, ch.selections), nil
 			}
 			rec = cur.rec
-			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.cfg.IdleTTL/time.Second)
+			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.msgTTL/time.Second)
 			want, tgt = Renewed, merge(bound.Target, tgt)
 		case bound.Mode == Hard && t.live(bound.Worker):
 			if !cur.leader {
 				// Refuse a request only on the leader's word: the cache
 				// may lag a re-bind made by a replica that saw the worker
 				// depart.
-				st, err := t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+				st, err := t.leaderRead(ctx, key)
 				if err != nil {
 					return Result{Selections: ch.selections}, err
 				}
@@ -240,7 +246,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 			return Result{Outcome: Rejected, Binding: bound, Selections: ch.selections},
 				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}
 		default: // Soft, or Hard whose worker departed
-			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.cfg.IdleTTL, "")
+			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.msgTTL, "")
 			want = Rebound
 		}
 		if writes >= t.cfg.MaxAttempts {
@@ -251,6 +257,13 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 		st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 		writes++
 		if err != nil {
+			if want == Renewed && errors.Is(err, ErrFull) {
+				// A full replicated bucket refuses renewals too (the
+				// server's pre-check counts every message as new): the
+				// binding stands until its TTL runs out, serve under it.
+				t.st.renewalsRefused.Add(1)
+				return t.done(Fresh, tgt, bound, ch.selections), nil
+			}
 			return Result{Selections: ch.selections}, err
 		}
 		if landed {
@@ -278,7 +291,7 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 	if err != nil {
 		return readState{}, false, false, fmt.Errorf("bindings: encode value of key %q: %w", key, err)
 	}
-	rev, err := t.casWrite(ctx, key, val, expect, t.cfg.IdleTTL)
+	rev, err := t.casWrite(ctx, key, val, expect, t.msgTTL)
 	if err == nil {
 		st = readState{present: true, rev: rev, rec: *rec, storedAt: now, ttl: rec.ttl()}
 		t.cache.put(key, &st)
@@ -286,7 +299,7 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 	}
 	if errors.Is(err, ErrConflict) {
 		t.st.conflicts.Add(1)
-		st, err = t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+		st, err = t.leaderRead(ctx, key)
 		// On R3 a conflict (10164) can mean that another write to the key
 		// is still in flight: the leader still shows the revision we
 		// expected. Wait for it to land (briefly) rather than spend an
@@ -295,22 +308,21 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 			t.st.inFlightWaits.Add(1)
 			select {
 			case <-ctx.Done():
-				return st, false, false, ctx.Err()
+				return st, false, false, unavailable(ctx, "wait for an in-flight write", key, ctx.Err())
 			case <-time.After(wait):
 			}
-			st, err = t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+			st, err = t.leaderRead(ctx, key)
 		}
 		return st, false, false, err
 	}
 	if !isAmbiguous(err) {
 		return readState{}, false, false, fmt.Errorf("bindings: write key %q: %w", key, err)
 	}
-	// Unknown outcome: ask the leader, even if the caller has given up, so
-	// that the cache and the counters tell the truth.
+	// Unknown outcome: ask the leader while ctx allows (the caller's
+	// deadline bounds the whole Route). Should that be too late, the watch
+	// shows the cache the outcome, and Hard reads ask the leader anyway.
 	t.st.ambiguous.Add(1)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.ResolveTimeout)
-	st, rerr := t.leaderRead(rctx, key, t.cfg.ResolveTimeout)
-	cancel()
+	st, rerr := t.leaderRead(ctx, key)
 	if rerr != nil {
 		t.st.unresolved.Add(1)
 		return readState{}, false, true, fmt.Errorf("%w: key %q: write: %v; leader read: %w", ErrAmbiguous, key, err, rerr)
@@ -325,13 +337,13 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 // readKey reads key after waiting for a concurrent creator: the cache holds
 // the creator's result (or the winner's binding it read from the leader).
 func (t *Table) readKey(ctx context.Context, key string) (readState, error) {
-	if !t.strict() {
+	if !t.cfg.StrictReads {
 		st, ok := t.cache.getString(key)
 		if ok && st.present && st.live(time.Now()) {
 			return st, nil
 		}
 	}
-	return t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+	return t.leaderRead(ctx, key)
 }
 
 // selectUnder calls the selector with the requirement of rec (nil: unbound).
@@ -403,13 +415,16 @@ func (t *Table) next(ctx context.Context, c *choice, sel Selector, rec *record, 
 	return t.selectUnder(ctx, sel, rec, model, session)
 }
 
-// fresh reports whether less than half of the entry's TTL has passed.
+// fresh reports whether the entry needs no renewal yet: it will still be
+// stored IdleTTL from now, i.e. at most its TTL - IdleTTL has passed
+// since it was stored (StoredTTL). An entry written with a shorter TTL
+// (an older writer stored IdleTTL itself) is renewed at once.
 func (t *Table) fresh(st *readState, now time.Time) bool {
 	ttl := st.ttl
 	if ttl <= 0 {
-		ttl = t.cfg.IdleTTL
+		ttl = t.msgTTL
 	}
-	return now.Sub(st.storedAt) <= ttl/2
+	return now.Sub(st.storedAt) <= ttl-t.cfg.IdleTTL
 }
 
 // merge is where a request matching its binding goes: the bound rank if the

@@ -1,6 +1,9 @@
 package bindings
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats are the table's counters since Open, for the host to export as
 // metrics. Outcomes are counted per Route call.
@@ -32,11 +35,31 @@ type Stats struct {
 	// Ended is bindings removed by End.
 	Ended uint64
 
+	// StaleFallbacks is first reads sent to the leader because the cache
+	// could not show it was at most MaxStaleness behind the bucket;
+	// HardReads those sent there because the cache held a Hard binding.
+	StaleFallbacks, HardReads uint64
+	// Probes is answered freshness probes (stream info requests to the
+	// leader); ProbeErrors those that got no usable answer.
+	Probes, ProbeErrors uint64
+	// WatchRestarts is watches ended or found stalled and started again
+	// (with a cache rebuilt from nothing).
+	WatchRestarts uint64
+	// RenewalsRefused is renewals the server refused because the bucket
+	// was full (ErrFull); the request was served under the binding.
+	RenewalsRefused uint64
+
 	CacheHits, CacheMisses, CacheEvictions uint64
 	CacheEntries                           int
-	// CacheComplete is false once the cache evicted an entry or lost its
-	// watch: misses are then confirmed on the leader.
+	// CacheComplete is false once the cache evicted an entry (or under
+	// StrictReads): misses are then confirmed on the leader.
 	CacheComplete bool
+	// CacheFresh reports whether the cache may answer reads now: it is
+	// shown to be at most MaxStaleness behind the bucket. CacheAge is how
+	// far behind it may be (-1 when nothing has been shown since the watch
+	// started).
+	CacheFresh bool
+	CacheAge   time.Duration
 }
 
 // Outcome returns the counter of one outcome.
@@ -65,11 +88,19 @@ type counters struct {
 	exhausted, waits, inFlightWaits          atomic.Uint64
 	badInput, malformed, selectErrors, ended atomic.Uint64
 	leaderReads, readRetries                 atomic.Uint64
+	staleFallbacks, hardReads                atomic.Uint64
+	probes, probeErrors, watchRestarts       atomic.Uint64
+	renewalsRefused                          atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
 func (t *Table) Stats() Stats {
 	c := &t.st
+	now := time.Now()
+	age, ok := t.proof.age(now)
+	if !ok || t.cfg.StrictReads {
+		age = -1
+	}
 	return Stats{
 		Created:         c.outcome[Created].Load(),
 		Renewed:         c.outcome[Renewed].Load(),
@@ -95,6 +126,14 @@ func (t *Table) Stats() Stats {
 		CacheMisses:     t.cache.misses.Load(),
 		CacheEvictions:  t.cache.evictions.Load(),
 		CacheEntries:    t.cache.len(),
-		CacheComplete:   !t.cache.incomplete.Load() && !t.strict(),
+		CacheComplete:   !t.cache.incomplete.Load() && !t.cfg.StrictReads,
+		CacheFresh:      t.cacheFresh(now),
+		CacheAge:        age,
+		StaleFallbacks:  c.staleFallbacks.Load(),
+		HardReads:       c.hardReads.Load(),
+		Probes:          c.probes.Load(),
+		ProbeErrors:     c.probeErrors.Load(),
+		WatchRestarts:   c.watchRestarts.Load(),
+		RenewalsRefused: c.renewalsRefused.Load(),
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +52,16 @@ func stateFromValue(key string, rev uint64, data []byte, storedAt time.Time) rea
 	return st
 }
 
+// unavailable wraps err, the failure of an operation on key that got no
+// answer, as an *UnavailableError, unless the caller gave up (ctx
+// cancelled): then it is only that.
+func unavailable(ctx context.Context, op, key string, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return fmt.Errorf("bindings: %s of key %q: %w", op, key, ctx.Err())
+	}
+	return &UnavailableError{Op: op, Key: key, Err: err}
+}
+
 // errAmbiguousWrite marks a write whose outcome is unknown: the request may
 // or may not have been applied (timeout, lost connection, leader change).
 type errAmbiguousWrite struct{ err error }
@@ -82,6 +93,30 @@ func isAmbiguous(err error) bool {
 	return errors.As(err, &a)
 }
 
+// Descriptions of the server's code 10077 (storing failed) when a
+// DiscardNew stream is at a limit (nats-server's ErrMaxMsgs, ErrMaxBytes).
+const (
+	codeStoreFailed    jetstream.ErrorCode = 10077
+	descMaxMsgsFailed                      = "maximum messages exceeded"
+	descMaxBytesFailed                     = "maximum bytes exceeded"
+)
+
+// asFull maps the server's refusal of a write past MaxSessions or MaxBytes
+// to a *FullError; other errors are returned unchanged.
+func (t *Table) asFull(err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != codeStoreFailed {
+		return err
+	}
+	switch {
+	case strings.Contains(apiErr.Description, descMaxMsgsFailed):
+		return &FullError{Bucket: t.cfg.Bucket, Sessions: t.cfg.MaxSessions, Err: err}
+	case strings.Contains(apiErr.Description, descMaxBytesFailed):
+		return &FullError{Bucket: t.cfg.Bucket, Bytes: t.cfg.MaxBytes, Err: err}
+	}
+	return err
+}
+
 // casWrite stores val under key if the key's last revision is expect (0:
 // nothing stored), with the message TTL ttl, and returns the new revision.
 // kv.Update would drop the per-key TTL, hence the raw publish.
@@ -94,7 +129,7 @@ func (t *Table) casWrite(ctx context.Context, key string, val []byte, expect uin
 	octx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
 	rev, err := jskv.Publish(octx, t.publish, m, expect, ttl)
 	cancel()
-	if err = classifyWrite(err); err != nil {
+	if err = t.asFull(classifyWrite(err)); err != nil {
 		return 0, err
 	}
 	return rev, nil
@@ -113,7 +148,7 @@ func (t *Table) casPurge(ctx context.Context, key string, expect uint64) (uint64
 	octx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
 	rev, err := jskv.Publish(octx, t.publish, m, expect, t.cfg.MarkerTTL)
 	cancel()
-	if err = classifyWrite(err); err != nil {
+	if err = t.asFull(classifyWrite(err)); err != nil {
 		return 0, err
 	}
 	return rev, nil
@@ -128,7 +163,7 @@ func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, erro
 	case errors.Is(err, jskv.ErrNoMessage):
 		return readState{leader: true}, nil
 	case err != nil:
-		return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
+		return readState{}, err // leaderRead names the key
 	case m.Tombstone():
 		return readState{rev: m.Seq, storedAt: m.Time, leader: true}, nil
 	}
@@ -138,10 +173,11 @@ func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, erro
 }
 
 // leaderRead retries leaderReadOnce until it gets an answer, ctx ends or
-// budget passes. Around a leader change nobody answers for tens of
-// milliseconds, so each try has a short timeout.
-func (t *Table) leaderRead(ctx context.Context, key string, budget time.Duration) (readState, error) {
-	deadline := time.Now().Add(budget)
+// ResolveTimeout passes. Around a leader change nobody answers for tens of
+// milliseconds, so each try has a short timeout. No answer in time is an
+// *UnavailableError.
+func (t *Table) leaderRead(ctx context.Context, key string) (readState, error) {
+	deadline := time.Now().Add(t.cfg.ResolveTimeout)
 	wait := 5 * time.Millisecond
 	for {
 		try := t.readTimeout
@@ -157,15 +193,16 @@ func (t *Table) leaderRead(ctx context.Context, key string, budget time.Duration
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode != 0 && apiErr.Code != 503 {
-			return readState{}, err // the server answered: retrying will not help
+			// The server answered: retrying will not help.
+			return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
 		}
 		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
-			return readState{}, err // leaderReadOnce named the key
+			return readState{}, unavailable(ctx, "leader read", key, err)
 		}
 		t.st.readRetries.Add(1)
 		select {
 		case <-ctx.Done():
-			return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, ctx.Err())
+			return readState{}, unavailable(ctx, "leader read", key, ctx.Err())
 		case <-time.After(wait):
 		}
 		if wait < 200*time.Millisecond {

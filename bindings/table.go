@@ -27,6 +27,10 @@ const (
 	DefaultOpTimeout      = 2 * time.Second
 	DefaultResolveTimeout = 5 * time.Second
 	DefaultAPIPrefix      = jskv.DefaultAPIPrefix
+	DefaultMaxStaleness   = time.Second
+	MinMaxStaleness       = 40 * time.Millisecond
+	DefaultMaxSessions    = 1_000_000
+	DefaultMaxBytes       = 1 << 30
 	maxAttemptsLimit      = 16
 )
 
@@ -43,15 +47,15 @@ type Config struct {
 	Storage jetstream.StorageType
 	// DefaultMode is the mode of new bindings (default Hard).
 	DefaultMode Mode
-	// IdleTTL is how long an unused binding lives (default 10 min; whole
-	// seconds, at least 2 s). The server removes a revision IdleTTL after
-	// it stored it (never earlier; its expiry pass may run a few hundred
-	// milliseconds late). A binding is renewed only once more than half of
-	// that has passed since the revision was stored, so it stays stored for
-	// at least IdleTTL/2 after the start of the last successful Route of
-	// its session (less any clock skew between this process and the NATS
-	// servers); once its session has been idle for IdleTTL it goes (as
-	// soon as the server's expiry pass runs).
+	// IdleTTL is how long a binding lives at least after the last request
+	// of its session (default 10 min; whole seconds, at least 2 s). Each
+	// revision is stored with the message TTL StoredTTL(IdleTTL) (1.5 x
+	// IdleTTL, rounded up to whole seconds) and renewed by a request that
+	// finds it older than StoredTTL - IdleTTL, so a binding stays stored
+	// for at least IdleTTL and at most 1.5 x IdleTTL (+ 1 s of rounding)
+	// after the start of the last successful Route of its session (less
+	// any clock skew between this process and the NATS servers; the
+	// server's expiry pass may run a few hundred milliseconds late).
 	IdleTTL time.Duration
 	// MarkerTTL is how long delete and expiry markers stay in the bucket
 	// (default 1 min, at least 1 s).
@@ -62,7 +66,26 @@ type Config struct {
 	// StrictReads makes every read go to the stream leader
 	// ($JS.API.STREAM.MSG.GET) instead of the local watch-fed cache: no
 	// stale reads, one round trip more per request. No watch runs then.
+	// Without it, Hard bindings are read from the leader anyway; only Soft
+	// ones and absences are served from the cache, and only while it is
+	// provably fresh (MaxStaleness).
 	StrictReads bool
+	// MaxStaleness bounds how far behind the bucket a read served from the
+	// cache may be (default and maximum 1 s, at least 40 ms): every
+	// MaxStaleness/4 a probe asks the stream leader for the stream's last
+	// sequence, and the cache answers only while the watch has delivered
+	// the sequence a probe sent at most MaxStaleness ago saw. Otherwise
+	// reads go to the leader (Stats.StaleFallbacks) until it has again.
+	MaxStaleness time.Duration
+	// MaxSessions bounds the entries the bucket stores: live bindings plus
+	// delete/expiry markers younger than MarkerTTL (default 1,000,000;
+	// negative: unbounded). The server refuses a create past it
+	// (ErrFull); renewals and re-binds of stored sessions still pass.
+	MaxSessions int64
+	// MaxBytes bounds the bucket's size on the server (default 1 GiB;
+	// negative: unbounded). Past it the server refuses new writes
+	// (ErrFull).
+	MaxBytes int64
 	// CacheEntries bounds the local cache (default 65536). Past it, entries
 	// are evicted and a miss is confirmed on the stream leader.
 	CacheEntries int
@@ -135,6 +158,18 @@ func (c *Config) normalize() error {
 	if c.APIPrefix == "" {
 		c.APIPrefix = DefaultAPIPrefix
 	}
+	if c.MaxStaleness <= 0 {
+		c.MaxStaleness = DefaultMaxStaleness
+	}
+	if c.MaxStaleness < MinMaxStaleness || c.MaxStaleness > DefaultMaxStaleness {
+		return fmt.Errorf("bindings: Config.MaxStaleness %v outside [%v, %v]", c.MaxStaleness, MinMaxStaleness, DefaultMaxStaleness)
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -150,8 +185,9 @@ type Table struct {
 	kv          jetstream.KeyValue
 	kvPre       string // "$KV.<bucket>."
 	msgGetSubj  string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
+	infoSubj    string // "$JS.API.STREAM.INFO.KV_<bucket>"
 	readTimeout time.Duration
-	half        time.Duration
+	msgTTL      time.Duration    // the message TTL of every binding revision: StoredTTL(IdleTTL)
 	publish     jskv.PublishFunc // js.PublishMsg; tests replace it to inject faults
 
 	cache   *cache
@@ -159,17 +195,32 @@ type Table struct {
 	st      counters
 	reqPool sync.Pool
 
-	watcher    jetstream.KeyWatcher
-	watchAlive atomic.Bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	closed     atomic.Bool
-	closeOnce  sync.Once
+	proof        freshness     // how far behind the bucket the cache is
+	restart      chan struct{} // the probe found the watch stalled
+	probeTimeout time.Duration
+	stallAfter   time.Duration
+
+	stop      chan struct{}
+	stopCtx   context.Context // ends with stop: bounds the background requests
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
+	closeOnce sync.Once
 }
 
-// Open binds to (or creates) the bucket and, unless StrictReads is set,
-// starts the watch that feeds the local cache and waits until it has
-// delivered every existing binding. nc is the connection js runs on (nil:
+// StoredTTL is the message TTL a binding revision is stored with for an
+// idle TTL: 1.5 x idle, rounded up to whole seconds (per-key TTLs have
+// whole-second granularity). A revision older than StoredTTL - idle is
+// renewed by the next request that agrees with it, so a binding outlives
+// the last request of its session by at least idle.
+func StoredTTL(idle time.Duration) time.Duration {
+	return (idle + idle/2 + time.Second - 1).Truncate(time.Second)
+}
+
+// Open binds to (or creates) the bucket, applies MaxSessions and MaxBytes
+// to it and, unless StrictReads is set, starts the watch that feeds the
+// local cache and the probe that shows it is fresh, and waits until the
+// watch has delivered every existing binding. nc is the connection js runs on (nil:
 // js.Conn()); leader reads are plain requests on it. Close the Table when
 // done.
 func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config) (*Table, error) {
@@ -183,6 +234,9 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 	if err != nil {
 		return nil, err
 	}
+	if err := applyLimits(ctx, js, &cfg); err != nil {
+		return nil, err
+	}
 	t := &Table{
 		cfg:         cfg,
 		js:          js,
@@ -190,13 +244,19 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 		kv:          kv,
 		kvPre:       "$KV." + cfg.Bucket + ".",
 		msgGetSubj:  jskv.MsgGetSubject(cfg.APIPrefix, cfg.Bucket),
+		infoSubj:    streamInfoSubject(cfg.APIPrefix, cfg.Bucket),
 		readTimeout: min(cfg.OpTimeout, 500*time.Millisecond),
-		half:        cfg.IdleTTL / 2,
+		msgTTL:      StoredTTL(cfg.IdleTTL),
 		publish:     js.PublishMsg,
 		cache:       newCache(cfg.CacheEntries, cfg.MarkerTTL),
 		flights:     flights{m: make(map[string]*flight)},
-		stop:        make(chan struct{}),
+
+		restart:      make(chan struct{}, 1),
+		probeTimeout: max(cfg.MaxStaleness/2, 100*time.Millisecond),
+		stallAfter:   max(2*cfg.MaxStaleness, 500*time.Millisecond),
+		stop:         make(chan struct{}),
 	}
+	t.stopCtx, t.cancel = context.WithCancel(context.Background())
 	t.reqPool.New = func() any { return new(Requirement) }
 	if !cfg.StrictReads {
 		if err := t.startWatch(ctx); err != nil {
@@ -226,65 +286,19 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetst
 	return kv, nil
 }
 
+// startWatch starts the watch and the probe and waits until the watch has
+// delivered every existing binding.
 func (t *Table) startWatch(ctx context.Context) error {
-	w, err := t.kv.WatchAll(context.Background())
-	if err != nil {
-		return fmt.Errorf("bindings: watch bucket %q: %w", t.cfg.Bucket, err)
-	}
-	t.watcher = w
 	ready := make(chan struct{})
-	t.watchAlive.Store(true)
-	t.wg.Add(1)
-	go t.watchLoop(w, ready)
+	t.wg.Add(2)
+	go t.watchLoop(ready)
+	go t.probeLoop()
 	select {
 	case <-ready:
 		return nil
 	case <-ctx.Done():
 		t.Close()
 		return fmt.Errorf("bindings: initial watch of bucket %q: %w", t.cfg.Bucket, ctx.Err())
-	}
-}
-
-// watchLoop applies watch entries to the cache until the table closes or the
-// watch ends (then reads fall back to the leader).
-func (t *Table) watchLoop(w jetstream.KeyWatcher, ready chan struct{}) {
-	defer t.wg.Done()
-	readyOnce := false
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				if !t.closed.Load() {
-					t.cfg.Logger.Warn("bindings: watch ended; reading from the stream leader", "bucket", t.cfg.Bucket)
-				}
-				t.watchAlive.Store(false)
-				return
-			}
-			if e == nil {
-				if !readyOnce {
-					readyOnce = true
-					close(ready)
-				}
-				continue
-			}
-			t.cache.apply(e)
-		case <-t.stop:
-			t.watchAlive.Store(false)
-			_ = w.Stop()
-			// The subscription's callback blocks while the channel is
-			// full: drain until it is closed so its goroutine can end.
-			timeout := time.After(2 * time.Second)
-			for {
-				select {
-				case _, ok := <-w.Updates():
-					if !ok {
-						return
-					}
-				case <-timeout:
-					return
-				}
-			}
-		}
 	}
 }
 
@@ -308,6 +322,7 @@ func (t *Table) Close() error {
 	t.closeOnce.Do(func() {
 		t.closed.Store(true)
 		close(t.stop)
+		t.cancel()
 		t.wg.Wait()
 	})
 	return nil
@@ -316,18 +331,14 @@ func (t *Table) Close() error {
 // Config returns the normalized configuration.
 func (t *Table) Config() Config { return t.cfg }
 
-// strict reports whether reads must go to the leader: configured, or the
-// cache cannot be trusted to be complete.
-func (t *Table) strict() bool {
-	return t.cfg.StrictReads || !t.watchAlive.Load()
-}
-
 func (t *Table) live(worker string) bool {
 	return t.cfg.Liveness == nil || t.cfg.Liveness.Live(worker)
 }
 
-// Get returns the session's binding: from the cache, or from the stream
-// leader under StrictReads or when the cache cannot prove absence.
+// Get returns the session's binding under the read rule of Route's first
+// step (firstRead): a Hard binding from the stream leader, a Soft one or
+// an absence from the cache only while it is provably fresh. ErrNotFound
+// means the leader or such a cache found nothing.
 func (t *Table) Get(ctx context.Context, model, session string) (Binding, error) {
 	if err := validate(model, session); err != nil {
 		t.st.badInput.Add(1)
@@ -349,23 +360,36 @@ func (t *Table) Get(ctx context.Context, model, session string) (Binding, error)
 	return st.rec.binding(st.rev), nil
 }
 
-// firstRead is step 1 of the protocol: the cache when it can answer, else
-// the stream leader.
+// firstRead is step 1 of the protocol, the read rule: the stream leader
+// answers under StrictReads, when the cache cannot show it is at most
+// MaxStaleness behind the bucket, for a cached Hard binding (a Hard
+// binding served is always the latest committed value), for an expired
+// entry and for a miss once the cache is incomplete. Otherwise the cache
+// answers: a Soft binding, a tombstone or a miss (absent). A create that
+// follows an absence is a CAS, so an absence the cache has not seen yet
+// fails safely on the conflict and is re-read from the leader.
 func (t *Table) firstRead(ctx context.Context, kb []byte) (readState, error) {
-	if !t.strict() {
-		st, ok := t.cache.get(kb)
-		now := time.Now()
-		switch {
-		case ok && !st.present && t.cache.dead(&st, now):
-			// The server has dropped the marker too: nothing is stored.
-			return readState{}, nil
-		case ok && (!st.present || st.live(now)):
-			return st, nil
-		case !ok && !t.cache.incomplete.Load():
-			return readState{}, nil
-		}
+	if t.cfg.StrictReads {
+		return t.leaderRead(ctx, string(kb))
 	}
-	return t.leaderRead(ctx, string(kb), t.cfg.ResolveTimeout)
+	now := time.Now()
+	if !t.cacheFresh(now) {
+		t.st.staleFallbacks.Add(1)
+		return t.leaderRead(ctx, string(kb))
+	}
+	st, ok := t.cache.get(kb)
+	switch {
+	case ok && st.present && st.bad == nil && st.rec.Mode == Hard:
+		t.st.hardReads.Add(1)
+	case ok && !st.present && t.cache.dead(&st, now):
+		// The server has dropped the marker too: nothing is stored.
+		return readState{}, nil
+	case ok && (!st.present || st.live(now)):
+		return st, nil
+	case !ok && !t.cache.incomplete.Load():
+		return readState{}, nil
+	}
+	return t.leaderRead(ctx, string(kb))
 }
 
 // End removes the session's binding (a conditional purge on the revision
@@ -378,7 +402,7 @@ func (t *Table) End(ctx context.Context, model, session string) error {
 	}
 	key, _ := Key(model, session)
 	for i := 0; i < t.cfg.MaxAttempts; i++ {
-		st, err := t.leaderRead(ctx, key, t.cfg.ResolveTimeout)
+		st, err := t.leaderRead(ctx, key)
 		if err != nil {
 			return err
 		}

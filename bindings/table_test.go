@@ -140,11 +140,18 @@ func TestSingleFlightFirstRequests(t *testing.T) {
 }
 
 // A busy session performs no KV write per request: revision and write count
-// stay put while the binding is fresh.
+// stay put while the binding is fresh. A Soft one is read from the cache,
+// a Hard one from the leader on every request.
 func TestBusySessionDoesNotWrite(t *testing.T) {
+	for _, mode := range []Mode{Soft, Hard} {
+		t.Run(mode.String(), func(t *testing.T) { testBusySession(t, mode) })
+	}
+}
+
+func testBusySession(t *testing.T, mode Mode) {
 	e := newEnv(t)
-	a := e.open(Config{ReplicaID: "a"})
-	b := e.open(Config{ReplicaID: "b"})
+	a := e.open(Config{ReplicaID: "a", DefaultMode: mode})
+	b := e.open(Config{ReplicaID: "b", DefaultMode: mode})
 	first := mustRoute(t, a, model, "busy", always("w1"))
 	if first.Outcome != Created {
 		t.Fatalf("first outcome %v", first.Outcome)
@@ -170,8 +177,12 @@ func TestBusySessionDoesNotWrite(t *testing.T) {
 	if a.Stats().Writes != wa || b.Stats().Writes != wb {
 		t.Fatalf("writes changed: a %d -> %d, b %d -> %d", wa, a.Stats().Writes, wb, b.Stats().Writes)
 	}
-	if b.Stats().LeaderReads != lr {
-		t.Fatalf("fresh requests read from the leader")
+	wantReads := lr // Soft: the cache answers
+	if mode == Hard {
+		wantReads += 100 // b's requests
+	}
+	if got := b.Stats().LeaderReads; got != wantReads {
+		t.Fatalf("%s: b made %d leader reads, want %d", mode, got-lr, wantReads-lr)
 	}
 	if st := leaderGet(t, a, model, "busy"); st.rev != first.Binding.Revision {
 		t.Fatalf("revision moved from %d to %d", first.Binding.Revision, st.rev)
@@ -204,7 +215,7 @@ func TestRenewalAndIdleExpiry(t *testing.T) {
 	}
 	renewedAt := time.Now()
 	// Past the first expiry: the idle one is gone, the renewed one lives.
-	testutil.Eventually(t, 3*time.Second, func() bool { return !leaderGet(t, tb, model, "idle").present },
+	testutil.Eventually(t, 5*time.Second, func() bool { return !leaderGet(t, tb, model, "idle").present },
 		func() string { return fmt.Sprintf("idle binding still present at %v", time.Since(t0)) })
 	if idle := time.Since(t0); idle < 1900*time.Millisecond {
 		t.Fatalf("idle binding expired after %v (TTL 2 s)", idle)
@@ -217,7 +228,7 @@ func TestRenewalAndIdleExpiry(t *testing.T) {
 		return errors.Is(err, ErrNotFound)
 	}, func() string { return "still waiting for the cache to drop the idle binding" })
 	// The renewal carried a TTL: idle now, it expires too.
-	testutil.Eventually(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return !leaderGet(t, tb, model, "renewed").present
 	}, func() string { return "still waiting for the renewed binding to expire" })
 	if idle := time.Since(renewedAt); idle < 1900*time.Millisecond {
@@ -280,8 +291,8 @@ func TestHardLiveWorkerRejects(t *testing.T) {
 }
 
 // A replica whose cache lags a re-bind made elsewhere (the other replica saw
-// the worker depart) does not reject on its stale view: it confirms on the
-// leader and selects under the new binding.
+// the worker depart) does not act on its stale view: a cached Hard binding
+// is read from the leader first, so it selects under the new binding.
 func TestHardRejectConfirmsOnLeader(t *testing.T) {
 	e := newEnv(t)
 	liveB := &liveSet{}
@@ -307,7 +318,7 @@ func TestHardRejectConfirmsOnLeader(t *testing.T) {
 	a.cache.m[key] = stale // a lags behind
 	a.cache.mu.Unlock()
 	r, err := a.Route(context.Background(), model, "s", always("w2"))
-	if err != nil || r.Outcome != Fresh || r.Target.Worker != "w2" || r.Selections != 2 {
+	if err != nil || r.Outcome != Fresh || r.Target.Worker != "w2" || r.Selections != 1 {
 		t.Fatalf("a: %+v %v", r, err)
 	}
 }
@@ -536,8 +547,8 @@ func TestEnd(t *testing.T) {
 // watch; the other then serves it without reading the leader.
 func TestWatchFeedsOtherReplica(t *testing.T) {
 	e := newEnv(t)
-	a := e.open(Config{ReplicaID: "a"})
-	b := e.open(Config{ReplicaID: "b"})
+	a := e.open(Config{ReplicaID: "a", DefaultMode: Soft})
+	b := e.open(Config{ReplicaID: "b", DefaultMode: Soft})
 	mustRoute(t, a, model, "s", always("w1"))
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		bd, err := b.Get(context.Background(), model, "s")
