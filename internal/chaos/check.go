@@ -164,12 +164,16 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 		if o.Kind != Route {
 			continue
 		}
-		switch {
-		case o.Transport != "" && !o.Excused:
-			r.Unanswered = append(r.Unanswered, *o)
-		case o.Transport == "" && o.Took() > o.Deadline+cfg.LateSlack:
+		if o.Transport != "" {
+			if !o.Excused {
+				r.Unanswered = append(r.Unanswered, *o)
+			}
+			continue
+		}
+		if o.Took() > o.Deadline+cfg.LateSlack {
 			r.Late = append(r.Late, *o)
-		case o.Code != "" && !cfg.Allowed[o.Code] && !(o.Code == "binding_rejected" && o.Restricted):
+		}
+		if o.Code != "" && !cfg.Allowed[o.Code] && !(o.Code == "binding_rejected" && o.Restricted) {
 			r.Undocument = append(r.Undocument, *o)
 		}
 	}
@@ -205,12 +209,10 @@ func (r *Report) Summary(maxSessions int) string {
 	if r.Visualized != "" {
 		fmt.Fprintf(&b, "porcupine visualisation: %s\n", r.Visualized)
 	}
-	shown := 0
+	if maxSessions <= 0 {
+		return b.String()
+	}
 	show := func(what, s string) {
-		if shown >= maxSessions {
-			return
-		}
-		shown++
 		fmt.Fprintf(&b, "--- %s: session %s\n", what, s)
 		for i, o := range r.ops[s] {
 			if i >= 40 {
@@ -220,10 +222,18 @@ func (r *Report) Summary(maxSessions int) string {
 			fmt.Fprintf(&b, "    [%8.3fs %8.3fs] %s\n", o.Invoke.Seconds(), o.Return.Seconds(), describe(&o))
 		}
 	}
-	for _, s := range r.NonLinear {
+	for i, s := range r.NonLinear {
+		if i >= maxSessions {
+			fmt.Fprintf(&b, "    ... %d more not linearizable\n", len(r.NonLinear)-i)
+			break
+		}
 		show("not linearizable", s)
 	}
-	for _, s := range sortedKeys(r.Moved) {
+	for i, s := range sortedKeys(r.Moved) {
+		if i >= maxSessions {
+			fmt.Fprintf(&b, "    ... %d more moved\n", len(r.Moved)-i)
+			break
+		}
 		show("moved "+strings.Join(r.Moved[s], " -> "), s)
 	}
 	for i, sr := range r.Stale {

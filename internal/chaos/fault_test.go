@@ -49,7 +49,9 @@ func shortForm() form {
 
 // longForm is the run (KVR_CHAOS_LONG=1): 16 clients, 200 Hard and
 // 100 Soft sessions, every role's node stopped, the watchers' host
-// together with the meta leader, then each replica restarted.
+// together with the meta leader, the workers leader together with another
+// node (no quorum for longer than the registry TTL), then each replica
+// restarted.
 func longForm() form {
 	return form{name: "long", load: Load{Clients: 16, Hard: 200, Soft: 100}, warm: 5 * time.Second, cool: 5 * time.Second,
 		steps: []planned{
@@ -58,6 +60,8 @@ func longForm() form {
 			nodes(5*time.Second, 4*time.Second, RoleWorkersLeader),
 			nodes(4*time.Second, 4*time.Second, RoleBindingsWatchers),
 			nodes(4*time.Second, 4*time.Second, RoleBindingsWatchers, RoleMetaLeader),
+			// The registry without a quorum for longer than its TTL.
+			nodes(4*time.Second, 4*time.Second, RoleWorkersLeader, RoleAnother),
 			{replica: 0, down: 2 * time.Second, settle: 3 * time.Second},
 			{replica: 1, down: 2 * time.Second, settle: 3 * time.Second},
 			{replica: 2, down: 2 * time.Second, settle: 3 * time.Second},

@@ -30,6 +30,10 @@ const (
 	RoleMetaLeader       = "meta-leader"       // JetStream meta leader
 	RoleWorkersLeader    = "workers-leader"    // leader of KV_kvr-workers
 	RoleBindingsWatchers = "bindings-watchers" // node hosting the replicas' watch consumers of KV_kvr-bindings
+	// RoleAnother is a running node not already picked for the same
+	// fault: with it, a fault stops two of the three nodes (the cluster
+	// loses its quorum).
+	RoleAnother = "another"
 )
 
 // FleetConfig is the fleet under test. Zero fields take the defaults named.
@@ -141,7 +145,9 @@ func (f *Fleet) Connect(first int, onDrop func()) *nats.Conn {
 		urls = append(urls, o.ClientURL())
 	}
 	opts := []nats.Option{nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
-		nats.ReconnectJitter(0, 0), nats.Timeout(2 * time.Second)}
+		nats.ReconnectJitter(0, 0), nats.Timeout(2 * time.Second),
+		// Writes to a stopped node fail on purpose here: no log lines.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
 	if onDrop != nil {
 		opts = append(opts, nats.DisconnectErrHandler(func(*nats.Conn, error) { onDrop() }))
 	}
@@ -222,6 +228,16 @@ func (f *Fleet) NodeFor(ctx context.Context, role string) int {
 	return -1
 }
 
+// another returns the lowest running node not in picked, or -1.
+func (f *Fleet) another(picked map[int]bool) int {
+	for i, s := range f.Cluster.Servers {
+		if !picked[i] && s.Running() {
+			return i
+		}
+	}
+	return -1
+}
+
 // RolesOf lists the roles node holds now.
 func (f *Fleet) RolesOf(ctx context.Context, node int) []string {
 	var out []string
@@ -245,6 +261,10 @@ type Fault struct {
 }
 
 func (f Fault) String() string {
+	if len(f.Nodes) == 0 {
+		return fmt.Sprintf("%s down %.3fs-%.3fs (%v), ready again at %.3fs", f.Target, f.At.Seconds(), f.Back.Seconds(),
+			(f.Back - f.At).Round(time.Millisecond), f.Recovered.Seconds())
+	}
 	nodes := make([]string, len(f.Nodes))
 	for i, n := range f.Nodes {
 		nodes[i] = fmt.Sprintf("n%d", n)
@@ -261,6 +281,9 @@ func (f *Fleet) StopNodes(ctx context.Context, rec *Recorder, down time.Duration
 	seen := map[int]bool{}
 	for _, role := range roles {
 		n := f.NodeFor(ctx, role)
+		if role == RoleAnother {
+			n = f.another(seen)
+		}
 		if n < 0 {
 			f.t.Fatalf("chaos: no node holds %s", role)
 		}
