@@ -2,8 +2,9 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -114,7 +115,7 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 func (r *Report) linearizable(hard map[string][]Op, end time.Duration, cfg CheckConfig) error {
 	model := Model()
 	var bad []porcupine.Operation
-	for _, s := range sortedKeys(hard) {
+	for _, s := range slices.Sorted(maps.Keys(hard)) {
 		h := operations(hard[s], end)
 		res, _ := porcupine.CheckOperationsVerbose(model, h, cfg.SessionTimeout)
 		switch res {
@@ -145,7 +146,7 @@ func (r *Report) moves(hard map[string][]Op) {
 		var seen []string
 		for i := range ops {
 			o := &ops[i]
-			if o.Kind == Route && o.OK() && !contains(seen, o.Worker) {
+			if o.Kind == Route && o.OK() && !slices.Contains(seen, o.Worker) {
 				seen = append(seen, o.Worker)
 			}
 		}
@@ -181,19 +182,10 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 
 func flatten(m map[string][]Op) []Op {
 	var out []Op
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, m[k]...)
 	}
 	return out
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // Summary is the compact account printed when a check fails: counts per
@@ -229,7 +221,7 @@ func (r *Report) Summary(maxSessions int) string {
 		}
 		show("not linearizable", s)
 	}
-	for i, s := range sortedKeys(r.Moved) {
+	for i, s := range slices.Sorted(maps.Keys(r.Moved)) {
 		if i >= maxSessions {
 			fmt.Fprintf(&b, "    ... %d more moved\n", len(r.Moved)-i)
 			break
@@ -268,11 +260,7 @@ func fmtCounts(m map[string]int) string {
 	if len(m) == 0 {
 		return "none"
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(m))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])

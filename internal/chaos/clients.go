@@ -180,11 +180,16 @@ func (c *Clients) run(ctx context.Context, id int, sessions *[2][]sessionSpec) {
 		if op.Kind == Route {
 			op.Deadline = c.load.Deadline
 		}
-		before := drops.Load()
+		before, sent := drops.Load(), time.Now()
 		rctx, cancel := context.WithTimeout(context.Background(), c.load.Deadline+c.load.GiveUp)
 		if nats != nil {
 			c.viaNATS(rctx, nats, req, &op)
-			op.Excused = op.Transport != "" && drops.Load() != before
+			// Unanswered is excused when the client's connection dropped,
+			// or when a replica's did around the time the reply was due
+			// (the request may have been delivered to it, and NATS
+			// request-reply is at most once).
+			op.Excused = op.Transport != "" && (drops.Load() != before ||
+				c.f.replicaDropBetween(sent.Add(-time.Second), sent.Add(c.load.Deadline+time.Second)))
 		} else {
 			target := rng.IntN(c.f.Replicas())
 			c.viaHTTP(rctx, target, req, &op)

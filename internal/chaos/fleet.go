@@ -82,6 +82,7 @@ type Fleet struct {
 	Workers []string // worker ids
 
 	mu       sync.Mutex
+	drops    []time.Time // when a replica's connection dropped or a replica closed
 	replicas []*replica
 	regs     []*workers.Registration
 	conns    []*nats.Conn
@@ -162,7 +163,7 @@ func (f *Fleet) Connect(first int, onDrop func()) *nats.Conn {
 }
 
 func (f *Fleet) startReplica(ctx context.Context, i, gen int) (*replica, error) {
-	nc := f.Connect(i%3, nil)
+	nc := f.Connect(i%3, f.replicaDropped)
 	cfg := host.Config{
 		ReplicaID:      fmt.Sprintf("rep-%d.%d", i, gen),
 		Models:         []string{f.cfg.Model},
@@ -181,6 +182,27 @@ func (f *Fleet) startReplica(ctx context.Context, i, gen int) (*replica, error) 
 		return nil, err
 	}
 	return &replica{r: r, nc: nc, url: "http://" + r.HTTPAddr(), node: i % 3, gen: gen}, nil
+}
+
+// replicaDropped notes that a replica lost its connection (or closed):
+// requests delivered to it may go unanswered.
+func (f *Fleet) replicaDropped() {
+	f.mu.Lock()
+	f.drops = append(f.drops, time.Now())
+	f.mu.Unlock()
+}
+
+// replicaDropBetween reports whether a replica's connection dropped, or a
+// replica closed, between from and to.
+func (f *Fleet) replicaDropBetween(from, to time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.drops {
+		if !d.Before(from) && !d.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // allSee reports whether every running replica lists n workers.
@@ -319,6 +341,7 @@ func (f *Fleet) RestartReplica(ctx context.Context, rec *Recorder, i int, down t
 	f.mu.Lock()
 	old := f.replicas[i]
 	old.down = true
+	f.drops = append(f.drops, time.Now())
 	f.mu.Unlock()
 	fault.At = rec.Now()
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)

@@ -1,7 +1,8 @@
 package chaos
 
 import (
-	"sort"
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -113,7 +114,7 @@ func (r *Recorder) Ops() []Op {
 	r.mu.Lock()
 	out := append([]Op(nil), r.op...)
 	r.mu.Unlock()
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Invoke < out[j].Invoke })
+	slices.SortStableFunc(out, func(a, b Op) int { return cmp.Compare(a.Invoke, b.Invoke) })
 	return out
 }
 
@@ -126,14 +127,4 @@ func bySession(ops []Op, keep func(*Op) bool) map[string][]Op {
 		}
 	}
 	return out
-}
-
-// sortedKeys returns m's keys in order, so that reports are stable.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

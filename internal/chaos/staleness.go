@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -22,7 +24,7 @@ type StaleRead struct {
 // reply and every reply stale by more than bound.
 func Staleness(ops []Op, bound time.Duration) (worst StaleRead, over []StaleRead) {
 	sessions := bySession(ops, func(o *Op) bool { return o.OK() || o.Absent() })
-	for _, s := range sortedKeys(sessions) {
+	for _, s := range slices.Sorted(maps.Keys(sessions)) {
 		sops := sessions[s]
 		// committed[v] is when the first commit of version v returned.
 		committed := map[uint64]time.Duration{}
