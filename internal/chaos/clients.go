@@ -314,7 +314,7 @@ func failure(op *Op, err error) {
 		op.Transport = err.Error()
 		return
 	}
-	op.Code, op.Status = ae.Code, ae.Status
+	op.Code, op.Status, op.Message = ae.Code, ae.Status, ae.Message
 	if ae.Code == api.CodeBindingRejected {
 		if m := rejectedFor.FindStringSubmatch(ae.Message); m != nil {
 			if t, err := workerref.Parse(m[1]); err == nil {

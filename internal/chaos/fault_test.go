@@ -164,6 +164,11 @@ func runForm(t *testing.T, f form) {
 		kills = append(kills, fl.String())
 	}
 	t.Logf("faults:\n  %s", strings.Join(kills, "\n  "))
+	var departs []string
+	for _, d := range fleet.Departures() {
+		departs = append(departs, fmt.Sprintf("%s at %.3fs", d.Worker, rec.At(d.At).Seconds()))
+	}
+	t.Logf("worker departures seen by an observing membership view (all false: no worker stops): %d %v", len(departs), departs)
 	if report.Failed() {
 		t.Errorf("fault test failed:\n%s", report.Summary(4))
 	}

@@ -81,7 +81,10 @@ type Fleet struct {
 	Cluster *natstest.Cluster
 	Workers []string // worker ids
 
+	observer *workers.Membership
+
 	mu       sync.Mutex
+	departed []Departure
 	drops    []time.Time // when a replica's connection dropped or a replica closed
 	replicas []*replica
 	regs     []*workers.Registration
@@ -132,7 +135,40 @@ func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return f.allSee(cfg.Workers) },
 		func() string { return fmt.Sprintf("replicas do not all see %d workers", cfg.Workers) })
+	f.observe(ctx)
 	return f
+}
+
+// Departure is a worker departure an observing membership view reported.
+// The fault test's workers never stop: every departure is a false one.
+type Departure struct {
+	Worker string
+	At     time.Time
+}
+
+// observe watches the registry as a replica does (on a connection of its
+// own) and notes every departure.
+func (f *Fleet) observe(ctx context.Context) {
+	js, err := jetstream.New(f.Connect(0, nil))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	m, err := workers.WatchMembership(ctx, js, f.cfg.Registry, workers.Callbacks{OnDepart: func(i workers.Info) {
+		f.mu.Lock()
+		f.departed = append(f.departed, Departure{Worker: i.ID, At: time.Now()})
+		f.mu.Unlock()
+	}})
+	if err != nil {
+		f.t.Fatalf("chaos: watch membership: %v", err)
+	}
+	f.observer = m
+}
+
+// Departures returns the departures observed so far.
+func (f *Fleet) Departures() []Departure {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Departure(nil), f.departed...)
 }
 
 // Connect opens a connection that prefers node first and fails over to the
@@ -370,6 +406,9 @@ func (f *Fleet) RestartReplica(ctx context.Context, rec *Recorder, i int, down t
 func (f *Fleet) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if f.observer != nil {
+		f.observer.Stop()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, reg := range f.regs {

@@ -58,6 +58,7 @@ type Op struct {
 	// worker the message names as bound ("" if it names none).
 	Code        string
 	Status      int
+	Message     string
 	RejectedFor string
 
 	// Transport is the client-side failure when no API answer came (a

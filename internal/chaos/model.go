@@ -135,6 +135,8 @@ func describe(o *Op) string {
 		return head + " -> no answer: " + o.Transport
 	case o.Code == "binding_rejected":
 		return fmt.Sprintf("%s -> 409 rejected, bound to %s", head, o.RejectedFor)
+	case o.Code == "internal":
+		return fmt.Sprintf("%s -> %d %s: %s", head, o.Status, o.Code, o.Message)
 	case o.Code != "":
 		return fmt.Sprintf("%s -> %d %s", head, o.Status, o.Code)
 	case o.Kind == Read:
