@@ -151,14 +151,14 @@ func (c *Clients) run(ctx context.Context, id int, sessions *[2][]sessionSpec) {
 	defer c.wg.Done()
 	rng := rand.New(rand.NewPCG(uint64(id), 15))
 	var (
-		drops atomic.Int64
-		nats  *api.Client
+		drops   atomic.Int64
+		natsAPI *api.Client
 	)
 	via := "http"
 	if id%2 == 1 {
 		via = "nats"
 		nc := c.f.Connect(id%3, func() { drops.Add(1) })
-		nats = api.NewClient(nc, "", nil)
+		natsAPI = api.NewClient(nc, "", nil)
 	}
 	for ctx.Err() == nil {
 		s := c.pick(rng, sessions)
@@ -182,8 +182,8 @@ func (c *Clients) run(ctx context.Context, id int, sessions *[2][]sessionSpec) {
 		}
 		before, sent := drops.Load(), time.Now()
 		rctx, cancel := context.WithTimeout(context.Background(), c.load.Deadline+c.load.GiveUp)
-		if nats != nil {
-			c.viaNATS(rctx, nats, req, &op)
+		if natsAPI != nil {
+			c.viaNATS(rctx, natsAPI, req, &op)
 			// Unanswered is excused when the client's connection dropped,
 			// or when a replica's did around the time the reply was due
 			// (the request may have been delivered to it, and NATS
