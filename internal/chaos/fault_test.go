@@ -37,13 +37,15 @@ func nodes(down, settle time.Duration, roles ...string) planned {
 
 // shortForm runs in CI: under 90 s with -race on a busy two-core machine,
 // the two kills that broke the watch-fed caches (the watchers' host, then
-// the bindings leader) and the registry failover longer than its TTL.
+// the bindings leader), the registry failover longer than its TTL, and
+// the watchers' host with the meta leader (the worst case).
 func shortForm() form {
 	return form{name: "short", load: Load{Clients: 8, Hard: 60, Soft: 30}, warm: 3 * time.Second, cool: 3 * time.Second,
 		steps: []planned{
 			nodes(3*time.Second, 3*time.Second, RoleBindingsWatchers),
 			nodes(3*time.Second, 3*time.Second, RoleBindingsLeader),
 			nodes(5*time.Second, 3*time.Second, RoleWorkersLeader),
+			nodes(3*time.Second, 3*time.Second, RoleBindingsWatchers, RoleMetaLeader),
 		}}
 }
 

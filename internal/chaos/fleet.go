@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -348,7 +349,11 @@ func (f *Fleet) StopNodes(ctx context.Context, rec *Recorder, down time.Duration
 		if !seen[n] {
 			seen[n] = true
 			fault.Nodes = append(fault.Nodes, n)
-			fault.Roles = append(fault.Roles, f.RolesOf(ctx, n)...)
+			for _, r := range f.RolesOf(ctx, n) {
+				if !slices.Contains(fault.Roles, r) {
+					fault.Roles = append(fault.Roles, r)
+				}
+			}
 		}
 	}
 	fault.At = rec.Now()
