@@ -60,6 +60,7 @@ type Report struct {
 	Undocument []Op
 
 	ops map[string][]Op // per session, for the summary
+	end time.Duration   // the history's end, where failed requests return
 }
 
 // Failed reports whether any checker found a violation.
@@ -93,6 +94,7 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 		}
 	}
 	end++
+	r.end = end
 
 	hard := bySession(ops, func(o *Op) bool { return o.Mode == Hard })
 	soft := bySession(ops, func(o *Op) bool { return o.Mode == Soft })
@@ -180,6 +182,40 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 	}
 }
 
+// firstIllegal is where a session's violation shows: the length of the
+// shortest prefix of its requests (in invoke order) that porcupine rejects,
+// found by bisection. Prefixes are not strictly monotone (a later request
+// can explain an earlier reply), so it is a place to look, not a proof.
+func firstIllegal(ops []Op, end time.Duration) int {
+	model := Model()
+	lo, hi := 0, len(ops) // prefix lo is accepted (or empty), hi rejected
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if porcupine.CheckOperationsTimeout(model, operations(ops[:mid], end), 5*time.Second) == porcupine.Illegal {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi - 1
+}
+
+// firstMove is the index of the first successful route to a second worker.
+func firstMove(ops []Op) int {
+	first := ""
+	for i := range ops {
+		o := &ops[i]
+		if o.Kind == Route && o.OK() {
+			if first == "" {
+				first = o.Worker
+			} else if o.Worker != first {
+				return i
+			}
+		}
+	}
+	return 0
+}
+
 func flatten(m map[string][]Op) []Op {
 	var out []Op
 	for _, k := range slices.Sorted(maps.Keys(m)) {
@@ -204,14 +240,18 @@ func (r *Report) Summary(maxSessions int) string {
 	if maxSessions <= 0 {
 		return b.String()
 	}
-	show := func(what, s string) {
-		fmt.Fprintf(&b, "--- %s: session %s\n", what, s)
-		for i, o := range r.ops[s] {
-			if i >= 40 {
-				fmt.Fprintf(&b, "    ... %d more\n", len(r.ops[s])-i)
+	show := func(what, s string, from int) {
+		fmt.Fprintf(&b, "--- %s: session %s (%d requests)\n", what, s, len(r.ops[s]))
+		ops := r.ops[s]
+		if from > 0 {
+			fmt.Fprintf(&b, "    ... %d before\n", from)
+		}
+		for i := from; i < len(ops); i++ {
+			if i >= from+20 {
+				fmt.Fprintf(&b, "    ... %d more\n", len(ops)-i)
 				break
 			}
-			fmt.Fprintf(&b, "    [%8.3fs %8.3fs] %s\n", o.Invoke.Seconds(), o.Return.Seconds(), describe(&o))
+			fmt.Fprintf(&b, "    [%8.3fs %8.3fs] %s\n", ops[i].Invoke.Seconds(), ops[i].Return.Seconds(), describe(&ops[i]))
 		}
 	}
 	for i, s := range r.NonLinear {
@@ -219,14 +259,14 @@ func (r *Report) Summary(maxSessions int) string {
 			fmt.Fprintf(&b, "    ... %d more not linearizable\n", len(r.NonLinear)-i)
 			break
 		}
-		show("not linearizable", s)
+		show("not linearizable", s, max(0, firstIllegal(r.ops[s], r.end)-15))
 	}
 	for i, s := range slices.Sorted(maps.Keys(r.Moved)) {
 		if i >= maxSessions {
 			fmt.Fprintf(&b, "    ... %d more moved\n", len(r.Moved)-i)
 			break
 		}
-		show("moved "+strings.Join(r.Moved[s], " -> "), s)
+		show("moved "+strings.Join(r.Moved[s], " -> "), s, max(0, firstMove(r.ops[s])-10))
 	}
 	for i, sr := range r.Stale {
 		if i >= maxSessions {

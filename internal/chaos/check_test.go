@@ -239,3 +239,18 @@ func TestCleanHistoryPasses(t *testing.T) {
 		t.Fatalf("clean history rejected:\n%s", r.Summary(5))
 	}
 }
+
+// The summary shows a long session from where its violation is.
+func TestFirstIllegalFindsTheViolation(t *testing.T) {
+	ops := []Op{route(0, "s", Hard, 0, 10, "created", "w1", 1)}
+	for i := 1; i < 30; i++ {
+		ops = append(ops, route(i%4, "s", Hard, 20*i, 20*i+10, "fresh", "w1", 1))
+	}
+	ops = append(ops, read(1, "s", 700, 710, "", 0)) // index 30: a 404 after the create
+	for i := 0; i < 10; i++ {
+		ops = append(ops, route(2, "s", Hard, 800+20*i, 810+20*i, "fresh", "w1", 1))
+	}
+	if got := firstIllegal(ops, time.Second*2); got != 30 {
+		t.Fatalf("firstIllegal = %d, want 30", got)
+	}
+}

@@ -141,7 +141,6 @@ func runForm(t *testing.T, f form) {
 			fault = fleet.StopNodes(ctx, rec, s.down, s.roles...)
 		}
 		faults = append(faults, fault)
-		t.Logf("fault: %v", fault)
 		sleep(ctx, s.settle)
 	}
 	sleep(ctx, f.cool)
@@ -158,9 +157,9 @@ func runForm(t *testing.T, f form) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("figures: form %s, wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d\n%s",
+	figures := fmt.Sprintf("figures: form %s, wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d",
 		f.name, time.Since(start).Round(100*time.Millisecond), started.Round(100*time.Millisecond),
-		time.Since(checkStart).Round(100*time.Millisecond), len(ops), clients.FailedFrees(), report.Summary(0))
+		time.Since(checkStart).Round(100*time.Millisecond), len(ops), clients.FailedFrees())
 	var kills []string
 	for _, fl := range faults {
 		kills = append(kills, fl.String())
@@ -172,7 +171,9 @@ func runForm(t *testing.T, f form) {
 	}
 	t.Logf("worker departures seen by an observing membership view (all false: no worker stops): %d %v", len(departs), departs)
 	if report.Failed() {
-		t.Errorf("fault test failed:\n%s", report.Summary(4))
+		t.Errorf("fault test failed: %s\n%s", figures, report.Summary(4))
+	} else {
+		t.Logf("%s\n%s", figures, report.Summary(0))
 	}
 	if report.Routes < 500 {
 		t.Errorf("only %d routes: too little load to judge", report.Routes)
