@@ -93,7 +93,8 @@ var checkConfig = CheckConfig{
 // and NATS while nodes are stopped and restarted, every request recorded
 // and the whole history checked (check.go). KVR_CHAOS_LONG=1 runs the long
 // form, KVR_CHAOS_RUNS=N repeats it, KVR_CHAOS_OUT=dir keeps the porcupine
-// visualisation there.
+// visualisation there, KVR_CHAOS_STRICT=1 makes the replicas read every
+// binding from the stream leader.
 //
 // Fails before issue 15's fixes (see docs/faults.md).
 func TestFaults(t *testing.T) {
@@ -121,7 +122,11 @@ func runForm(t *testing.T, f form) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	fleet := StartFleet(t, FleetConfig{})
+	var fc FleetConfig
+	// KVR_CHAOS_STRICT=1: every binding read from the stream leader (the
+	// replicas' --strict-reads), the control run of the checkers.
+	fc.Bindings.StrictReads = os.Getenv("KVR_CHAOS_STRICT") == "1"
+	fleet := StartFleet(t, fc)
 	started := time.Since(start)
 
 	rec := NewRecorder()
@@ -157,8 +162,8 @@ func runForm(t *testing.T, f form) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	figures := fmt.Sprintf("figures: form %s, wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d",
-		f.name, time.Since(start).Round(100*time.Millisecond), started.Round(100*time.Millisecond),
+	figures := fmt.Sprintf("figures: form %s (strict reads %v), wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d",
+		f.name, fc.Bindings.StrictReads, time.Since(start).Round(100*time.Millisecond), started.Round(100*time.Millisecond),
 		time.Since(checkStart).Round(100*time.Millisecond), len(ops), clients.FailedFrees())
 	var kills []string
 	for _, fl := range faults {

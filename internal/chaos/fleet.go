@@ -343,6 +343,12 @@ func (f *Fleet) StopNodes(ctx context.Context, rec *Recorder, down time.Duration
 		if role == RoleAnother {
 			n = f.another(seen)
 		}
+		if n < 0 && role == RoleBindingsWatchers {
+			// No watcher (replicas with strict reads): stop the bindings
+			// leader instead, so that the run still has its fault.
+			n = f.NodeFor(ctx, RoleBindingsLeader)
+			fault.Target += " (none: bindings-leader)"
+		}
 		if n < 0 {
 			f.t.Fatalf("chaos: no node holds %s", role)
 		}
