@@ -20,7 +20,9 @@ type CheckConfig struct {
 	// it counts as unanswered in time.
 	LateSlack time.Duration
 	// Allowed are the error codes a route may fail with (the documented,
-	// retryable ones); any other code is a violation.
+	// retryable ones); any other code is a violation, except
+	// binding_rejected for a Hard session (checked by the model instead:
+	// it must name the current binding).
 	Allowed map[string]bool
 	// SessionTimeout bounds porcupine's search per session; a session it
 	// cannot decide in time is reported as unknown, not as a violation.
@@ -89,6 +91,11 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 			r.Errors["transport (client connection dropped)"]++
 		case o.Transport != "":
 			r.Errors["transport"]++
+		case o.Code == "binding_rejected" && !o.Restricted:
+			// Allowed (a Hard binding to a live worker that cannot take
+			// the request), but worth seeing apart from the refusals the
+			// clients provoke with allowed_workers.
+			r.Errors["binding_rejected (no allowed_workers)"]++
 		case o.Code != "":
 			r.Errors[o.Code]++
 		}
@@ -176,7 +183,7 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 		if o.Took() > o.Deadline+cfg.LateSlack {
 			r.Late = append(r.Late, *o)
 		}
-		if o.Code != "" && !cfg.Allowed[o.Code] && !(o.Code == "binding_rejected" && o.Restricted) {
+		if o.Code != "" && !cfg.Allowed[o.Code] && !(o.Code == "binding_rejected" && o.Mode == Hard) {
 			r.Undocument = append(r.Undocument, *o)
 		}
 	}

@@ -192,13 +192,16 @@ func TestMovesAndAnswers(t *testing.T) {
 	excused := failed(6, "d", Soft, 0, 11000, "")
 	excused.Excused = true
 	internal := failed(7, "e", Soft, 0, 10, "internal")
+	softRejected := failed(8, "f", Soft, 0, 10, "binding_rejected") // Soft bindings never refuse
+	hardRejected := rejected(9, "b", 60, 70, "w1")
+	hardRejected.Restricted = false // allowed, counted apart
 	ops := []Op{
 		route(0, "a", Hard, 0, 10, "created", "w1", 1),
 		route(1, "a", Hard, 20, 30, "rebound", "w2", 2),
 		route(2, "b", Hard, 0, 10, "created", "w1", 1),
 		rejected(3, "b", 20, 30, "w1"),
 		failed(3, "b", Hard, 40, 50, "overloaded"),
-		late, unanswered, excused, internal,
+		late, unanswered, excused, internal, softRejected, hardRejected,
 	}
 	r, err := Check(ops, testConfig())
 	if err != nil {
@@ -213,8 +216,11 @@ func TestMovesAndAnswers(t *testing.T) {
 	if len(r.Unanswered) != 1 || r.Unanswered[0].Client != 5 {
 		t.Errorf("unanswered %v, want client 5's", r.Unanswered)
 	}
-	if len(r.Undocument) != 1 || r.Undocument[0].Code != "internal" {
-		t.Errorf("codes not allowed %v, want the internal error only", r.Undocument)
+	if len(r.Undocument) != 2 || r.Undocument[0].Code != "internal" || r.Undocument[1].Client != 8 {
+		t.Errorf("codes not allowed %v, want the internal error and the Soft binding_rejected", r.Undocument)
+	}
+	if r.Errors["binding_rejected (no allowed_workers)"] != 2 { // the Soft one and the unrestricted Hard one
+		t.Errorf("errors by code %v: the unrestricted refusals not counted apart", r.Errors)
 	}
 	if r.Errors["overloaded"] != 1 || r.Errors["transport"] != 1 || r.Errors["transport (client connection dropped)"] != 1 {
 		t.Errorf("errors by code %v", r.Errors)
