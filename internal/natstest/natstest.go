@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"testing"
@@ -171,18 +172,119 @@ func (c *Cluster) StreamLeader(stream string) int {
 // store directory and ports.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
+	c.Stop(i)
+	c.Start(i)
+}
+
+// Stop shuts node i down and keeps it down (until Start). Its clients see
+// the connection drop, as after a kill: the node does not hand over its
+// leaderships first. Stopping a stopped node does nothing.
+func (c *Cluster) Stop(i int) {
+	c.t.Helper()
 	c.Servers[i].Shutdown()
 	c.Servers[i].WaitForShutdown()
+}
+
+// Start starts stopped node i again on its store directory and ports, and
+// waits until it accepts connections (not until it has caught up: use
+// WaitPeers or StreamLeader for that).
+func (c *Cluster) Start(i int) {
+	c.t.Helper()
+	if c.Servers[i].Running() {
+		c.t.Fatalf("natstest: start node %d: already running", i)
+	}
 	o := c.opts[i].Clone()
 	s, err := server.NewServer(o)
 	if err != nil {
-		c.t.Fatalf("natstest: restart node %d: %v", i, err)
+		c.t.Fatalf("natstest: start node %d: %v", i, err)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("natstest: restarted node %d not ready", i)
+		c.t.Fatalf("natstest: started node %d not ready", i)
 	}
 	c.Servers[i] = s
+}
+
+// MetaLeader returns the index of the JetStream meta leader, or -1 while
+// there is none (during an election).
+func (c *Cluster) MetaLeader() int {
+	for i, s := range c.Servers {
+		if s.Running() && s.JetStreamIsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// Index returns the index of the node named name ("n0".."n<N-1>", what
+// JetStream reports as a cluster leader), or -1.
+func (c *Cluster) Index(name string) int {
+	for i, o := range c.opts {
+		if o.ServerName == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// ConsumerLeaders counts, per node index, the consumers of stream that the
+// node leads (for a KV bucket's stream, its watchers' ordered consumers:
+// the node that hosts them is where their deliveries come from). It asks
+// the JetStream API through a connection of its own to a running node.
+func (c *Cluster) ConsumerLeaders(ctx context.Context, stream string) (map[int]int, error) {
+	var url string
+	for _, s := range c.Servers {
+		if s.Running() {
+			url = s.ClientURL()
+			break
+		}
+	}
+	if url == "" {
+		return nil, fmt.Errorf("natstest: consumers of %s: no node running", stream)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, fmt.Errorf("natstest: consumers of %s: connect %s: %w", stream, url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natstest: consumers of %s: %w", stream, err)
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("natstest: consumers of %s: %w", stream, err)
+	}
+	out := map[int]int{}
+	list := st.ListConsumers(ctx)
+	for ci := range list.Info() {
+		if ci.Cluster != nil {
+			if i := c.Index(ci.Cluster.Leader); i >= 0 {
+				out[i]++
+			}
+		}
+	}
+	if err := list.Err(); err != nil {
+		return nil, fmt.Errorf("natstest: consumers of %s: list: %w", stream, err)
+	}
+	return out, nil
+}
+
+// ConsumerHost returns the index of the node leading the most consumers of
+// stream (ties: the lowest index), or -1 when it has none or they cannot
+// be listed.
+func (c *Cluster) ConsumerHost(ctx context.Context, stream string) int {
+	counts, err := c.ConsumerLeaders(ctx, stream)
+	if err != nil {
+		return -1
+	}
+	best := -1
+	for i := range c.Servers {
+		if counts[i] > 0 && (best < 0 || counts[i] > counts[best]) {
+			best = i
+		}
+	}
+	return best
 }
 
 // Shutdown stops every node.
