@@ -347,6 +347,13 @@ func (t *Table) Get(ctx context.Context, model, session string) (Binding, error)
 	var kbuf [maxKeyLen]byte
 	kb := appendKey(kbuf[:0], model, session)
 	st, err := t.firstRead(ctx, kb)
+	if err == nil && !st.present && !st.leader {
+		// A 404 is always the leader's word: the session may be a Hard
+		// one created a moment ago through another replica, and a Hard
+		// binding's reads are linearizable. (Route needs no such read:
+		// its create is a CAS that fails on a binding the cache missed.)
+		st, err = t.leaderRead(ctx, string(kb))
+	}
 	if err != nil {
 		return Binding{}, err
 	}
