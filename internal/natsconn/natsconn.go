@@ -31,10 +31,10 @@ type Config struct {
 	// that a server's permissions can give each role inboxes of its own
 	// (deploy/nats/auth.conf); "" = "_INBOX".
 	InboxPrefix string
-	TLSCAFile    string // custom CA to verify the server
-	TLSCertFile  string // client certificate (mutual TLS)
-	TLSKeyFile   string
-	Name         string // connection name shown by the server
+	TLSCAFile   string // custom CA to verify the server
+	TLSCertFile string // client certificate (mutual TLS)
+	TLSKeyFile  string
+	Name        string // connection name shown by the server
 
 	Embedded       bool
 	DataDir        string // JetStream store of the embedded server; "" = a temporary directory
