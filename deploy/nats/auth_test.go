@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	natsauth "github.com/kvrouter/kvrouter/deploy/nats"
 	"github.com/kvrouter/kvrouter/bindings"
+	natsauth "github.com/kvrouter/kvrouter/deploy/nats"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -431,7 +431,9 @@ func (f *fleet) forbiddenActs(ctx context.Context, t *testing.T) {
 				t.Fatal(err)
 			}
 			testutil.Eventually(t, 5*time.Second, func() bool { return r.refused(a.subject) },
-				func() string { return fmt.Sprintf("user %s: %s was not refused: %v", r.user, a.subject, r.violations()) })
+				func() string {
+					return fmt.Sprintf("user %s: %s was not refused: %v", r.user, a.subject, r.violations())
+				})
 		})
 	}
 
