@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -37,10 +38,10 @@ const (
 	workerB = "sim-0" // user worker2: a simulated worker (sim.Fleet), from a copy of the worker block
 )
 
-// The passwords start with a digit on purpose: the test shows that such a
-// password, read from the environment, still works when quoted.
+// Quoted as auth.conf says; the gateway's is digits only, which works
+// only quoted.
 var passwords = map[string]string{
-	"router": `"1router-pw"`, "gateway": "gateway-pw", "worker": "worker-a-pw", "worker2": "worker-b-pw",
+	"router": `"router-pw"`, "gateway": `"20261201"`, "worker": "worker-a-pw", "worker2": "worker-b-pw",
 }
 
 // withSecondWorker copies auth.conf's worker block and user for a second
@@ -65,6 +66,28 @@ func withSecondWorker(t *testing.T, conf string) string {
 // port with the environment it documents.
 func startServer(t *testing.T) *server.Server {
 	t.Helper()
+	opts, err := server.ProcessConfigFile(prepareConf(t))
+	if err != nil {
+		t.Fatalf("auth.conf: %v", err)
+	}
+	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// prepareConf writes auth.conf with a second worker block and sets the
+// environment it documents; it returns the file's path.
+func prepareConf(t *testing.T) string {
+	t.Helper()
 	conf, err := os.ReadFile("auth.conf")
 	if err != nil {
 		t.Fatal(err)
@@ -83,22 +106,7 @@ func startServer(t *testing.T) *server.Server {
 	for k, v := range natsauth.WorkerEnv("NATS_WORKER2", model, workerB) {
 		t.Setenv(k, v)
 	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("auth.conf: %v", err)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
+	return path
 }
 
 // role is one connection as one user. Its async errors (natsconn logs
@@ -488,5 +496,38 @@ func (f *fleet) stateIntact(ctx context.Context, t *testing.T) {
 	}
 	if err := f.regA.Err(); err != nil {
 		t.Fatalf("worker A lost its registration: %v", err)
+	}
+}
+
+// The embedded server of `kvrouter serve --embedded-auth-config auth.conf`:
+// it takes the file's users, the replica connects in-process as router,
+// and an anonymous client from outside is refused.
+func TestEmbeddedServerWithAuthConf(t *testing.T) {
+	path := prepareConf(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := natsconn.Open(ctx, natsconn.Config{Embedded: true, DataDir: t.TempDir(), EmbeddedListen: "127.0.0.1:0",
+		EmbeddedAuthConfig: path, User: "router", Password: strings.Trim(passwords["router"], `"`), InboxPrefix: "_INBOX_router"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rep, err := host.New(conn.Conn, host.Config{Models: []string{model}, Registry: registry(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Start(ctx); err != nil {
+		t.Fatalf("replica on the embedded server as router: %v", err)
+	}
+	defer func() { _ = rep.Close(context.Background()) }()
+	if nc, err := nats.Connect(conn.Embedded.URL(), nats.Timeout(5*time.Second)); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Fatalf("anonymous client on the embedded server: %v, want an authorization error", err)
+	}
+	gwc := connect(t, conn.Embedded.Server, "gateway", "_INBOX_gateway")
+	if _, err := api.NewClient(gwc.nc, "", nil).Workers(ctx, model); err != nil {
+		t.Fatalf("the gateway lists workers through the embedded server: %v", err)
 	}
 }
