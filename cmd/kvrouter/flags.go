@@ -309,26 +309,14 @@ func (w workerSideFlags) connect(ctx context.Context, nf *natsFlags, name string
 	}
 	js, err := jetstream.New(nc.Conn)
 	if err == nil {
-		err = w.ensureStream(ctx, js)
+		_, err = kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *w.stream, Prefix: *w.prefix})
+		if err != nil {
+			err = fmt.Errorf("event stream %s: %w", *w.stream, err)
+		}
 	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
 	return nc, js, nil
-}
-
-// ensureStream makes sure the event stream exists. An existing stream is
-// only looked up (a read), never updated: a worker's NATS user may lack
-// the permission to change streams (deploy/nats/auth.conf), and the
-// stream's limits are the routers' to set.
-func (w workerSideFlags) ensureStream(ctx context.Context, js jetstream.JetStream) error {
-	_, err := js.Stream(ctx, *w.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		_, err = kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *w.stream, Prefix: *w.prefix})
-	}
-	if err != nil {
-		return fmt.Errorf("event stream %s: %w", *w.stream, err)
-	}
-	return nil
 }
