@@ -36,6 +36,20 @@ func dial(url string, opts ...nats.Option) error {
 	return err
 }
 
+// writeUsersConf writes a NATS configuration with two users: router (all
+// permissions) and client (publish ok.> only).
+func writeUsersConf(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "users.conf")
+	if err := os.WriteFile(path, []byte(`authorization { users = [
+		{user: router, password: "r-secret"},
+		{user: client, password: "c-secret", permissions: {publish: ["ok.>"], subscribe: ["_INBOX.>"]}}
+	]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func TestEmbeddedAuthBeyondLoopback(t *testing.T) {
 	dir := t.TempDir()
 	var logs bytes.Buffer
@@ -94,13 +108,7 @@ func TestEmbeddedAuthBeyondLoopback(t *testing.T) {
 }
 
 func TestEmbeddedAuthModes(t *testing.T) {
-	usersConf := filepath.Join(t.TempDir(), "users.conf")
-	if err := os.WriteFile(usersConf, []byte(`authorization { users = [
-		{user: router, password: "r-secret"},
-		{user: client, password: "c-secret", permissions: {publish: ["ok.>"], subscribe: ["_INBOX.>"]}}
-	]}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	usersConf := writeUsersConf(t)
 	tests := []struct {
 		name     string
 		cfg      Config
@@ -156,13 +164,7 @@ func TestEmbeddedAuthModes(t *testing.T) {
 
 // With a users file the embedded server enforces its permissions.
 func TestEmbeddedUsersFilePermissions(t *testing.T) {
-	usersConf := filepath.Join(t.TempDir(), "users.conf")
-	if err := os.WriteFile(usersConf, []byte(`authorization { users = [
-		{user: router, password: "r-secret"},
-		{user: client, password: "c-secret", permissions: {publish: ["ok.>"], subscribe: ["_INBOX.>"]}}
-	]}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	usersConf := writeUsersConf(t)
 	conn, err := Open(context.Background(), Config{Embedded: true, DataDir: t.TempDir(), EmbeddedListen: "127.0.0.1:0",
 		EmbeddedAuthConfig: usersConf, User: "router", Password: "r-secret"}, nil)
 	if err != nil {
