@@ -60,6 +60,11 @@ type soakBounds struct {
 	// (helper state), the live-session cap (helper reads) and the stream and
 	// bucket MaxBytes (helper config); see apply.
 
+	// ExpectSlowBodyCut: the replica cuts off clients that trickle a body
+	// (after merge: helper http's read timeout; set cfg.HTTPReadTimeout to
+	// a few seconds in apply and this to true). Today nothing does.
+	ExpectSlowBodyCut bool
+
 	// Asserted bounds.
 	MaxGoroutines int     // sampled during the run (the test process: server, replica, clients)
 	MaxRSSBytes   int64   // VmRSS of the test process, sampled during the run
@@ -85,7 +90,8 @@ func (b soakBounds) apply(cfg *host.Config) {
 	cfg.MaxInFlight = b.MaxInFlight
 	// After merge (issue 16), for example:
 	//   cfg.IndexMaxEntries = b.IndexMaxEntries   (helper state)
-	//   cfg.HTTP... timeouts, body limit, in-flight cap (helper http)
+	//   cfg.HTTPReadTimeout = 5 * time.Second    (helper http; with ExpectSlowBodyCut)
+	//   cfg.HTTP... body limit, in-flight cap    (helper http)
 	//   cfg.Bindings.MaxSessions = ...            (helper reads)
 }
 
@@ -107,8 +113,9 @@ type stats struct {
 	badSent, badRefused          atomic.Int64 // bad HTTP requests and how many got a 4xx
 	badServed                    atomic.Int64 // bad-looking requests that were valid after all (random sessions)
 	eventsForged, floodBlocks    atomic.Int64
-	failures                     sync.Map // distinct failure texts of good requests
-	shedWhy                      sync.Map // distinct 529/503 answers to good requests
+	slowDropped                  [2]atomic.Int64 // slow clients the server cut off: [0] in the header, [1] in the body
+	failures                     sync.Map        // distinct failure texts of good requests
+	shedWhy                      sync.Map        // distinct 529/503 answers to good requests
 }
 
 func (s *stats) fail(what string) {
@@ -459,9 +466,16 @@ func (s *soak) slowOne(ctx context.Context, addr string, inBody bool) {
 		}
 		msg = strings.Repeat("{", 100000)
 	}
+	part := 0
+	if inBody {
+		part = 1
+	}
 	for i := 0; i < len(msg) && ctx.Err() == nil; i++ {
 		if _, err := c.Write([]byte{msg[i]}); err != nil {
-			return // the server gave up on us: what a bound looks like
+			if ctx.Err() == nil {
+				s.st.slowDropped[part].Add(1) // the server gave up on us: what a bound looks like
+			}
+			return
 		}
 		sleep(ctx, 500*time.Millisecond)
 	}
@@ -633,6 +647,7 @@ func (s *soak) report(b soakBounds) {
 	t.Logf("good routes: %d served, %d shed (529/503), %d failed; bad requests: %d sent, %d refused 4xx, %d random-session routes served; "+
 		"events forged: %d, flood blocks: %d", ok, shed, failed, s.st.badSent.Load(), s.st.badRefused.Load(), s.st.badServed.Load(),
 		s.st.eventsForged.Load(), s.st.floodBlocks.Load())
+	t.Logf("slow clients cut off by the server: %d in the header, %d in the body", s.st.slowDropped[0].Load(), s.st.slowDropped[1].Load())
 	t.Logf("peaks over %d samples: %d goroutines (bound %d), RSS %d MiB (bound %d MiB), index %d entries (last %d)",
 		pk.samples, pk.goroutines, b.MaxGoroutines, pk.rss>>20, b.MaxRSSBytes>>20, pk.indexEntries, pk.lastIndex)
 	s.st.failures.Range(func(k, _ any) bool { t.Errorf("good request failed: %s", k); return true })
@@ -640,6 +655,13 @@ func (s *soak) report(b soakBounds) {
 	total := ok + shed + failed
 	if total == 0 || float64(ok) < b.MinServed*float64(total) {
 		t.Errorf("served %d of %d good requests, want at least %.0f %%", ok, total, 100*b.MinServed)
+	}
+	// ReadHeaderTimeout (10 s) cuts header tricklers off within the run.
+	if s.st.slowDropped[0].Load() == 0 {
+		t.Error("no slow header client was cut off by the server")
+	}
+	if b.ExpectSlowBodyCut && s.st.slowDropped[1].Load() == 0 {
+		t.Error("no slow body client was cut off by the server")
 	}
 	if pk.samples == 0 {
 		t.Error("no sample taken")
