@@ -490,6 +490,30 @@ func (f *fleet) stateIntact(ctx context.Context, t *testing.T) {
 			t.Errorf("worker %s has a forged endpoint %s", w.Worker, w.Endpoint)
 		}
 	}
+	// What NATS cannot check, the replica does: worker A may publish on its
+	// own events subject, but a batch there that names worker B is skipped.
+	forged, err := kvevents.AppendBatch(nil, &kvevents.Batch{Model: model, Worker: workerB, Epoch: 99, FirstEventID: 1,
+		Events: []kvevents.Event{{Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 1, Seq: 2}, {Engine: 3, Seq: 4}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.workerA.js.Publish(ctx, kvevents.EventSubject("", model, workerA), forged); err != nil {
+		t.Fatalf("worker A publishes on its own subject: %v", err)
+	}
+	before := indexed(ws, workerA)
+	if err := f.pubA.Emit(kvevents.Event{Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 77, Seq: 78}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.pubA.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		ws, err = f.replica.Workers(model)
+		return err == nil && indexed(ws, workerA) > before
+	}, func() string { return "worker A's batch after the forged one never reached the index" })
+	if n := indexed(ws, workerB); n != 0 {
+		t.Errorf("worker B has %d indexed blocks from a batch worker A published", n)
+	}
 	sess, err := f.replica.Session(ctx, model, "chat-1")
 	if err != nil || sess.Worker != workerA {
 		t.Fatalf("session chat-1: %+v, %v; want bound to %s", sess, err, workerA)
@@ -530,4 +554,14 @@ func TestEmbeddedServerWithAuthConf(t *testing.T) {
 	if _, err := api.NewClient(gwc.nc, "", nil).Workers(ctx, model); err != nil {
 		t.Fatalf("the gateway lists workers through the embedded server: %v", err)
 	}
+}
+
+func indexed(ws *api.WorkersResponse, worker string) int {
+	n := 0
+	for _, w := range ws.Workers {
+		if w.Worker == worker {
+			n += w.IndexedBlocks
+		}
+	}
+	return n
 }
