@@ -123,12 +123,11 @@ func loadUsers(cfg Config, opts *server.Options) (EmbeddedAuth, error) {
 func generatedUser(opts *server.Options, storeDir string, log *slog.Logger) (EmbeddedAuth, error) {
 	path := filepath.Join(storeDir, PasswordFileName)
 	a := EmbeddedAuth{On: true, User: GeneratedUser, PasswordFile: path}
-	b, err := os.ReadFile(path)
+	_, err := os.Stat(path)
 	switch {
 	case err == nil:
-		a.Password = strings.TrimSpace(string(b))
-		if a.Password == "" {
-			return EmbeddedAuth{}, fmt.Errorf("%w: embedded NATS password file %s is empty", ErrConfig, path)
+		if a.Password, err = ReadPasswordFile(path); err != nil {
+			return EmbeddedAuth{}, err
 		}
 	case errors.Is(err, os.ErrNotExist):
 		var raw [32]byte
@@ -148,7 +147,7 @@ func generatedUser(opts *server.Options, storeDir string, log *slog.Logger) (Emb
 				"user", GeneratedUser, "password", a.Password, "file", path)
 		}
 	default:
-		return EmbeddedAuth{}, fmt.Errorf("embedded nats: read password file: %w", err)
+		return EmbeddedAuth{}, fmt.Errorf("embedded nats: password file: %w", err)
 	}
 	opts.Users = []*server.User{{Username: a.User, Password: a.Password}}
 	return a, nil
