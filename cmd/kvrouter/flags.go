@@ -149,6 +149,27 @@ type natsFlags struct {
 	url, creds, nkey, user, password, ca, cert, key *string
 	embedded                                        *bool
 	dataDir, listen                                 *string
+	auth                                            natsAuthFlags
+}
+
+// natsAuthFlags are the authentication flags of issue 16: a password file,
+// a per-role inbox prefix, and the embedded server's authentication.
+type natsAuthFlags struct {
+	passwordFile, inboxPrefix, embeddedAuth, embeddedUsers *string
+}
+
+func addNATSAuthFlags(c *cmdFlags) natsAuthFlags {
+	return natsAuthFlags{
+		passwordFile:  c.str("nats-password-file", "", "file whose first line is the NATS password (instead of --nats-password)"),
+		inboxPrefix:   c.str("nats-inbox-prefix", "", "prefix of this process's reply inboxes instead of _INBOX (deploy/nats/auth.conf gives each role its own, e.g. _INBOX_router)"),
+		embeddedAuth:  c.str("embedded-auth", natsconn.AuthAuto, "embedded server authentication: auto (on when --embedded-listen is beyond loopback), on, or off (refused beyond loopback)"),
+		embeddedUsers: c.str("embedded-auth-config", "", "NATS server config file whose users and permissions the embedded server uses (e.g. deploy/nats/auth.conf; this process connects as --nats-user); default: one generated user kvrouter, password in <data-dir>/nats-password"),
+	}
+}
+
+func (a natsAuthFlags) apply(cfg *natsconn.Config) {
+	cfg.PasswordFile, cfg.InboxPrefix = *a.passwordFile, *a.inboxPrefix
+	cfg.EmbeddedAuth, cfg.EmbeddedAuthConfig = *a.embeddedAuth, *a.embeddedUsers
 }
 
 func addNATSFlags(c *cmdFlags, embeddedDefault bool) *natsFlags {
@@ -164,15 +185,18 @@ func addNATSFlags(c *cmdFlags, embeddedDefault bool) *natsFlags {
 		embedded: c.boolean("embedded-nats", embeddedDefault, "run a NATS server with JetStream inside this process instead of connecting to one"),
 		dataDir:  c.str("data-dir", "", "JetStream store directory of the embedded server (\"\" = a temporary directory, removed at exit)"),
 		listen:   c.str("embedded-listen", "127.0.0.1:4222", "address the embedded server listens on for other processes (\"\" = in-process only)"),
+		auth:     addNATSAuthFlags(c),
 	}
 }
 
 func (n *natsFlags) config(name string) natsconn.Config {
-	return natsconn.Config{
+	cfg := natsconn.Config{
 		URLs: *n.url, CredsFile: *n.creds, NKeySeedFile: *n.nkey, User: *n.user, Password: *n.password,
 		TLSCAFile: *n.ca, TLSCertFile: *n.cert, TLSKeyFile: *n.key, Name: name,
 		Embedded: *n.embedded, DataDir: *n.dataDir, EmbeddedListen: *n.listen,
 	}
+	n.auth.apply(&cfg)
+	return cfg
 }
 
 // replayFlags are the workload and fleet flags that bench replay and demo

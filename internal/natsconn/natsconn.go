@@ -26,15 +26,29 @@ type Config struct {
 	NKeySeedFile string // nkey seed file
 	User         string
 	Password     string
-	TLSCAFile    string // custom CA to verify the server
-	TLSCertFile  string // client certificate (mutual TLS)
-	TLSKeyFile   string
-	Name         string // connection name shown by the server
+	PasswordFile string // read Password from this file (first line) when Password is empty
+	// InboxPrefix replaces "_INBOX" in this connection's reply subjects, so
+	// that a server's permissions can give each role inboxes of its own
+	// (deploy/nats/auth.conf); "" = "_INBOX".
+	InboxPrefix string
+	TLSCAFile   string // custom CA to verify the server
+	TLSCertFile string // client certificate (mutual TLS)
+	TLSKeyFile  string
+	Name        string // connection name shown by the server
 
 	Embedded       bool
 	DataDir        string // JetStream store of the embedded server; "" = a temporary directory
 	EmbeddedListen string // host:port the embedded server listens on; "" = in-process only
 	MaxPayload     int32  // embedded server max message size; 0 = 8 MiB
+	// EmbeddedAuth is AuthAuto (""), AuthOn or AuthOff: whether the embedded
+	// server requires credentials (auth.go). Auto turns it on whenever the
+	// server listens beyond loopback; off is refused there.
+	EmbeddedAuth string
+	// EmbeddedAuthConfig is a NATS server configuration file whose users and
+	// permissions the embedded server uses (e.g. deploy/nats/auth.conf);
+	// this process then connects as User. Without it the server has one
+	// generated user (GeneratedUser, password in DataDir/PasswordFileName).
+	EmbeddedAuthConfig string
 }
 
 // ErrConfig reports an unusable NATS configuration.
@@ -43,6 +57,7 @@ var ErrConfig = errors.New("nats config")
 // Embedded is a NATS server with JetStream running inside this process.
 type Embedded struct {
 	Server  *server.Server
+	Auth    EmbeddedAuth // what clients must present (Auth.On false: nothing)
 	tempDir string
 }
 
@@ -69,7 +84,8 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = 8 << 20
 	}
-	if cfg.EmbeddedListen == "" {
+	listening := cfg.EmbeddedListen != ""
+	if !listening {
 		opts.DontListen = true
 	} else {
 		host, port, err := net.SplitHostPort(cfg.EmbeddedListen)
@@ -85,6 +101,12 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 			opts.Port = server.RANDOM_PORT
 		}
 	}
+	auth, err := setupAuth(cfg, opts, listening, dir, log)
+	if err != nil {
+		e.cleanup()
+		return nil, err
+	}
+	e.Auth = auth
 	s, err := server.NewServer(opts)
 	if err != nil {
 		e.cleanup()
@@ -98,7 +120,8 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 	}
 	e.Server = s
 	if log != nil {
-		log.Info("embedded NATS server started", "store", dir, "listen", cfg.EmbeddedListen, "url", e.URL())
+		log.Info("embedded NATS server started", "store", dir, "listen", cfg.EmbeddedListen, "url", e.URL(),
+			"auth", auth.On, "user", auth.User, "password_file", auth.PasswordFile, "users_config", auth.ConfigFile)
 	}
 	return e, nil
 }
@@ -135,6 +158,10 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	cfg, err := cfg.withPasswordFile()
+	if err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -153,8 +180,20 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
 	}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
 	if emb != nil && emb.Server != nil {
 		opts = append(opts, nats.InProcessServer(emb.Server))
+		if emb.Auth.On {
+			// The process's own connection authenticates like any other:
+			// in-process clients are not exempt.
+			user, pw := emb.Auth.User, emb.Auth.Password
+			if cfg.User != "" {
+				user, pw = cfg.User, cfg.Password
+			}
+			opts = append(opts, nats.UserInfo(user, pw))
+		}
 		return nats.Connect("", opts...)
 	}
 	if cfg.URLs == "" {
@@ -181,7 +220,6 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 		opts = append(opts, nats.Secure(tc))
 	}
 	var nc *nats.Conn
-	var err error
 	// Retry the first connect until ctx ends: in a fresh deployment the
 	// router may start before the NATS cluster.
 	for {
@@ -224,6 +262,17 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 	return tc, nil
 }
 
+// withPasswordFile fills Password from PasswordFile when only the file is
+// given.
+func (cfg Config) withPasswordFile() (Config, error) {
+	if cfg.Password != "" || cfg.PasswordFile == "" {
+		return cfg, nil
+	}
+	pw, err := ReadPasswordFile(cfg.PasswordFile)
+	cfg.Password = pw
+	return cfg, err
+}
+
 // redactURLs hides passwords in URLs for logs.
 func redactURLs(urls string) string {
 	parts := strings.Split(urls, ",")
@@ -247,9 +296,12 @@ type Conn struct {
 // Open starts the embedded server when cfg asks for one, then connects
 // (Connect): the one way serve, worker and bench reach NATS.
 func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
+	cfg, err := cfg.withPasswordFile()
+	if err != nil {
+		return nil, err
+	}
 	var emb *Embedded
 	if cfg.Embedded {
-		var err error
 		if emb, err = StartEmbedded(cfg, log); err != nil {
 			return nil, err
 		}
