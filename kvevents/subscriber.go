@@ -146,6 +146,10 @@ var (
 	// ErrSubjectMismatch: a batch names a model or worker other than the
 	// subject it was published on (a publisher writing for someone else).
 	ErrSubjectMismatch = errors.New("kvevents: batch does not match its subject")
+	// ErrStartBeyondStream: WaitCaughtUp found StartSeq more than one past
+	// the stream's last sequence, so the messages in between would be
+	// skipped for ever (a snapshot newer than the stream, say).
+	ErrStartBeyondStream = errors.New("kvevents: start sequence beyond the end of the stream")
 	// ErrAlreadyRunning: Run was called twice.
 	ErrAlreadyRunning = errors.New("kvevents: subscriber already running")
 )
@@ -286,7 +290,10 @@ func (s *Subscriber) loadCursors() {
 func (s *Subscriber) LastSeq() uint64 { return s.handled.Load() }
 
 // WaitCaughtUp returns once every message that was in the stream when it
-// was called has been handled (applied or skipped), or ctx is done. It also
+// was called has been handled (applied or skipped), or ctx is done. It
+// returns ErrStartBeyondStream at once when StartSeq is more than one past
+// the stream's last sequence: such a subscriber would never catch up with
+// the messages it skips. It also
 // returns when the consumer reports nothing pending and everything delivered
 // handled, which covers messages that expired before they were read.
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) error {
@@ -299,6 +306,11 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) error {
 		return fmt.Errorf("kvevents: wait caught up: stream %q info: %w", s.cfg.Stream, err)
 	}
 	target := info.State.LastSeq
+	if s.cfg.StartSeq > target+1 {
+		// The messages up to StartSeq-1 will never be read: whoever chose
+		// StartSeq (a snapshot's sequence) is ahead of this stream.
+		return fmt.Errorf("%w: start sequence %d, stream %q ends at %d", ErrStartBeyondStream, s.cfg.StartSeq, s.cfg.Stream, target)
+	}
 	if target == 0 || target < s.cfg.StartSeq {
 		return nil
 	}
