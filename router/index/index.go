@@ -56,7 +56,7 @@ type Index struct {
 	wmu      sync.Mutex // serialises every write, guards workers and writer-only fields
 	workers  map[kvevents.WorkerKey]*worker
 	limits   map[string]int // SetWorkerLimit's caps, by worker
-	free     []uint32 // FIFO of freed slots, oldest first
+	free     []uint32       // FIFO of freed slots, oldest first
 	nextSlot uint32
 	slots    atomic.Pointer[slotTable]
 	// slotEpoch counts slot assignments. A lookup ignores slots assigned
