@@ -272,7 +272,9 @@ func TestEventsHeldUntilRegistration(t *testing.T) {
 	}
 	st.register("late", 4096)
 	testutil.Eventually(t, 10*time.Second, func() bool { return blocksOf(r, "late") == 20 },
-		func() string { return fmt.Sprintf("late holds %d blocks after registering, want 20", blocksOf(r, "late")) })
+		func() string {
+			return fmt.Sprintf("late holds %d blocks after registering, want 20", blocksOf(r, "late"))
+		})
 	st.publishStored("late", 3, 20, 10)
 	st.caughtUp(r)
 	if got := blocksOf(r, "late"); got != 30 {
@@ -339,7 +341,9 @@ func TestForgedSnapshotSkipped(t *testing.T) {
 	}
 	st.publishStored("w", 2, 10, 5)
 	testutil.Eventually(t, 10*time.Second, func() bool { return blocksOf(r, "w") == 15 },
-		func() string { return fmt.Sprintf("new replica holds %d blocks of w, want 15: it does not follow the stream", blocksOf(r, "w")) })
+		func() string {
+			return fmt.Sprintf("new replica holds %d blocks of w, want 15: it does not follow the stream", blocksOf(r, "w"))
+		})
 }
 
 // Workers a (valid) snapshot holds that are not in the registry are left
