@@ -162,6 +162,9 @@ func TestIndexBudgetHoldsAgainstAFlood(t *testing.T) {
 	if s.Entries > 20_000 || s.RefusedStores != 45_000+800 {
 		t.Fatalf("index: %d entries (cap 20,000), %d stores refused (want 45,800)", s.Entries, s.RefusedStores)
 	}
+	if v := metricValue(t, r, `kvr_index_refused_stores_total{model="m"}`); v != 45_800 {
+		t.Fatalf("kvr_index_refused_stores_total %v, want 45800", v)
+	}
 }
 
 func TestIndexLimitsNormalize(t *testing.T) {
@@ -253,6 +256,11 @@ func TestEventsOfUnregisteredWorkerNotIndexed(t *testing.T) {
 		})
 	if got := indexedWorkers(r); !slices.Equal(got, []string{"live"}) {
 		t.Fatalf("index holds workers %v after the grace, want [live]", got)
+	}
+	for res, want := range map[string]float64{"held": 1, "dropped": 1, "released": 0} {
+		if v := metricValue(t, r, `kvr_events_unregistered_total{result="`+res+`"}`); v != want {
+			t.Errorf("kvr_events_unregistered_total{result=%q} %v, want %v", res, v, want)
+		}
 	}
 	if got := st.snapshotWorkers(r); !slices.Equal(got, []string{"live"}) {
 		t.Fatalf("snapshot carries workers %v, want [live]", got)
