@@ -254,7 +254,8 @@ func (r *Replica) Start(ctx context.Context) error {
 		eventSeq = r.subscriber.LastSeq()
 	}
 	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(), "approximate", r.cfg.Approximate,
-		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond))
+		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond),
+		"index_max_entries", r.cfg.IndexLimits.MaxEntries, "index_max_entries_per_worker", r.cfg.IndexLimits.MaxEntriesPerWorker)
 	return nil
 }
 
