@@ -380,3 +380,23 @@ func TestSnapshotWorkersNotRegisteredLeftOut(t *testing.T) {
 		t.Fatalf("%d snapshots rejected, want 0", n)
 	}
 }
+
+// The hold is bounded: past EventHoldMax batches, more batches of
+// unregistered workers are dropped at once, not queued.
+func TestEventHoldBounded(t *testing.T) {
+	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
+		c.IndexLimits.EventHoldMax = 2
+	}})
+	r := st.replicas[0]
+	for i := 0; i < 5; i++ {
+		st.publishStored(fmt.Sprintf("ghost-%d", i), 1, 0, 10)
+	}
+	st.caughtUp(r)
+	h := &r.eventSink.hold
+	if held, dropped := h.held.Load(), h.dropped.Load(); held != 2 || dropped != 3 || h.n.Load() != 2 {
+		t.Fatalf("held %d dropped %d (queue %d), want 2 held and 3 dropped", held, dropped, h.n.Load())
+	}
+	if got := indexedWorkers(r); len(got) != 0 {
+		t.Fatalf("index holds %v", got)
+	}
+}
