@@ -56,7 +56,11 @@
 // it has fully seen (a duplicate store or a replay overlap), trims one it
 // has partly seen to its new tail; on a higher first id it sends
 // Resync(SignalGap), on a different epoch Resync(SignalNewEpoch), and then
-// delivers the batch. The first batch it sees for a worker is applied
+// delivers the batch. A first id more than SubscriberConfig.MaxIDJump
+// (2^20) from the expected one, either way, is ignored and counted
+// (IDJumps) unless the worker's next batch continues it: then the jump was
+// real and is a gap. One forged id cannot move a worker's baseline, and no
+// baseline, however far off, can stop a worker's real batches. The first batch it sees for a worker is applied
 // without a signal unless the Sink implements CursorSource (a sink restored
 // from a snapshot), in which case it is checked against the sink's cursor.
 package kvevents

@@ -370,9 +370,15 @@ func TestSubscriberReplayFromSeq(t *testing.T) {
 	if strings.Join(order, ",") != "resync:new-epoch,apply,apply" || signals[0].OldEpoch != 6 || signals[0].StreamSeq != 4 {
 		t.Fatalf("calls %v signals %+v", order, signals)
 	}
-	// StartSeq past the end: caught up at once.
-	sub3 := e.startSub(t, SubscriberConfig{Sink: &recSink{}, StartSeq: 100})
+	// StartSeq one past the end: caught up at once.
+	sub3 := e.startSub(t, SubscriberConfig{Sink: &recSink{}, StartSeq: 6})
 	waitCaughtUp(t, sub3)
+	// Further: it would skip messages 6..99 for ever, which is an error,
+	// not "caught up".
+	sub4 := e.startSub(t, SubscriberConfig{Sink: &recSink{}, StartSeq: 100})
+	if err := sub4.WaitCaughtUp(e.ctx); !errors.Is(err, ErrStartBeyondStream) {
+		t.Fatalf("WaitCaughtUp with StartSeq 100 on a stream ending at 5: %v, want ErrStartBeyondStream", err)
+	}
 }
 
 func TestSubscriberSkipsBadInput(t *testing.T) {

@@ -106,7 +106,19 @@ type SubscriberConfig struct {
 	// interval is one summary ("kvevents: suppressed log lines about bad
 	// input", suppressed=K). Every bad message is still counted in Stats.
 	MaxLogLines int
+	// MaxIDJump is the widest plausible distance between a batch's first
+	// event id and the id its (worker, rank) is expected to send next, in
+	// either direction (default DefaultMaxIDJump). A batch beyond it is
+	// ignored and counted (SubscriberStats.IDJumps) unless the worker's next
+	// batch continues it, which makes the jump real: a resync (SignalGap).
+	MaxIDJump uint64
 }
+
+// DefaultMaxIDJump is SubscriberConfig.MaxIDJump's default, 2^20 events:
+// far more than a replay overlap or a short outage puts between two batches
+// (a larger real jump is confirmed by the batch after it),
+// far less than the 2^64 a forged id can claim.
+const DefaultMaxIDJump = 1 << 20
 
 // SubscriberStats counts what a Subscriber saw.
 type SubscriberStats struct {
@@ -122,13 +134,22 @@ type SubscriberStats struct {
 	Malformed  uint64 // includes an unsupported version
 	Oversized  uint64
 	Mismatched uint64 // batch names a model/worker other than its subject's
-	LastSeq    uint64 // last stream sequence handled
+	// IDJumps counts batches ignored because their first id was more than
+	// MaxIDJump from the expected one. When the worker's next batch
+	// continues one, the jump was real: that batch is a resync (counted in
+	// Gaps) and applied.
+	IDJumps uint64
+	LastSeq uint64 // last stream sequence handled
 }
 
 var (
 	// ErrSubjectMismatch: a batch names a model or worker other than the
 	// subject it was published on (a publisher writing for someone else).
 	ErrSubjectMismatch = errors.New("kvevents: batch does not match its subject")
+	// ErrStartBeyondStream: WaitCaughtUp found StartSeq more than one past
+	// the stream's last sequence, so the messages in between would be
+	// skipped for ever (a snapshot newer than the stream, say).
+	ErrStartBeyondStream = errors.New("kvevents: start sequence beyond the end of the stream")
 	// ErrAlreadyRunning: Run was called twice.
 	ErrAlreadyRunning = errors.New("kvevents: subscriber already running")
 )
@@ -149,7 +170,7 @@ type Subscriber struct {
 	// Touched only by the consume callback (one goroutine at a time).
 	dec     BatchDecoder
 	batch   Batch
-	workers map[WorkerKey]*Cursor
+	workers map[WorkerKey]*workerPos
 
 	running atomic.Bool
 	cons    atomic.Pointer[jetstream.Consumer]
@@ -160,7 +181,15 @@ type Subscriber struct {
 	waiters  atomic.Int32  // WaitCaughtUp calls in progress; no broadcast without them
 
 	messages, batches, events, dups, trimmed, gaps, epochs atomic.Uint64
-	truncated, malformed, oversized, mismatched            atomic.Uint64
+	truncated, malformed, oversized, mismatched, jumps     atomic.Uint64
+}
+
+// workerPos is where one (worker, rank) stands, plus the batch that last
+// jumped implausibly far from it (zero when none): if the worker's next
+// batch continues that one, the jump was real.
+type workerPos struct {
+	Cursor
+	jump Cursor
 }
 
 // NewSubscriber validates cfg. Call Run to start reading.
@@ -180,11 +209,14 @@ func newSubscriber(js jetstream.JetStream, cfg SubscriberConfig) *Subscriber {
 	if cfg.Stream == "" {
 		cfg.Stream = DefaultStream
 	}
+	if cfg.MaxIDJump == 0 {
+		cfg.MaxIDJump = DefaultMaxIDJump
+	}
 	s := &Subscriber{
 		js: js, cfg: cfg,
 		filter:   EventSubjectFilter(cfg.Prefix),
 		log:      newLogLimiter(cfg.Logger, cfg.LogInterval, cfg.MaxLogLines),
-		workers:  make(map[WorkerKey]*Cursor),
+		workers:  make(map[WorkerKey]*workerPos),
 		progress: make(chan struct{}),
 	}
 	if cfg.StartSeq > 0 {
@@ -201,11 +233,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	if cs, ok := s.cfg.Sink.(CursorSource); ok {
-		for k, c := range cs.Cursors() {
-			s.workers[k] = &c
-		}
-	}
+	s.loadCursors()
 	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.filter},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -247,12 +275,25 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return nil
 }
 
+// loadCursors takes each (worker, rank)'s position from a Sink restored
+// from a snapshot (CursorSource).
+func (s *Subscriber) loadCursors() {
+	if cs, ok := s.cfg.Sink.(CursorSource); ok {
+		for k, c := range cs.Cursors() {
+			s.workers[k] = &workerPos{Cursor: c}
+		}
+	}
+}
+
 // LastSeq returns the last stream sequence handled (StartSeq-1 before the
 // first message).
 func (s *Subscriber) LastSeq() uint64 { return s.handled.Load() }
 
 // WaitCaughtUp returns once every message that was in the stream when it
-// was called has been handled (applied or skipped), or ctx is done. It also
+// was called has been handled (applied or skipped), or ctx is done. It
+// returns ErrStartBeyondStream at once when StartSeq is more than one past
+// the stream's last sequence: such a subscriber would never catch up with
+// the messages it skips. It also
 // returns when the consumer reports nothing pending and everything delivered
 // handled, which covers messages that expired before they were read.
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) error {
@@ -265,6 +306,11 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) error {
 		return fmt.Errorf("kvevents: wait caught up: stream %q info: %w", s.cfg.Stream, err)
 	}
 	target := info.State.LastSeq
+	if s.cfg.StartSeq > target+1 {
+		// The messages up to StartSeq-1 will never be read: whoever chose
+		// StartSeq (a snapshot's sequence) is ahead of this stream.
+		return fmt.Errorf("%w: start sequence %d, stream %q ends at %d", ErrStartBeyondStream, s.cfg.StartSeq, s.cfg.Stream, target)
+	}
 	if target == 0 || target < s.cfg.StartSeq {
 		return nil
 	}
@@ -311,7 +357,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Messages: s.messages.Load(), Batches: s.batches.Load(), Events: s.events.Load(),
 		Duplicates: s.dups.Load(), Trimmed: s.trimmed.Load(), Gaps: s.gaps.Load(), NewEpochs: s.epochs.Load(),
 		Truncated: s.truncated.Load(), Malformed: s.malformed.Load(), Oversized: s.oversized.Load(),
-		Mismatched: s.mismatched.Load(), LastSeq: s.handled.Load(),
+		Mismatched: s.mismatched.Load(), IDJumps: s.jumps.Load(), LastSeq: s.handled.Load(),
 	}
 	st.Bad = st.Truncated + st.Malformed + st.Oversized + st.Mismatched
 	return st
@@ -361,16 +407,26 @@ func (s *Subscriber) process(subject string, seq uint64, data []byte) {
 		// First batch ever seen for this worker: not a gap. Either the
 		// subscriber started mid-stream or the worker is new; with no
 		// CursorSource there is nothing stale to drop.
-		cur = &Cursor{}
+		cur = &workerPos{}
 		s.workers[key] = cur
 	case b.Epoch != cur.Epoch:
 		s.epochs.Add(1)
-		s.cfg.Sink.Resync(Signal{Kind: SignalNewEpoch, Model: b.Model, Worker: b.Worker, Rank: b.Rank,
-			OldEpoch: cur.Epoch, NewEpoch: b.Epoch, ExpectedID: cur.NextID, GotID: b.FirstEventID, StreamSeq: seq})
+		s.cfg.Sink.Resync(s.signal(SignalNewEpoch, cur, b, seq))
+	case s.implausible(cur.NextID, b.FirstEventID):
+		if !s.confirmsJump(cur, b) {
+			cur.jump = Cursor{Epoch: b.Epoch, NextID: b.NextEventID()}
+			s.jumps.Add(1)
+			s.log.logf(slog.LevelWarn, subject, "kvevents: ignoring a batch whose event id jumps implausibly far",
+				slog.String("subject", subject), slog.Uint64("stream_seq", seq),
+				slog.Uint64("expected_id", cur.NextID), slog.Uint64("got_id", b.FirstEventID))
+			return
+		}
+		// The worker's next batch continued the jump: it was real.
+		s.gaps.Add(1)
+		s.cfg.Sink.Resync(s.signal(SignalGap, cur, b, seq))
 	case b.FirstEventID > cur.NextID:
 		s.gaps.Add(1)
-		s.cfg.Sink.Resync(Signal{Kind: SignalGap, Model: b.Model, Worker: b.Worker, Rank: b.Rank,
-			OldEpoch: cur.Epoch, NewEpoch: b.Epoch, ExpectedID: cur.NextID, GotID: b.FirstEventID, StreamSeq: seq})
+		s.cfg.Sink.Resync(s.signal(SignalGap, cur, b, seq))
 	case b.FirstEventID+n <= cur.NextID:
 		s.dups.Add(1) // a retried publish stored twice, or replay overlap
 		return
@@ -380,10 +436,37 @@ func (s *Subscriber) process(subject string, seq uint64, data []byte) {
 		b.FirstEventID = cur.NextID
 		s.trimmed.Add(1)
 	}
+	cur.jump = Cursor{}
 	cur.Epoch, cur.NextID = b.Epoch, b.NextEventID()
 	s.batches.Add(1)
 	s.events.Add(uint64(len(b.Events)))
 	s.cfg.Sink.ApplyBatch(seq, b)
+}
+
+// signal describes a resync of b's worker, which stood at cur.
+func (s *Subscriber) signal(kind SignalKind, cur *workerPos, b *Batch, seq uint64) Signal {
+	return Signal{Kind: kind, Model: b.Model, Worker: b.Worker, Rank: b.Rank,
+		OldEpoch: cur.Epoch, NewEpoch: b.Epoch, ExpectedID: cur.NextID, GotID: b.FirstEventID, StreamSeq: seq}
+}
+
+// implausible reports whether first is more than MaxIDJump from next, in
+// either direction. Forward, one forged id near 2^64 would otherwise become
+// the baseline and make every real batch after it look like a duplicate;
+// backward covers a baseline already pushed ahead (a forged first batch or
+// snapshot cursor), so that the worker's real batches can confirm
+// themselves.
+func (s *Subscriber) implausible(next, first uint64) bool {
+	if first >= next {
+		return first-next > s.cfg.MaxIDJump
+	}
+	return next-first > s.cfg.MaxIDJump
+}
+
+// confirmsJump reports whether b continues the batch that last jumped away
+// from cur: two consecutive batches agreeing on the new position are a real
+// jump, which a lone outlier (forged, or a publisher bug) is not.
+func (s *Subscriber) confirmsJump(cur *workerPos, b *Batch) bool {
+	return cur.jump.NextID != 0 && cur.jump.Epoch == b.Epoch && b.FirstEventID == cur.jump.NextID
 }
 
 // checkSubject verifies that the batch's model and worker are the ones its

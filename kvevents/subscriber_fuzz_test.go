@@ -54,6 +54,9 @@ func FuzzSubscriberProcess(f *testing.F) {
 				break
 			}
 			b := rawBatch(w, uint64(epoch%3), uint64(first%16), n)
+			if first >= 240 { // far beyond the id window, or a confirmation of such a jump
+				b = rawBatch(w, uint64(epoch%3), DefaultMaxIDJump*uint64(first-238), n)
+			}
 			b.Rank = uint32(op>>4) % 2
 			data, err := AppendBatch(nil, b)
 			if err != nil {
@@ -62,8 +65,8 @@ func FuzzSubscriberProcess(f *testing.F) {
 			}
 			sub.process(subject, seq, data)
 		}
-		if st := sub.Stats(); st.Batches+st.Duplicates+st.Bad != st.Messages || st.Messages != seq {
-			t.Fatalf("stats %+v after %d messages: every message is applied, a duplicate, or bad", st, seq)
+		if st := sub.Stats(); st.Batches+st.Duplicates+st.Bad+st.IDJumps != st.Messages || st.Messages != seq {
+			t.Fatalf("stats %+v after %d messages: every message is applied, a duplicate, an ignored id jump, or bad", st, seq)
 		}
 	})
 }

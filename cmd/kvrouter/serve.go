@@ -81,6 +81,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
 		traceRatio  = c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)")
 	)
+	// The bounded index and the events it takes (host.IndexLimits).
+	var (
+		idxBytes     = c.integer("index-max-bytes", 0, "memory budget of the prefix index, all models together, in bytes (0 = a quarter of the memory limit: cgroup, GOMEMLIMIT or physical memory; -1 = no cap)")
+		idxEntries   = c.integer("index-max-entries", 0, "cap on (block, worker) entries of each model's index, instead of one derived from --index-max-bytes (0 = derived; -1 = no cap)")
+		idxPerWorker = c.integer("index-max-entries-per-worker", 0, "cap on one worker rank's index entries (0 = 1/8 of the model's cap; -1 = none); each rank is also capped at twice the kv_blocks it registered")
+		holdGrace    = c.duration("event-hold-grace", host.DefaultEventHoldGrace, "how long events of a worker not yet in the registry wait for its registration before they are dropped (negative = drop at once)")
+	)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -116,6 +123,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Logger:           log,
 	}
 	cfg.BookingSyncInterval = *syncEvery
+	cfg.IndexLimits = host.IndexLimits{MaxBytes: int64(*idxBytes), MaxEntries: int64(*idxEntries),
+		MaxEntriesPerWorker: int64(*idxPerWorker), EventHoldGrace: *holdGrace}
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false

@@ -115,6 +115,37 @@ type Config struct {
 
 	Telemetry Telemetry
 	Logger    *slog.Logger
+
+	// Bounded state: the prefix index and the events it takes (issue 16).
+	IndexLimits IndexLimits
+}
+
+// IndexLimits bound the prefix index and what reaches it. Zero values take
+// the defaults named on each field; normalize leaves the resolved values.
+type IndexLimits struct {
+	// MaxBytes is the memory budget of the prefix indexes of every model
+	// together, split evenly between the models and turned into an entry
+	// cap at IndexBytesPerEntry (default: DefaultIndexMemoryFraction of the
+	// memory this process may use, see MemoryLimit; negative = no cap).
+	MaxBytes int64
+	// MaxEntries, when set, is each model's cap on (block, worker) entries
+	// instead of one derived from MaxBytes (negative = no cap). Past it new
+	// stores are refused and counted (kvr.index.refused_stores).
+	MaxEntries int64
+	// MaxEntriesPerWorker caps one (worker, rank) (default: MaxEntries /
+	// DefaultIndexWorkerShare; negative = no cap). Below it, each rank is
+	// also capped at IndexKVBlocksSlack times the kv_blocks its worker
+	// registered: a worker cannot hold more than that, so one that floods
+	// stored blocks stops at its own size and the others keep theirs.
+	MaxEntriesPerWorker int64
+	// EventHoldGrace is how long the event batches of a worker not (yet)
+	// in the registry are held, waiting for its registration to arrive
+	// (default 5 s; negative = drop them at once). At most EventHoldMax
+	// batches (default 1,024) and 65,536 blocks are held in all; past the
+	// grace or the bounds they are dropped. Counted in
+	// kvr.events.unregistered by result.
+	EventHoldGrace time.Duration
+	EventHoldMax   int
 }
 
 // ErrConfig reports an unusable replica configuration.
@@ -133,6 +164,31 @@ const (
 	DefaultBookingSyncBuffer   = 65536
 	DefaultDecisionSyncBuffer  = 4096
 	DefaultEventMaxAge         = time.Hour
+
+	// DefaultIndexMemoryFraction: the index budget is a quarter of the
+	// memory the process may use, leaving the rest to the bindings cache,
+	// the NATS client's buffers, requests in flight and the Go heap's
+	// headroom (GOGC=100 lets the heap grow to twice what is live).
+	DefaultIndexMemoryFraction = 4
+	// DefaultIndexMaxBytesFallback is the budget when the memory limit
+	// cannot be read (no cgroup limit, no /proc/meminfo).
+	DefaultIndexMaxBytesFallback = 1 << 30
+	// IndexBytesPerEntry turns a byte budget into an entry cap: the
+	// worst case of BenchmarkMemoryPerEntry (66.6 B with every block on one
+	// worker) at the lowest load factor of both hash tables just after
+	// they grow (85 B), rounded up.
+	IndexBytesPerEntry = 96
+	// DefaultIndexWorkerShare: one (worker, rank) may take at most 1/8 of
+	// its model's entries, so a flood needs eight misbehaving ranks to fill
+	// the budget; a real rank, capped at twice its registered kv_blocks, is
+	// far below that.
+	DefaultIndexWorkerShare = 8
+	// IndexKVBlocksSlack is how many times its registered kv_blocks a rank
+	// may have indexed (slack for engines that report a block under two
+	// hashes, or a removal that lags its store).
+	IndexKVBlocksSlack    = 2
+	DefaultEventHoldGrace = 5 * time.Second
+	DefaultEventHoldMax   = 1024
 )
 
 func (c *Config) normalize() error {
@@ -224,9 +280,52 @@ func (c *Config) normalize() error {
 	if c.DecisionSyncBuffer == 0 {
 		c.DecisionSyncBuffer = DefaultDecisionSyncBuffer
 	}
+	c.IndexLimits.normalize(len(c.Models), MemoryLimit)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	c.Telemetry = c.Telemetry.WithDefaults()
 	return nil
+}
+
+// normalize resolves the defaults for models models; memLimit reads the
+// memory limit (0 = unknown). Afterwards MaxEntries and MaxEntriesPerWorker
+// are the caps each model's index runs with, -1 meaning none.
+func (l *IndexLimits) normalize(models int, memLimit func() int64) {
+	if l.MaxEntries == 0 {
+		if l.MaxBytes == 0 {
+			l.MaxBytes = DefaultIndexMaxBytesFallback
+			if m := memLimit(); m > 0 {
+				l.MaxBytes = m / DefaultIndexMemoryFraction
+			}
+		}
+		l.MaxEntries = -1
+		if l.MaxBytes > 0 {
+			l.MaxEntries = max(1, l.MaxBytes/int64(max(1, models))/IndexBytesPerEntry)
+		}
+	}
+	if l.MaxEntries < 0 {
+		l.MaxEntries = -1
+	}
+	if l.MaxEntriesPerWorker == 0 {
+		l.MaxEntriesPerWorker = -1
+		if l.MaxEntries > 0 {
+			l.MaxEntriesPerWorker = max(1, l.MaxEntries/DefaultIndexWorkerShare)
+		}
+	}
+	if l.MaxEntriesPerWorker < 0 {
+		l.MaxEntriesPerWorker = -1
+	}
+	if l.EventHoldGrace == 0 {
+		l.EventHoldGrace = DefaultEventHoldGrace
+	}
+	if l.EventHoldMax <= 0 {
+		l.EventHoldMax = DefaultEventHoldMax
+	}
+}
+
+// indexConfig is the configuration of model's event-fed index.
+func (c *Config) indexConfig(model string) index.Config {
+	return index.Config{Model: model, MaxEntries: max(0, c.IndexLimits.MaxEntries),
+		MaxEntriesPerWorker: int(max(0, c.IndexLimits.MaxEntriesPerWorker))}
 }

@@ -1,8 +1,10 @@
 // Package host is one router replica: it owns one request's life (validate,
 // hash, look up the prefix index, read the session binding, schedule, commit
 // the binding, reply), the lifecycle calls (prefill done, free, cancel),
-// worker membership, the event subscription into the index, index
-// snapshots, replica booking sync and decision sync (each routing decision
+// worker membership, the event subscription into the index (registered
+// workers' events only, within the index budget: unregistered.go,
+// config.go's IndexLimits), index snapshots (verified against the stream
+// and the registry before they are trusted, snapshot.go), replica booking sync and decision sync (each routing decision
 // shared with the other replicas for their predicted or approximate index,
 // decisions.go), approximate mode (no events; the index is fed by routing
 // decisions, Config.Approximate), and the two transports that serve the

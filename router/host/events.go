@@ -15,6 +15,7 @@ import (
 // not route are skipped.
 type sink struct {
 	r        *Replica
+	hold     holdQueue // batches of workers not yet registered (unregistered.go)
 	applied  atomic.Uint64
 	foreign  atomic.Uint64
 	gaps     atomic.Uint64
@@ -30,7 +31,10 @@ func (s *sink) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 		s.lastSeq.Store(streamSeq)
 		return
 	}
-	ms.index.ApplyBatch(streamSeq, b)
+	if !s.apply(ms, streamSeq, b) { // held or dropped: its worker is not registered
+		s.lastSeq.Store(streamSeq)
+		return
+	}
 	s.r.m.eventBatches.Add(context.Background(), 1)
 	s.applied.Add(1)
 	s.lastSeq.Store(streamSeq)
@@ -115,6 +119,7 @@ func (r *Replica) lagLoop() {
 		case <-t.C:
 		}
 		now := time.Now()
+		r.eventSink.expire(now)
 		for _, ms := range r.models {
 			if ms.pred != nil {
 				ms.pred.Prune(now)

@@ -50,6 +50,7 @@ func (r *Replica) onJoin(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, &i)
+	r.admitWorker(ms, i)
 	r.upsert(ms, i)
 	r.log.Info("worker joined", "worker", i.ID, "model", i.Model, "ranks", len(i.Ranks), "endpoint", i.Endpoint,
 		"kv_blocks", i.KVBlocks, "epoch", i.Epoch)
@@ -64,6 +65,7 @@ func (r *Replica) onUpdate(i workers.Info) {
 		return // ignored at join (block size)
 	}
 	ms.setWorker(i.ID, &i)
+	r.admitWorker(ms, i)
 	r.upsert(ms, i)
 	r.log.Info("worker updated", "worker", i.ID, "model", i.Model, "state", i.State)
 }
@@ -87,6 +89,7 @@ func (r *Replica) onDepart(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, nil)
+	r.eventSink.forget(ms, i.ID)
 	ms.forgetLoad(i.ID)
 	ms.sched.RemoveWorker(i.ID)
 	// A re-incarnation (same id, new epoch) departs the old one after the

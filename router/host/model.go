@@ -42,6 +42,8 @@ type modelState struct {
 	decBad     atomic.Uint64    // undecodable decision messages received
 	decApplied atomic.Uint64    // peers' decisions recorded
 
+	snapRejected atomic.Uint64 // snapshot versions refused by verifySnapshot
+
 	// lastReport holds the last load report of each worker rank, for GET
 	// /v1/workers (the scheduler folds each into its load view on arrival).
 	reportedMu sync.Mutex
@@ -86,7 +88,7 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	ms.fences.init()
 	empty := map[string]workers.Info{}
 	ms.workers.Store(&empty)
-	ms.index = index.New(index.Config{Model: name})
+	ms.index = index.New(r.cfg.indexConfig(name))
 	switch {
 	case r.cfg.Approximate:
 		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.ApproxTTL, MaxBlocks: r.cfg.ApproxMaxBlocks})

@@ -88,7 +88,12 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 		return err
 	}
 	rejected, err := m.Int64ObservableCounter("kvr.events.rejected",
-		metric.WithDescription("KV event messages skipped as bad input, by cause (truncated, malformed, oversized, mismatched)."))
+		metric.WithDescription("KV event messages skipped as bad input, by cause (truncated, malformed, oversized, mismatched, id_jump)."))
+	if err != nil {
+		return err
+	}
+	refused, err := m.Int64ObservableCounter("kvr.index.refused_stores",
+		metric.WithDescription("Stored blocks not indexed because the index or the worker rank was at its cap, per model."))
 	if err != nil {
 		return err
 	}
@@ -101,6 +106,7 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 			o.ObserveInt64(indexBlocks, int64(st.Blocks), mo)
 			o.ObserveInt64(indexEntries, st.Entries, mo)
 			o.ObserveInt64(indexBytes, st.Bytes, mo)
+			o.ObserveInt64(refused, int64(st.RefusedStores), mo)
 			ss := ms.sched.Stats()
 			o.ObserveInt64(queueDepth, ss.Waiting, mo)
 			o.ObserveInt64(bookingsG, int64(ms.fences.len()), mo)
@@ -124,7 +130,7 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 		}
 		if sub := r.subStats.Load(); sub != nil {
 			st := sub.Stats()
-			for i, n := range [...]uint64{st.Truncated, st.Malformed, st.Oversized, st.Mismatched} {
+			for i, n := range [...]uint64{st.Truncated, st.Malformed, st.Oversized, st.Mismatched, st.IDJumps} {
 				o.ObserveInt64(rejected, int64(n), causes[i])
 			}
 		}
@@ -138,15 +144,16 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 		o.ObserveInt64(ready, v)
 		return nil
 	}, queueDepth, indexBlocks, indexEntries, indexBytes, eventLag, eventGaps, streamSeq, workersG,
-		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped, rejected)
+		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped, rejected, refused)
 	return err
 }
 
 // rejectCauses are the cause attributes of kvr.events.rejected, in the order
-// of kvevents.SubscriberStats' Truncated, Malformed, Oversized, Mismatched.
-func rejectCauses() [4]metric.ObserveOption {
-	var out [4]metric.ObserveOption
-	for i, c := range [...]string{"truncated", "malformed", "oversized", "mismatched"} {
+// of kvevents.SubscriberStats' Truncated, Malformed, Oversized, Mismatched,
+// IDJumps.
+func rejectCauses() [5]metric.ObserveOption {
+	var out [5]metric.ObserveOption
+	for i, c := range [...]string{"truncated", "malformed", "oversized", "mismatched", "id_jump"} {
 		out[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", c)))
 	}
 	return out

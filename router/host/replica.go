@@ -160,9 +160,10 @@ func (r *Replica) IsReady() bool { return r.state.Load() == stateReady }
 // with an error. ctx bounds the start-up only. On error, call Close.
 //
 // In order: ensure the event stream, open the bindings table, start the
-// schedulers, watch worker membership and load reports, load the newest
-// index snapshot (when enabled) and replay the stream from there, wait
-// until caught up, then join the route queue group.
+// schedulers, watch worker membership and load reports and wait for the
+// registry, load the newest index snapshot that passes verification (when
+// enabled) and replay the stream from there, wait until caught up, then
+// join the route queue group.
 func (r *Replica) Start(ctx context.Context) error {
 	if !r.state.CompareAndSwap(stateNew, stateStarting) {
 		return fmt.Errorf("host: Start called in state %s", stateNames[r.state.Load()])
@@ -215,6 +216,11 @@ func (r *Replica) Start(ctx context.Context) error {
 		return err
 	}
 
+	// The registry first: only registered workers' events and snapshot
+	// entries are let into the index.
+	if err := r.mem.Load().WaitReady(ctx); err != nil {
+		return fmt.Errorf("host: loading worker registry: %w", err)
+	}
 	// Approximate mode has no event stream to catch up with: the index
 	// starts empty and fills with this replica's (and its peers')
 	// decisions.
@@ -229,9 +235,6 @@ func (r *Replica) Start(ctx context.Context) error {
 		if err := r.subscriber.WaitCaughtUp(ctx); err != nil {
 			return fmt.Errorf("host: catching up with event stream %s: %w", r.cfg.EventStream, err)
 		}
-	}
-	if err := r.mem.Load().WaitReady(ctx); err != nil {
-		return fmt.Errorf("host: loading worker registry: %w", err)
 	}
 	if err := r.subscribeAPI(); err != nil {
 		return err
@@ -251,7 +254,8 @@ func (r *Replica) Start(ctx context.Context) error {
 		eventSeq = r.subscriber.LastSeq()
 	}
 	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(), "approximate", r.cfg.Approximate,
-		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond))
+		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond),
+		"index_max_entries", r.cfg.IndexLimits.MaxEntries, "index_max_entries_per_worker", r.cfg.IndexLimits.MaxEntriesPerWorker)
 	return nil
 }
 

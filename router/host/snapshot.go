@@ -3,22 +3,35 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// loadSnapshots restores every model's index from its newest snapshot and
-// returns the stream sequence to replay from: one past the oldest snapshot
-// (replaying events a snapshot already holds is harmless), or 0 (the whole
-// stream) when any model has none.
+// loadSnapshots restores every model's index from its newest snapshot that
+// passes verifySnapshot and returns the stream sequence to replay from: one
+// past the oldest snapshot (replaying events a snapshot already holds is
+// harmless), or 0 (the whole stream) when any model has none.
 func (r *Replica) loadSnapshots(ctx context.Context) uint64 {
+	st, err := r.js.Stream(ctx, r.cfg.EventStream)
+	var info *jetstream.StreamInfo
+	if err == nil {
+		info, err = st.Info(ctx)
+	}
+	if err != nil {
+		r.log.Warn("index snapshots not loaded: cannot read the event stream to verify them; replaying the whole stream",
+			"stream", r.cfg.EventStream, "err", err)
+		return 0
+	}
 	start := uint64(0)
 	for i, name := range r.modelList {
 		ms := r.models[name]
 		t0 := time.Now()
-		seq, err := index.LoadSnapshot(ctx, r.js, r.cfg.SnapshotBucket, ms.index)
+		store := index.SnapshotStore{JS: r.js, Bucket: r.cfg.SnapshotBucket, Verify: r.verifySnapshot(ctx, ms, info.State.LastSeq)}
+		seq, err := store.Load(ctx, ms.index)
 		switch {
 		case errors.Is(err, index.ErrNoSnapshot):
 			r.log.Info("no index snapshot: replaying the whole event stream", "model", name)
@@ -30,7 +43,7 @@ func (r *Replica) loadSnapshots(ctx context.Context) uint64 {
 			// A partial restore would double-count nothing (replay is
 			// idempotent), but start clean to be sure.
 			for _, n := range r.modelList[:i+1] {
-				r.models[n].index = index.New(index.Config{Model: n})
+				r.models[n].index = index.New(r.cfg.indexConfig(n))
 			}
 			return 0
 		}
@@ -41,6 +54,39 @@ func (r *Replica) loadSnapshots(ctx context.Context) uint64 {
 		}
 	}
 	return start
+}
+
+// verifySnapshot checks a snapshot of ms's index against the stream and the
+// registry before it is trusted. Anyone who can write the bucket can store
+// a well-formed snapshot: one claiming a sequence past the stream's last
+// would start the subscriber beyond every event (a replica that says it is
+// ready and never sees one), so it is refused, logged and counted
+// (kvr.index.snapshots{op="load",result="rejected"}), and the next older
+// one is tried. Workers not in the registry are left out, as their events
+// would be. A snapshot older than the stream's first sequence is kept: the
+// subscriber's cursors turn the missing events into per-worker gaps.
+// Implausible cursors are the subscriber's id window's to catch.
+func (r *Replica) verifySnapshot(ctx context.Context, ms *modelState, lastSeq uint64) func(*index.Snapshot) error {
+	return func(s *index.Snapshot) error {
+		if s.StreamSeq > lastSeq {
+			err := fmt.Errorf("snapshot covers stream sequence %d, past the last sequence %d of stream %s", s.StreamSeq, lastSeq, r.cfg.EventStream)
+			ms.snapRejected.Add(1)
+			r.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "rejected")))
+			r.log.Warn("index snapshot skipped", "model", ms.name, "stream_seq", s.StreamSeq, "err", err)
+			return err
+		}
+		kept := s.Workers[:0]
+		for _, w := range s.Workers {
+			if ms.registered(w.Key.Worker) {
+				kept = append(kept, w)
+			}
+		}
+		if n := len(s.Workers) - len(kept); n > 0 {
+			r.log.Info("index snapshot: worker ranks not in the registry left out", "model", ms.name, "stream_seq", s.StreamSeq, "ranks", n)
+		}
+		s.Workers = kept
+		return nil
+	}
 }
 
 // snapshotLoop writes every model's index snapshot every SnapshotInterval.

@@ -43,6 +43,10 @@ type metrics struct {
 	snapshots       metric.Int64Counter
 	bookingSync     metric.Int64Counter
 	decisionSync    metric.Int64Counter
+	// unregistered counts event batches of workers not in the registry, by
+	// result (held, released, dropped); unregisteredOpts are its attributes.
+	unregistered     metric.Int64Counter
+	unregisteredOpts [3][]metric.AddOption
 
 	// cached attribute options; the slices are passed with ... so that
 	// recording does not allocate a variadic slice per call
@@ -113,6 +117,10 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	x.decisionSync, e = m.Int64Counter("kvr.decision_sync.decisions",
 		metric.WithDescription("Routing decisions shared between replicas for the predicted index, by direction (sent, applied; bad counts undecodable messages)."))
 	must(e)
+	x.unregistered, e = m.Int64Counter("kvr.events.unregistered",
+		metric.WithDescription("KV event batches of workers not in the registry, by result: held (waiting for the registration), released (applied when it came), dropped."))
+	must(e)
+	x.unregisteredOpts = unregisteredAttrs()
 	for _, c := range routeCodes {
 		o := metric.WithAttributeSet(attribute.NewSet(attribute.String("code", c)))
 		x.byCode[c] = o
@@ -144,6 +152,9 @@ func (x *metrics) touch() {
 		x.resyncs.Add(ctx, 0, attr(attribute.String("kind", k)))
 	}
 	x.badRequests.Add(ctx, 0, attr(attribute.String("field", "body")))
+	for _, o := range x.unregisteredOpts {
+		x.unregistered.Add(ctx, 0, o...)
+	}
 }
 
 func (x *metrics) codeOpt(code string) metric.MeasurementOption {

@@ -26,7 +26,9 @@
 //     format with a bounds-checked decoder (fuzzed), and a JetStream
 //     object-store layout in which each snapshot is its own object named
 //     by its stream sequence, so a newer snapshot always wins and is never
-//     overwritten by an older one.
+//     overwritten by an older one. SnapshotStore.Verify lets the loader
+//     refuse a well-formed but untrustworthy version (ahead of the stream)
+//     and drop workers from it before it is restored.
 //   - The approximate and predicted indexes (approx.go): fed by the
 //     router's own routing decisions, with a TTL, a size cap and lazy
 //     expiry tracked per Record call rather than per block.
@@ -58,7 +60,10 @@
 // bytes held (36 to 67 bytes per (block, worker) entry, measured by
 // BenchmarkMemoryPerEntry). Config.MaxEntries caps the entries: past it,
 // new stores are refused and counted (the index under-reports, never
-// over-reports, a worker's cache); removals go on.
+// over-reports, a worker's cache); removals go on. Config.MaxEntriesPerWorker
+// and SetWorkerLimit (a replica sets it from the worker's registered size)
+// cap each (worker, rank) the same way, so one flooding worker cannot take
+// the budget of the others.
 //
 // Where to start reading: index.go (Config, Index, ApplyBatch), then
 // lookup.go (Lookup), table.go (the lock-free protocol), snapshot.go and

@@ -12,6 +12,9 @@ var (
 	// ErrSnapshotMismatch means a snapshot for another model or tier was
 	// offered.
 	ErrSnapshotMismatch = errors.New("index: snapshot is for another model or tier")
+	// ErrSnapshotRejected means SnapshotStore.Verify refused a snapshot
+	// (it is ahead of the event stream, say).
+	ErrSnapshotRejected = errors.New("index: snapshot rejected")
 	// ErrNoSnapshot means the bucket holds no snapshot for the model.
 	ErrNoSnapshot = errors.New("index: no snapshot")
 	// ErrStaleSnapshot means a snapshot at the same or a newer stream

@@ -36,6 +36,7 @@ type Config struct {
 
 	// MaxEntriesPerWorker caps one (worker, rank)'s entries the same way
 	// (0 = no cap), so one runaway publisher cannot take the whole budget.
+	// SetWorkerLimit lowers it for one worker (to what it can hold).
 	MaxEntriesPerWorker int
 }
 
@@ -54,7 +55,8 @@ type Index struct {
 
 	wmu      sync.Mutex // serialises every write, guards workers and writer-only fields
 	workers  map[kvevents.WorkerKey]*worker
-	free     []uint32 // FIFO of freed slots, oldest first
+	limits   map[string]int // SetWorkerLimit's caps, by worker
+	free     []uint32       // FIFO of freed slots, oldest first
 	nextSlot uint32
 	slots    atomic.Pointer[slotTable]
 	// slotEpoch counts slot assignments. A lookup ignores slots assigned
@@ -88,6 +90,7 @@ type worker struct {
 	// function of content). The block leaves the index with the last one.
 	multi   map[kvevents.SeqHash]uint32
 	entries int // distinct sequence hashes indexed for this worker
+	limit   int // cap on entries (0 = none): Config.MaxEntriesPerWorker or SetWorkerLimit's
 
 	cursor kvevents.Cursor // position after the last batch applied
 
@@ -191,9 +194,44 @@ func (x *Index) worker(k kvevents.WorkerKey, create bool) *worker {
 	if !ok {
 		return nil
 	}
-	w = &worker{key: k, slot: slot}
+	w = &worker{key: k, slot: slot, limit: x.limitOf(k.Worker)}
 	x.workers[k] = w
 	return w
+}
+
+// limitOf is the entry cap of each rank of worker: the lower of
+// Config.MaxEntriesPerWorker and SetWorkerLimit's (0 = none). wmu is held.
+func (x *Index) limitOf(worker string) int {
+	n := x.cfg.MaxEntriesPerWorker
+	if l, ok := x.limits[worker]; ok && (n == 0 || l < n) {
+		n = l
+	}
+	return n
+}
+
+// SetWorkerLimit caps the entries of each rank of worker at n, below
+// Config.MaxEntriesPerWorker when that is lower (n <= 0 removes the
+// worker's own cap). A replica sets it from what the worker says it can
+// hold, so a worker that floods stored blocks stops at its own size. Blocks
+// already indexed stay; new stores past the cap are refused and counted.
+// RemoveWorker forgets it.
+func (x *Index) SetWorkerLimit(worker string, n int) {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	if n <= 0 {
+		delete(x.limits, worker)
+	} else {
+		if x.limits == nil {
+			x.limits = make(map[string]int)
+		}
+		x.limits[worker] = n
+	}
+	l := x.limitOf(worker)
+	for k, w := range x.workers {
+		if k.Worker == worker {
+			w.limit = l
+		}
+	}
 }
 
 // write path -------------------------------------------------------------------
@@ -407,7 +445,7 @@ func (x *Index) store(w *worker, blk kvevents.StoredBlock, eh, h uint64, c *batc
 		at = i
 	}
 	if (x.cfg.MaxEntries > 0 && x.entries.Load()+c.delta >= x.cfg.MaxEntries) ||
-		(x.cfg.MaxEntriesPerWorker > 0 && w.entries >= x.cfg.MaxEntriesPerWorker) {
+		(w.limit > 0 && w.entries >= w.limit) {
 		c.refused++
 		return
 	}
@@ -489,10 +527,12 @@ func (x *Index) clearWorker(k kvevents.WorkerKey, forgetCursor bool) {
 }
 
 // RemoveWorker forgets every rank of worker (it left the fleet): their
-// blocks leave the index and their slots become reusable.
+// blocks leave the index, their slots become reusable and the worker's
+// SetWorkerLimit is forgotten.
 func (x *Index) RemoveWorker(worker string) {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
+	delete(x.limits, worker)
 	for k := range x.workers {
 		if k.Worker == worker {
 			x.removeKey(k)

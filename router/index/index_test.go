@@ -371,3 +371,36 @@ func TestTableShrinksAndStats(t *testing.T) {
 	}
 	checkInvariants(t, x)
 }
+
+// SetWorkerLimit caps one worker's ranks below MaxEntriesPerWorker, on
+// ranks that exist and ranks created later; RemoveWorker forgets it.
+func TestSetWorkerLimit(t *testing.T) {
+	x := New(Config{MaxEntriesPerWorker: 6})
+	var blocks []uint64
+	for i := uint64(1); i <= 8; i++ {
+		blocks = append(blocks, i)
+	}
+	x.ApplyBatch(1, batch("a", 0, stored(1)))
+	x.SetWorkerLimit("a", 3)
+	x.SetWorkerLimit("b", 100) // above the config's cap: the config's wins
+	x.ApplyBatch(2, batch("a", 0, stored(blocks...)))
+	x.ApplyBatch(3, batch("a", 1, stored(blocks...))) // a new rank of a
+	x.ApplyBatch(4, batch("b", 0, stored(blocks...)))
+	for _, c := range []struct {
+		k    kvevents.WorkerKey
+		want int
+	}{{kvevents.WorkerKey{Worker: "a"}, 3}, {kvevents.WorkerKey{Worker: "a", Rank: 1}, 3}, {kvevents.WorkerKey{Worker: "b"}, 6}} {
+		if got := x.WorkerBlocks(c.k); got != c.want {
+			t.Errorf("%v holds %d blocks, want %d", c.k, got, c.want)
+		}
+	}
+	if st := x.Stats(); st.RefusedStores != 5+5+2 {
+		t.Fatalf("refused %d stores, want 12", st.RefusedStores)
+	}
+	x.RemoveWorker("a")
+	x.ApplyBatch(5, batch("a", 0, stored(blocks...)))
+	if got := x.WorkerBlocks(kvevents.WorkerKey{Worker: "a"}); got != 6 {
+		t.Fatalf("a holds %d blocks after it left and came back, want the config's cap 6", got)
+	}
+	checkInvariants(t, x)
+}

@@ -41,6 +41,13 @@ type SnapshotStore struct {
 	Bucket   string // default DefaultSnapshotBucket
 	Keep     int    // versions kept per model, default 2 (a reader may still be fetching the previous one)
 	Replicas int    // replicas when Save creates the bucket (default 1); an existing bucket is used as is
+	// Verify, when set, checks each decoded snapshot before Load restores
+	// it, against what the caller knows (the stream's last sequence, the
+	// registered workers): an error skips that version for the next older
+	// one, and Verify may drop workers from s.Workers. Anyone who can write
+	// the bucket can store a well-formed snapshot, so checksums alone
+	// cannot make one trustworthy.
+	Verify func(s *Snapshot) error
 }
 
 // SaveSnapshot writes x's snapshot to bucket (DefaultSnapshotBucket when
@@ -219,8 +226,9 @@ func (s SnapshotStore) prune(ctx context.Context, obs jetstream.ObjectStore, mod
 }
 
 // Load restores the newest readable snapshot of x's model into x (which
-// must be empty) and returns its stream sequence. A version deleted or
-// unreadable while loading is skipped for the next older one.
+// must be empty) and returns its stream sequence. A version deleted,
+// unreadable or refused by Verify while loading is skipped for the next
+// older one.
 func (s SnapshotStore) Load(ctx context.Context, x *Index) (uint64, error) {
 	model := x.cfg.Model
 	if model == "" {
@@ -253,6 +261,11 @@ func (s SnapshotStore) Load(ctx context.Context, x *Index) (uint64, error) {
 		snap, err := DecodeSnapshot(data)
 		if err == nil && snap.StreamSeq != v.seq {
 			err = corrupt("object %q holds stream sequence %d", v.name, snap.StreamSeq)
+		}
+		if err == nil && s.Verify != nil {
+			if err = s.Verify(snap); err != nil {
+				err = fmt.Errorf("%w: %w", ErrSnapshotRejected, err)
+			}
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("snapshot %q: %w", v.name, err))

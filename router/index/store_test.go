@@ -223,3 +223,49 @@ func TestSnapshotStoreVersions(t *testing.T) {
 		t.Fatalf("all corrupt: %v", err)
 	}
 }
+
+// Verify sees each decoded version before it is restored: a refused one
+// is skipped for the next older one, and workers it drops are not
+// restored.
+func TestSnapshotStoreVerify(t *testing.T) {
+	s := natstest.Start(t)
+	_, js := natstest.JetStream(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, seq := range []uint64{10, 1 << 40} { // the second one claims a sequence far ahead
+		x := New(Config{Model: "m"})
+		for _, w := range []string{"live", "gone"} {
+			x.ApplyBatch(seq, &kvevents.Batch{Model: "m", Worker: w, Events: []kvevents.Event{{
+				Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 1, Seq: 1}},
+			}}})
+		}
+		if _, err := SaveSnapshot(ctx, js, "", x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []uint64
+	store := SnapshotStore{JS: js, Verify: func(s *Snapshot) error {
+		seen = append(seen, s.StreamSeq)
+		if s.StreamSeq > 100 {
+			return errors.New("ahead of the stream")
+		}
+		s.Workers = s.Workers[1:] // sorted by name: "gone" first
+		return nil
+	}}
+	x := New(Config{Model: "m"})
+	seq, err := store.Load(ctx, x)
+	if err != nil || seq != 10 {
+		t.Fatalf("load: %d %v, want the older snapshot at 10", seq, err)
+	}
+	if len(seen) != 2 || seen[0] != 1<<40 {
+		t.Fatalf("verified %v, want the newest first, then 10", seen)
+	}
+	if ws := x.Workers(); len(ws) != 1 || ws[0].Worker != "live" {
+		t.Fatalf("restored workers %v, want only live", ws)
+	}
+	// Every version refused: ErrSnapshotRejected.
+	store.Verify = func(*Snapshot) error { return errors.New("no") }
+	if _, err := store.Load(ctx, New(Config{Model: "m"})); !errors.Is(err, ErrSnapshotRejected) {
+		t.Fatalf("all refused: %v", err)
+	}
+}
