@@ -310,7 +310,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 			// free through the other replica: forwarded to the owner
 			other := st.replicas[(i+1)%2]
-			code, b = httpDo(t, "DELETE", "http://"+other.HTTPAddr()+"/v1/requests/"+resp.RequestID+"?model=m&replica="+resp.Replica, nil)
+			code, b = httpDo(t, "DELETE", "http://"+other.HTTPAddr()+"/v1/requests/"+resp.RequestID+"?model=m&replica="+resp.Replica+"&fence="+resp.Fence, nil)
 			if code != 200 {
 				t.Fatalf("free via other replica: %d %s", code, b)
 			}
