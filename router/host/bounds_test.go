@@ -400,7 +400,9 @@ func TestForwardedLifecycleBounded(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		peak = max(peak, runtime.NumGoroutine())
 		return replies.Load() >= n-16
-	}, func() string { return fmt.Sprintf("%d of %d forwarded calls answered (goroutines %d, at start %d)", replies.Load(), n, peak, base) })
+	}, func() string {
+		return fmt.Sprintf("%d of %d forwarded calls answered (goroutines %d, at start %d)", replies.Load(), n, peak, base)
+	})
 	if peak > base+16+64 {
 		t.Fatalf("goroutines peaked at %d (at start %d) for %d forwarded calls with a pool of 16", peak, base, n)
 	}
