@@ -68,7 +68,8 @@ type Config struct {
 	// default).
 	SessionHeader string
 	// ID prefixes the request ids the gateway gives the router
-	// ("<ID>-<n>"); default "gw-" and ten characters of a NUID.
+	// ("<ID>-<24 random hex digits>"); default "gw-" and ten characters of
+	// a NUID.
 	ID string
 	// WorkersTTL is how long a model's worker list (for /v1/models and the
 	// tokenize target) is reused before it is read again (default 1 s).
