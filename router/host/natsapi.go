@@ -71,20 +71,31 @@ func (r *Replica) subscribeAPI() error {
 // not: past MaxInFlight requests in flight (NATS and HTTP together) it is
 // a 529 at once. leaveRoute ends an admitted one.
 func (r *Replica) admitRoute() *api.Error {
+	return r.admitTo(r.sem, func() *api.Error {
+		return api.NewError(api.CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight (max in flight)", nil)
+	})
+}
+
+func (r *Replica) leaveRoute() { r.leaveFrom(r.sem) }
+
+// admitTo admits one call past the replica's gate (enter) and into the
+// bounded pool sem, or answers full()'s error at once when the pool is
+// full. leaveFrom ends an admitted call.
+func (r *Replica) admitTo(sem chan struct{}, full func() *api.Error) *api.Error {
 	if e := r.enter(); e != nil {
 		return e
 	}
 	select {
-	case r.sem <- struct{}{}:
+	case sem <- struct{}{}:
 		return nil
 	default:
 		r.leave()
-		return api.NewError(api.CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight (max in flight)", nil)
+		return full()
 	}
 }
 
-func (r *Replica) leaveRoute() {
-	<-r.sem
+func (r *Replica) leaveFrom(sem chan struct{}) {
+	<-sem
 	r.leave()
 }
 
@@ -243,24 +254,14 @@ func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, l
 // an unresponsive replica holds at most the pool, not a goroutine each.
 // leaveForward ends an admitted one.
 func (r *Replica) enterForward(ctx context.Context, op string) *api.Error {
-	if e := r.enter(); e != nil {
-		return e
-	}
-	select {
-	case r.fwd <- struct{}{}:
-		return nil
-	default:
-		r.leave()
+	return r.admitTo(r.fwd, func() *api.Error {
 		r.m.lifecycleDone(ctx, op, api.CodeOverloaded)
 		return api.NewError(api.CodeOverloaded, "replica "+r.id+" is forwarding "+strconv.Itoa(r.cfg.ForwardConcurrency)+
 			" lifecycle calls already (forward concurrency); retry, or send the call to the replica holding the booking", nil)
-	}
+	})
 }
 
-func (r *Replica) leaveForward() {
-	<-r.fwd
-	r.leave()
-}
+func (r *Replica) leaveForward() { r.leaveFrom(r.fwd) }
 
 // forwardLifecycle sends a lifecycle call to the replica that holds the
 // booking and relays its answer, within ForwardTimeout. HTTP and
