@@ -407,3 +407,28 @@ func TestForwardedLifecycleBounded(t *testing.T) {
 		t.Fatalf("goroutines peaked at %d (at start %d) for %d forwarded calls with a pool of 16", peak, base, n)
 	}
 }
+
+// The fence of a booking costs the route one allocation (its string) and
+// checking one none; a generated request id one (its string).
+func TestFenceAndIDAllocations(t *testing.T) {
+	fs := newFenceSigner()
+	f := scheduler.Fence{RequestID: "rep-0-0123", Attempt: 7}
+	f.Worker.Worker, f.Worker.Rank = "gpu-1", 2
+	tok := fs.token(f)
+	if n := testing.AllocsPerRun(100, func() { _ = fs.token(f) }); n > 1 {
+		t.Errorf("token: %v allocations, want 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = fs.valid(f, tok) }); n != 0 {
+		t.Errorf("valid: %v allocations, want 0", n)
+	}
+	g := f
+	g.Attempt++
+	if !fs.valid(f, tok) || fs.valid(g, tok) || newFenceSigner().valid(f, tok) {
+		t.Fatal("a fence must be valid for its booking only, under its replica's key")
+	}
+	r := &Replica{id: "rep-0"}
+	s := &routeScratch{}
+	if n := testing.AllocsPerRun(100, func() { _ = r.newRequestID(s) }); n > 1 {
+		t.Errorf("newRequestID: %v allocations, want 1", n)
+	}
+}

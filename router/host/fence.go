@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
+	"slices"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -28,65 +29,79 @@ import (
 // requestIDRandomBytes is the randomness of a generated request id.
 const requestIDRandomBytes = 12
 
-// newRequestID returns "<replica>-<24 hex digits>" with one allocation.
+// newRequestID returns "<replica>-<24 hex digits>" with one allocation:
+// the random bytes are drawn into the scratch buffer, past the digits they
+// become.
 func (r *Replica) newRequestID(s *routeScratch) string {
-	var rnd [requestIDRandomBytes]byte
-	_, _ = rand.Read(rnd[:]) // crypto/rand.Read never fails
 	b := append(s.out[:0], r.id...)
 	b = append(b, '-')
-	b = hex.AppendEncode(b, rnd[:])
-	s.out = b
-	return string(b)
+	n, digits := len(b), 2*requestIDRandomBytes
+	b = slices.Grow(b, digits+requestIDRandomBytes)[:n+digits+requestIDRandomBytes]
+	rnd := b[n+digits:]
+	_, _ = rand.Read(rnd) // crypto/rand.Read never fails
+	hex.Encode(b[n:n+digits], rnd)
+	s.out = b[:n+digits]
+	return string(s.out)
 }
 
 // fenceBytes is the length of a fence before hex encoding (128 bits).
 const fenceBytes = 16
 
-// fenceSigner makes and checks fences. Its hashers are pooled (an HMAC
-// allocates when built, not when reset).
+// fenceSigner makes and checks fences. Its hashers are pooled with the
+// buffers they write through (an HMAC allocates when built, not when
+// reset; a buffer handed to an interface method would escape).
 type fenceSigner struct {
-	pool sync.Pool // hash.Hash, keyed
+	pool sync.Pool // *fenceHasher
+}
+
+type fenceHasher struct {
+	h   hash.Hash // HMAC-SHA256 under the replica's key
+	n   [8]byte
+	mac [sha256.Size]byte
+	hex [2 * fenceBytes]byte
 }
 
 func newFenceSigner() *fenceSigner {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	return &fenceSigner{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+	return &fenceSigner{pool: sync.Pool{New: func() any { return &fenceHasher{h: hmac.New(sha256.New, key)} }}}
 }
 
-// sum writes the MAC of f into out; each field is length-prefixed so no two
-// bookings sign the same bytes.
-func (fs *fenceSigner) sum(f scheduler.Fence, out *[sha256.Size]byte) {
-	h := fs.pool.Get().(hash.Hash)
-	h.Reset()
-	var n [8]byte
-	for _, s := range [...]string{f.RequestID, f.Worker.Worker} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write(unsafeBytes(s))
+// sum leaves the fence of f, hex encoded, in fh.hex; each field is
+// length-prefixed so no two bookings sign the same bytes.
+func (fh *fenceHasher) sum(f scheduler.Fence) {
+	fh.h.Reset()
+	put := func(v uint64) {
+		binary.BigEndian.PutUint64(fh.n[:], v)
+		fh.h.Write(fh.n[:])
 	}
-	binary.BigEndian.PutUint64(n[:], uint64(f.Worker.Rank))
-	h.Write(n[:])
-	binary.BigEndian.PutUint64(n[:], f.Attempt)
-	h.Write(n[:])
-	h.Sum(out[:0])
-	fs.pool.Put(h)
+	put(uint64(len(f.RequestID)))
+	fh.h.Write(unsafeBytes(f.RequestID))
+	put(uint64(len(f.Worker.Worker)))
+	fh.h.Write(unsafeBytes(f.Worker.Worker))
+	put(uint64(f.Worker.Rank))
+	put(f.Attempt)
+	fh.h.Sum(fh.mac[:0])
+	hex.Encode(fh.hex[:], fh.mac[:fenceBytes])
 }
 
-// token is the fence of booking f as the route reply carries it.
+// token is the fence of booking f as the route reply carries it (one
+// allocation: the string).
 func (fs *fenceSigner) token(f scheduler.Fence) string {
-	var mac [sha256.Size]byte
-	fs.sum(f, &mac)
-	return hex.EncodeToString(mac[:fenceBytes])
+	fh := fs.pool.Get().(*fenceHasher)
+	fh.sum(f)
+	t := string(fh.hex[:])
+	fs.pool.Put(fh)
+	return t
 }
 
 // valid reports whether token is the fence of booking f (in constant time).
 func (fs *fenceSigner) valid(f scheduler.Fence, token string) bool {
-	var mac [sha256.Size]byte
-	fs.sum(f, &mac)
-	var want [2 * fenceBytes]byte
-	hex.Encode(want[:], mac[:fenceBytes])
-	return subtle.ConstantTimeCompare(want[:], unsafeBytes(token)) == 1
+	fh := fs.pool.Get().(*fenceHasher)
+	fh.sum(f)
+	ok := subtle.ConstantTimeCompare(fh.hex[:], unsafeBytes(token)) == 1
+	fs.pool.Put(fh)
+	return ok
 }
 
 // checkFence admits a lifecycle call on booking fe: it must present the
