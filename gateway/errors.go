@@ -27,6 +27,8 @@ type errorInfo struct {
 // typeOf is OpenAI's error type for an HTTP status.
 func typeOf(status int) string {
 	switch {
+	case status == http.StatusUnauthorized:
+		return "invalid_request_error"
 	case status == http.StatusTooManyRequests:
 		return "rate_limit_error"
 	case status == http.StatusNotFound:
@@ -94,6 +96,7 @@ func (g *Gateway) writeError(ctx context.Context, w http.ResponseWriter, e *Requ
 	if e.Status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
 	}
+	g.setWriteDeadline(w)
 	writeJSON(w, e.Status, e.body())
 	g.m.answered(ctx, e.Status)
 }

@@ -111,6 +111,9 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 		return nil, &upstreamFailure{phase: phaseConnect, worker: x.rs.Worker, err: err}
 	}
 	copyRequestHeaders(req.Header, x.r.Header)
+	if x.g.cfg.APIKey != "" {
+		req.Header.Del("Authorization") // the gateway's own key, not the engine's
+	}
 	req.Header.Set(rankHeader, strconv.FormatUint(uint64(x.rs.Rank), 10))
 	x.g.tel.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	up, err := x.g.http.Do(req)
@@ -232,6 +235,7 @@ func (x *exchange) whole(ctx context.Context, up *http.Response) {
 		x.g.fail(ctx, x.span, x.w, serverError(http.StatusBadGateway, "upstream_error", "the engine's reply broke off: %v", err))
 		return
 	}
+	x.g.setWriteDeadline(x.w)
 	x.w.WriteHeader(up.StatusCode)
 	_, _ = x.w.Write(data)
 	x.g.m.ttft.Record(ctx, time.Since(x.t0).Seconds())
@@ -259,6 +263,11 @@ var (
 // engine's request is cancelled with the upstream context).
 func (x *exchange) stream(ctx context.Context, up *http.Response) {
 	rc := http.NewResponseController(x.w)
+	// Each write gets WriteTimeout: the deadline moves on as events go out
+	// (at most once a second, to spare the timer), so a client that stops
+	// reading is dropped while a long stream is not.
+	moved := time.Now()
+	_ = rc.SetWriteDeadline(moved.Add(x.g.cfg.WriteTimeout))
 	x.w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
 	br := readers.Get().(*bufio.Reader)
@@ -276,6 +285,10 @@ func (x *exchange) stream(ctx context.Context, up *http.Response) {
 			if bytes.HasPrefix(line, dataPrefix) {
 				done = done || bytes.HasPrefix(line, dataDone)
 				tokens = !done && !bytes.Contains(line, roleOnly) && !bytes.Contains(line, emptyChoices)
+			}
+			if now := time.Now(); now.Sub(moved) >= time.Second {
+				moved = now
+				_ = rc.SetWriteDeadline(now.Add(x.g.cfg.WriteTimeout))
 			}
 			if _, werr := x.w.Write(line); werr != nil {
 				status = api.StatusCanceled // the client went away

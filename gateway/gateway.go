@@ -2,6 +2,10 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +29,18 @@ const (
 	ModeHeader           = "X-Session-Mode"
 	DefaultWorkersTTL    = time.Second
 	DefaultCallTimeout   = 5 * time.Second
+	DefaultWriteTimeout  = 30 * time.Second
+)
+
+// Settings of the gateway's HTTP server (`kvrouter gateway`, serve
+// --openai-addr). ReadTimeout bounds reading a request, body included; it
+// is lifted once the body is read, so it never cuts a reply. Writes are
+// bounded per write by Config.WriteTimeout.
+const (
+	ServerReadHeaderTimeout = 10 * time.Second
+	ServerReadTimeout       = 60 * time.Second
+	ServerIdleTimeout       = 2 * time.Minute
+	ServerMaxHeaderBytes    = 64 << 10
 )
 
 // Response headers telling the client what routing did.
@@ -53,7 +68,8 @@ type Config struct {
 	// default).
 	SessionHeader string
 	// ID prefixes the request ids the gateway gives the router
-	// ("<ID>-<n>"); default "gw-" and ten characters of a NUID.
+	// ("<ID>-<24 random hex digits>"); default "gw-" and ten characters of
+	// a NUID.
 	ID string
 	// WorkersTTL is how long a model's worker list (for /v1/models and the
 	// tokenize target) is reused before it is read again (default 1 s).
@@ -68,6 +84,16 @@ type Config struct {
 	// TokenizerApprox cuts the text into pseudo-blocks for a replica in
 	// approximate mode, with no /tokenize call (approx.go).
 	Tokenizer string
+	// APIKey, when set, is the key every client must send, OpenAI style
+	// ("Authorization: Bearer <key>", what the OpenAI SDKs send; compared
+	// in constant time); a missing or wrong key is 401 invalid_api_key.
+	// The client's Authorization header is then not passed to the engines
+	// (it holds the gateway's key).
+	APIKey string
+	// WriteTimeout bounds each write to the client (default 30 s): a whole
+	// reply, or one streamed event, the deadline moving on with each, so a
+	// client that stops reading is dropped and a long stream is not.
+	WriteTimeout time.Duration
 	// HTTPClient talks to the engines; default a client whose transport
 	// keeps up to 1,024 idle connections per engine.
 	HTTPClient *http.Client
@@ -88,7 +114,7 @@ type Gateway struct {
 	m      *metrics
 	mux    *http.ServeMux
 	models map[string]*workerCache
-	seq    atomic.Uint64
+	apiKey [sha256.Size]byte // SHA-256 of "Bearer <APIKey>", when set
 }
 
 // New builds a gateway from cfg.
@@ -113,6 +139,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
 	}
 	if cfg.Tokenizer == "" {
 		cfg.Tokenizer = TokenizerEngine
@@ -146,6 +175,9 @@ func New(cfg Config) (*Gateway, error) {
 	g.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { g.generate(w, r, kindCompletion) })
 	g.mux.HandleFunc("GET /v1/models", g.listModels)
 	g.mux.HandleFunc("/", g.notFound)
+	if cfg.APIKey != "" {
+		g.apiKey = sha256.Sum256([]byte("Bearer " + cfg.APIKey))
+	}
 	return g, nil
 }
 
@@ -160,8 +192,51 @@ func newTransport() *http.Transport {
 	}
 }
 
-// ServeHTTP serves the gateway's API.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the gateway's API, to clients with the API key when
+// one is set.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.Authorized(r) {
+		g.unauthorized(w, r)
+		return
+	}
+	g.mux.ServeHTTP(w, r)
+}
+
+// Authorized reports whether r carries the API key (always, when none is
+// set). The SHA-256 sums are compared in constant time, so neither the key
+// nor its length leaks through timing. The command uses it for /metrics.
+func (g *Gateway) Authorized(r *http.Request) bool {
+	if g.cfg.APIKey == "" {
+		return true
+	}
+	got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+	return subtle.ConstantTimeCompare(got[:], g.apiKey[:]) == 1
+}
+
+// Guard is h behind the API key (h itself when none is set), answering
+// 401 invalid_api_key in OpenAI's shape: the command puts /metrics behind
+// it.
+func (g *Gateway) Guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.Authorized(r) {
+			g.unauthorized(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (g *Gateway) unauthorized(w http.ResponseWriter, r *http.Request) {
+	g.setWriteDeadline(w)
+	w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouter-gateway"`)
+	g.writeError(r.Context(), w, serverError(http.StatusUnauthorized, "invalid_api_key",
+		"Incorrect or missing API key: send \"Authorization: Bearer <key>\" with the gateway's key (gateway --api-key)"))
+}
+
+// setWriteDeadline gives the next write to the client WriteTimeout.
+func (g *Gateway) setWriteDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.WriteTimeout))
+}
 
 // notFound answers every other path in OpenAI's error shape: the gateway
 // forwards only the generate endpoints (documented in docs/gateway.md).
@@ -288,10 +363,12 @@ func (g *Gateway) others(ctx context.Context, model, failed string) []string {
 	return out
 }
 
-// newRequestID is "<ID>-<n>", n in base 36: the id the router books under
-// (and that cancel names).
+// newRequestID is "<ID>-<96 random bits in hex>": the id the router books
+// under (and that cancel names), which nobody else can guess.
 func (g *Gateway) newRequestID() string {
-	return g.cfg.ID + "-" + strconv.FormatUint(g.seq.Add(1), 36)
+	var rnd [12]byte
+	_, _ = rand.Read(rnd[:]) // crypto/rand.Read never fails
+	return g.cfg.ID + "-" + hex.EncodeToString(rnd[:])
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -304,9 +381,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
-// readBody reads a client body of at most limit bytes.
+// readBody reads a client body of at most limit bytes. Once it is read
+// the connection's read deadline (the server's ReadTimeout, which bounds
+// reading a request) is lifted: it would otherwise cancel a long reply.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *RequestError) {
+	if r.ContentLength > limit {
+		e := badRequest("", "the request body is %d bytes, larger than %d", r.ContentLength, limit)
+		e.Status, e.Code = http.StatusRequestEntityTooLarge, "request_too_large"
+		return nil, e
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err == nil {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -67,17 +67,17 @@ func (p ReplicaRouter) Route(ctx context.Context, req *api.RouteRequest, resp *a
 
 // PrefillDone calls the replica directly.
 func (p ReplicaRouter) PrefillDone(ctx context.Context, model string, r *api.RouteResponse) error {
-	return p.lifecycle(ctx, api.OpPrefillDone, model, r.RequestID, r.Attempt, r.Replica)
+	return p.lifecycle(ctx, api.OpPrefillDone, model, r)
 }
 
 // Free calls the replica directly.
 func (p ReplicaRouter) Free(ctx context.Context, model string, r *api.RouteResponse) error {
-	return p.lifecycle(ctx, api.OpFree, model, r.RequestID, r.Attempt, r.Replica)
+	return p.lifecycle(ctx, api.OpFree, model, r)
 }
 
 // Cancel calls the replica directly.
 func (p ReplicaRouter) Cancel(ctx context.Context, model, requestID string) error {
-	return p.lifecycle(ctx, api.OpCancel, model, requestID, 0, "")
+	return p.lifecycle(ctx, api.OpCancel, model, &api.RouteResponse{RequestID: requestID})
 }
 
 // Workers reads the replica's membership view.
@@ -85,7 +85,10 @@ func (p ReplicaRouter) Workers(_ context.Context, model string) (*api.WorkersRes
 	return p.R.Workers(model)
 }
 
-func (p ReplicaRouter) lifecycle(ctx context.Context, op, model, id string, attempt uint64, replica string) error {
-	_, err := p.R.Lifecycle(ctx, op, &api.LifecycleRequest{V: api.APIVersion, RequestID: id, Model: model, Attempt: attempt, Replica: replica})
+// lifecycle makes one lifecycle call on the booking of route reply r (its
+// fence included).
+func (p ReplicaRouter) lifecycle(ctx context.Context, op, model string, r *api.RouteResponse) error {
+	_, err := p.R.Lifecycle(ctx, op, &api.LifecycleRequest{V: api.APIVersion, RequestID: r.RequestID, Model: model,
+		Attempt: r.Attempt, Fence: r.Fence, Replica: r.Replica})
 	return err
 }

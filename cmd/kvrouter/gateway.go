@@ -46,6 +46,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		traceFile  = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
 		traceRatio = c.float("trace-sample", 1, "fraction of requests traced when --trace-file is set (parent decisions are honoured)")
 	)
+	kf := addGatewayKeyFlags(c)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -79,11 +80,19 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	cfg := gf.config(gateway.ClientRouter{C: api.NewClient(nc.Conn, *prefix, tel.Propagator)}, splitList(*models), tel, log)
+	if cfg.APIKey, err = secret("api-key", *kf.key, "api-key-file", *kf.keyFile); err != nil {
+		return usageError{err}
+	}
+	cfg.WriteTimeout = *kf.writeTimeout
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return usageError{err}
 	}
-	srv, err := startGatewayServer(g, *listen, prom.Handler, log)
+	metrics := prom.Handler
+	if !*kf.metricsOpen {
+		metrics = g.Guard(metrics)
+	}
+	srv, err := startGatewayServer(g, *listen, metrics, log)
 	if err != nil {
 		return err
 	}
@@ -117,6 +126,22 @@ func (f *gatewayFlags) config(r gateway.Router, models []string, tel gateway.Tel
 		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Tokenizer: *f.tokenizer, Telemetry: tel, Logger: log}
 }
 
+// gatewayKeyFlags are `kvrouter gateway`'s API key and write bound.
+type gatewayKeyFlags struct {
+	key, keyFile *string
+	metricsOpen  *bool
+	writeTimeout *time.Duration
+}
+
+func addGatewayKeyFlags(c *cmdFlags) *gatewayKeyFlags {
+	return &gatewayKeyFlags{
+		key:          c.str("api-key", "", "API key clients must send, OpenAI style (\"Authorization: Bearer <key>\", what the OpenAI SDKs send); \"\" = none"),
+		keyFile:      c.str("api-key-file", "", "file holding --api-key (kept out of the process list)"),
+		metricsOpen:  c.boolean("metrics-open", false, "serve /metrics without the API key"),
+		writeTimeout: c.duration("write-timeout", gateway.DefaultWriteTimeout, "longest write of a reply, or of one streamed event, to a client (a client that stops reading is dropped)"),
+	}
+}
+
 // addTokenizerFlag is the gateway's tokenizer choice (gateway's
 // --tokenizer, serve's --openai-tokenizer).
 func addTokenizerFlag(c *cmdFlags, name string) *string {
@@ -142,7 +167,11 @@ func startGatewayServer(g *gateway.Gateway, addr string, metrics http.Handler, l
 		mux.Handle("GET /metrics", metrics)
 	}
 	mux.Handle("/", g)
-	s := &gatewayServer{http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, addr: ln.Addr().String(), done: make(chan error, 1)}
+	// No WriteTimeout: it would cut long streams; the gateway moves a
+	// write deadline along each reply instead (gateway.Config.WriteTimeout).
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: gateway.ServerReadHeaderTimeout, ReadTimeout: gateway.ServerReadTimeout,
+		IdleTimeout: gateway.ServerIdleTimeout, MaxHeaderBytes: gateway.ServerMaxHeaderBytes}
+	s := &gatewayServer{http: hs, addr: ln.Addr().String(), done: make(chan error, 1)}
 	go func() { s.done <- s.http.Serve(ln) }()
 	log.Info("gateway listening", "addr", s.addr)
 	return s, nil

@@ -55,7 +55,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		prefix      = c.str("prefix", api.DefaultPrefix, "first token of every NATS subject")
 		models      = c.str("models", "default", "models this replica routes, comma separated")
 		blockSize   = c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')")
-		httpAddr    = c.str("http-addr", ":8080", "HTTP API listen address (\"\" = no HTTP)")
+		httpAddr    = c.str("http-addr", "127.0.0.1:8080", "HTTP API listen address (\"\" = no HTTP); loopback by default: give :8080 or a host address to open it, with --http-token")
 		openaiAddr  = c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)")
 		openaiTok   = addTokenizerFlag(c, "openai-tokenizer")
 		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
@@ -76,7 +76,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
 		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
 		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest wait of a request in the router queue when it gives no deadline_ms")
-		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS; beyond, 529 at once")
+		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS and HTTP together; beyond, 529 at once")
 		syncEvery   = c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas")
 		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
 		traceRatio  = c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)")
@@ -88,6 +88,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		idxPerWorker = c.integer("index-max-entries-per-worker", 0, "cap on one worker rank's index entries (0 = 1/8 of the model's cap; -1 = none); each rank is also capped at twice the kv_blocks it registered")
 		holdGrace    = c.duration("event-hold-grace", host.DefaultEventHoldGrace, "how long events of a worker not yet in the registry wait for its registration before they are dropped (negative = drop at once)")
 	)
+	hf := addServeHTTPFlags(c)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -125,6 +126,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.BookingSyncInterval = *syncEvery
 	cfg.IndexLimits = host.IndexLimits{MaxBytes: int64(*idxBytes), MaxEntries: int64(*idxEntries),
 		MaxEntriesPerWorker: int64(*idxPerWorker), EventHoldGrace: *holdGrace}
+	if err := hf.apply(&cfg); err != nil {
+		return usageError{err}
+	}
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
@@ -163,7 +167,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	startErr := r.Start(ctx)
 	var gw *gatewayServer
 	if startErr == nil && *openaiAddr != "" {
-		gw, startErr = startOpenAI(r, *openaiAddr, *openaiTok, cfg.Telemetry, log)
+		gw, startErr = startOpenAI(r, *openaiAddr, *openaiTok, cfg.HTTPToken, cfg.Telemetry, log)
 	}
 	if startErr == nil {
 		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()), orNone(gw.where()))
@@ -183,10 +187,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return closeErr
 }
 
-// startOpenAI runs the gateway in process over r (serve --openai-addr).
-func startOpenAI(r *host.Replica, addr, tokenizer string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
+// startOpenAI runs the gateway in process over r (serve --openai-addr),
+// guarded by the replica's --http-token as its API key.
+func startOpenAI(r *host.Replica, addr, tokenizer, apiKey string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
 	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Tokenizer: tokenizer, Logger: log,
-		Telemetry: tel})
+		Telemetry: tel, APIKey: apiKey})
 	if err != nil {
 		return nil, err
 	}
@@ -227,4 +232,39 @@ func orNone(s string) string {
 		return "off"
 	}
 	return s
+}
+
+// serveHTTPFlags are the HTTP API's access and bounds (docs/protocol.md,
+// "HTTP API").
+type serveHTTPFlags struct {
+	token, tokenFile           *string
+	metricsOpen, allowUnfenced *bool
+	readTimeout, writeTimeout  *time.Duration
+	forwardTimeout             *time.Duration
+	maxBody, forwardConc       *int
+}
+
+func addServeHTTPFlags(c *cmdFlags) *serveHTTPFlags {
+	return &serveHTTPFlags{
+		token:          c.str("http-token", "", "bearer token the HTTP route, lifecycle, workers and sessions calls must send (\"Authorization: Bearer <token>\"; also the API key of --openai-addr); \"\" = none"),
+		tokenFile:      c.str("http-token-file", "", "file holding --http-token (kept out of the process list)"),
+		metricsOpen:    c.boolean("metrics-open", false, "serve /metrics without the token (/healthz and /readyz never need it)"),
+		readTimeout:    c.duration("http-read-timeout", host.DefaultHTTPReadTimeout, "longest read of one HTTP request, body included (headers: 10 s)"),
+		writeTimeout:   c.duration("http-write-timeout", host.DefaultHTTPWriteTimeout, "longest write of one HTTP reply, from when it is ready"),
+		maxBody:        c.integer("route-max-body-bytes", 0, "largest route request body, HTTP or NATS (0 = sized to the largest prompt a registered worker can hold, 1 MiB to 16 MiB)"),
+		forwardConc:    c.integer("forward-concurrency", host.DefaultForwardConcurrency, "lifecycle calls forwarded to other replicas at once; beyond, 529 at once"),
+		forwardTimeout: c.duration("forward-timeout", host.DefaultForwardTimeout, "longest lifecycle call forwarded to another replica"),
+		allowUnfenced:  c.boolean("lifecycle-allow-unfenced", false, "accept lifecycle calls without the booking's fence (for callers that do not pass it yet; anyone who knows a request id can then free it)"),
+	}
+}
+
+func (f *serveHTTPFlags) apply(cfg *host.Config) error {
+	token, err := secret("http-token", *f.token, "http-token-file", *f.tokenFile)
+	if err != nil {
+		return err
+	}
+	cfg.HTTPToken, cfg.MetricsOpen, cfg.AllowUnfencedLifecycle = token, *f.metricsOpen, *f.allowUnfenced
+	cfg.HTTPReadTimeout, cfg.HTTPWriteTimeout = *f.readTimeout, *f.writeTimeout
+	cfg.MaxBodyBytes, cfg.ForwardConcurrency, cfg.ForwardTimeout = int64(*f.maxBody), *f.forwardConc, *f.forwardTimeout
+	return nil
 }

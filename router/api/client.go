@@ -110,7 +110,7 @@ func (c *Client) Cancel(ctx context.Context, model, requestID string) error {
 }
 
 func (c *Client) lifecycle(ctx context.Context, op, model string, r *RouteResponse) error {
-	body, err := json.Marshal(&LifecycleRequest{V: APIVersion, RequestID: r.RequestID, Model: model, Attempt: r.Attempt, Replica: r.Replica})
+	body, err := json.Marshal(&LifecycleRequest{V: APIVersion, RequestID: r.RequestID, Model: model, Attempt: r.Attempt, Fence: r.Fence, Replica: r.Replica})
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,9 @@ import (
 // Kvr-Status header.
 const (
 	CodeBadRequest       = "bad_request"        // 400: a field is missing, malformed or out of range
-	CodeNotFound         = "not_found"          // 404: unknown session or request
+	CodeNotFound         = "not_found"          // 404: unknown session or request (or a wrong fence)
+	CodeUnauthorized     = "unauthorized"       // 401 (HTTP only): a missing or wrong bearer token
+	CodeExceedsCapacity  = "exceeds_capacity"   // 400: the request needs more KV than the largest worker holds
 	CodePinConflict      = "pin_conflict"       // 409: pin disagrees with the session's binding
 	CodeBindingRejected  = "binding_rejected"   // 409: Hard binding to a live worker that cannot take the request
 	CodeNoEligibleWorker = "no_eligible_worker" // 503: no known, allowed, available worker
@@ -36,8 +38,10 @@ const StatusCanceled = 499
 // StatusOf maps an error code to its HTTP status.
 func StatusOf(code string) int {
 	switch code {
-	case CodeBadRequest:
+	case CodeBadRequest, CodeExceedsCapacity:
 		return http.StatusBadRequest
+	case CodeUnauthorized:
+		return http.StatusUnauthorized
 	case CodeNotFound:
 		return http.StatusNotFound
 	case CodePinConflict, CodeBindingRejected:
@@ -58,6 +62,8 @@ func StatusOf(code string) int {
 var (
 	ErrBadRequest       = errors.New("bad request")
 	ErrNotFound         = errors.New("not found")
+	ErrUnauthorized     = errors.New("unauthorized")
+	ErrExceedsCapacity  = errors.New("request exceeds every worker's capacity")
 	ErrPinConflict      = errors.New("pin conflicts with the session binding")
 	ErrBindingRejected  = errors.New("session bound to a live worker that cannot take the request")
 	ErrNoEligibleWorker = errors.New("no eligible worker")
@@ -71,6 +77,8 @@ var (
 var sentinelOf = map[string]error{
 	CodeBadRequest:       ErrBadRequest,
 	CodeNotFound:         ErrNotFound,
+	CodeUnauthorized:     ErrUnauthorized,
+	CodeExceedsCapacity:  ErrExceedsCapacity,
 	CodePinConflict:      ErrPinConflict,
 	CodeBindingRejected:  ErrBindingRejected,
 	CodeNoEligibleWorker: ErrNoEligibleWorker,

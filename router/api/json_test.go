@@ -77,7 +77,7 @@ func TestDecodeRouteRequestErrors(t *testing.T) {
 func TestRouteResponseMatchesEncodingJSON(t *testing.T) {
 	cases := []RouteResponse{
 		{V: 1, RequestID: "r<1>&\u2028\x00", Model: "m", Worker: "w\"1", Rank: 3, Endpoint: "kvr.worker.m.w1.generate",
-			OverlapBlocks: 7, PromptBlocks: 9, Attempt: 2, Replica: "a", QueueWaitUS: 12},
+			OverlapBlocks: 7, PromptBlocks: 9, Attempt: 2, Fence: "f\"<0>", Replica: "a", QueueWaitUS: 12},
 		{V: 1, RequestID: "r", Binding: &BindingInfo{SessionID: "s", Outcome: OutcomeCreated, Mode: "hard", Worker: "w", Version: 4, HasRank: true, Rank: 1}},
 		{V: 1, Binding: &BindingInfo{SessionID: "s\xff", Outcome: OutcomeFresh}},
 	}
@@ -177,7 +177,7 @@ func BenchmarkEncodingJSONRouteRequest2048(b *testing.B) {
 
 func TestDecodeRouteResponse(t *testing.T) {
 	for _, c := range []RouteResponse{
-		{V: 1, RequestID: "r", Model: "m", Worker: "w", Rank: 3, Endpoint: "e", OverlapBlocks: 5, PromptBlocks: 9, Attempt: 1 << 40, Replica: "x", QueueWaitUS: 77},
+		{V: 1, RequestID: "r", Model: "m", Worker: "w", Rank: 3, Endpoint: "e", OverlapBlocks: 5, PromptBlocks: 9, Attempt: 1 << 40, Fence: "0123abcd", Replica: "x", QueueWaitUS: 77},
 		{V: 1, RequestID: "r", Binding: &BindingInfo{SessionID: "s", Outcome: "created", Mode: "hard", Worker: "w", Rank: 2, HasRank: true, Version: 3}},
 	} {
 		var got RouteResponse
@@ -228,8 +228,8 @@ func TestDecodeLifecycleRequest(t *testing.T) {
 	if err := DecodeLifecycleRequest([]byte(" \n"), &lr); err != nil || lr.Model != "keep" {
 		t.Fatalf("empty body: %v %+v", err, lr)
 	}
-	if err := DecodeLifecycleRequest([]byte(`{"request_id":"r","attempt":3,"replica":"x"}`), &lr); err != nil ||
-		lr != (LifecycleRequest{RequestID: "r", Model: "keep", Attempt: 3, Replica: "x"}) {
+	if err := DecodeLifecycleRequest([]byte(`{"request_id":"r","attempt":3,"fence":"f1","replica":"x"}`), &lr); err != nil ||
+		lr != (LifecycleRequest{RequestID: "r", Model: "keep", Attempt: 3, Fence: "f1", Replica: "x"}) {
 		t.Fatalf("decoded %+v, %v", lr, err)
 	}
 	for _, c := range []struct{ body, field string }{

@@ -60,13 +60,27 @@ func (r *RouteRequest) clear(key []byte) {
 	}
 }
 
-// Reset clears r for reuse, keeping the capacity of its slices.
+// Reset clears r for reuse, keeping the capacity of its slices unless
+// they grew large.
 func (r *RouteRequest) Reset() {
 	*r = RouteRequest{
-		TokenIDs:       r.TokenIDs[:0],
-		BlockHashes:    r.BlockHashes[:0],
-		AllowedWorkers: r.AllowedWorkers[:0],
+		TokenIDs:       keepSmall(r.TokenIDs, maxKeptTokens),
+		BlockHashes:    keepSmall(r.BlockHashes, maxKeptTokens/16),
+		AllowedWorkers: keepSmall(r.AllowedWorkers, 1024),
 	}
+}
+
+// maxKeptTokens bounds the token ids a reset request keeps room for: a
+// pooled request that once held a huge prompt drops it, so a burst of large
+// bodies leaves no memory behind.
+const maxKeptTokens = 64 << 10
+
+// keepSmall is s emptied, or nil when its capacity is past limit.
+func keepSmall[T any](s []T, limit int) []T {
+	if cap(s) > limit {
+		return nil
+	}
+	return s[:0]
 }
 
 func (d *decoder) errf(field, format string, args ...any) *Error {

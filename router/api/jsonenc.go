@@ -85,6 +85,8 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	dst = strconv.AppendInt(dst, int64(r.PromptBlocks), 10)
 	dst = append(dst, `,"attempt":`...)
 	dst = strconv.AppendUint(dst, r.Attempt, 10)
+	dst = append(dst, `,"fence":`...)
+	dst = AppendJSONString(dst, r.Fence)
 	dst = append(dst, `,"replica":`...)
 	dst = AppendJSONString(dst, r.Replica)
 	dst = append(dst, `,"queue_wait_us":`...)

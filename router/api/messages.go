@@ -27,6 +27,7 @@ const (
 	MaxPriority      = 1 << 16 // |priority|
 	MaxDeadline      = time.Hour
 	MaxRouteBodySize = 16 << 20 // bytes of one route request (HTTP body or NATS payload)
+	MaxFenceLen      = 64       // bytes of a lifecycle call's fence
 )
 
 // WorkerRef names one worker and, optionally, one of its data-parallel ranks:
@@ -104,7 +105,8 @@ type RouteResponse struct {
 	Endpoint      string       `json:"endpoint"`       // where to send the request (the worker's registered endpoint)
 	OverlapBlocks int          `json:"overlap_blocks"` // leading prompt blocks the worker already holds
 	PromptBlocks  int          `json:"prompt_blocks"`  // full blocks in the prompt
-	Attempt       uint64       `json:"attempt"`        // fence: echo it in prefill_done and free
+	Attempt       uint64       `json:"attempt"`        // booking attempt: echo it in prefill_done and free
+	Fence         string       `json:"fence"`          // the booking's secret: lifecycle calls must present it
 	Replica       string       `json:"replica"`        // replica holding the booking: echo it in lifecycle calls
 	QueueWaitUS   int64        `json:"queue_wait_us"`
 	Binding       *BindingInfo `json:"binding,omitempty"`
@@ -117,8 +119,12 @@ type LifecycleRequest struct {
 	V         int    `json:"v,omitempty"`
 	RequestID string `json:"request_id"`
 	Model     string `json:"model,omitempty"`
-	Attempt   uint64 `json:"attempt,omitempty"` // 0 = current attempt
-	Replica   string `json:"replica,omitempty"` // from RouteResponse.Replica; empty = this replica
+	Attempt   uint64 `json:"attempt,omitempty"` // 0 = the attempt the fence names
+	// Fence is RouteResponse.Fence: required for a routed request (a call
+	// without the booking's fence is refused), not for cancelling one that
+	// is still queued.
+	Fence   string `json:"fence,omitempty"`
+	Replica string `json:"replica,omitempty"` // from RouteResponse.Replica; empty = this replica
 }
 
 // LifecycleResponse acknowledges a lifecycle call.

@@ -86,8 +86,9 @@ type Config struct {
 	// DefaultDeadline bounds a request's wait in the scheduler queue when
 	// the request gives no deadline_ms (default 30 s).
 	DefaultDeadline time.Duration
-	// MaxInFlight bounds the route requests handled at once over NATS
-	// (default 8192); past it requests are answered 529 at once.
+	// MaxInFlight bounds the route requests handled at once, over NATS and
+	// HTTP together (default 8192); past it requests are answered 529 at
+	// once.
 	MaxInFlight int
 
 	// BookingSyncInterval is the longest a booking change waits before it
@@ -112,6 +113,41 @@ type Config struct {
 	// MetricsHandler serves GET /metrics (for example the Handler of
 	// internal/telemetry.NewPrometheus).
 	MetricsHandler http.Handler
+
+	// HTTP access and bounds (see docs/protocol.md, "HTTP API").
+	//
+	// HTTPToken, when set, is the bearer token every route, lifecycle,
+	// workers and sessions call must present ("Authorization: Bearer
+	// <token>", compared in constant time); a missing or wrong one is 401.
+	// /healthz and /readyz never need it; /metrics needs it unless
+	// MetricsOpen.
+	HTTPToken   string
+	MetricsOpen bool
+	// Server timeouts: the request headers (default 10 s), the whole
+	// request with its body (default 30 s), writing a reply (default 30 s,
+	// counted from when the reply is ready, so a request waiting in the
+	// scheduler queue is not cut), and an idle keep-alive connection
+	// (default 2 min); request headers are bounded by HTTPMaxHeaderBytes
+	// (default 64 KiB).
+	HTTPReadHeaderTimeout time.Duration
+	HTTPReadTimeout       time.Duration
+	HTTPWriteTimeout      time.Duration
+	HTTPIdleTimeout       time.Duration
+	HTTPMaxHeaderBytes    int
+	// MaxBodyBytes bounds a route request body (HTTP body or NATS
+	// payload). Default 0: sized to the largest prompt a registered worker
+	// can hold (its KV blocks * block size tokens, 11 bytes per token id on
+	// the wire), at least 1 MiB and at most api.MaxRouteBodySize.
+	MaxBodyBytes int64
+	// ForwardConcurrency bounds the lifecycle calls this replica forwards
+	// to other replicas at once (default 256; past it a call is answered
+	// 529 at once) and ForwardTimeout each one (default 5 s).
+	ForwardConcurrency int
+	ForwardTimeout     time.Duration
+	// AllowUnfencedLifecycle accepts lifecycle calls that carry no fence
+	// (the behaviour before fences, for callers not yet passing
+	// RouteResponse.Fence). Off by default: such a call is a 400.
+	AllowUnfencedLifecycle bool
 
 	Telemetry Telemetry
 	Logger    *slog.Logger
@@ -189,6 +225,14 @@ const (
 	IndexKVBlocksSlack    = 2
 	DefaultEventHoldGrace = 5 * time.Second
 	DefaultEventHoldMax   = 1024
+	DefaultHTTPReadHeaderTimeout = 10 * time.Second
+	DefaultHTTPReadTimeout       = 30 * time.Second
+	DefaultHTTPWriteTimeout      = 30 * time.Second
+	DefaultHTTPIdleTimeout       = 2 * time.Minute
+	DefaultHTTPMaxHeaderBytes    = 64 << 10
+	MinBodyBytes                 = 1 << 20 // floor of the derived route body limit
+	DefaultForwardConcurrency    = 256
+	DefaultForwardTimeout        = 5 * time.Second
 )
 
 func (c *Config) normalize() error {
@@ -281,6 +325,9 @@ func (c *Config) normalize() error {
 		c.DecisionSyncBuffer = DefaultDecisionSyncBuffer
 	}
 	c.IndexLimits.normalize(len(c.Models), MemoryLimit)
+	if err := c.normalizeHTTP(); err != nil {
+		return err
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -328,4 +375,39 @@ func (l *IndexLimits) normalize(models int, memLimit func() int64) {
 func (c *Config) indexConfig(model string) index.Config {
 	return index.Config{Model: model, MaxEntries: max(0, c.IndexLimits.MaxEntries),
 		MaxEntriesPerWorker: int(max(0, c.IndexLimits.MaxEntriesPerWorker))}
+}
+
+// normalizeHTTP fills the defaults of the HTTP bounds and the forwarding
+// pool.
+func (c *Config) normalizeHTTP() error {
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&c.HTTPReadHeaderTimeout, DefaultHTTPReadHeaderTimeout}, {&c.HTTPReadTimeout, DefaultHTTPReadTimeout},
+		{&c.HTTPWriteTimeout, DefaultHTTPWriteTimeout}, {&c.HTTPIdleTimeout, DefaultHTTPIdleTimeout},
+		{&c.ForwardTimeout, DefaultForwardTimeout},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 0 {
+			return fmt.Errorf("%w: HTTP or forwarding timeout %v is negative", ErrConfig, *d.v)
+		}
+	}
+	if c.HTTPMaxHeaderBytes == 0 {
+		c.HTTPMaxHeaderBytes = DefaultHTTPMaxHeaderBytes
+	}
+	if c.ForwardConcurrency == 0 {
+		c.ForwardConcurrency = DefaultForwardConcurrency
+	}
+	switch {
+	case c.HTTPMaxHeaderBytes < 1:
+		return fmt.Errorf("%w: HTTP max header bytes %d", ErrConfig, c.HTTPMaxHeaderBytes)
+	case c.ForwardConcurrency < 1:
+		return fmt.Errorf("%w: forward concurrency %d", ErrConfig, c.ForwardConcurrency)
+	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > api.MaxRouteBodySize:
+		return fmt.Errorf("%w: max body bytes %d (want 0 for derived, or 1..%d)", ErrConfig, c.MaxBodyBytes, api.MaxRouteBodySize)
+	}
+	return nil
 }

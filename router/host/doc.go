@@ -28,7 +28,11 @@
 //   - route.go: Replica.route, one request's life (lookup -> requirement ->
 //     select and bind -> commit -> reply); telemetry.go: its spans and
 //     metrics (routeTelemetry, which does nothing unless a span records);
-//   - natsapi.go and httpapi.go: the two transports over the same calls;
+//   - natsapi.go and httpapi.go: the two transports over the same calls,
+//     with their bounds (one in-flight cap for both, the HTTP token,
+//     timeouts and body limit, the forwarding pool);
+//   - fence.go: generated request ids and the booking fences lifecycle
+//     calls must present;
 //   - bookings.go and decisions.go: the two replica sync streams (one
 //     subscription helper and one batching loop, runBatches).
 package host

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -222,17 +221,7 @@ func (st *stack) generate(ctx context.Context, resp *api.RouteResponse, toks []u
 
 func httpDo(t testing.TB, method, url string, body []byte) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return httpDoAuth(t, method, url, "", body)
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -310,7 +299,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 			// free through the other replica: forwarded to the owner
 			other := st.replicas[(i+1)%2]
-			code, b = httpDo(t, "DELETE", "http://"+other.HTTPAddr()+"/v1/requests/"+resp.RequestID+"?model=m&replica="+resp.Replica, nil)
+			code, b = httpDo(t, "DELETE", "http://"+other.HTTPAddr()+"/v1/requests/"+resp.RequestID+"?model=m&replica="+resp.Replica+"&fence="+resp.Fence, nil)
 			if code != 200 {
 				t.Fatalf("free via other replica: %d %s", code, b)
 			}

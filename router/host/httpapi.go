@@ -3,11 +3,15 @@ package host
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvrouter/kvrouter/router/api"
 	"go.opentelemetry.io/otel/propagation"
@@ -43,21 +47,67 @@ func (r *Replica) newHTTPHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, q *http.Request) {
 		r.writeError(w, q, &api.Error{Code: api.CodeNotFound, Status: 404, Message: "no endpoint " + q.Method + " " + q.URL.Path})
 	})
-	return mux
+	return r.withToken(mux)
 }
 
+// withToken guards h with Config.HTTPToken: every call but the health
+// endpoints (and /metrics when Config.MetricsOpen) must send
+// "Authorization: Bearer <token>". The two values are compared as SHA-256
+// sums in constant time, so neither the token nor its length leaks through
+// timing.
+func (r *Replica) withToken(h http.Handler) http.Handler {
+	if r.cfg.HTTPToken == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte("Bearer " + r.cfg.HTTPToken))
+	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		switch p := q.URL.Path; {
+		case p == "/healthz", p == "/readyz", p == "/metrics" && r.cfg.MetricsOpen:
+			h.ServeHTTP(w, q)
+			return
+		}
+		got := sha256.Sum256(unsafeBytes(q.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouter"`)
+			r.writeError(w, q, api.NewError(api.CodeUnauthorized, "this replica needs \"Authorization: Bearer <token>\" (serve --http-token)", nil))
+			return
+		}
+		h.ServeHTTP(w, q)
+	})
+}
+
+// bodyPool holds the buffers route bodies are read into. A buffer that grew
+// past maxPooledBody is dropped rather than pooled, so a burst of large
+// bodies leaves nothing behind once answered.
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 256 << 10
+
+func putBody(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBody {
+		bodyPool.Put(buf)
+	}
+}
+
+// setWriteDeadline bounds the writing of a reply from now on: a client
+// that stops reading is dropped, while a request that waited in the
+// scheduler queue before its reply is not cut.
+func (r *Replica) setWriteDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(r.cfg.HTTPWriteTimeout))
+}
 
 // writeError answers with an error envelope. Every error an HTTP client
 // gets passes here, so bad requests are counted here.
 func (r *Replica) writeError(w http.ResponseWriter, q *http.Request, e *api.Error) {
 	r.countBad(q.Context(), e)
+	r.setWriteDeadline(w)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(api.AppendError(nil, e))
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+func (r *Replica) writeJSON(w http.ResponseWriter, status int, v any) {
+	r.setWriteDeadline(w)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
@@ -71,18 +121,18 @@ func (r *Replica) httpCtx(q *http.Request) context.Context {
 
 func (r *Replica) httpRoute(w http.ResponseWriter, q *http.Request) {
 	ctx := r.httpCtx(q)
-	if e := r.enter(); e != nil {
+	if e := r.admitRoute(); e != nil {
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
 		r.writeError(w, q, e)
 		return
 	}
-	defer r.leave()
+	defer r.leaveRoute()
 	buf := bodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	defer bodyPool.Put(buf)
+	defer putBody(buf)
 	s := r.getScratch()
 	defer r.putScratch(s)
-	err := readBody(buf, w, q, api.MaxRouteBodySize)
+	err := readBody(buf, w, q, r.routeBodyLimit())
 	if err == nil {
 		err = api.DecodeRouteRequest(buf.Bytes(), &s.req)
 	}
@@ -101,6 +151,7 @@ func (r *Replica) httpRoute(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	s.out = api.AppendRouteResponse(s.out[:0], &s.resp)
+	r.setWriteDeadline(w)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(s.out)))
 	if _, err := w.Write(s.out); err != nil {
@@ -109,12 +160,24 @@ func (r *Replica) httpRoute(w http.ResponseWriter, q *http.Request) {
 }
 
 // readBody reads q's body into buf, at most limit bytes; a longer or
-// unreadable body is a bad_request on field body.
+// unreadable body is a bad_request on field body. A body announced longer
+// than limit is refused unread; one of known length is read into a buffer
+// of its size (growing by doubling would hold up to twice as much). Once
+// the body is read, the connection's read deadline (the server's
+// ReadTimeout) is lifted: it bounds the reading of a request, and would
+// otherwise cancel a request still waiting in the scheduler queue.
 func readBody(buf *bytes.Buffer, w http.ResponseWriter, q *http.Request, limit int64) error {
+	if q.ContentLength > limit {
+		return api.BadField("body", "is %d bytes, the limit is %d", q.ContentLength, limit)
+	}
+	if q.ContentLength > 0 {
+		buf.Grow(int(q.ContentLength) + bytes.MinRead)
+	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, q.Body, limit))
 	var mb *http.MaxBytesError
 	switch {
 	case err == nil:
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 		return nil
 	case errors.As(err, &mb):
 		return api.BadField("body", "is larger than %d bytes", limit)
@@ -124,14 +187,16 @@ func readBody(buf *bytes.Buffer, w http.ResponseWriter, q *http.Request, limit i
 
 // httpLifecycle serves POST /v1/requests/{id}/prefill_done,
 // POST /v1/requests/{id}/cancel and DELETE /v1/requests/{id} (free). The
-// optional JSON body or the query (?model=&attempt=&replica=) name the
-// model, attempt and owning replica.
+// optional JSON body or the query (?model=&attempt=&replica=&fence=) name
+// the model, attempt, owning replica and the booking's fence.
 func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, q *http.Request) {
 		ctx := r.httpCtx(q)
 		var lr api.LifecycleRequest
-		var body bytes.Buffer
-		err := readBody(&body, w, q, api.MaxLifecycleBodySize)
+		body := bodyPool.Get().(*bytes.Buffer)
+		body.Reset()
+		defer putBody(body)
+		err := readBody(body, w, q, api.MaxLifecycleBodySize)
 		if err == nil {
 			err = api.DecodeLifecycleRequest(body.Bytes(), &lr)
 		}
@@ -152,6 +217,9 @@ func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 		if v := qv.Get("replica"); v != "" {
 			lr.Replica = v
 		}
+		if v := qv.Get("fence"); v != "" {
+			lr.Fence = v
+		}
 		if v := qv.Get("attempt"); v != "" {
 			a, err := strconv.ParseUint(v, 10, 64)
 			if err != nil {
@@ -168,7 +236,7 @@ func (r *Replica) httpLifecycle(op string) http.HandlerFunc {
 			r.writeError(w, q, mapError(err))
 			return
 		}
-		writeJSON(w, http.StatusOK, resp)
+		r.writeJSON(w, http.StatusOK, resp)
 	}
 }
 
@@ -178,7 +246,7 @@ func (r *Replica) httpWorkers(w http.ResponseWriter, q *http.Request) {
 		r.writeError(w, q, mapError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	r.writeJSON(w, http.StatusOK, resp)
 }
 
 func (r *Replica) httpSession(w http.ResponseWriter, q *http.Request) {
@@ -187,7 +255,7 @@ func (r *Replica) httpSession(w http.ResponseWriter, q *http.Request) {
 		r.writeError(w, q, mapError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	r.writeJSON(w, http.StatusOK, resp)
 }
 
 func (r *Replica) httpEndSession(w http.ResponseWriter, q *http.Request) {
@@ -196,12 +264,12 @@ func (r *Replica) httpEndSession(w http.ResponseWriter, q *http.Request) {
 		r.writeError(w, q, mapError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"v": api.APIVersion, "session_id": id, "ended": true})
+	r.writeJSON(w, http.StatusOK, map[string]any{"v": api.APIVersion, "session_id": id, "ended": true})
 }
 
 // httpHealth answers 200 while the process runs (liveness).
 func (r *Replica) httpHealth(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
+	r.writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
 }
 
 // httpReady answers 200 only while the replica serves requests: caught up
@@ -209,12 +277,12 @@ func (r *Replica) httpHealth(w http.ResponseWriter, _ *http.Request) {
 func (r *Replica) httpReady(w http.ResponseWriter, _ *http.Request) {
 	switch st := r.state.Load(); st {
 	case stateReady:
-		writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
+		r.writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
 	case stateNew, stateStarting:
-		writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "not_ready", Replica: r.id,
+		r.writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "not_ready", Replica: r.id,
 			Reason: "catching up with the event stream (applied seq " + strconv.FormatUint(r.eventSink.lastSeq.Load(), 10) + ")"})
 	default:
-		writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "shutting_down", Replica: r.id})
+		r.writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "shutting_down", Replica: r.id})
 	}
 }
 
@@ -224,4 +292,47 @@ func (r *Replica) httpMetrics(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	r.cfg.MetricsHandler.ServeHTTP(w, q)
+}
+
+// bodyLimit caches the route body limit derived from the registered
+// workers, recomputed at most once a second.
+type bodyLimit struct {
+	n    atomic.Int64
+	next atomic.Int64 // unix nanoseconds of the next recomputation
+}
+
+// wireBytesPerToken is the most a token id takes in a JSON body
+// ("4294967295,").
+const wireBytesPerToken = 11
+
+// routeBodyLimit is the largest route body this replica reads:
+// Config.MaxBodyBytes, or else the largest prompt a registered worker can
+// hold (KV blocks * block size tokens, wireBytesPerToken each, plus room
+// for the other fields), within [MinBodyBytes, api.MaxRouteBodySize]. A
+// worker of unknown capacity (no kv_blocks) allows api.MaxRouteBodySize.
+func (r *Replica) routeBodyLimit() int64 {
+	if r.cfg.MaxBodyBytes > 0 {
+		return r.cfg.MaxBodyBytes
+	}
+	now := time.Now().UnixNano()
+	if next := r.bodyMax.next.Load(); now < next && next != 0 {
+		return r.bodyMax.n.Load()
+	} else if !r.bodyMax.next.CompareAndSwap(next, now+int64(time.Second)) {
+		if n := r.bodyMax.n.Load(); n > 0 {
+			return n // another request is recomputing it
+		}
+	}
+	tokens := int64(0)
+	for _, ms := range r.models {
+		for _, w := range *ms.workers.Load() {
+			if w.KVBlocks <= 0 {
+				tokens = api.MaxTokens
+				break
+			}
+			tokens = max(tokens, int64(w.KVBlocks)*int64(max(w.BlockSize, 1)))
+		}
+	}
+	n := min(max(tokens*wireBytesPerToken+64<<10, MinBodyBytes), api.MaxRouteBodySize)
+	r.bodyMax.n.Store(n)
+	return n
 }

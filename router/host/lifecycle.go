@@ -14,11 +14,17 @@ import (
 // to a request booked by this replica. A call addressed to another replica
 // (lr.Replica) is forwarded there over NATS.
 func (r *Replica) Lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
+	return r.lifecycleCall(ctx, op, lr, false)
+}
+
+// lifecycleCall is Lifecycle; pooled says the caller holds a place in the
+// forwarding pool already (a NATS call being forwarded).
+func (r *Replica) lifecycleCall(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
 	if e := r.enter(); e != nil {
 		return nil, e
 	}
 	defer r.leave()
-	resp, err := r.lifecycle(ctx, op, lr)
+	resp, err := r.lifecycle(ctx, op, lr, pooled)
 	result := "ok"
 	if err != nil {
 		result = mapError(err).Code
@@ -27,7 +33,7 @@ func (r *Replica) Lifecycle(ctx context.Context, op string, lr *api.LifecycleReq
 	return resp, err
 }
 
-func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
+func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
 	switch op {
 	case api.OpPrefillDone, api.OpFree, api.OpCancel:
 	default:
@@ -42,18 +48,22 @@ func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleReq
 	if len(lr.RequestID) > api.MaxRequestIDLen {
 		return nil, api.BadField("request_id", "is %d bytes long, the limit is %d", len(lr.RequestID), api.MaxRequestIDLen)
 	}
+	if len(lr.Fence) > api.MaxFenceLen {
+		return nil, api.BadField("fence", "is %d bytes long, the limit is %d", len(lr.Fence), api.MaxFenceLen)
+	}
 	lr.Model = r.defaultModel(lr.Model)
 	if lr.Replica != "" && lr.Replica != r.id {
-		return r.forwardLifecycle(ctx, op, lr)
+		return r.forwardLifecycle(ctx, op, lr, pooled)
 	}
 	ms, e := r.model(lr.Model)
 	if e != nil {
 		return nil, e
 	}
 	fe, ok := ms.fences.get(lr.RequestID)
-	if ok && lr.Attempt != 0 && lr.Attempt != fe.Attempt {
-		return nil, api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" attempt "+strconv.FormatUint(lr.Attempt, 10)+
-			" is not its current booking (attempt "+strconv.FormatUint(fe.Attempt, 10)+")", nil).OnField("attempt")
+	if ok {
+		if e := r.checkFence(fe, lr); e != nil {
+			return nil, e
+		}
 	}
 	var err error
 	switch {

@@ -35,6 +35,7 @@ func mapError(err error) *api.Error {
 		ae  *api.Error
 		pbe *pinBindingError
 		hce *bindings.HardConflictError
+		ce  *scheduler.CapacityError
 	)
 	code := api.CodeInternal
 	switch {
@@ -48,6 +49,12 @@ func mapError(err error) *api.Error {
 	case errors.As(err, &hce):
 		return api.NewError(api.CodeBindingRejected, "session "+strconv.Quote(hce.Session)+" is bound (hard) to live worker "+hce.Bound.String()+
 			", which cannot take the request now (selection picked "+hce.Selected.String()+"); retry later or end the session", err)
+	case errors.As(err, &ce):
+		field := "input_tokens"
+		if ce.ExpectedOutput > 0 {
+			field = "expected_output_tokens"
+		}
+		return api.NewError(api.CodeExceedsCapacity, ce.Error(), err).OnField(field)
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate):
 		code = api.CodeNoEligibleWorker
 	case errors.Is(err, scheduler.ErrOverloaded), errors.Is(err, scheduler.ErrDeadline),

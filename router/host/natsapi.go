@@ -14,9 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// forwardTimeout bounds a call forwarded to another replica and a session
-// read or end.
-const forwardTimeout = 10 * time.Second
+// sessionTimeout bounds a session read or end.
+const sessionTimeout = 10 * time.Second
 
 func fieldAttr(f string) attribute.KeyValue { return attribute.String("field", f) }
 
@@ -68,27 +67,51 @@ func (r *Replica) subscribeAPI() error {
 	return r.nc.Flush()
 }
 
+// admitRoute admits one route request on either transport, or says why
+// not: past MaxInFlight requests in flight (NATS and HTTP together) it is
+// a 529 at once. leaveRoute ends an admitted one.
+func (r *Replica) admitRoute() *api.Error {
+	return r.admitTo(r.sem, func() *api.Error {
+		return api.NewError(api.CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight (max in flight)", nil)
+	})
+}
+
+func (r *Replica) leaveRoute() { r.leaveFrom(r.sem) }
+
+// admitTo admits one call past the replica's gate (enter) and into the
+// bounded pool sem, or answers full()'s error at once when the pool is
+// full. leaveFrom ends an admitted call.
+func (r *Replica) admitTo(sem chan struct{}, full func() *api.Error) *api.Error {
+	if e := r.enter(); e != nil {
+		return e
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	default:
+		r.leave()
+		return full()
+	}
+}
+
+func (r *Replica) leaveFrom(sem chan struct{}) {
+	<-sem
+	r.leave()
+}
+
 // onRouteMsg runs each route request on its own goroutine, so requests
 // waiting in the scheduler queue never hold up others, bounded by
 // MaxInFlight; beyond it the request is answered 529 at once.
 func (r *Replica) onRouteMsg(m *nats.Msg) {
 	// Admit in the subscription's callback, so that every message a
 	// draining subscription hands over is counted before Close waits.
-	if e := r.enter(); e != nil {
+	if e := r.admitRoute(); e != nil {
 		r.m.routes.Add(context.Background(), 1, r.m.codeOpt(e.Code))
 		r.replyError(m, nil, e)
 		return
 	}
-	select {
-	case r.sem <- struct{}{}:
-	default:
-		r.leave()
-		r.replyError(m, nil, api.NewError(api.CodeOverloaded, "replica "+r.id+" has "+strconv.Itoa(r.cfg.MaxInFlight)+" requests in flight", nil))
-		return
-	}
 	go func() {
-		defer r.leave()
-		defer func() { <-r.sem }()
+		defer r.leaveRoute()
 		r.handleRoute(m)
 	}()
 }
@@ -101,6 +124,12 @@ func (r *Replica) handleRoute(m *nats.Msg) {
 	}
 	s := r.getScratch()
 	defer r.putScratch(s)
+	if limit := r.routeBodyLimit(); int64(len(m.Data)) > limit {
+		e := api.BadField("body", "is %d bytes, the limit is %d", len(m.Data), limit)
+		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
+		r.replyError(m, ctx, e)
+		return
+	}
 	if err := api.DecodeRouteRequest(m.Data, &s.req); err != nil {
 		e := mapError(err)
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
@@ -191,23 +220,24 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 		}
 		if lr.Replica != "" && lr.Replica != r.id {
 			// Forwarding waits for another replica: off the callback,
-			// admitted here so that Close waits for it.
-			if e := r.enter(); e != nil {
+			// admitted here so that Close waits for it, and bounded by
+			// the forwarding pool.
+			if e := r.enterForward(ctx, op); e != nil {
 				r.replyError(m, ctx, e)
 				return
 			}
 			go func() {
-				defer r.leave()
-				r.answerLifecycle(ctx, m, op, &lr)
+				defer r.leaveForward()
+				r.answerLifecycle(ctx, m, op, &lr, true)
 			}()
 			return
 		}
-		r.answerLifecycle(ctx, m, op, &lr)
+		r.answerLifecycle(ctx, m, op, &lr, false)
 	}
 }
 
-func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *api.LifecycleRequest) {
-	resp, err := r.Lifecycle(ctx, op, lr)
+func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *api.LifecycleRequest, pooled bool) {
+	resp, err := r.lifecycleCall(ctx, op, lr, pooled)
 	if err != nil {
 		r.replyError(m, ctx, mapError(err))
 		return
@@ -218,14 +248,37 @@ func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, l
 	r.replyJSON(m, resp)
 }
 
+// enterForward admits one forwarded lifecycle call into the forwarding
+// pool (Config.ForwardConcurrency calls at once, each bounded by
+// ForwardTimeout), or refuses it with a 529 at once: a flood of calls for
+// an unresponsive replica holds at most the pool, not a goroutine each.
+// leaveForward ends an admitted one.
+func (r *Replica) enterForward(ctx context.Context, op string) *api.Error {
+	return r.admitTo(r.fwd, func() *api.Error {
+		r.m.lifecycleDone(ctx, op, api.CodeOverloaded)
+		return api.NewError(api.CodeOverloaded, "replica "+r.id+" is forwarding "+strconv.Itoa(r.cfg.ForwardConcurrency)+
+			" lifecycle calls already (forward concurrency); retry, or send the call to the replica holding the booking", nil)
+	})
+}
+
+func (r *Replica) leaveForward() { r.leaveFrom(r.fwd) }
+
 // forwardLifecycle sends a lifecycle call to the replica that holds the
-// booking and relays its answer.
-func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
+// booking and relays its answer, within ForwardTimeout. HTTP and
+// in-process callers pass the forwarding pool here; NATS callers were
+// admitted to it already (lifecycleHandler).
+func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
+	if !pooled {
+		if e := r.enterForward(ctx, op); e != nil {
+			return nil, e
+		}
+		defer r.leaveForward()
+	}
 	body, _ := json.Marshal(lr)
 	m := nats.NewMsg(api.ReplicaSubject(r.cfg.Prefix, lr.Replica, op))
 	m.Data = body
 	r.prop.Inject(ctx, api.HeaderCarrier(m.Header))
-	fctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	fctx, cancel := context.WithTimeout(ctx, r.cfg.ForwardTimeout)
 	defer cancel()
 	reply, err := r.nc.RequestMsgWithContext(fctx, m)
 	if err != nil {
@@ -276,7 +329,7 @@ func (r *Replica) onSessionMsg(model string, end bool) nats.MsgHandler {
 		}
 		go func() {
 			defer r.leave()
-			ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), sessionTimeout)
 			defer cancel()
 			if end {
 				if err := r.EndSession(ctx, sr.Model, sr.SessionID); err != nil {

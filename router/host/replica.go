@@ -67,14 +67,16 @@ type Replica struct {
 	state    atomic.Int32
 	ready    chan struct{}
 	readyErr error
-	sem      chan struct{}  // bounds NATS route handlers in flight
+	sem      chan struct{}  // bounds route requests in flight (NATS and HTTP)
+	fwd      chan struct{}  // bounds lifecycle calls forwarded to other replicas
+	bodyMax  bodyLimit      // the route body limit, derived from the workers (httpapi.go)
 	inflight inflightGate   // every API call in progress
 	bg       sync.WaitGroup // background loops
 	stop     chan struct{}  // closed by Close: background loops end
 	scratch  sync.Pool      // *routeScratch
 
-	tracing bool          // a real TracerProvider was configured
-	reqSeq  atomic.Uint64 // numbers generated request ids
+	tracing bool         // a real TracerProvider was configured
+	signer  *fenceSigner // makes and checks booking fences (fence.go)
 
 	eventLag   atomic.Uint64 // stream messages not yet applied, measured every second
 	streamLast atomic.Uint64 // last stream sequence seen by the lag loop
@@ -108,7 +110,9 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 		models:  make(map[string]*modelState, len(cfg.Models)),
 		ready:   make(chan struct{}),
 		sem:     make(chan struct{}, cfg.MaxInFlight),
+		fwd:     make(chan struct{}, cfg.ForwardConcurrency),
 		stop:    make(chan struct{}),
+		signer:  newFenceSigner(),
 	}
 	r.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName))
 	if err != nil {
@@ -265,10 +269,14 @@ func (r *Replica) startHTTP() error {
 		return fmt.Errorf("host: HTTP listen %s: %w", r.cfg.HTTPAddr, err)
 	}
 	r.httpLn = ln
+	// No WriteTimeout: it would count the wait in the scheduler queue;
+	// each reply sets its own write deadline instead (setWriteDeadline).
 	r.httpSrv = &http.Server{
 		Handler:           r.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: r.cfg.HTTPReadHeaderTimeout,
+		ReadTimeout:       r.cfg.HTTPReadTimeout,
+		IdleTimeout:       r.cfg.HTTPIdleTimeout,
+		MaxHeaderBytes:    r.cfg.HTTPMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	r.bg.Add(1)

@@ -3,7 +3,6 @@ package host
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 	"unsafe"
 
@@ -50,15 +49,6 @@ func (r *Replica) putScratch(s *routeScratch) {
 		s.out = nil
 	}
 	r.scratch.Put(s)
-}
-
-// newRequestID returns "<replica>-<n>" (n in base 36) with one allocation.
-func (r *Replica) newRequestID(s *routeScratch) string {
-	b := append(s.out[:0], r.id...)
-	b = append(b, '-')
-	b = strconv.AppendUint(b, r.reqSeq.Add(1), 36)
-	s.out = b
-	return string(b)
 }
 
 // strengthOf is THE mapping from a session binding's mode to the strength
@@ -214,7 +204,7 @@ func (r *Replica) reply(ctx context.Context, ms *modelState, req *api.RouteReque
 	*resp = api.RouteResponse{
 		V: api.APIVersion, RequestID: req.RequestID, Model: req.Model, Worker: dec.Worker.Worker, Rank: dec.Worker.Rank,
 		Endpoint: ms.endpoint(dec.Worker.Worker), OverlapBlocks: dec.OverlapBlocks, PromptBlocks: nblocks,
-		Attempt: dec.Fence.Attempt, Replica: r.id, QueueWaitUS: dec.Waited.Microseconds(),
+		Attempt: dec.Fence.Attempt, Fence: r.signer.token(dec.Fence), Replica: r.id, QueueWaitUS: dec.Waited.Microseconds(),
 	}
 	if req.SessionID != "" {
 		r.m.outcome(ctx, res.Outcome.String())

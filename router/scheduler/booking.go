@@ -1,11 +1,62 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 )
+
+// ErrExceedsCapacity is behind every *CapacityError.
+var ErrExceedsCapacity = errors.New("scheduler: request exceeds the largest worker's KV capacity")
+
+// CapacityError refuses a request that would book more KV blocks (prompt
+// plus expected output) than the largest worker of the model holds: no
+// worker could ever serve it, and its booking would block the fleet until
+// it expired.
+type CapacityError struct {
+	Request        string
+	Tokens         int   // prompt tokens
+	ExpectedOutput int   // expected output tokens
+	BlockSize      int   // tokens per block
+	Blocks         int64 // KV blocks the request needs
+	MaxBlocks      int64 // KV blocks of the largest worker
+}
+
+func (e *CapacityError) Error() string {
+	return "request " + strconv.Quote(e.Request) + " needs " + strconv.FormatInt(e.Blocks, 10) + " KV blocks (" +
+		strconv.Itoa(e.Tokens) + " prompt + " + strconv.Itoa(e.ExpectedOutput) + " expected output tokens at " +
+		strconv.Itoa(e.BlockSize) + " per block); the largest worker holds " + strconv.FormatInt(e.MaxBlocks, 10) +
+		" blocks (" + strconv.FormatInt(e.MaxBlocks*int64(e.BlockSize), 10) + " tokens)"
+}
+
+func (e *CapacityError) Unwrap() error { return ErrExceedsCapacity }
+
+// checkCapacity refuses r when its prompt and expected output, in blocks
+// (what book would charge), exceed the KV blocks of every live worker. A
+// fleet with a worker of unknown capacity (KVBlocks 0), or none at all,
+// refuses nothing here. It walks the live slots once: selection walks them
+// anyway.
+func (c *core) checkCapacity(r *Request) error {
+	fl := c.fl
+	largest := int64(0)
+	for _, s := range fl.order {
+		kv := fl.kvBlocks[s]
+		if kv <= 0 {
+			return nil
+		}
+		largest = max(largest, kv)
+	}
+	bs := int64(c.cfg.BlockSize)
+	need := (int64(r.Tokens) + int64(r.ExpectedOutput) + bs - 1) / bs
+	if largest == 0 || need <= largest {
+		return nil
+	}
+	return &CapacityError{Request: r.ID, Tokens: r.Tokens, ExpectedOutput: r.ExpectedOutput, BlockSize: c.cfg.BlockSize,
+		Blocks: need, MaxBlocks: largest}
+}
 
 // booking is the load one admitted request holds on one worker.
 type booking struct {

@@ -341,3 +341,47 @@ func TestRemoveWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A request whose prompt plus expected output exceeds the largest worker's
+// KV blocks is refused before booking, naming the limit; one that fits the
+// largest (not the smallest) worker is admitted; a worker of unknown
+// capacity lifts the check.
+func TestCapacityCheck(t *testing.T) {
+	small := WorkerInfo{Key: wk("small", 0), KVBlocks: 100, Available: true}
+	large := WorkerInfo{Key: wk("large", 0), KVBlocks: 4096, Available: true}
+	h := newHarness(t, Config{BlockSize: 16}, &recordingPolicy{pick: preferWorker("large")}, small, large)
+	for _, c := range []struct {
+		name   string
+		req    Request
+		refuse bool
+	}{
+		{"expected output 2^24", Request{ID: "a", Tokens: 64, ExpectedOutput: 1 << 24}, true},
+		{"input 2^21", Request{ID: "b", Tokens: 1 << 21}, true},
+		{"one block past the largest", Request{ID: "c", Tokens: 4096*16 + 1}, true},
+		{"exactly the largest", Request{ID: "d", Tokens: 4096*16 - 100, ExpectedOutput: 100}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res, ok := h.poll(h.submit(&c.req))
+			if !ok {
+				t.Fatal("request still waiting")
+			}
+			var ce *CapacityError
+			switch {
+			case c.refuse && (!errors.As(res.err, &ce) || !errors.Is(res.err, ErrExceedsCapacity) || ce.MaxBlocks != 4096 ||
+				!strings.Contains(res.err.Error(), "the largest worker holds 4096 blocks")):
+				t.Fatalf("err = %v, want a CapacityError naming 4096 blocks", res.err)
+			case !c.refuse && res.err != nil:
+				t.Fatalf("err = %v, want admitted", res.err)
+			}
+		})
+	}
+	if l := h.loads()[wk("large", 0)]; l.ActiveRequests != 1 {
+		t.Fatalf("large worker's load %+v: want only the request that fits", l)
+	}
+	h.s.mu.Lock()
+	h.c.upsertWorker(WorkerInfo{Key: wk("unknown", 0), Available: true})
+	h.s.mu.Unlock()
+	if res, ok := h.poll(h.submit(&Request{ID: "e", Tokens: 1 << 21})); !ok || errors.Is(res.err, ErrExceedsCapacity) {
+		t.Fatalf("with a worker of unknown capacity: %v (answered %v)", res.err, ok)
+	}
+}

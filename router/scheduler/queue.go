@@ -102,6 +102,11 @@ func (c *core) submit(w *waiter) {
 		c.reject(w, fmt.Errorf("%w: %q is queued", ErrDuplicateRequest, r.ID))
 		return
 	}
+	if err := c.checkCapacity(r); err != nil {
+		c.stats.badInput.Add(1)
+		c.reject(w, err)
+		return
+	}
 	plan, err := applyPinRule(r, c.cfg.Classifier)
 	if err != nil {
 		c.stats.pinConflicts.Add(1)

@@ -1,0 +1,27 @@
+package host
+
+import (
+	"testing"
+
+	"github.com/kvrouter/kvrouter/router/scheduler"
+)
+
+// What a route pays for its fence and a generated request id.
+func BenchmarkFenceToken(b *testing.B) {
+	fs := newFenceSigner()
+	f := scheduler.Fence{RequestID: "rep-0-0123456789abcdef01234567", Attempt: 7}
+	f.Worker.Worker = "gpu-node-17"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = fs.token(f)
+	}
+}
+
+func BenchmarkNewRequestID(b *testing.B) {
+	r := &Replica{id: "rep-0"}
+	s := &routeScratch{}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = r.newRequestID(s)
+	}
+}
