@@ -222,9 +222,9 @@ const (
 	// IndexKVBlocksSlack is how many times its registered kv_blocks a rank
 	// may have indexed (slack for engines that report a block under two
 	// hashes, or a removal that lags its store).
-	IndexKVBlocksSlack    = 2
-	DefaultEventHoldGrace = 5 * time.Second
-	DefaultEventHoldMax   = 1024
+	IndexKVBlocksSlack           = 2
+	DefaultEventHoldGrace        = 5 * time.Second
+	DefaultEventHoldMax          = 1024
 	DefaultHTTPReadHeaderTimeout = 10 * time.Second
 	DefaultHTTPReadTimeout       = 30 * time.Second
 	DefaultHTTPWriteTimeout      = 30 * time.Second
