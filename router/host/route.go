@@ -65,11 +65,13 @@ func strengthOf(m bindings.Mode) scheduler.Strength {
 // around the scheduler's decision, and fill resp. It is what both
 // transports call. ctx carries the caller's trace context.
 func (r *Replica) Route(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse) error {
-	if e := r.enter(); e != nil {
+	// In-process callers (serve --openai-addr) count against MaxInFlight
+	// like the NATS and HTTP transports, which admit before r.route.
+	if e := r.admitRoute(); e != nil {
 		r.m.routes.Add(ctx, 1, r.m.codeOpt(e.Code))
 		return e
 	}
-	defer r.leave()
+	defer r.leaveRoute()
 	s := r.getScratch()
 	defer r.putScratch(s)
 	err := r.route(ctx, req, resp, s)
