@@ -53,6 +53,9 @@ var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 func (r *Replica) writeError(w http.ResponseWriter, q *http.Request, e *api.Error) {
 	r.countBad(q.Context(), e)
 	w.Header().Set("Content-Type", "application/json")
+	if ra := e.RetryAfterSeconds(); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(api.AppendError(nil, e))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -26,6 +27,32 @@ func (e *pinBindingError) Error() string {
 
 func (e *pinBindingError) Unwrap() error { return e.err }
 
+// BindingsRetryAfter is the Retry-After of bindings_unavailable: a
+// bindings stream leader election on a 3-node cluster takes a few seconds,
+// and clients retrying every second are served as soon as it is over.
+const BindingsRetryAfter = time.Second
+
+// bindingsUnavailableError: the bindings table did not answer a session's
+// read or commit within the route's deadline (selectAndBind tells it from
+// a scheduler failure passed through the table).
+type bindingsUnavailableError struct {
+	session string
+	err     error
+}
+
+func (e *bindingsUnavailableError) Error() string {
+	return "session " + strconv.Quote(e.session) + ": bindings table did not answer: " + e.err.Error()
+}
+
+func (e *bindingsUnavailableError) Unwrap() error { return e.err }
+
+// bindingsUnanswered reports whether err from the bindings table means it
+// could not answer in time: the route's deadline passed, or a write's
+// outcome is unknown.
+func bindingsUnanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bindings.ErrAmbiguous)
+}
+
 // mapError turns any error into an API error: an *api.Error is returned as
 // is, errors of the other packages are mapped here. It is the one table that
 // decides which dependency failure a client sees as which code and message;
@@ -35,6 +62,7 @@ func mapError(err error) *api.Error {
 		ae  *api.Error
 		pbe *pinBindingError
 		hce *bindings.HardConflictError
+		bue *bindingsUnavailableError
 	)
 	code := api.CodeInternal
 	switch {
@@ -48,6 +76,11 @@ func mapError(err error) *api.Error {
 	case errors.As(err, &hce):
 		return api.NewError(api.CodeBindingRejected, "session "+strconv.Quote(hce.Session)+" is bound (hard) to live worker "+hce.Bound.String()+
 			", which cannot take the request now (selection picked "+hce.Selected.String()+"); retry later or end the session", err)
+	case errors.As(err, &bue):
+		e := api.NewError(api.CodeBindingsUnavailable, "session "+strconv.Quote(bue.session)+
+			": the session bindings table did not answer within the request's deadline (a bindings leader election?); retry", err)
+		e.RetryAfterMS = BindingsRetryAfter.Milliseconds()
+		return e
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate):
 		code = api.CodeNoEligibleWorker
 	case errors.Is(err, scheduler.ErrOverloaded), errors.Is(err, scheduler.ErrDeadline),
