@@ -75,7 +75,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers routing decisions, this replica's and its peers' (negative = off)")
 		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
 		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
-		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest wait of a request in the router queue when it gives no deadline_ms")
+		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest a route may take when the request gives no deadline_ms: the queue wait, and a session's binding read and commit (then 503 bindings_unavailable)")
 		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS; beyond, 529 at once")
 		syncEvery   = c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas")
 		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")

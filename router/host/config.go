@@ -95,8 +95,9 @@ type Config struct {
 	ApproxTTL       time.Duration
 	ApproxMaxBlocks int
 
-	// DefaultDeadline bounds a request's wait in the scheduler queue when
-	// the request gives no deadline_ms (default 30 s).
+	// DefaultDeadline bounds a route when the request gives no
+	// deadline_ms (default 30 s): its wait in the scheduler queue and, for
+	// a session, the binding read and commit (route.go).
 	DefaultDeadline time.Duration
 	// MaxInFlight bounds the route requests handled at once over NATS
 	// (default 8192); past it requests are answered 529 at once.
