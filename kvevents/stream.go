@@ -81,8 +81,23 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 }
 
 // ErrStreamMissing: the event stream does not exist (LookupStream waited
-// for it in vain).
+// for it in vain). The concrete error is a *StreamMissingError.
 var ErrStreamMissing = errors.New("kvevents: event stream not found")
+
+// StreamMissingError names the stream LookupStream waited for, and who
+// creates it.
+type StreamMissingError struct {
+	Stream string
+	Err    error // the last look-up's error, with the end of the wait
+}
+
+func (e *StreamMissingError) Error() string {
+	return "event stream " + e.Stream + " not found: start kvrouter serve first (the router replica creates it), " +
+		"or check --event-stream and the NATS account: " + e.Err.Error()
+}
+
+// Unwrap matches ErrStreamMissing and the look-up's error.
+func (e *StreamMissingError) Unwrap() []error { return []error{ErrStreamMissing, e.Err} }
 
 // SetUpStream is the stream owner's (the router replica's) set-up: create
 // the stream with cfg when it is missing (CreateStream: a concurrent
@@ -119,8 +134,8 @@ func SetUpStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, 
 // LookupStream returns the existing event stream, waiting (bounded by ctx)
 // while it does not exist yet. It never creates or changes the stream: it
 // is what workers and bridges call, so that the replica's configuration
-// (replicas, limits) is the only one. A stream that did not appear is
-// ErrStreamMissing, with a hint at who creates it.
+// (replicas, limits) is the only one. A stream that did not appear is a
+// *StreamMissingError (ErrStreamMissing), with a hint at who creates it.
 func LookupStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
 	if name == "" {
 		name = DefaultStream
@@ -129,8 +144,7 @@ func LookupStream(ctx context.Context, js jetstream.JetStream, name string) (jet
 		return js.Stream(ctx, name)
 	}, jetstream.ErrStreamNotFound)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("%w: event stream %s not found: start kvrouter serve first (the router replica creates it), "+
-			"or check --event-stream and the NATS account: %w", ErrStreamMissing, name, err)
+		return nil, &StreamMissingError{Stream: name, Err: err}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: look up stream %q: %w", name, err)

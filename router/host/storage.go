@@ -135,7 +135,7 @@ func (r *Replica) openBindings(ctx context.Context, cfg bindings.Config) (*bindi
 	}
 	stream := "KV_" + bucket
 	_, err := r.js.Stream(ctx, stream)
-	existed := err == nil
+	existed := !errors.Is(err, jetstream.ErrStreamNotFound) // unsure (a timeout): treat it as existing, never update unasked
 	table, err := bindings.Open(ctx, r.js, r.nc, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("host: bindings table: %w", err)
