@@ -60,13 +60,16 @@ func serverError(status int, code, format string, args ...any) *RequestError {
 	return e
 }
 
-// Retry-After, in seconds, on a 429 (the router was overloaded).
+// Retry-After, in seconds, on a 429 (the router was overloaded) and on a
+// 503 bindings_unavailable (the router's session bindings did not answer
+// in time; the router itself asks for 1 s, host.BindingsRetryAfter).
 const retryAfterSeconds = 1
 
 // routeError maps a route call's failure to the client's answer: the
 // router's 529 becomes 429 with Retry-After, no eligible worker (or no
-// router) 503, a Hard binding that cannot take the request 409, and a
-// caller that went away 499.
+// router) 503, bindings that did not answer in time 503 with Retry-After,
+// a Hard binding that cannot take the request 409, and a caller that went
+// away 499.
 func routeError(ctx context.Context, err error) *RequestError {
 	var ae *api.Error
 	switch {
@@ -76,6 +79,8 @@ func routeError(ctx context.Context, err error) *RequestError {
 		switch ae.Code {
 		case api.CodeOverloaded:
 			return serverError(http.StatusTooManyRequests, "router_overloaded", "the router is overloaded: %s", ae.Message)
+		case api.CodeBindingsUnavailable:
+			return serverError(http.StatusServiceUnavailable, ae.Code, "the router could not reach its session bindings in time: %s", ae.Message)
 		case api.CodeNoEligibleWorker, api.CodeNotReady, api.CodeShuttingDown:
 			return serverError(http.StatusServiceUnavailable, ae.Code, "no worker can take the request: %s", ae.Message)
 		case api.CodeBindingRejected, api.CodePinConflict:
@@ -93,7 +98,7 @@ func routeError(ctx context.Context, err error) *RequestError {
 
 // writeError answers the client with e in OpenAI's shape.
 func (g *Gateway) writeError(ctx context.Context, w http.ResponseWriter, e *RequestError) {
-	if e.Status == http.StatusTooManyRequests {
+	if e.Status == http.StatusTooManyRequests || e.Code == api.CodeBindingsUnavailable {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
 	}
 	g.setWriteDeadline(w)

@@ -34,7 +34,11 @@
 //     logged under two bounds (loglimit.go): one line per subject per
 //     interval, and SubscriberConfig.MaxLogLines over all subjects, then
 //     one summary line.
-//   - EnsureStream (stream.go): the KVR_EVENTS stream definition.
+//   - The KVR_EVENTS stream definition (stream.go): SetUpStream for its
+//     owner, the router replica (create when missing, else verify and
+//     warn or update: jskv.Owner); LookupStream for the worker side (wait
+//     for it, never create or change it; ErrStreamMissing); EnsureStream
+//     (create or update) for tests and single-process tools.
 //
 // It does not own the prefix index that consumes batches (router/index
 // implements Sink), the engine processes or simulators that produce events

@@ -175,7 +175,8 @@ func (c RegistryConfig) withDefaults() (RegistryConfig, error) {
 
 // EnsureBucket binds to the registry bucket, creating it with History 1
 // and LimitMarkerTTL when it does not exist, and checks that an existing
-// bucket can carry per-key TTLs.
+// bucket can carry per-key TTLs. It never changes an existing bucket (the
+// router replica owns its configuration: OwnBucket).
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig) (jetstream.KeyValue, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -184,12 +185,31 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	return ensureBucket(ctx, js, cfg)
 }
 
+// OwnBucket is the set-up of the bucket's owner, the router replica: as
+// EnsureBucket, creating a missing bucket with cfg.Replicas and maxBytes
+// (0: unlimited; the bucket discards new: once full, registrations fail
+// and live keys stay), and verifying an existing one against them as owner
+// says (report each difference or update: jskv.Reconcile).
+func OwnBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, maxBytes int64, owner jskv.Owner) (jetstream.KeyValue, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return setUpBucket(ctx, js, cfg, maxBytes, &owner)
+}
+
 func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig) (jetstream.KeyValue, error) {
+	return setUpBucket(ctx, js, cfg, 0, nil)
+}
+
+func setUpBucket(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, maxBytes int64, owner *jskv.Owner) (jetstream.KeyValue, error) {
 	kv, err := jskv.EnsureBucket(ctx, js, jskv.BucketConfig{
 		Bucket:      cfg.Bucket,
 		Description: "kvrouter worker registry: one key per worker id, per-key TTL leases",
 		Replicas:    cfg.Replicas,
 		MarkerTTL:   cfg.MarkerTTL,
+		MaxBytes:    maxBytes,
+		Owner:       owner,
 	})
 	switch {
 	case errors.Is(err, jskv.ErrBucketConfig):

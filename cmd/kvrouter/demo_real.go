@@ -141,12 +141,9 @@ func startRealStack(ctx context.Context, cfg realDemoConfig, policy string) (st 
 	if st.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, cfg.log); err != nil {
 		return st, err
 	}
-	nc, js, err := st.connect()
+	nc, _, err := st.connect()
 	if err != nil {
 		return st, err
-	}
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{}); err != nil {
-		return st, fmt.Errorf("event stream: %w", err)
 	}
 	for i := range cfg.replicas {
 		rnc, _, err := st.connect()

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workers"
@@ -278,6 +279,7 @@ type workerSideFlags struct {
 	prefix, stream, regBucket *string
 	heartbeat, ttl, maxDelay  *time.Duration
 	drain                     *time.Duration
+	setupWait                 *time.Duration
 }
 
 // addWorkerSideFlags defines them on c; maxDelay and drainWhat differ per
@@ -285,12 +287,13 @@ type workerSideFlags struct {
 func addWorkerSideFlags(c *cmdFlags, maxDelay time.Duration, drainWhat string) workerSideFlags {
 	return workerSideFlags{
 		prefix:    c.str("prefix", kvevents.DefaultPrefix, "first token of every NATS subject"),
-		stream:    c.str("event-stream", kvevents.DefaultStream, "JetStream stream of KV events (created if missing)"),
+		stream:    c.str("event-stream", kvevents.DefaultStream, "JetStream stream of KV events (kvrouter serve creates it; this process waits for it)"),
 		regBucket: c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry"),
 		heartbeat: c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period"),
 		ttl:       c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)"),
 		maxDelay:  c.duration("event-max-delay", maxDelay, "longest a KV event waits in the publisher's batch"),
 		drain:     c.duration("drain-timeout", 30*time.Second, "longest wait for "+drainWhat+" when stopping"),
+		setupWait: c.duration("setup-wait", defaultSetupWait, "longest wait at start for the event stream and registry bucket that kvrouter serve creates"),
 	}
 }
 
@@ -299,24 +302,51 @@ func (w workerSideFlags) registry(log *slog.Logger) workers.RegistryConfig {
 	return workers.RegistryConfig{Bucket: *w.regBucket, TTL: *w.ttl, Heartbeat: *w.heartbeat, Logger: log}
 }
 
-// connect opens the NATS connection nf names and makes sure the event
-// stream exists, as every worker-side process needs before it publishes.
-// The caller closes the connection.
+// defaultSetupWait is how long a worker-side process waits at start for
+// the router replica to create the event stream and the registry bucket:
+// long enough for processes started together, short enough that a missing
+// `kvrouter serve` is reported while someone is watching.
+const defaultSetupWait = time.Minute
+
+// connect opens the NATS connection nf names and waits (at most
+// --setup-wait) until the event stream and the registry bucket exist, as
+// every worker-side process needs before it publishes or registers. It
+// never changes them, and creates them only on its own embedded server
+// (--embedded-nats: nobody else can): the router replica owns their
+// configuration (replicas, limits), and a worker that created them would
+// decide it with its own defaults. The caller closes the connection.
 func (w workerSideFlags) connect(ctx context.Context, nf *natsFlags, name string, log *slog.Logger) (*natsconn.Conn, jetstream.JetStream, error) {
 	nc, err := natsconn.Open(ctx, nf.config(name), log)
 	if err != nil {
 		return nil, nil, err
 	}
 	js, err := jetstream.New(nc.Conn)
-	if err == nil {
-		_, err = kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Name: *w.stream, Prefix: *w.prefix})
-		if err != nil {
-			err = fmt.Errorf("event stream %s: %w", *w.stream, err)
-		}
+	switch {
+	case err != nil:
+	case *nf.embedded:
+		// Create when missing, never update (a nil owner verifies nothing);
+		// Register creates the registry bucket the same way.
+		_, err = kvevents.SetUpStream(ctx, js, kvevents.StreamConfig{Name: *w.stream, Prefix: *w.prefix}, jskv.Owner{})
+	default:
+		err = w.awaitSetup(ctx, js, log)
 	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// awaitSetup waits until the event stream and the registry bucket exist.
+func (w workerSideFlags) awaitSetup(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, *w.setupWait)
+	defer cancel()
+	if _, err := kvevents.LookupStream(ctx, js, *w.stream); err != nil {
+		return err
+	}
+	if _, err := jskv.WaitBucket(ctx, js, *w.regBucket); err != nil {
+		return fmt.Errorf("worker registry: %w: start kvrouter serve first (the router replica creates it), or check --registry-bucket", err)
+	}
+	log.Debug("event stream and registry bucket found", "stream", *w.stream, "bucket", *w.regBucket)
+	return nil
 }

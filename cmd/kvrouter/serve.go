@@ -59,9 +59,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		openaiAddr  = c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)")
 		openaiTok   = addTokenizerFlag(c, "openai-tokenizer")
 		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
-		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing)")
-		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events (when this replica creates it)")
-		replicas    = c.integer("stream-replicas", 1, "replicas of the streams and buckets this replica creates (3 in a production cluster)")
+		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing, else verified)")
+		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events")
+		replicas    = c.integer("stream-replicas", 1, "replicas of the streams and buckets this replica creates and verifies (3 in a production cluster)")
 		policy      = c.str("policy", host.DefaultPolicy, "selection policy: default, round-robin, random, least-loaded, power-of-two, two-tier")
 		policyFileF = c.str("policy-file", "", "YAML file with the policy, its parameters and the scheduler's queue and thresholds (overrides --policy)")
 		sessionMode = c.str("session-mode", "hard", "mode of new session bindings: hard (a session stays on its worker while it lives) or soft (preferred)")
@@ -75,7 +75,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers routing decisions, this replica's and its peers' (negative = off)")
 		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
 		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
-		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest wait of a request in the router queue when it gives no deadline_ms")
+		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest a route may take when the request gives no deadline_ms: the queue wait, and a session's binding read and commit (then 503 bindings_unavailable)")
 		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS and HTTP together; beyond, 529 at once")
 		syncEvery   = c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas")
 		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
@@ -89,6 +89,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		holdGrace    = c.duration("event-hold-grace", host.DefaultEventHoldGrace, "how long events of a worker not yet in the registry wait for its registration before they are dropped (negative = drop at once)")
 	)
 	hf := addServeHTTPFlags(c)
+	sl := addStreamLimitFlags(c)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -129,6 +130,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := hf.apply(&cfg); err != nil {
 		return usageError{err}
 	}
+	sl.apply(&cfg)
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
@@ -267,4 +269,26 @@ func (f *serveHTTPFlags) apply(cfg *host.Config) error {
 	cfg.HTTPReadTimeout, cfg.HTTPWriteTimeout = *f.readTimeout, *f.writeTimeout
 	cfg.MaxBodyBytes, cfg.ForwardConcurrency, cfg.ForwardTimeout = int64(*f.maxBody), *f.forwardConc, *f.forwardTimeout
 	return nil
+}
+
+// streamLimitFlags are the limits of the event stream and the buckets
+// this replica creates, and whether it updates existing ones that differ
+// (docs/protocol.md, "Streams and buckets").
+type streamLimitFlags struct {
+	eventMaxBytes, registryMaxBytes, bindingsMaxBytes *int
+	update                                            *bool
+}
+
+func addStreamLimitFlags(c *cmdFlags) streamLimitFlags {
+	return streamLimitFlags{
+		eventMaxBytes:    c.integer("event-max-bytes", int(host.DefaultEventMaxBytes), "largest size of the event stream in bytes; the oldest events go first (-1 = unlimited)"),
+		registryMaxBytes: c.integer("registry-max-bytes", int(host.DefaultRegistryMaxBytes), "largest size of the worker registry bucket in bytes; when full, new registrations fail (-1 = unlimited)"),
+		bindingsMaxBytes: c.integer("bindings-max-bytes", int(host.DefaultBindingsMaxBytes), "largest size of the session bindings bucket in bytes; when full, binding writes fail (-1 = unlimited)"),
+		update:           c.boolean("update-streams", false, "update an existing event stream or bucket whose replicas or limits differ from these flags (default: log a warning per difference and change nothing)"),
+	}
+}
+
+func (f streamLimitFlags) apply(cfg *host.Config) {
+	cfg.EventMaxBytes, cfg.RegistryMaxBytes, cfg.BindingsMaxBytes = int64(*f.eventMaxBytes), int64(*f.registryMaxBytes), int64(*f.bindingsMaxBytes)
+	cfg.UpdateStreams = *f.update
 }

@@ -46,10 +46,81 @@ type BucketConfig struct {
 	Replicas    int
 	Storage     jetstream.StorageType
 	MarkerTTL   time.Duration // LimitMarkerTTL, > 0
+	// MaxBytes bounds the bucket's stream (0: unlimited). A KV bucket
+	// discards new: once full, writes of new revisions fail with the
+	// server's "maximum bytes exceeded" and stored keys stay.
+	MaxBytes int64
 	// WaitForPeers: when creating fails with code 10005 (a cluster that is
 	// still starting has too few peers), retry with backoff until ctx ends
 	// instead of failing at once.
 	WaitForPeers bool
+	// Owner is set by the one process that owns the bucket's configuration
+	// (the router replica): an existing bucket whose Replicas or MaxBytes
+	// differ from this config is reported, or updated. Without it an
+	// existing bucket's configuration is taken as it is.
+	Owner *Owner
+}
+
+// Owner is how the owner of a bucket or stream treats an existing one
+// whose configuration differs from its own.
+type Owner struct {
+	// Update the existing bucket or stream to the owner's configuration.
+	// Otherwise nothing is changed and each difference goes to Report.
+	Update bool
+	// Report gets each difference (with Update: after the update
+	// succeeded, so the caller can log what changed). nil: ignored.
+	Report func(Mismatch)
+}
+
+func (o *Owner) report(ms []Mismatch) {
+	if o == nil || o.Report == nil {
+		return
+	}
+	for _, m := range ms {
+		o.Report(m)
+	}
+}
+
+// Mismatch is one field in which an existing stream or bucket differs
+// from its owner's configuration.
+type Mismatch struct {
+	Kind  string // "stream", "bucket" or "object store"
+	Name  string // stream or bucket name
+	Field string // "replicas", "max_bytes", "max_age", ...
+	Have  string // the existing value
+	Want  string // the owner's value
+}
+
+func (m Mismatch) String() string {
+	return fmt.Sprintf("%s %q: %s is %s, configured %s", m.Kind, m.Name, m.Field, m.Have, m.Want)
+}
+
+// Compare returns the differences of named fields of an existing resource
+// (have) from its owner's configuration (want), in the order given. Values
+// are compared and printed with %v.
+func Compare(kind, name string, fields ...Field) []Mismatch {
+	var out []Mismatch
+	for _, f := range fields {
+		if f.Have != f.Want {
+			out = append(out, Mismatch{Kind: kind, Name: name, Field: f.Name, Have: fmt.Sprint(f.Have), Want: fmt.Sprint(f.Want)})
+		}
+	}
+	return out
+}
+
+// Field is one configuration field to Compare: comparable values.
+type Field struct {
+	Name       string
+	Have, Want any
+}
+
+// LimitOf is how a limit is configured (0: unlimited) in the server's
+// terms, which store unlimited as -1.
+func LimitOf(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // EnsureBucket binds to cfg.Bucket, creating it with History 1 and
@@ -57,7 +128,9 @@ type BucketConfig struct {
 // the same time is fine), then checks that the bucket, new or old, has
 // LimitMarkerTTL > 0 and History == 1: without the first per-key TTLs are
 // ignored, with more history an expired revision lets an older one
-// resurface. A refused bucket is a *BucketConfigError.
+// resurface. A refused bucket is a *BucketConfigError. It never changes
+// an existing bucket, except for its owner (cfg.Owner with Update): see
+// Owner and Reconcile.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
@@ -68,6 +141,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 			Replicas:       cfg.Replicas,
 			Storage:        cfg.Storage,
 			LimitMarkerTTL: cfg.MarkerTTL,
+			MaxBytes:       LimitOf(cfg.MaxBytes),
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, cfg.Bucket) // another process created it first
@@ -92,6 +166,12 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 	}
 	if status.LimitMarkerTTL() <= 0 || status.History() != 1 {
 		return nil, &BucketConfigError{Bucket: cfg.Bucket, MarkerTTL: status.LimitMarkerTTL(), History: status.History()}
+	}
+	if st, ok := status.(*jetstream.KeyValueBucketStatus); ok {
+		want := Limits{Replicas: cfg.Replicas, MaxBytes: cfg.MaxBytes}
+		if err := Reconcile(ctx, js, "bucket", cfg.Bucket, st.StreamInfo(), want, cfg.Owner); err != nil {
+			return nil, err
+		}
 	}
 	return kv, nil
 }

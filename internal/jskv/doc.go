@@ -8,6 +8,11 @@
 //   - EnsureBucket (bucket.go): bind to or create a KV bucket with History 1
 //     and LimitMarkerTTL, and refuse an existing one that cannot carry
 //     per-key TTLs safely (*BucketConfigError, ErrBucketConfig).
+//   - Owner, Limits, Reconcile and WaitBucket (own.go): the owner of a
+//     stream or bucket (the router replica) verifies an existing one's
+//     replicas, max bytes and max age against its configuration and
+//     reports each Mismatch or updates it; processes that only use one
+//     wait for it (AwaitCreated, WaitBucket) and never create or change it.
 //   - Publish and AsConflict (conflict.go): the raw conditional publish
 //     (WithExpectLastSequencePerSubject + WithMsgTTL; kv.Update would drop
 //     the key's TTL) and the mapping of API codes 10071 and 10164, and of

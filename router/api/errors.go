@@ -21,10 +21,14 @@ const (
 	CodeNoEligibleWorker = "no_eligible_worker" // 503: no known, allowed, available worker
 	CodeNotReady         = "not_ready"          // 503: replica still catching up with the event stream
 	CodeShuttingDown     = "shutting_down"      // 503: replica is draining
-	CodeOverloaded       = "overloaded"         // 529: queue full or queue wait exceeded the deadline
-	CodeMethodNotAllowed = "method_not_allowed" // 405 (HTTP only): a known path with another method
-	CodeCanceled         = "canceled"           // 499: the request was canceled (cancel call or caller gone)
-	CodeInternal         = "internal"           // 500: a bug or an unexpected dependency failure
+	// CodeBindingsUnavailable, 503: the session bindings table did not
+	// answer within the request's deadline (a bindings stream leader
+	// election); retryable, with retry_after_ms and Retry-After.
+	CodeBindingsUnavailable = "bindings_unavailable"
+	CodeOverloaded          = "overloaded"         // 529: queue full or queue wait exceeded the deadline
+	CodeMethodNotAllowed    = "method_not_allowed" // 405 (HTTP only): a known path with another method
+	CodeCanceled            = "canceled"           // 499: the request was canceled (cancel call or caller gone)
+	CodeInternal            = "internal"           // 500: a bug or an unexpected dependency failure
 )
 
 // StatusOverloaded is the HTTP status for an overloaded router (not in
@@ -46,7 +50,7 @@ func StatusOf(code string) int {
 		return http.StatusNotFound
 	case CodePinConflict, CodeBindingRejected:
 		return http.StatusConflict
-	case CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown:
+	case CodeNoEligibleWorker, CodeNotReady, CodeShuttingDown, CodeBindingsUnavailable:
 		return http.StatusServiceUnavailable
 	case CodeOverloaded:
 		return StatusOverloaded
@@ -60,33 +64,35 @@ func StatusOf(code string) int {
 
 // Sentinel errors, tested with errors.Is. An *Error wraps one of them.
 var (
-	ErrBadRequest       = errors.New("bad request")
-	ErrNotFound         = errors.New("not found")
-	ErrUnauthorized     = errors.New("unauthorized")
-	ErrExceedsCapacity  = errors.New("request exceeds every worker's capacity")
-	ErrPinConflict      = errors.New("pin conflicts with the session binding")
-	ErrBindingRejected  = errors.New("session bound to a live worker that cannot take the request")
-	ErrNoEligibleWorker = errors.New("no eligible worker")
-	ErrNotReady         = errors.New("replica not ready")
-	ErrShuttingDown     = errors.New("replica shutting down")
-	ErrOverloaded       = errors.New("overloaded")
-	ErrCanceled         = errors.New("request canceled")
-	ErrInternal         = errors.New("internal error")
+	ErrBadRequest          = errors.New("bad request")
+	ErrNotFound            = errors.New("not found")
+	ErrUnauthorized        = errors.New("unauthorized")
+	ErrExceedsCapacity     = errors.New("request exceeds every worker's capacity")
+	ErrPinConflict         = errors.New("pin conflicts with the session binding")
+	ErrBindingRejected     = errors.New("session bound to a live worker that cannot take the request")
+	ErrNoEligibleWorker    = errors.New("no eligible worker")
+	ErrNotReady            = errors.New("replica not ready")
+	ErrShuttingDown        = errors.New("replica shutting down")
+	ErrBindingsUnavailable = errors.New("session bindings unavailable")
+	ErrOverloaded          = errors.New("overloaded")
+	ErrCanceled            = errors.New("request canceled")
+	ErrInternal            = errors.New("internal error")
 )
 
 var sentinelOf = map[string]error{
-	CodeBadRequest:       ErrBadRequest,
-	CodeNotFound:         ErrNotFound,
-	CodeUnauthorized:     ErrUnauthorized,
-	CodeExceedsCapacity:  ErrExceedsCapacity,
-	CodePinConflict:      ErrPinConflict,
-	CodeBindingRejected:  ErrBindingRejected,
-	CodeNoEligibleWorker: ErrNoEligibleWorker,
-	CodeNotReady:         ErrNotReady,
-	CodeShuttingDown:     ErrShuttingDown,
-	CodeOverloaded:       ErrOverloaded,
-	CodeCanceled:         ErrCanceled,
-	CodeInternal:         ErrInternal,
+	CodeBadRequest:          ErrBadRequest,
+	CodeNotFound:            ErrNotFound,
+	CodeUnauthorized:        ErrUnauthorized,
+	CodeExceedsCapacity:     ErrExceedsCapacity,
+	CodePinConflict:         ErrPinConflict,
+	CodeBindingRejected:     ErrBindingRejected,
+	CodeNoEligibleWorker:    ErrNoEligibleWorker,
+	CodeNotReady:            ErrNotReady,
+	CodeShuttingDown:        ErrShuttingDown,
+	CodeBindingsUnavailable: ErrBindingsUnavailable,
+	CodeOverloaded:          ErrOverloaded,
+	CodeCanceled:            ErrCanceled,
+	CodeInternal:            ErrInternal,
 }
 
 // Error is an API error: a code, its HTTP status, the field at fault (for
@@ -97,7 +103,19 @@ type Error struct {
 	Status  int    `json:"status"`
 	Field   string `json:"field,omitempty"`
 	Message string `json:"message"`
-	cause   error
+	// RetryAfterMS, when > 0, is how long the client should wait before
+	// retrying (HTTP also sends it as Retry-After, in whole seconds).
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+	cause        error
+}
+
+// RetryAfterSeconds is the Retry-After header value of e (its
+// RetryAfterMS rounded up to whole seconds), or "" when e sets none.
+func (e *Error) RetryAfterSeconds() string {
+	if e.RetryAfterMS <= 0 {
+		return ""
+	}
+	return strconv.FormatInt((e.RetryAfterMS+999)/1000, 10)
 }
 
 func (e *Error) Error() string {
@@ -155,6 +173,10 @@ func AppendError(dst []byte, e *Error) []byte {
 	}
 	dst = append(dst, `,"message":`...)
 	dst = AppendJSONString(dst, e.Message)
+	if e.RetryAfterMS > 0 {
+		dst = append(dst, `,"retry_after_ms":`...)
+		dst = strconv.AppendInt(dst, e.RetryAfterMS, 10)
+	}
 	return append(dst, "}}"...)
 }
 

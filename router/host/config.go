@@ -41,6 +41,17 @@ type Config struct {
 	EventStream    string
 	EventMaxAge    time.Duration // default 1 h
 	StreamReplicas int           // replicas of streams and buckets this replica creates (default 1)
+	// EventMaxBytes, RegistryMaxBytes and BindingsMaxBytes bound the event
+	// stream and the registry and bindings buckets this replica creates
+	// (0: DefaultEventMaxBytes, DefaultRegistryMaxBytes,
+	// DefaultBindingsMaxBytes; negative: unlimited). The replica owns the
+	// configuration of the streams and buckets it uses: at start it
+	// verifies existing ones against it and logs a warning per difference,
+	// or, with UpdateStreams, updates them (storage.go).
+	EventMaxBytes    int64
+	RegistryMaxBytes int64
+	BindingsMaxBytes int64
+	UpdateStreams    bool
 
 	// Registry configures the worker registry watch (bucket "kvr-workers").
 	Registry workers.RegistryConfig
@@ -72,8 +83,9 @@ type Config struct {
 	PredictedTTL time.Duration
 
 	// Approximate is the mode for engines that publish no KV events: the
-	// replica does not subscribe to the event stream (nor create it, nor
-	// load or write index snapshots) and its index is an approximate one
+	// replica does not subscribe to the event stream (it still creates and
+	// verifies it: workers publish to it; it loads and writes no index
+	// snapshots) and its index is an approximate one
 	// fed by routing decisions, each remembered for ApproxTTL (default
 	// 120 s) up to ApproxMaxBlocks (block, worker) entries (default 2^20,
 	// pruned to 80 % of that when reached). Readiness then waits only for
@@ -83,8 +95,9 @@ type Config struct {
 	ApproxTTL       time.Duration
 	ApproxMaxBlocks int
 
-	// DefaultDeadline bounds a request's wait in the scheduler queue when
-	// the request gives no deadline_ms (default 30 s).
+	// DefaultDeadline bounds a route when the request gives no
+	// deadline_ms (default 30 s): its wait in the scheduler queue and, for
+	// a session, the binding read and commit (route.go).
 	DefaultDeadline time.Duration
 	// MaxInFlight bounds the route requests handled at once, over NATS and
 	// HTTP together (default 8192); past it requests are answered 529 at

@@ -102,6 +102,9 @@ func (r *Replica) writeError(w http.ResponseWriter, q *http.Request, e *api.Erro
 	r.countBad(q.Context(), e)
 	r.setWriteDeadline(w)
 	w.Header().Set("Content-Type", "application/json")
+	if ra := e.RetryAfterSeconds(); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(api.AppendError(nil, e))
 }

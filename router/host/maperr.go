@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -26,6 +27,34 @@ func (e *pinBindingError) Error() string {
 
 func (e *pinBindingError) Unwrap() error { return e.err }
 
+// BindingsRetryAfter is the Retry-After of bindings_unavailable: a
+// bindings stream leader election on a 3-node cluster takes a few seconds,
+// and clients retrying every second are served as soon as it is over.
+const BindingsRetryAfter = time.Second
+
+// bindingsUnavailableError: the bindings table did not answer a session's
+// read or commit within the route's deadline (selectAndBind tells it from
+// a scheduler failure passed through the table).
+type bindingsUnavailableError struct {
+	session string
+	err     error
+}
+
+func (e *bindingsUnavailableError) Error() string {
+	return "session " + strconv.Quote(e.session) + ": bindings table did not answer: " + e.err.Error()
+}
+
+func (e *bindingsUnavailableError) Unwrap() error { return e.err }
+
+// bindingsUnanswered reports whether err from the bindings table means it
+// could not answer in time: its stream leader did not answer
+// (bindings.ErrUnavailable), the route's deadline passed, or a write's
+// outcome is unknown.
+func bindingsUnanswered(err error) bool {
+	return errors.Is(err, bindings.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, bindings.ErrAmbiguous)
+}
+
 // mapError turns any error into an API error: an *api.Error is returned as
 // is, errors of the other packages are mapped here. It is the one table that
 // decides which dependency failure a client sees as which code and message;
@@ -36,6 +65,7 @@ func mapError(err error) *api.Error {
 		pbe *pinBindingError
 		hce *bindings.HardConflictError
 		ce  *scheduler.CapacityError
+		bue *bindingsUnavailableError
 	)
 	code := api.CodeInternal
 	switch {
@@ -55,6 +85,18 @@ func mapError(err error) *api.Error {
 			field = "expected_output_tokens"
 		}
 		return api.NewError(api.CodeExceedsCapacity, ce.Error(), err).OnField(field)
+	case errors.As(err, &bue):
+		e := api.NewError(api.CodeBindingsUnavailable, "session "+strconv.Quote(bue.session)+
+			": the session bindings table did not answer within the request's deadline (a bindings leader election?); retry", err)
+		e.RetryAfterMS = BindingsRetryAfter.Milliseconds()
+		return e
+	case errors.Is(err, bindings.ErrUnavailable):
+		// A session read (not a route) whose leader read got no answer.
+		e := api.NewError(api.CodeBindingsUnavailable, err.Error()+"; retry", err)
+		e.RetryAfterMS = BindingsRetryAfter.Milliseconds()
+		return e
+	case errors.Is(err, bindings.ErrFull):
+		code = api.CodeOverloaded // the message names the bucket's limit
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate):
 		code = api.CodeNoEligibleWorker
 	case errors.Is(err, scheduler.ErrOverloaded), errors.Is(err, scheduler.ErrDeadline),

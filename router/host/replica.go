@@ -163,11 +163,11 @@ func (r *Replica) IsReady() bool { return r.state.Load() == stateReady }
 // the event stream, membership and bindings loaded, API subscribed), or
 // with an error. ctx bounds the start-up only. On error, call Close.
 //
-// In order: ensure the event stream, open the bindings table, start the
-// schedulers, watch worker membership and load reports and wait for the
-// registry, load the newest index snapshot that passes verification (when
-// enabled) and replay the stream from there, wait until caught up, then
-// join the route queue group.
+// In order: set up (create or verify) the event stream and the buckets,
+// open the bindings table, start the schedulers, watch worker membership
+// and load reports and wait for the registry, load the newest index
+// snapshot that passes verification (when enabled) and replay the stream
+// from there, wait until caught up, then join the route queue group.
 func (r *Replica) Start(ctx context.Context) error {
 	if !r.state.CompareAndSwap(stateNew, stateStarting) {
 		return fmt.Errorf("host: Start called in state %s", stateNames[r.state.Load()])
@@ -178,12 +178,8 @@ func (r *Replica) Start(ctx context.Context) error {
 		}
 	}
 	t0 := time.Now()
-	if !r.cfg.Approximate {
-		if _, err := kvevents.EnsureStream(ctx, r.js, kvevents.StreamConfig{
-			Name: r.cfg.EventStream, Prefix: r.cfg.Prefix, MaxAge: r.cfg.EventMaxAge, Replicas: r.cfg.StreamReplicas,
-		}); err != nil {
-			return fmt.Errorf("host: event stream %s: %w", r.cfg.EventStream, err)
-		}
+	if err := r.setUpStreams(ctx); err != nil {
+		return err
 	}
 	bcfg := r.cfg.Bindings
 	bcfg.ReplicaID = r.id
@@ -192,9 +188,9 @@ func (r *Replica) Start(ctx context.Context) error {
 		bcfg.Replicas = r.cfg.StreamReplicas
 	}
 	bcfg.Liveness = bindings.LivenessFunc(r.workerLive)
-	table, err := bindings.Open(ctx, r.js, r.nc, bcfg)
+	table, err := r.openBindings(ctx, bcfg)
 	if err != nil {
-		return fmt.Errorf("host: bindings table: %w", err)
+		return err
 	}
 	r.table = table
 

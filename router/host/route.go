@@ -88,6 +88,13 @@ func (r *Replica) Route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 // the session binding) -> commit the booking -> reply. A request without a
 // session is the same selection with no binding requirement. Telemetry
 // (s.tel) records each step and costs nothing when no span records.
+//
+// One deadline (deadline_ms, else Config.DefaultDeadline, from arrival)
+// bounds the whole route: the scheduler's queue wait, and for a session the
+// binding read and commit too (ctx), so a bindings leader that cannot
+// answer gives bindings_unavailable instead of a hung request. A request
+// without a session does no network I/O: the scheduler's deadline alone
+// bounds it, and it needs no timer.
 func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.RouteResponse, s *routeScratch) (err error) {
 	t0 := time.Now()
 	ctx = s.tel.start(ctx, r)
@@ -96,6 +103,11 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 	ms, e := r.validate(req)
 	if e != nil {
 		return e
+	}
+	if req.SessionID != "" {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, t0.Add(r.deadlineOf(req)))
+		defer cancel()
 	}
 	if req.RequestID == "" {
 		req.RequestID = r.newRequestID(s)
@@ -141,10 +153,7 @@ func (r *Replica) lookup(ms *modelState, req *api.RouteRequest, s *routeScratch)
 // deadline, eligibility, pin and (Soft) preference. A session binding, when
 // there is one, replaces the preference at selection time.
 func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, tokens int, t0 time.Time, s *routeScratch) scheduler.Request {
-	deadline := r.cfg.DefaultDeadline
-	if req.DeadlineMS > 0 {
-		deadline = time.Duration(req.DeadlineMS) * time.Millisecond
-	}
+	deadline := r.deadlineOf(req)
 	allowed := req.AllowedWorkers
 	if len(allowed) == 0 {
 		allowed = nil // absent: every worker (an empty, reused slice would mean none)
@@ -162,6 +171,15 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 		s.sel.prefer = scheduler.Affinity{Target: req.Prefer.Target(), Strength: scheduler.Soft}
 	}
 	return sr
+}
+
+// deadlineOf is how long req may take from its arrival: deadline_ms, or
+// Config.DefaultDeadline when it gives none.
+func (r *Replica) deadlineOf(req *api.RouteRequest) time.Duration {
+	if req.DeadlineMS > 0 {
+		return time.Duration(req.DeadlineMS) * time.Millisecond
+	}
+	return r.cfg.DefaultDeadline
 }
 
 // sessionMode is the binding mode a request asks for (validated): "" is
@@ -184,6 +202,9 @@ func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, s *r
 	}
 	res, err := r.table.RouteMode(ctx, req.Model, req.SessionID, sessionMode(req.SessionMode), s.choose)
 	s.tel.bound(&res)
+	if err != nil && s.sel.schedErr == nil && bindingsUnanswered(err) {
+		err = &bindingsUnavailableError{session: req.SessionID, err: err}
+	}
 	if err == nil && !s.sel.booked {
 		err = api.NewError(api.CodeInternal, "binding commit returned without a selection", nil)
 	}
@@ -234,6 +255,9 @@ type selection struct {
 	bind   scheduler.Affinity // the session binding's requirement
 	dec    scheduler.Decision
 	booked bool
+	// schedErr is the scheduler's error, when a selection failed: the
+	// bindings table passes it on, and it is not the table's failure.
+	schedErr error
 }
 
 // begin sets the selection up for one request and returns it.
@@ -259,6 +283,7 @@ func (sel *selection) choose(ctx context.Context, q *bindings.Requirement) (work
 	t0 := time.Now()
 	d, err := sel.ms.sched.Schedule(ctx, &sel.req)
 	if err != nil {
+		sel.schedErr = err
 		if q != nil && sel.req.Pinned != nil && errors.Is(err, scheduler.ErrPinConflict) {
 			return workerref.Target{}, &pinBindingError{pin: *sel.req.Pinned, session: sel.req.SessionID, binding: *q, err: err}
 		}

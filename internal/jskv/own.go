@@ -1,0 +1,89 @@
+package jskv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Limits are the configuration fields of a stream (an event stream, or the
+// stream under a KV bucket or object store) that its owner sets and
+// verifies. Zero MaxBytes or MaxAge is unlimited; Replicas below 1 is 1.
+type Limits struct {
+	Replicas int
+	MaxBytes int64
+	MaxAge   time.Duration
+}
+
+// Reconcile compares the existing stream behind info with its owner's
+// limits and acts as owner says: report each difference, or update the
+// stream (everything but the limits kept as it is) and report what
+// changed. A nil owner does nothing: only owners verify. kind and name
+// say what the stream is to the user ("bucket", "kvr-bindings").
+func Reconcile(ctx context.Context, js jetstream.JetStream, kind, name string, info *jetstream.StreamInfo, want Limits, owner *Owner) error {
+	if owner == nil || info == nil {
+		return nil
+	}
+	have := info.Config
+	diff := Compare(kind, name,
+		Field{"replicas", max(1, have.Replicas), max(1, want.Replicas)},
+		Field{"max_bytes", LimitOf(have.MaxBytes), LimitOf(want.MaxBytes)},
+		Field{"max_age", max(0, have.MaxAge), max(0, want.MaxAge)},
+	)
+	if len(diff) == 0 {
+		return nil
+	}
+	if owner.Update {
+		cfg := have
+		cfg.Replicas, cfg.MaxBytes, cfg.MaxAge = max(1, want.Replicas), LimitOf(want.MaxBytes), max(0, want.MaxAge)
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("update %s %q (stream %s) to replicas %d, max_bytes %d, max_age %v: %w",
+				kind, name, have.Name, cfg.Replicas, cfg.MaxBytes, cfg.MaxAge, err)
+		}
+	}
+	owner.report(diff)
+	return nil
+}
+
+// AwaitCreated calls open until it returns an error that is not notFound,
+// polling with backoff (50 ms doubling to 1 s) until ctx ends; then it
+// returns the last error joined with ctx's. Each call gets at most
+// attemptTimeout: an API request whose reply is lost (a cluster electing
+// its meta leader) is tried again rather than using up the whole wait. It
+// creates nothing: it is how a process that only uses a stream or bucket
+// waits for its owner to create it.
+func AwaitCreated[T any](ctx context.Context, open func(context.Context) (T, error), notFound error) (T, error) {
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		v, err := open(actx)
+		cancel()
+		lost := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if !errors.Is(err, notFound) && !lost {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, fmt.Errorf("%w (waited until: %w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// attemptTimeout bounds one look-up of AwaitCreated.
+const attemptTimeout = 2 * time.Second
+
+// WaitBucket binds to the existing bucket, waiting (bounded by ctx) while
+// it does not exist yet; it never creates or changes one. The error of a
+// bucket that did not appear matches jetstream.ErrBucketNotFound.
+func WaitBucket(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	kv, err := AwaitCreated(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.KeyValue(ctx, bucket)
+	}, jetstream.ErrBucketNotFound)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %q: %w", bucket, err)
+	}
+	return kv, nil
+}
