@@ -22,6 +22,9 @@ func applyLimits(ctx context.Context, js jetstream.JetStream, cfg *Config) error
 		return fmt.Errorf("bindings: stream of bucket %q: %w", cfg.Bucket, err)
 	}
 	sc := stream.CachedInfo().Config
+	if cfg.KeepLimits && (sc.MaxMsgs != -1 || sc.MaxBytes != -1 || sc.Discard == jetstream.DiscardNew) {
+		return nil // an existing bucket that has limits: its owner's to change
+	}
 	msgs, bytes := max(cfg.MaxSessions, -1), max(cfg.MaxBytes, -1)
 	if sc.MaxMsgs == msgs && sc.MaxBytes == bytes && sc.Discard == jetstream.DiscardNew {
 		return nil

@@ -86,6 +86,11 @@ type Config struct {
 	// negative: unbounded). Past it the server refuses new writes
 	// (ErrFull).
 	MaxBytes int64
+	// KeepLimits leaves an existing bucket's MaxSessions and MaxBytes as
+	// they are (a bucket this Table creates still gets them): the process
+	// that owns the bucket's configuration decides (the router replica,
+	// with --update-streams).
+	KeepLimits bool
 	// CacheEntries bounds the local cache (default 65536). Past it, entries
 	// are evicted and a miss is confirmed on the stream leader.
 	CacheEntries int

@@ -65,8 +65,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		policy      = c.str("policy", host.DefaultPolicy, "selection policy: default, round-robin, random, least-loaded, power-of-two, two-tier")
 		policyFileF = c.str("policy-file", "", "YAML file with the policy, its parameters and the scheduler's queue and thresholds (overrides --policy)")
 		sessionMode = c.str("session-mode", "hard", "mode of new session bindings: hard (a session stays on its worker while it lives) or soft (preferred)")
-		sessionTTL  = c.duration("session-ttl", bindings.DefaultIdleTTL, "idle time after which a session binding expires")
-		strict      = c.boolean("strict-reads", false, "read bindings from the stream leader on every request (no local cache)")
+		sessionTTL  = c.duration("session-ttl", bindings.DefaultIdleTTL, "how long a session binding lives at least after the session's last request (it is stored for 1.5x this, so it goes between 1x and 1.5x after)")
+		strict      = c.boolean("strict-reads", false, "read every session binding from the stream leader (no local cache); without it Hard bindings are read from the leader anyway and Soft ones lag at most --bindings-max-staleness")
+		bindStale   = c.duration("bindings-max-staleness", bindings.DefaultMaxStaleness, "how far a Soft session binding read from the local cache may lag the bucket (40ms..1s); Hard bindings are always read from the stream leader")
+		maxSessions = c.integer("max-sessions", bindings.DefaultMaxSessions, "most session bindings stored (with the markers of ended or expired ones, for a minute); new sessions past it get 529 overloaded (negative = unbounded)")
 		bindBucket  = c.str("bindings-bucket", bindings.DefaultBucket, "KV bucket of session bindings")
 		regBucket   = c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry")
 		snapBucket  = c.str("snapshot-bucket", host.DefaultSnapshotBucket, "object store bucket of index snapshots")
@@ -110,8 +112,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := host.Config{
 		ReplicaID: *replicaID, Prefix: *prefix, Models: splitList(*models), BlockSize: *blockSize,
 		QueueGroup: *queueGroup, EventStream: *stream, EventMaxAge: *maxAge, StreamReplicas: *replicas,
-		Registry:         workers.RegistryConfig{Bucket: *regBucket},
-		Bindings:         bindings.Config{Bucket: *bindBucket, DefaultMode: mode, IdleTTL: *sessionTTL, StrictReads: *strict},
+		Registry: workers.RegistryConfig{Bucket: *regBucket},
+		Bindings: bindings.Config{Bucket: *bindBucket, DefaultMode: mode, IdleTTL: *sessionTTL, StrictReads: *strict,
+			MaxStaleness: *bindStale, MaxSessions: int64(*maxSessions)},
 		Policy:           scheduler.PolicyConfig{Name: *policy},
 		SnapshotBucket:   *snapBucket,
 		SnapshotInterval: *snapEvery,

@@ -136,6 +136,10 @@ func (r *Replica) openBindings(ctx context.Context, cfg bindings.Config) (*bindi
 	stream := "KV_" + bucket
 	_, err := r.js.Stream(ctx, stream)
 	existed := !errors.Is(err, jetstream.ErrStreamNotFound) // unsure (a timeout): treat it as existing, never update unasked
+	if cfg.MaxBytes = limitOr(r.cfg.BindingsMaxBytes, DefaultBindingsMaxBytes); cfg.MaxBytes == 0 {
+		cfg.MaxBytes = -1 // unlimited, in bindings.Config's terms
+	}
+	cfg.KeepLimits = existed && !r.cfg.UpdateStreams
 	table, err := bindings.Open(ctx, r.js, r.nc, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("host: bindings table: %w", err)
