@@ -80,12 +80,13 @@ var checkConfig = CheckConfig{
 	// and one leader read's round trip).
 	LateSlack: time.Second,
 	// The documented retryable failures: 503 (no eligible worker, not
-	// ready, shutting down) and 529 overloaded, and binding_rejected (409)
+	// ready, shutting down, bindings unavailable with Retry-After) and 529
+	// overloaded, and binding_rejected (409)
 	// for a Hard route (Check accepts it; the model checks that it names
 	// the current binding); internal (500), bad_request and the others
 	// are violations.
 	Allowed: map[string]bool{api.CodeNoEligibleWorker: true, api.CodeNotReady: true, api.CodeShuttingDown: true,
-		api.CodeOverloaded: true},
+		api.CodeBindingsUnavailable: true, api.CodeOverloaded: true},
 	SessionTimeout: 20 * time.Second,
 }
 

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"strconv"
@@ -274,7 +275,7 @@ func (s *soak) goodHTTP(ctx context.Context, rng *rand.Rand) {
 		if !s.judge(code, err, out, &resp) {
 			continue
 		}
-		q := fmt.Sprintf("/v1/requests/%s?model=%s&attempt=%d&replica=%s", resp.RequestID, model, resp.Attempt, resp.Replica)
+		q := fmt.Sprintf("/v1/requests/%s?model=%s&attempt=%d&replica=%s&fence=%s", resp.RequestID, model, resp.Attempt, resp.Replica, url.QueryEscape(resp.Fence))
 		if code, out, err := s.do(context.WithoutCancel(ctx), http.MethodDelete, q, nil); err != nil || code != http.StatusOK {
 			s.st.fail(fmt.Sprintf("free over HTTP: %d %v %.200s", code, err, out))
 		}
