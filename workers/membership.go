@@ -100,7 +100,7 @@ type Membership struct {
 	stopOnce  sync.Once
 
 	joins, updates, departs, restarts, malformed, mismatched, filtered atomic.Uint64
-	suspected, returned, drainExpired                                 atomic.Uint64
+	suspected, returned, drainExpired                                  atomic.Uint64
 }
 
 type member struct {
