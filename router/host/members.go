@@ -21,9 +21,10 @@ func (r *Replica) startMembership(ctx context.Context) error {
 		rc.Replicas = r.cfg.StreamReplicas
 	}
 	m, err := workers.WatchMembership(ctx, r.js, rc, workers.Callbacks{
-		OnJoin:   r.onJoin,
-		OnUpdate: r.onUpdate,
-		OnDepart: r.onDepart,
+		OnJoin:    r.onJoin,
+		OnUpdate:  r.onUpdate,
+		OnSuspect: r.onSuspect,
+		OnDepart:  r.onDepart,
 	})
 	if err != nil {
 		return fmt.Errorf("host: worker membership: %w", err)
@@ -50,7 +51,7 @@ func (r *Replica) onJoin(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, &i)
-	r.upsert(ms, i)
+	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	r.log.Info("worker joined", "worker", i.ID, "model", i.Model, "ranks", len(i.Ranks), "endpoint", i.Endpoint,
 		"kv_blocks", i.KVBlocks, "epoch", i.Epoch)
 }
@@ -64,11 +65,32 @@ func (r *Replica) onUpdate(i workers.Info) {
 		return // ignored at join (block size)
 	}
 	ms.setWorker(i.ID, &i)
-	r.upsert(ms, i)
+	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	r.log.Info("worker updated", "worker", i.ID, "model", i.Model, "state", i.State)
 }
 
-func (r *Replica) upsert(ms *modelState, i workers.Info) {
+// onSuspect: the worker's registry key vanished without a deregistration
+// and may come back within the departure grace (a registry failover).
+// The scheduler stops choosing it, for Hard sessions too; its index
+// entries, its endpoint and its bindings stay (workerLive keeps saying
+// live), so a Hard binding does not move unless the departure is
+// confirmed (onDepart). onUpdate restores it if it comes back.
+func (r *Replica) onSuspect(i workers.Info) {
+	ms, ok := r.models[i.Model]
+	if !ok {
+		return
+	}
+	if _, known := (*ms.workers.Load())[i.ID]; !known {
+		return // ignored at join (block size)
+	}
+	r.upsert(ms, i, false, false)
+	r.log.Warn("worker suspect: not chosen until its registry key comes back or the departure is confirmed",
+		"worker", i.ID, "model", i.Model, "epoch", i.Epoch)
+}
+
+// upsert hands every rank of i to the scheduler. available: it takes new
+// work; draining: it only serves the Hard sessions bound to it.
+func (r *Replica) upsert(ms *modelState, i workers.Info, available, draining bool) {
 	for _, rank := range i.Ranks {
 		ms.sched.UpsertWorker(scheduler.WorkerInfo{
 			Key:              workerKeyOf(i.ID, rank),
@@ -76,7 +98,8 @@ func (r *Replica) upsert(ms *modelState, i workers.Info) {
 			KVBlocks:         i.KVBlocks,
 			MaxBatchedTokens: i.MaxBatchedTokens,
 			MaxSeqs:          i.MaxSeqs,
-			Available:        i.Available(),
+			Available:        available,
+			Draining:         draining,
 		})
 	}
 }

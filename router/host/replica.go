@@ -373,9 +373,12 @@ func waitDrained(ctx context.Context, s *nats.Subscription) {
 	}
 }
 
-// workerLive is the bindings table's liveness: a worker is live while the
-// registry holds it, whatever its state (a draining worker keeps its
-// sessions).
+// workerLive is the bindings table's liveness: a worker is live until the
+// membership view confirms its departure, whatever its state: a draining
+// worker keeps its sessions until it deregisters or its drain deadline
+// passes, and a suspect one (its key vanished, as in a registry failover)
+// until the departure grace passes. A Hard binding moves only once this is
+// false.
 func (r *Replica) workerLive(worker string) bool {
 	m := r.mem.Load()
 	return m == nil || m.Live(worker)
