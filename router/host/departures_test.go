@@ -101,7 +101,7 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 		m        *workers.Membership
 		table    *bindings.Table
 		departs  atomic.Int32
-		gone     atomic.Int32              // keys seen gone: suspects, or departures
+		gone     atomic.Int32            // keys seen gone: suspects, or departures
 		triggers = make(chan string, 64) // worker ids whose key went
 	)
 	m, err = workers.WatchMembership(ctx, js, rcfg, workers.Callbacks{
