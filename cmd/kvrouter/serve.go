@@ -81,6 +81,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
 		traceRatio  = c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)")
 	)
+	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
+	departureGrace := c.duration("departure-grace", workers.DefaultDepartureGrace,
+		"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -116,6 +119,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Logger:           log,
 	}
 	cfg.BookingSyncInterval = *syncEvery
+	cfg.Registry.DepartureGrace = *departureGrace
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
