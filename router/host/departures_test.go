@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,27 +19,6 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
-
-// connectNode connects to the cluster preferring node first, reconnecting
-// to the others when it goes.
-func connectNode(t testing.TB, c *natstest.Cluster, first int) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	var urls []string
-	for i := range c.Servers {
-		urls = append(urls, c.Servers[(first+i)%len(c.Servers)].ClientURL())
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
-		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
 
 // The registry failover of issue 15: the workers stream leader goes away
 // for longer than the registry TTL, every worker's key expires, and the
@@ -60,7 +38,7 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 	// it. The router side keeps the default departure grace.
 	wcfg := workers.RegistryConfig{Replicas: 3, TTL: time.Second, Heartbeat: 300 * time.Millisecond, Logger: quiet}
 	rcfg := workers.RegistryConfig{Replicas: 3, Logger: quiet}
-	_, js := connectNode(t, c, 0)
+	_, js := c.ConnectFrom(t, 0)
 	ctx := ctxT(t)
 	var err error
 	testutil.Eventually(t, 15*time.Second, func() bool {
@@ -75,7 +53,7 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 	var regs []*workers.Registration
 	var stalled atomic.Bool // the workers' registry writes stall
 	for i, id := range ids {
-		_, njs := connectNode(t, c, i)
+		_, njs := c.ConnectFrom(t, i)
 		wjs := &stallJS{JetStream: njs, stalled: &stalled}
 		info := workers.Info{ID: id, Model: testModel, Endpoint: "kvr.worker." + id, Ranks: []uint32{0}, BlockSize: 16,
 			KVBlocks: 1024, MaxBatchedTokens: 1024, MaxSeqs: 16}
@@ -124,7 +102,7 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return m.Len() == len(ids) },
 		func() string { return fmt.Sprintf("view holds %d workers", m.Len()) })
-	bnc, bjs := connectNode(t, c, 1)
+	bnc, bjs := c.ConnectFrom(t, 1)
 	testutil.Eventually(t, 15*time.Second, func() bool {
 		table, err = bindings.Open(ctx, bjs, bnc, bindings.Config{Replicas: 3, ReplicaID: "r", Liveness: m,
 			IdleTTL: time.Minute, OpTimeout: 500 * time.Millisecond, Logger: quiet})
