@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -93,4 +94,47 @@ func TestDrainServesBoundSessionsUntilDeadline(t *testing.T) {
 		t.Fatalf("pin to a drained-out worker: %v", err)
 	}
 	t.Logf("served the bound session %d times while draining", served)
+}
+
+// The identity checks of issue 16 as a replica counts them: a registry
+// entry whose id does not name its key, and a load report on one worker's
+// subject about another, are rejected, counted by cause in /metrics, and
+// change nothing.
+func TestForgedRegistrationAndLoadReportRejected(t *testing.T) {
+	st := startStack(t, stackOpts{workers: 1, replicas: 1})
+	r := st.replicas[0]
+	st.waitWorkers(1)
+	ctx := ctxT(t)
+	kv, err := st.js.KeyValue(ctx, workers.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, _ := r.mem.Load().Get("sim-0")
+	forged := victim.Clone()
+	forged.Endpoint = "kvr.evil.generate"
+	val, err := workers.EncodeInfo(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, workers.KeyFor("evil-0"), val); err != nil {
+		t.Fatal(err)
+	}
+	report, err := workers.EncodeLoad(workers.LoadReport{Model: testModel, Worker: "sim-0", KVUsedBlocks: 1, KVTotalBlocks: 4096,
+		At: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.nc.Publish(workers.LoadSubject("", testModel, "evil-0"), report); err != nil {
+		t.Fatal(err)
+	}
+	for _, series := range []string{`kvr_registry_rejected_total{cause="mismatched"}`, `kvr_load_reports_rejected_total{cause="mismatched"}`} {
+		testutil.Eventually(t, 10*time.Second, func() bool { return metricValue(t, r, series) == 1 },
+			func() string { return series + " did not count the forged message" })
+	}
+	if info, _ := r.mem.Load().Get("sim-0"); info.Endpoint != victim.Endpoint || r.mem.Load().Len() != 1 {
+		t.Fatalf("the forged registration changed the view: %+v, %d workers", info, r.mem.Load().Len())
+	}
+	if v := metricValue(t, r, "kvr_workers_suspect"); v != 0 {
+		t.Fatalf("kvr_workers_suspect %v, want 0", v)
+	}
 }

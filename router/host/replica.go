@@ -52,6 +52,7 @@ type Replica struct {
 	table      *bindings.Table
 	mem        atomic.Pointer[workers.Membership]
 	loadSub    *workers.LoadSubscription
+	loadStats  atomic.Pointer[workers.LoadSubscription] // loadSub, for metric callbacks that may run during Start
 	subscriber *kvevents.Subscriber
 	subStats   atomic.Pointer[kvevents.Subscriber] // the subscriber, for metric callbacks that may run during Start
 	subCancel  context.CancelFunc
@@ -125,6 +126,9 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 	r.eventSink = &sink{r: r}
 	r.handler = r.newHTTPHandler()
 	if err := r.registerObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
+		return nil, fmt.Errorf("host: metrics: %w", err)
+	}
+	if err := r.registerMembershipObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
 		return nil, fmt.Errorf("host: metrics: %w", err)
 	}
 	return r, nil
