@@ -14,9 +14,15 @@
 //     Registration.SetDraining, Deregister, Stop, and Drain (graceful stop,
 //     drain.go) are the worker side.
 //   - The membership view (membership.go): the router side. WatchMembership
-//     follows the bucket and calls OnJoin, OnUpdate and OnDepart; a worker
-//     whose key is deleted or expires departs, and a new epoch under the
-//     same id is reported as OnDepart(old) then OnJoin(new).
+//     follows the bucket and calls OnJoin, OnUpdate, OnSuspect and OnDepart.
+//     A departure is confirmed only when certain: a deregistration (its
+//     purge marker carries a body) or a KV delete, a drain deadline
+//     (Info.DrainDeadline) that passed, or a key that expired and did not
+//     come back within RegistryConfig.DepartureGrace (meanwhile the worker
+//     is suspect: Live, not Available). A new epoch under the same id is
+//     reported as OnDepart(old) then OnJoin(new). Load reports and
+//     registry entries that name another worker than their subject or key
+//     are rejected and counted apart (Mismatched).
 //   - Load reports (load.go): JSON on core NATS subject
 //     <prefix>.load.<model>.<worker>, published by a LoadReporter and read
 //     with SubscribeLoad.

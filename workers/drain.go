@@ -43,6 +43,11 @@ type DrainConfig struct {
 	// negative means no grace.
 	Grace time.Duration
 	// MaxWait bounds the wait for in-flight requests; DefaultDrainMaxWait.
+	// It is also the drain deadline every router replica sees (written
+	// into Info.DrainDeadline as now + Grace + MaxWait): routers keep
+	// sending the worker the requests of Hard sessions bound to it until
+	// then, and confirm its departure at that time even if this process
+	// hangs before deregistering.
 	MaxWait time.Duration
 	// Poll is how often InFlight is called; DefaultDrainPoll.
 	Poll time.Duration
@@ -55,12 +60,16 @@ type DrainConfig struct {
 // context is already done: the key must still be deleted.
 const drainCleanupTimeout = 5 * time.Second
 
-// Drain stops the worker gracefully: it sets the draining state, waits
-// Grace, waits (at most MaxWait) until InFlight reports zero, deregisters
-// (deletes the key) and runs AfterDeregister. Every step runs even when an
-// earlier one failed; the errors are joined. If ctx ends while waiting, the
-// wait stops and deregistration plus the hook still run under a fresh
-// 5-second timeout.
+// Drain stops the worker gracefully: it sets the draining state with a
+// deadline of Grace + MaxWait from now (SetDrainingUntil), waits Grace,
+// waits (at most MaxWait) until InFlight reports zero, deregisters (deletes
+// the key) and runs AfterDeregister. Meanwhile routers send it no new
+// sessions and no unbound work, but keep sending it the requests of the
+// Hard sessions bound to it; once it deregisters (or the deadline passes)
+// those sessions re-bind elsewhere. Every step runs even when an earlier
+// one failed; the errors are joined. If ctx ends while waiting, the wait
+// stops and deregistration plus the hook still run under a fresh 5-second
+// timeout.
 func (r *Registration) Drain(ctx context.Context, cfg DrainConfig) error {
 	if cfg.Grace == 0 {
 		cfg.Grace = DefaultDrainGrace
@@ -72,10 +81,10 @@ func (r *Registration) Drain(ctx context.Context, cfg DrainConfig) error {
 		cfg.Poll = DefaultDrainPoll
 	}
 	var errs []error
-	if err := r.SetDraining(ctx); err != nil {
+	start := time.Now()
+	if err := r.SetDrainingUntil(ctx, start.Add(max(cfg.Grace, 0)+cfg.MaxWait)); err != nil {
 		errs = append(errs, fmt.Errorf("workers: drain: set draining: %w", err))
 	}
-	start := time.Now()
 	if cfg.Grace > 0 {
 		_ = sleepCtx(ctx, cfg.Grace)
 	}

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -21,7 +22,9 @@ const (
 	// StateReady: the worker is live and takes new requests.
 	StateReady State = "ready"
 	// StateDraining: the worker is live (its cache and bindings stay valid)
-	// but must not be chosen for new requests; it is finishing in-flight work.
+	// and takes no new sessions and no unbound work, but keeps serving the
+	// requests of Hard sessions bound to it, until it deregisters or its
+	// Info.DrainDeadline passes (then routers depart it).
 	StateDraining State = "draining"
 	// StateUnavailable: the worker is live but its engine is not answering
 	// (health check failing, or its load reports stale: see workers/bridge).
@@ -66,6 +69,13 @@ type Info struct {
 	Epoch            uint64            `json:"epoch"`
 	Labels           map[string]string `json:"labels,omitempty"`
 	State            State             `json:"state"`
+	// DrainDeadline (state draining only; zero = none) is the absolute
+	// time at which routers stop waiting for the drain: every replica
+	// confirms the worker's departure then, whether or not its key still
+	// exists, and its sessions re-bind. It is absolute so that all replicas
+	// agree on it (within their clocks' skew). Set by
+	// Registration.SetDrainingUntil and Drain.
+	DrainDeadline time.Time `json:"drain_deadline,omitzero"`
 }
 
 // wireInfo adds the format version to Info on the wire.
@@ -86,7 +96,7 @@ func (i Info) Equal(o Info) bool {
 	return i.ID == o.ID && i.Model == o.Model && i.Endpoint == o.Endpoint &&
 		slices.Equal(i.Ranks, o.Ranks) && i.BlockSize == o.BlockSize && i.KVBlocks == o.KVBlocks &&
 		i.MaxBatchedTokens == o.MaxBatchedTokens && i.MaxSeqs == o.MaxSeqs && i.Epoch == o.Epoch &&
-		maps.Equal(i.Labels, o.Labels) && i.State == o.State
+		maps.Equal(i.Labels, o.Labels) && i.State == o.State && i.DrainDeadline.Equal(o.DrainDeadline)
 }
 
 // Available reports whether the worker takes new requests.
@@ -190,6 +200,10 @@ func (i Info) Validate() error {
 	}
 	if !i.State.Valid() {
 		return bad("state", "%q, want %q, %q or %q", i.State, StateReady, StateDraining, StateUnavailable)
+	}
+	if !i.DrainDeadline.IsZero() && i.State != StateDraining {
+		return bad("drain_deadline", "%s set in state %q (only a draining worker has one)",
+			i.DrainDeadline.Format(time.RFC3339Nano), i.State)
 	}
 	return nil
 }

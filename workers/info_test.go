@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 func validInfo(id string) Info {
@@ -23,6 +24,8 @@ func TestInfoValidate(t *testing.T) {
 	}{
 		{"valid", func(*Info) {}, ""},
 		{"draining", func(i *Info) { i.State = StateDraining }, ""},
+		{"draining with deadline", func(i *Info) { i.State, i.DrainDeadline = StateDraining, time.Unix(1e9, 5) }, ""},
+		{"deadline while ready", func(i *Info) { i.DrainDeadline = time.Unix(1e9, 0) }, "drain_deadline"},
 		{"no labels", func(i *Info) { i.Labels = nil }, ""},
 		{"dp ranks", func(i *Info) { i.Ranks = []uint32{0, 1, 2, 3} }, ""},
 		{"empty id", func(i *Info) { i.ID = "" }, "id"},
@@ -67,6 +70,7 @@ func TestInfoValidate(t *testing.T) {
 func TestInfoRoundTrip(t *testing.T) {
 	in := validInfo("w.1/ü")
 	in.Ranks = []uint32{0, 3}
+	in.State, in.DrainDeadline = StateDraining, time.Unix(1_800_000_000, 123456789)
 	b, err := EncodeInfo(in)
 	if err != nil {
 		t.Fatal(err)

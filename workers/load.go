@@ -228,8 +228,16 @@ type LoadSubscription struct {
 	log     *slog.Logger
 	handler func(LoadReport)
 
-	received, invalid atomic.Uint64
+	received, invalid, mismatched atomic.Uint64
+	// lastMismatch (unix nanoseconds) is when the last report whose
+	// subject names another worker than its payload arrived: one log line
+	// per episode, an episode ending after mismatchEpisode without one.
+	lastMismatch atomic.Int64
 }
+
+// mismatchEpisode: mismatched load reports further apart than this are
+// logged again.
+const mismatchEpisode = time.Minute
 
 // SubscribeOption adjusts SubscribeLoad.
 type SubscribeOption func(*LoadSubscription)
@@ -244,10 +252,13 @@ func WithLoadLogger(l *slog.Logger) SubscribeOption {
 }
 
 // SubscribeLoad subscribes to one model's load reports (every model when
-// model is ""). Each message is decoded and validated, and its subject must
-// name the report's model and worker; bad messages are counted, logged
-// once per subscription, and skipped. handler runs on the subscription's
-// goroutine, one report at a time.
+// model is ""). Each message is decoded and validated (bad ones are
+// counted as invalid, logged once per subscription, and skipped), and its
+// subject must name the report's model and worker: NATS permissions can
+// limit a worker to its own subject but not what it writes inside, so a
+// report about another worker is rejected and counted as mismatched, with
+// one log line per episode. handler runs on the subscription's goroutine,
+// one report at a time.
 func SubscribeLoad(nc *nats.Conn, prefix, model string, handler func(LoadReport), opts ...SubscribeOption) (*LoadSubscription, error) {
 	if nc == nil || handler == nil {
 		return nil, fmt.Errorf("%w: SubscribeLoad needs a connection and a handler", ErrConfig)
@@ -272,7 +283,13 @@ func (ls *LoadSubscription) onMsg(m *nats.Msg) {
 	r, err := DecodeLoad(m.Data)
 	if err == nil {
 		if want := LoadSubject(ls.prefix, r.Model, r.Worker); m.Subject != want {
-			err = fmt.Errorf("%w: report of %q/%q arrived on %q, want %q", ErrInvalidLoad, r.Model, r.Worker, m.Subject, want)
+			ls.mismatched.Add(1)
+			now := time.Now().UnixNano()
+			if last := ls.lastMismatch.Swap(now); now-last > int64(mismatchEpisode) {
+				ls.log.Warn("rejecting load reports whose subject names another worker than the report (further ones within a minute are only counted)",
+					"subject", m.Subject, "worker", r.Worker, "model", r.Model, "want_subject", want)
+			}
+			return
 		}
 	}
 	if err != nil {
@@ -285,10 +302,15 @@ func (ls *LoadSubscription) onMsg(m *nats.Msg) {
 	ls.handler(r)
 }
 
-// Stats returns how many reports were delivered and how many skipped.
+// Stats returns how many reports were delivered and how many skipped as
+// invalid (see Mismatched for the other rejections).
 func (ls *LoadSubscription) Stats() (received, invalid uint64) {
 	return ls.received.Load(), ls.invalid.Load()
 }
+
+// Mismatched returns how many valid reports were rejected because their
+// subject names another model or worker than the report itself.
+func (ls *LoadSubscription) Mismatched() uint64 { return ls.mismatched.Load() }
 
 // Stop unsubscribes. Reports already being delivered may still reach the
 // handler.

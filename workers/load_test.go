@@ -1,10 +1,12 @@
 package workers
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -194,10 +196,59 @@ func TestSubscribeLoadSkipsBadMessages(t *testing.T) {
 	}
 	sink.waitN(t, 1, 2*time.Second)
 	received, invalid := sub.Stats()
-	if received != 1 || invalid != 5 {
-		t.Fatalf("received %d invalid %d, want 1 and 5", received, invalid)
+	if received != 1 || invalid != 4 || sub.Mismatched() != 1 {
+		t.Fatalf("received %d invalid %d mismatched %d, want 1, 4 and 1", received, invalid, sub.Mismatched())
 	}
 }
+
+// A worker allowed to publish on its own load subject cannot report for
+// another: the report is rejected, counted as mismatched, and logged once
+// for the episode, however many follow.
+func TestSubscribeLoadRejectsForeignWorker(t *testing.T) {
+	nc, _ := setup(t)
+	sink := newLoadSink()
+	logs := &countingHandler{}
+	sub, err := SubscribeLoad(nc, "kvr", "", sink.handle, WithLoadLogger(slog.New(logs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	victim := validLoad()
+	forged, _ := EncodeLoad(victim) // says it is the victim's load...
+	evil := LoadSubject("kvr", victim.Model, "w-evil")
+	for range 3 {
+		if err := nc.Publish(evil, forged); err != nil { // ...on the attacker's own subject
+			t.Fatal(err)
+		}
+	}
+	good, _ := EncodeLoad(victim)
+	if err := nc.Publish(LoadSubject("kvr", victim.Model, victim.Worker), good); err != nil {
+		t.Fatal(err)
+	}
+	got := sink.waitN(t, 1, 2*time.Second)
+	if received, invalid := sub.Stats(); received != 1 || invalid != 0 || sub.Mismatched() != 3 {
+		t.Fatalf("received %d invalid %d mismatched %d, want 1, 0 and 3", received, invalid, sub.Mismatched())
+	}
+	if got[0].Worker != victim.Worker {
+		t.Fatalf("delivered %+v", got[0])
+	}
+	if n := logs.warnings.Load(); n != 1 {
+		t.Fatalf("%d warnings for one episode of forged reports, want 1", n)
+	}
+}
+
+// countingHandler counts warnings.
+type countingHandler struct{ warnings atomic.Int32 }
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		h.warnings.Add(1)
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
 func TestLoadReporter(t *testing.T) {
 	nc, _ := setup(t)

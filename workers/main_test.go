@@ -27,9 +27,11 @@ const (
 	slack = 750 * time.Millisecond
 )
 
+// testCfg has no departure grace: an expired key departs at once, as the
+// lease tests expect. grace_test.go tests the grace with graceCfg.
 func testCfg() RegistryConfig {
 	return RegistryConfig{
-		TTL: testTTL, Heartbeat: testHeartbeat, MarkerTTL: time.Second,
+		TTL: testTTL, Heartbeat: testHeartbeat, MarkerTTL: time.Second, DepartureGrace: -1,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 }
@@ -48,7 +50,7 @@ func ctxT(t *testing.T) context.Context {
 
 // event is one membership callback.
 type event struct {
-	kind string // join, update, depart
+	kind string // join, update, suspect, depart
 	info Info
 	at   time.Time
 }
@@ -76,9 +78,10 @@ func (r *recorder) add(kind string, i Info) {
 
 func (r *recorder) callbacks() Callbacks {
 	return Callbacks{
-		OnJoin:   func(i Info) { r.add("join", i) },
-		OnUpdate: func(i Info) { r.add("update", i) },
-		OnDepart: func(i Info) { r.add("depart", i) },
+		OnJoin:    func(i Info) { r.add("join", i) },
+		OnUpdate:  func(i Info) { r.add("update", i) },
+		OnSuspect: func(i Info) { r.add("suspect", i) },
+		OnDepart:  func(i Info) { r.add("depart", i) },
 	}
 }
 

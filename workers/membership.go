@@ -31,10 +31,21 @@ type Callbacks struct {
 	// OnJoin: a worker (incarnation) appeared.
 	OnJoin func(Info)
 	// OnUpdate: a known incarnation changed its info (state, labels,
-	// capacity...). Heartbeats that rewrite the same value call nothing.
+	// capacity...), or came back from suspect (its key reappeared within
+	// DepartureGrace: the info may be unchanged). Heartbeats that rewrite
+	// the same value call nothing.
 	OnUpdate func(Info)
-	// OnDepart: the incarnation is gone: its key was deleted or expired, or
-	// a new epoch replaced it. Drop everything held for it.
+	// OnSuspect: the incarnation's key vanished without a deregistration
+	// (it expired, or was purged): it may be a registry failover that the
+	// worker outlives, so the departure is not confirmed yet. Stop choosing
+	// the worker (Available is false) but keep its cache and bindings (Live
+	// stays true). Either OnUpdate (it came back within DepartureGrace) or
+	// OnDepart (it did not) follows.
+	OnSuspect func(Info)
+	// OnDepart: the departure of the incarnation is confirmed: its key was
+	// deleted by Deregister (or a KV delete), or vanished and did not come
+	// back within DepartureGrace, or its drain deadline passed, or a new
+	// epoch replaced it. Drop everything held for it.
 	//
 	// A re-incarnation (same id, new epoch) is reported as OnDepart(old)
 	// followed by OnJoin(new), so a consumer that drops a worker's index
@@ -50,7 +61,17 @@ type MembershipStats struct {
 	Joins, Updates, Departs uint64
 	Restarts                uint64 // re-incarnations (also counted in Departs and Joins)
 	Malformed               uint64 // entries ignored because they failed to decode or validate
-	Filtered                uint64 // valid entries of another model, ignored
+	// Mismatched counts entries ignored because the worker id in the value
+	// does not name the key they were written under (one worker writing
+	// another's key, or a forged one); not counted in Malformed.
+	Mismatched uint64
+	Filtered   uint64 // valid entries of another model, ignored
+	// Suspected counts keys that vanished without a deregistration;
+	// Returned those that came back within DepartureGrace (the others are
+	// in Departs, with DrainExpired the drains that hit their deadline).
+	Suspected, Returned, DrainExpired uint64
+	// Suspect is the number of workers suspect right now.
+	Suspect int
 }
 
 // Membership is the router's view of the registry, fed by a KV watch.
@@ -63,9 +84,14 @@ type Membership struct {
 	// cancel ends the watcher's context (nats.go then unsubscribes).
 	cancel context.CancelFunc
 
+	grace time.Duration // DepartureGrace with its default applied
+
 	mu      sync.RWMutex
-	members map[string]*member // by registry key
+	members map[string]*member // by registry key; also suspect and ended ones
 	bad     map[string]bool    // keys whose latest value was malformed (log once)
+	// ended counts members whose departure is confirmed while their key
+	// still exists (drain deadline passed).
+	ended int
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -73,14 +99,42 @@ type Membership struct {
 	stop      chan struct{}
 	stopOnce  sync.Once
 
-	joins, updates, departs, restarts, malformed, filtered atomic.Uint64
+	joins, updates, departs, restarts, malformed, mismatched, filtered atomic.Uint64
+	suspected, returned, drainExpired                                  atomic.Uint64
 }
 
 type member struct {
 	info Info
 	raw  []byte // last value, to skip decoding identical heartbeats
 	rev  uint64
+	// suspect is when the key vanished without a deregistration (zero
+	// while it exists); the departure is confirmed at suspect+grace.
+	suspect time.Time
+	// ended: the drain deadline passed and the departure was confirmed
+	// while the key still exists. The view then ignores the incarnation
+	// until its key goes or a new epoch replaces it.
+	ended bool
 }
+
+// due is when m's departure is confirmed unless something changes: grace
+// after it became suspect, or its drain deadline, whichever comes first;
+// zero when nothing is pending.
+func (mb *member) due(grace time.Duration) time.Time {
+	if mb.ended {
+		return time.Time{}
+	}
+	var d time.Time
+	if !mb.suspect.IsZero() {
+		d = mb.suspect.Add(grace)
+	}
+	if dl := mb.info.DrainDeadline; mb.info.State == StateDraining && !dl.IsZero() && (d.IsZero() || dl.Before(d)) {
+		d = dl
+	}
+	return d
+}
+
+// live: the view holds the incarnation and its departure is not confirmed.
+func (mb *member) live() bool { return mb != nil && !mb.ended }
 
 // WatchMembership starts a view of the registry. The view loads the
 // current entries (WaitReady returns once it has), then follows changes
@@ -117,6 +171,7 @@ func WatchMembership(ctx context.Context, js jetstream.JetStream, cfg RegistryCo
 		log:     cfg.Logger.With("component", "workers.membership", "bucket", cfg.Bucket),
 		w:       w,
 		cancel:  cancel,
+		grace:   cfg.departureGrace(),
 		members: make(map[string]*member),
 		bad:     make(map[string]bool),
 		ready:   make(chan struct{}),
@@ -131,6 +186,11 @@ func (m *Membership) run() {
 	defer close(m.done)
 	defer m.cancel()
 	updates := m.w.Updates()
+	// timer fires at the earliest due time (see member.due): the view's
+	// one goroutine confirms those departures, so callbacks stay serial.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-m.stop:
@@ -143,8 +203,68 @@ func (m *Membership) run() {
 				m.log.Error("registry watch ended; membership view no longer follows the registry")
 				return
 			}
-			m.apply(e)
+			if m.apply(e) {
+				m.rearm(timer)
+			}
+		case <-timer.C:
+			m.confirmDue(time.Now())
+			m.rearm(timer)
 		}
+	}
+}
+
+// rearm sets timer to the earliest due time of any member (or stops it).
+func (m *Membership) rearm(timer *time.Timer) {
+	m.mu.RLock()
+	var next time.Time
+	for _, mb := range m.members {
+		if d := mb.due(m.grace); !d.IsZero() && (next.IsZero() || d.Before(next)) {
+			next = d
+		}
+	}
+	m.mu.RUnlock()
+	timer.Stop()
+	if !next.IsZero() {
+		timer.Reset(time.Until(next))
+	}
+}
+
+// confirmDue confirms the departures that are due at now: suspects whose
+// grace ran out (their entry goes) and drains whose deadline passed (the
+// entry stays, ended, while the key exists).
+func (m *Membership) confirmDue(now time.Time) {
+	type departure struct {
+		info   Info
+		reason string
+	}
+	var gone []departure
+	m.mu.Lock()
+	for key, mb := range m.members {
+		d := mb.due(m.grace)
+		if d.IsZero() || now.Before(d) {
+			continue
+		}
+		switch {
+		case !mb.suspect.IsZero() && d.Equal(mb.suspect.Add(m.grace)):
+			delete(m.members, key)
+			gone = append(gone, departure{mb.info, fmt.Sprintf("registry key gone for %v without coming back", m.grace)})
+		case !mb.suspect.IsZero():
+			delete(m.members, key)
+			m.drainExpired.Add(1)
+			gone = append(gone, departure{mb.info, "drain deadline passed (key gone)"})
+		default:
+			mb.ended = true
+			m.ended++
+			m.drainExpired.Add(1)
+			gone = append(gone, departure{mb.info, "drain deadline " + mb.info.DrainDeadline.Format(time.RFC3339Nano) + " passed"})
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(gone, func(a, b departure) int { return strings.Compare(a.info.ID, b.info.ID) })
+	for _, g := range gone {
+		m.departs.Add(1)
+		m.log.Info("worker departed", "worker", g.info.ID, "epoch", g.info.Epoch, "reason", g.reason)
+		call(m.cfg.OnDepart, g.info)
 	}
 }
 
@@ -168,61 +288,83 @@ func (m *Membership) shutdown(updates <-chan jetstream.KeyValueEntry) {
 	}
 }
 
-// apply folds one watch entry into the view and calls the callbacks.
-func (m *Membership) apply(e jetstream.KeyValueEntry) {
+// apply folds one watch entry into the view and calls the callbacks. It
+// reports whether the entry may have changed a due time (a heartbeat that
+// rewrites the same value does not), so that run rearms its timer only
+// then.
+func (m *Membership) apply(e jetstream.KeyValueEntry) bool {
 	if e == nil { // end of the initial snapshot
 		m.readyOnce.Do(func() { close(m.ready) })
-		return
+		return false
 	}
 	key := e.Key()
 	m.mu.Lock()
 	prev := m.members[key]
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(m.bad, key)
-		if prev == nil {
-			m.mu.Unlock()
-			return
-		}
-		reason := "deleted"
-		if e.Operation() == jetstream.KeyValuePurge {
-			reason = "expired or purged"
-		}
-		m.departAndUnlock(key, prev, reason)
-		return
+		return m.vanishedAndUnlock(key, prev, e)
 	}
-	if prev != nil && bytes.Equal(prev.raw, e.Value()) { // a heartbeat
+	if prev != nil && prev.suspect.IsZero() && bytes.Equal(prev.raw, e.Value()) {
+		// a heartbeat (also of an ended incarnation, which stays ended)
 		prev.rev = e.Revision()
 		m.mu.Unlock()
-		return
+		return false
 	}
 	info, err := DecodeInfo(e.Value())
-	if err == nil && KeyFor(info.ID) != key {
+	mismatch := err == nil && KeyFor(info.ID) != key
+	if mismatch {
 		err = &InfoError{ID: info.ID, Field: "id", Reason: fmt.Sprintf("stored under key %q, want %q", key, KeyFor(info.ID))}
 	}
 	if err != nil {
 		// Ignore the entry and keep what we had: the key still exists, so
-		// a known worker stays known until its key goes.
-		m.malformed.Add(1)
+		// a known worker stays known until its key goes. One log line per
+		// episode: until the key holds a good value again.
+		if mismatch {
+			m.mismatched.Add(1)
+		} else {
+			m.malformed.Add(1)
+		}
 		first := !m.bad[key]
 		m.bad[key] = true
 		m.mu.Unlock()
-		if first {
+		switch {
+		case first && mismatch:
+			m.log.Warn("ignoring registry entry whose worker id does not match its key (further ones are only counted)",
+				"key", key, "worker", info.ID, "revision", e.Revision(), "err", err)
+		case first:
 			m.log.Warn("ignoring malformed registry entry", "key", key, "revision", e.Revision(), "err", err)
 		}
-		return
+		return false
 	}
 	delete(m.bad, key)
 	if m.rc.Model != "" && info.Model != m.rc.Model {
 		m.filtered.Add(1)
 		if prev == nil {
 			m.mu.Unlock()
-			return
+			return false
 		}
 		// It moved to another model: gone from this view.
 		m.departAndUnlock(key, prev, "moved to model "+strconv.Quote(info.Model))
-		return
+		return true
 	}
 	cur := &member{info: info, raw: bytes.Clone(e.Value()), rev: e.Revision()}
+	if prev != nil && prev.ended {
+		if prev.info.Epoch == info.Epoch {
+			// A drained-out incarnation rewrote its value: its departure
+			// stays confirmed.
+			prev.raw, prev.rev = cur.raw, cur.rev
+			m.mu.Unlock()
+			return false
+		}
+		m.ended--
+		m.members[key] = cur
+		m.mu.Unlock()
+		m.restarts.Add(1)
+		m.joins.Add(1)
+		m.log.Info("worker restarted after its drain deadline", "worker", info.ID, "old_epoch", prev.info.Epoch, "epoch", info.Epoch)
+		call(m.cfg.OnJoin, info)
+		return true
+	}
 	m.members[key] = cur
 	m.mu.Unlock()
 	switch {
@@ -231,12 +373,18 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		m.log.Info("worker joined", "worker", info.ID, "epoch", info.Epoch, "model", info.Model, "state", info.State)
 		call(m.cfg.OnJoin, info)
 	case prev.info.Epoch != info.Epoch:
+		// A new epoch lost its cache: a restart, within the grace or not.
 		m.restarts.Add(1)
 		m.departs.Add(1)
 		m.joins.Add(1)
 		m.log.Info("worker restarted", "worker", info.ID, "old_epoch", prev.info.Epoch, "epoch", info.Epoch)
 		call(m.cfg.OnDepart, prev.info)
 		call(m.cfg.OnJoin, info)
+	case !prev.suspect.IsZero():
+		m.returned.Add(1)
+		m.log.Info("worker's registry key came back within the departure grace: not departed", "worker", info.ID,
+			"epoch", info.Epoch, "gone_for", time.Since(prev.suspect).Round(time.Millisecond))
+		call(m.cfg.OnUpdate, info)
 	case !prev.info.Equal(info):
 		m.updates.Add(1)
 		if prev.info.State != info.State {
@@ -244,6 +392,46 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		}
 		call(m.cfg.OnUpdate, info)
 	}
+	return true
+}
+
+// vanishedAndUnlock handles a delete, purge or expiry marker for key
+// (prev is its member, or nil), releasing m.mu (held by the caller). A KV
+// delete and Deregister's purge (it carries deregisterNote: the server's
+// expiry marker has no body) are explicit departures, confirmed at once;
+// an expiry or a bare purge makes the worker suspect until DepartureGrace
+// passes.
+func (m *Membership) vanishedAndUnlock(key string, prev *member, e jetstream.KeyValueEntry) bool {
+	switch {
+	case prev == nil || !prev.suspect.IsZero():
+		m.mu.Unlock() // unknown, or already suspect
+		return false
+	case prev.ended:
+		delete(m.members, key) // its departure was confirmed at the drain deadline
+		m.ended--
+		m.mu.Unlock()
+		return true
+	}
+	explicit := e.Operation() == jetstream.KeyValueDelete || len(e.Value()) > 0
+	if explicit || m.grace == 0 {
+		reason := "deleted"
+		switch {
+		case e.Operation() == jetstream.KeyValueDelete:
+		case len(e.Value()) > 0:
+			reason = "deregistered"
+		default:
+			reason = "expired or purged (no departure grace)"
+		}
+		m.departAndUnlock(key, prev, reason)
+		return true
+	}
+	prev.suspect = time.Now()
+	m.mu.Unlock()
+	m.suspected.Add(1)
+	m.log.Warn("worker suspect: its registry key expired or was purged; departure confirmed unless it comes back",
+		"worker", prev.info.ID, "epoch", prev.info.Epoch, "grace", m.grace)
+	call(m.cfg.OnSuspect, prev.info)
+	return true
 }
 
 // departAndUnlock removes key's member prev from the view, releases m.mu
@@ -251,6 +439,11 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 // that OnDepart runs without the lock like every callback.
 func (m *Membership) departAndUnlock(key string, prev *member, reason string) {
 	delete(m.members, key)
+	if prev.ended {
+		m.ended--
+		m.mu.Unlock()
+		return // reported at its drain deadline
+	}
 	m.mu.Unlock()
 	m.departs.Add(1)
 	m.log.Info("worker departed", "worker", prev.info.ID, "epoch", prev.info.Epoch, "reason", reason)
@@ -292,44 +485,60 @@ func (m *Membership) Ready() bool {
 	}
 }
 
-// Workers returns the known workers (ready or draining), sorted by id.
+// Workers returns the live workers (ready, draining, unavailable or
+// suspect), sorted by id.
 func (m *Membership) Workers() []Info {
 	m.mu.RLock()
 	out := make([]Info, 0, len(m.members))
 	for _, mb := range m.members {
-		out = append(out, mb.info.Clone())
+		if mb.live() {
+			out = append(out, mb.info.Clone())
+		}
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
-// Get returns a worker's info.
+// Get returns a live worker's info (also while it is suspect).
 func (m *Membership) Get(id string) (Info, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	mb := m.members[KeyFor(id)]
-	if mb == nil {
+	if !mb.live() {
 		return Info{}, false
 	}
 	return mb.info.Clone(), true
 }
 
-// Live reports whether the worker is known and has not departed. A
-// draining worker is live: its cache and session bindings remain valid.
+// Live reports whether the worker is known and its departure is not
+// confirmed. A draining worker is live (its cache and session bindings
+// remain valid) until it deregisters or its drain deadline passes; a
+// suspect worker (key vanished, see Suspect) is live until DepartureGrace
+// passes. Bindings use this: a Hard binding moves only once it is false.
 func (m *Membership) Live(id string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.members[KeyFor(id)] != nil
+	return m.members[KeyFor(id)].live()
 }
 
-// Available reports whether the worker is live and takes new requests
-// (state ready).
+// Suspect reports whether the worker's key vanished without a
+// deregistration and the view is waiting, at most DepartureGrace, for it
+// to come back: live, but not available.
+func (m *Membership) Suspect(id string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	mb := m.members[KeyFor(id)]
+	return mb.live() && !mb.suspect.IsZero()
+}
+
+// Available reports whether the worker is live, not suspect, and takes new
+// requests (state ready).
 func (m *Membership) Available(id string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	mb := m.members[KeyFor(id)]
-	return mb != nil && mb.info.Available()
+	return mb.live() && mb.suspect.IsZero() && mb.info.Available()
 }
 
 // Epoch returns the current incarnation of a live worker.
@@ -337,7 +546,7 @@ func (m *Membership) Epoch(id string) (uint64, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	mb := m.members[KeyFor(id)]
-	if mb == nil {
+	if !mb.live() {
 		return 0, false
 	}
 	return mb.info.Epoch, true
@@ -347,14 +556,24 @@ func (m *Membership) Epoch(id string) (uint64, bool) {
 func (m *Membership) Len() int {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return len(m.members)
+	return len(m.members) - m.ended
 }
 
 // Stats returns the view's counters.
 func (m *Membership) Stats() MembershipStats {
+	m.mu.RLock()
+	suspect := 0
+	for _, mb := range m.members {
+		if mb.live() && !mb.suspect.IsZero() {
+			suspect++
+		}
+	}
+	m.mu.RUnlock()
 	return MembershipStats{
 		Joins: m.joins.Load(), Updates: m.updates.Load(), Departs: m.departs.Load(),
-		Restarts: m.restarts.Load(), Malformed: m.malformed.Load(), Filtered: m.filtered.Load(),
+		Restarts: m.restarts.Load(), Malformed: m.malformed.Load(), Mismatched: m.mismatched.Load(),
+		Filtered: m.filtered.Load(), Suspected: m.suspected.Load(), Returned: m.returned.Load(),
+		DrainExpired: m.drainExpired.Load(), Suspect: suspect,
 	}
 }
 

@@ -25,7 +25,22 @@ const (
 	// marker Deregister leaves, so that ids that never come back do not
 	// accumulate tombstones.
 	DefaultMarkerTTL = time.Minute
+	// DefaultDepartureGrace is how long a membership view waits, after a
+	// worker's key vanished without a deregistration (it expired or was
+	// purged), for the key to come back before it confirms the departure.
+	// A failover of the registry stream stalls writes for longer than the
+	// TTL (3.8-8.1 s measured in issue 15, with every key expiring at once
+	// and coming back 12-14 ms after the new leader took over; a watch
+	// consumer on the failed node may deliver the return as late as the
+	// stall itself): 15 s is about twice the longest stall seen.
+	DefaultDepartureGrace = 15 * time.Second
 )
+
+// deregisterNote is the body of the purge marker Deregister writes. The
+// server's own expiry marker has no body, so a membership view tells an
+// explicit departure (confirmed at once) from an expiry (suspect until
+// DepartureGrace passes) by it: KV watch entries carry no headers.
+var deregisterNote = []byte(`{"departure":"deregistered"}`)
 
 // Errors of the registry. Match with errors.Is.
 var (
@@ -118,16 +133,22 @@ type RegistryConfig struct {
 	TakeOver bool
 	// OnRecreate (worker side) is called (from the heartbeat goroutine, or
 	// from SetState if that write found the key gone) after the key had
-	// vanished (it expired during a pause longer than
-	// the TTL, or someone deleted it) and was created again. Routers
-	// departed the worker in between and dropped what their indexes held
-	// for it; an engine may re-announce its cache here, or accept that
-	// routers under-estimate its overlap until it refills.
+	// vanished (it expired during a pause longer than the TTL, or someone
+	// deleted it) and was created again. Routers held the worker suspect
+	// meanwhile; if the key was gone for longer than their DepartureGrace
+	// (or was deleted, not expired) they departed it and dropped what their
+	// indexes held for it: an engine may re-announce its cache here, or
+	// accept that routers under-estimate its overlap until it refills.
 	OnRecreate func(Info)
 
 	// Model (router side): when set, the membership view only reports
 	// workers of this model.
 	Model string
+	// DepartureGrace (router side) is how long a worker whose key vanished
+	// without a deregistration stays suspect (live, not available) before
+	// its departure is confirmed; DefaultDepartureGrace; negative means no
+	// grace (the key's expiry is a departure at once).
+	DepartureGrace time.Duration
 
 	Logger *slog.Logger // default slog.Default()
 }
@@ -148,6 +169,7 @@ func (c RegistryConfig) withDefaults() (RegistryConfig, error) {
 	if c.MarkerTTL == 0 {
 		c.MarkerTTL = DefaultMarkerTTL
 	}
+
 	if c.OpTimeout == 0 {
 		c.OpTimeout = c.Heartbeat
 	}
@@ -171,6 +193,17 @@ func (c RegistryConfig) withDefaults() (RegistryConfig, error) {
 		return c, fmt.Errorf("%w: OpTimeout %v, want > 0", ErrConfig, c.OpTimeout)
 	}
 	return c, nil
+}
+
+// departureGrace is DepartureGrace with its default applied (0 = none).
+func (c RegistryConfig) departureGrace() time.Duration {
+	switch {
+	case c.DepartureGrace == 0:
+		return DefaultDepartureGrace
+	case c.DepartureGrace < 0:
+		return 0
+	}
+	return c.DepartureGrace
 }
 
 // EnsureBucket binds to the registry bucket, creating it with History 1
@@ -533,8 +566,13 @@ func (r *Registration) Stats() RegistrationStats {
 
 // SetState changes the worker's state and writes it at once. On a
 // transient failure the new state is kept and the heartbeat keeps trying
-// to write it; the error is returned.
+// to write it; the error is returned. A drain deadline is cleared (and
+// StateDraining set this way has none: see SetDrainingUntil).
 func (r *Registration) SetState(ctx context.Context, s State) error {
+	return r.setState(ctx, s, time.Time{})
+}
+
+func (r *Registration) setState(ctx context.Context, s State, deadline time.Time) error {
 	if !s.Valid() {
 		return &InfoError{ID: r.id, Field: "state", Reason: fmt.Sprintf("%q, want %q, %q or %q", s, StateReady, StateDraining, StateUnavailable)}
 	}
@@ -545,6 +583,7 @@ func (r *Registration) SetState(ctx context.Context, s State) error {
 	}
 	info := r.info.Clone()
 	info.State = s
+	info.DrainDeadline = deadline
 	val, err := EncodeInfo(info)
 	if err != nil {
 		r.mu.Unlock()
@@ -555,9 +594,19 @@ func (r *Registration) SetState(ctx context.Context, s State) error {
 	return r.write(ctx)
 }
 
-// SetDraining marks the worker draining: still live (its cache and
-// bindings stay valid), but routers stop choosing it for new requests.
+// SetDraining marks the worker draining without a deadline: still live
+// (its cache and bindings stay valid), routers stop choosing it for new
+// sessions and unbound work but keep sending it the requests of Hard
+// sessions bound to it, until it deregisters.
 func (r *Registration) SetDraining(ctx context.Context) error { return r.SetState(ctx, StateDraining) }
+
+// SetDrainingUntil is SetDraining with a deadline (Info.DrainDeadline): at
+// that time every router replica confirms the worker's departure, even if
+// its key is still there, and the sessions bound to it re-bind. A zero
+// deadline is SetDraining.
+func (r *Registration) SetDrainingUntil(ctx context.Context, deadline time.Time) error {
+	return r.setState(ctx, StateDraining, deadline.Round(0))
+}
 
 // Stop ends the heartbeat without touching the key, which then expires
 // within TTL as if the worker had crashed. It waits for the heartbeat
@@ -573,7 +622,8 @@ func (r *Registration) Stop() {
 }
 
 // Deregister stops the heartbeat and deletes the key (a purge whose marker
-// expires after MarkerTTL), so routers depart the worker at once. It never
+// expires after MarkerTTL and carries deregisterNote), so routers confirm
+// the worker's departure at once, without DepartureGrace. It never
 // deletes a key that another incarnation holds: it returns the
 // *DuplicateError instead. A key that is already gone is success. If the
 // delete fails, the key still expires within TTL.
@@ -588,12 +638,12 @@ func (r *Registration) Deregister(ctx context.Context) error {
 		if lost != nil {
 			return lost
 		}
-		err := r.kv.Purge(ctx, r.key, jetstream.LastRevision(rev), jetstream.PurgeTTL(r.cfg.MarkerTTL))
+		_, err := r.publishDeregister(ctx, rev)
 		if err == nil {
 			r.log.Debug("deregistered", "revision", rev)
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if !errors.Is(err, ErrConflict) {
 			return fmt.Errorf("workers: deregister %q: %w", r.key, err)
 		}
 		e, err := r.readLatest(ctx)
@@ -612,6 +662,19 @@ func (r *Registration) Deregister(ctx context.Context) error {
 			Reason: "another incarnation holds the key; left it in place"}
 	}
 	return fmt.Errorf("workers: deregister %q: %w: still conflicting after 3 attempts", r.key, ErrConflict)
+}
+
+// publishDeregister writes what kv.Purge(LastRevision(rev), PurgeTTL)
+// writes, plus deregisterNote as the body, which kv.Purge cannot carry.
+func (r *Registration) publishDeregister(ctx context.Context, rev uint64) (uint64, error) {
+	m := &nats.Msg{Subject: r.subject, Data: deregisterNote, Header: nats.Header{}}
+	m.Header.Set("KV-Operation", "PURGE")
+	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	newRev, err := jskv.Publish(ctx, r.js, m, rev, r.cfg.MarkerTTL)
+	if err != nil {
+		return 0, asConflict(r.key, rev, err)
+	}
+	return newRev, nil
 }
 
 // latest is the last message of a registry key.

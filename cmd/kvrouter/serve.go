@@ -92,6 +92,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	)
 	hf := addServeHTTPFlags(c)
 	sl := addStreamLimitFlags(c)
+	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
+	departureGrace := c.duration("departure-grace", workers.DefaultDepartureGrace,
+		"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
@@ -134,6 +137,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{err}
 	}
 	sl.apply(&cfg)
+	cfg.Registry.DepartureGrace = *departureGrace
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false

@@ -30,7 +30,8 @@ func TestRegistryAsDocumented(t *testing.T) {
 	defer cancel()
 	// A router replica creates the bucket and watches it.
 	quiet := slog.New(slog.DiscardHandler)
-	m, err := workers.WatchMembership(ctx, js, workers.RegistryConfig{Logger: quiet}, workers.Callbacks{})
+	// A short departure grace, so that the crash below is confirmed soon.
+	m, err := workers.WatchMembership(ctx, js, workers.RegistryConfig{Logger: quiet, DepartureGrace: time.Second}, workers.Callbacks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,10 +79,17 @@ func TestRegistryAsDocumented(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool { return m.Live(id) && !m.Available(id) },
 		func() string { return "the draining worker is still available (or gone)" })
 
-	// 7. Deregister: an empty purge with the documented headers.
+	// 7. Deregister: a purge with the documented headers and body, an
+	// explicit departure: confirmed at once, without the grace.
 	purge := map[string]string{"KV-Operation": "PURGE", "Nats-Rollup": "sub"}
-	marker := publishOK(t, nc, subject, nil, fmt.Sprint(rev), "1m0s", purge)
+	marker := publishOK(t, nc, subject, []byte(`{"departure":"deregistered"}`), fmt.Sprint(rev), "1m0s", purge)
+	if !strings.Contains(doc, "`{\"departure\":\"deregistered\"}`") {
+		t.Fatal("docs/protocol.md no longer gives the Deregister body this test sends")
+	}
 	live(false)
+	if m.Stats().Suspected != 0 {
+		t.Fatalf("the deregistered worker was suspect first: %+v", m.Stats())
+	}
 
 	// 2. Create over the purge marker: expecting 0 fails, the leader read
 	// shows the marker, and expecting the marker's sequence succeeds.
@@ -94,7 +102,10 @@ func TestRegistryAsDocumented(t *testing.T) {
 	live(true)
 
 	// 8. A crash: no renewal. The key expires after its TTL (1 s), routers
-	// depart the worker, and the server's marker says why.
+	// hold the worker suspect, then depart it once the grace passes; the
+	// server's marker says why.
+	testutil.Eventually(t, 5*time.Second, func() bool { return m.Suspect(id) },
+		func() string { return fmt.Sprintf("the expired worker never became suspect: %+v", m.Stats()) })
 	live(false)
 	seq, hdr = leaderRead(t, nc, subject)
 	if hdr.Get("Nats-Marker-Reason") != "MaxAge" {

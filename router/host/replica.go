@@ -52,6 +52,7 @@ type Replica struct {
 	table      *bindings.Table
 	mem        atomic.Pointer[workers.Membership]
 	loadSub    *workers.LoadSubscription
+	loadStats  atomic.Pointer[workers.LoadSubscription] // loadSub, for metric callbacks that may run during Start
 	subscriber *kvevents.Subscriber
 	subStats   atomic.Pointer[kvevents.Subscriber] // the subscriber, for metric callbacks that may run during Start
 	subCancel  context.CancelFunc
@@ -129,6 +130,9 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 	r.eventSink = &sink{r: r}
 	r.handler = r.newHTTPHandler()
 	if err := r.registerObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
+		return nil, fmt.Errorf("host: metrics: %w", err)
+	}
+	if err := r.registerMembershipObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
 		return nil, fmt.Errorf("host: metrics: %w", err)
 	}
 	return r, nil
@@ -381,9 +385,12 @@ func waitDrained(ctx context.Context, s *nats.Subscription) {
 	}
 }
 
-// workerLive is the bindings table's liveness: a worker is live while the
-// registry holds it, whatever its state (a draining worker keeps its
-// sessions).
+// workerLive is the bindings table's liveness: a worker is live until the
+// membership view confirms its departure, whatever its state: a draining
+// worker keeps its sessions until it deregisters or its drain deadline
+// passes, and a suspect one (its key vanished, as in a registry failover)
+// until the departure grace passes. A Hard binding moves only once this is
+// false.
 func (r *Replica) workerLive(worker string) bool {
 	m := r.mem.Load()
 	return m == nil || m.Live(worker)

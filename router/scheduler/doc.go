@@ -14,7 +14,9 @@
 //     refreshed (Config.Refresh) before selection.
 //   - Eligibility: a worker is a candidate when known, inside the request's
 //     allowed set, available (registered, not draining) and not overloaded
-//     (Thresholds, adjustable at run time with SetThresholds). A request
+//     (Thresholds, adjustable at run time with SetThresholds); a draining
+//     worker (WorkerInfo.Draining) is a candidate only for a Hard
+//     requirement that names it (the pin rule). A request
 //     waits in the router only when every worker it may use is busy (the
 //     queue thresholds).
 //   - The pin rule: applyPinRule in pinrule.go. It is the one place where an

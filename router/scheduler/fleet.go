@@ -16,14 +16,19 @@ const (
 	fAvail                        // registered and not draining
 	fOverloaded                   // over an overload threshold: not a candidate
 	fBusy                         // over a queue threshold (or overloaded)
+	fDraining                     // not available, but serves the Hard sessions bound to it
 )
 
 // eligibleMask/eligibleWant: a slot is a candidate when live, available and
-// not overloaded (the allowed set is checked separately).
+// not overloaded (the allowed set is checked separately). drainingWant: a
+// draining slot that is not overloaded is a candidate for a Hard
+// requirement naming it, and only for that.
 const (
 	eligibleMask = fLive | fAvail | fOverloaded
 	eligibleWant = fLive | fAvail
 	freeMask     = fLive | fAvail | fBusy
+	drainingMask = fLive | fAvail | fOverloaded | fDraining
+	drainingWant = fLive | fDraining
 )
 
 // worker groups the ranks of one worker name.
@@ -258,10 +263,12 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 		f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
 		f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
 	}
-	if info.Available {
+	f.flags[s] &^= fAvail | fDraining
+	switch {
+	case info.Available:
 		f.flags[s] |= fAvail
-	} else {
-		f.flags[s] &^= fAvail
+	case info.Draining:
+		f.flags[s] |= fDraining
 	}
 	f.kvBlocks[s] = int64(info.KVBlocks)
 	f.maxBatched[s] = int64(info.MaxBatchedTokens)
@@ -384,7 +391,14 @@ func (f *fleet) eligibleSlots() []int32 {
 }
 
 func (f *fleet) eligible(s int32) bool { return f.flags[s]&eligibleMask == eligibleWant }
-func (f *fleet) free(s int32) bool     { return f.flags[s]&freeMask == fLive|fAvail }
+
+// eligibleBound: eligible, or draining and not overloaded. It is the test
+// for the rows of a Hard requirement's target: a draining worker keeps
+// serving the sessions bound to it.
+func (f *fleet) eligibleBound(s int32) bool {
+	return f.eligible(s) || f.flags[s]&drainingMask == drainingWant
+}
+func (f *fleet) free(s int32) bool { return f.flags[s]&freeMask == fLive|fAvail }
 func (f *fleet) schedulable(s int32) bool {
 	return f.flags[s]&(fLive|fAvail) == fLive|fAvail
 }

@@ -30,17 +30,21 @@ type pinPlan struct {
 //
 //  1. Hard: selection is limited to the bound target, for every policy,
 //     while that target is eligible (known, rank registered, inside the
-//     allowed set, available, not overloaded). An ineligible target selects
-//     normally (Decision.HardFallback); the host's commit then re-binds or
-//     rejects. If the policy's own filters reject the bound target, that
-//     counts as ineligible too.
+//     allowed set, available or draining, not overloaded): a draining
+//     worker takes no new sessions and no unbound work but keeps serving
+//     the Hard sessions bound to it until it departs. An ineligible target
+//     selects normally (Decision.HardFallback); the host's commit then
+//     re-binds or rejects. If the policy's own filters reject the bound
+//     target, that counts as ineligible too.
 //  2. Admission is not narrowed by Hard: a Hard request waits in the router
 //     only when every eligible worker is busy, like any request, and
 //     otherwise goes to its bound worker and queues there (plan.exact stays
 //     nil, so the queue treats it as fleet-wide).
 //  3. Soft: the target reaches the policy as Context.Affinity. The default
 //     policy keeps it while it is a candidate; custom policies receive the
-//     full candidate set.
+//     full candidate set. A draining worker is not a candidate for Soft
+//     work: its Soft sessions move (re-bind) elsewhere, which lets a drain
+//     finish sooner.
 //  4. A classifier's target is Soft: it replaces a Soft target but can
 //     neither replace nor clear a Hard one (it is consulted only if the Hard
 //     target is ineligible).
@@ -117,7 +121,7 @@ func (c *core) runPinPlan(w *waiter) (slot int32, overlap int, fellBack bool, er
 	case p.exact != nil:
 		c.collectTarget(w, *p.exact)
 	case p.hard != nil:
-		c.collectTarget(w, *p.hard)
+		c.collectBound(w, *p.hard)
 		if c.cands.Len() > 0 {
 			slot, overlap, err = c.runPolicy(x, nil)
 			if !errors.Is(err, ErrNoCandidate) {
@@ -309,14 +313,20 @@ func (c *core) collectAll(w *waiter) {
 }
 
 // collectTarget sets c.cands to t's eligible rows that w may use.
-func (c *core) collectTarget(w *waiter, t workerref.Target) {
+func (c *core) collectTarget(w *waiter, t workerref.Target) { c.collectRows(w, t, false) }
+
+// collectBound is collectTarget for a Hard requirement's target, whose
+// draining rows are candidates too (fleet.eligibleBound).
+func (c *core) collectBound(w *waiter, t workerref.Target) { c.collectRows(w, t, true) }
+
+func (c *core) collectRows(w *waiter, t workerref.Target, bound bool) {
 	fl := c.fl
 	cs := &c.cands
 	cs.slots, cs.owned = cs.own[:0], true
 	if w.allows(t.Worker) {
 		var one [1]int32
 		for _, s := range fl.slotsOf(fl.resolve(t), &one) {
-			if fl.eligible(s) {
+			if fl.eligible(s) || bound && fl.eligibleBound(s) {
 				cs.slots = append(cs.slots, s)
 			}
 		}

@@ -106,6 +106,9 @@ type WorkerInfo struct {
 	MaxBatchedTokens int  // engine's max batched tokens; 0 = unknown (prefill thresholds off)
 	MaxSeqs          int  // engine's max concurrent sequences; 0 = unknown
 	Available        bool // registered and not draining
+	// Draining: not Available, but still serving the sessions bound to it:
+	// a Hard requirement naming it is served there (see the pin rule).
+	Draining bool
 }
 
 // LoadReport is a worker's own view of its load, used to correct the
