@@ -292,7 +292,7 @@ func addWorkerSideFlags(c *cmdFlags, maxDelay time.Duration, drainWhat string) w
 		heartbeat: c.duration("heartbeat", workers.DefaultHeartbeat, "registry heartbeat period"),
 		ttl:       c.duration("registry-ttl", workers.DefaultTTL, "registry key TTL: a worker silent this long is departed (whole seconds)"),
 		maxDelay:  c.duration("event-max-delay", maxDelay, "longest a KV event waits in the publisher's batch"),
-		drain:     c.duration("drain-timeout", 30*time.Second, "longest wait for "+drainWhat+" when stopping"),
+		drain:     c.duration("drain-timeout", 30*time.Second, "longest wait for "+drainWhat+" when stopping; also the drain deadline every router honours (Hard sessions stay on this worker until then)"),
 		setupWait: c.duration("setup-wait", defaultSetupWait, "longest wait at start for the event stream and registry bucket that kvrouter serve creates"),
 	}
 }
