@@ -90,7 +90,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
 		kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
 		sessionUsage:  "session ids and binding mode: none, hard or soft",
-		policiesUsage: "policies to compare, comma separated, or all",
+		policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
 	})
 	var (
 		kind       = c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)")
