@@ -112,7 +112,11 @@ type Spread struct {
 
 // Summary is one policy's result.
 type Summary struct {
-	Policy   string `json:"policy"`
+	Policy string `json:"policy"`
+	// Path is how the requests reached the fleet: "nats" (the route API and
+	// the workers' NATS endpoints) or "gateway" (OpenAI clients through the
+	// gateway, bridges and vLLM-faced engines).
+	Path     string `json:"path"`
 	Requests int    `json:"requests"`
 	Done     int    `json:"done"`
 	Rejected int    `json:"rejected"`

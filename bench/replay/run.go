@@ -24,7 +24,11 @@ var ErrConfig = errors.New("replay: invalid config")
 type Config struct {
 	Workload *workload.Workload // not modified
 	Policies []Policy           // default: every DefaultPolicies entry
-	NewStack StackFactory
+	NewStack StackFactory       // the NATS path's stacks, when Paths is empty
+	// Paths are the paths every policy runs over, in order (default: the
+	// NATS path with NewStack). Every path replays the same trace with the
+	// same arrival times and seed.
+	Paths []PathConfig
 
 	Model       string  // default "bench"
 	Workers     int     // default 8
@@ -62,8 +66,16 @@ func (c *Config) normalize() error {
 	if c.Workload == nil || len(c.Workload.Requests) == 0 {
 		return fmt.Errorf("%w: empty workload", ErrConfig)
 	}
-	if c.NewStack == nil {
-		return fmt.Errorf("%w: no stack factory", ErrConfig)
+	if len(c.Paths) == 0 {
+		if c.NewStack == nil {
+			return fmt.Errorf("%w: no stack factory", ErrConfig)
+		}
+		c.Paths = []PathConfig{{Name: PathNATS, NewStack: c.NewStack}}
+	}
+	for _, p := range c.Paths {
+		if p.NewStack == nil || p.Name == "" {
+			return fmt.Errorf("%w: path %q without a name or stack factory", ErrConfig, p.Name)
+		}
 	}
 	if len(c.Policies) == 0 {
 		ps, err := LookupPolicies(DefaultPolicies)
@@ -168,17 +180,24 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	}
 	unl := UnloadedTTFT(w, cfg.BlockSize, cfg.MaxBatchedTokens)
 	rep.Unloaded = &unl
-	for _, pol := range cfg.Policies {
-		if err := ctx.Err(); err != nil {
-			return rep, err
+	for _, path := range cfg.Paths {
+		rep.Setup.Paths = append(rep.Setup.Paths, path.Name)
+		for _, pol := range cfg.Policies {
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			if pol.Oracle && path.NoOracle {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%s did not run over the %s path: the path cannot carry its choice.", pol.Name, path.Name))
+				continue
+			}
+			s, err := runPolicy(ctx, &cfg, path, pol, reqs, bound.Ratio)
+			if err != nil {
+				return rep, fmt.Errorf("replay: policy %s over %s: %w", pol.Name, path.Name, err)
+			}
+			rep.Policies = append(rep.Policies, s)
+			cfg.Logf("%s (%s): %d done, %d rejected, %d failed, hit %.1f%%, TTFT p50 %.0f ms p99 %.0f ms, wall %.1fs",
+				s.Policy, s.Path, s.Done, s.Rejected, s.Failed, 100*s.HitRatio, s.TTFT.P50, s.TTFT.P99, s.WallSeconds)
 		}
-		s, err := runPolicy(ctx, &cfg, pol, reqs, bound.Ratio)
-		if err != nil {
-			return rep, fmt.Errorf("replay: policy %s: %w", pol.Name, err)
-		}
-		rep.Policies = append(rep.Policies, s)
-		cfg.Logf("%s: %d done, %d rejected, %d failed, hit %.1f%%, TTFT p50 %.0f ms p99 %.0f ms, wall %.1fs",
-			s.Policy, s.Done, s.Rejected, s.Failed, 100*s.HitRatio, s.TTFT.P50, s.TTFT.P99, s.WallSeconds)
 	}
 	rep.Checks = Checks(rep)
 	for _, p := range cfg.Policies {
@@ -202,8 +221,8 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 }
 
 // runPolicy replays every request against a fresh stack.
-func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bound float64) (metrics.Summary, error) {
-	stack, err := cfg.NewStack(ctx, StackConfig{
+func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, reqs []prepared, bound float64) (metrics.Summary, error) {
+	stack, err := path.NewStack(ctx, StackConfig{
 		Policy: pol, Model: cfg.Model, Workers: cfg.Workers, KVBlocks: cfg.KVBlocks, BlockSize: cfg.BlockSize,
 		Replicas: cfg.Replicas, Speedup: cfg.Speedup, SessionMode: cfg.SessionMode, Seed: cfg.Seed, Probe: pol.Oracle,
 		MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, RouteDeadline: cfg.RouteDeadline,
@@ -220,6 +239,12 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		}
 	}()
 	d := &driver{cfg: cfg, pol: pol, router: stack.Router(), gen: stack.Generator(), rec: metrics.NewRecorder(len(reqs))}
+	if fs, ok := stack.(FrontendStack); ok {
+		d.front = fs.Frontend()
+	}
+	if pol.Oracle && d.front != nil {
+		return metrics.Summary{}, fmt.Errorf("%w: the oracle cannot run over a frontend", ErrConfig)
+	}
 	if pol.Oracle {
 		probe := stack.Probe()
 		if probe == nil {
@@ -270,6 +295,10 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			if d.front != nil {
+				d.oneFrontend(ctx, p)
+				return
+			}
 			d.one(ctx, p)
 		}()
 	}
@@ -278,9 +307,11 @@ func runPolicy(ctx context.Context, cfg *Config, pol Policy, reqs []prepared, bo
 	if err := ctx.Err(); err != nil {
 		return metrics.Summary{}, err
 	}
-	return metrics.Summarize(d.rec.Records(), metrics.Options{
+	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
 		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start),
-	}), nil
+	})
+	sum.Path = path.Name
+	return sum, nil
 }
 
 type driver struct {
@@ -288,6 +319,7 @@ type driver struct {
 	pol    Policy
 	router Router
 	gen    Generator
+	front  Frontend // the gateway path: route, serve and book in one call
 	oracle *oracle
 	rec    *metrics.Recorder
 	bar    *progress.Bar

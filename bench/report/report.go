@@ -53,9 +53,12 @@ type Setup struct {
 	BlockSize   int     `json:"block_size"`
 	Speedup     float64 `json:"speedup"`
 	SessionMode string  `json:"session_mode"`
-	Seed        uint64  `json:"seed"`
-	Machine     string  `json:"machine,omitempty"`
-	GoVersion   string  `json:"go_version,omitempty"`
+	// Paths are the paths the policies ran over, in order ("nats",
+	// "gateway"); empty in reports written before paths existed (nats).
+	Paths     []string `json:"paths,omitempty"`
+	Seed      uint64   `json:"seed"`
+	Machine   string   `json:"machine,omitempty"`
+	GoVersion string   `json:"go_version,omitempty"`
 }
 
 // Check is one target of the issue evaluated on this run.

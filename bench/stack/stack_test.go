@@ -12,18 +12,19 @@ import (
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testutil.IgnoredGoroutines(),
 		// nats-server and the client library leave timers and flushers
 		// that end shortly after shutdown.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
 		goleak.IgnoreTopFunction("time.Sleep"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats.go.(*Conn).flusher"),
-	)
+	)...)
 }
 
 // traceFile finds a Mooncake trace in ../shared/data/mooncake by walking up.

@@ -106,6 +106,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
 		title      = c.str("title", "", "report title")
 		quiet      = c.boolean("quiet", false, "no progress bar")
+		paths      = c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)")
 	)
 	if err := c.parse(args); err != nil {
 		return err
@@ -148,8 +149,12 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := w.Validate(); err != nil {
 		return err
 	}
+	rpaths, err := replayPaths(*paths)
+	if err != nil {
+		return err
+	}
 	cfg := replay.Config{
-		Workload: w, Policies: pols, NewStack: stack.Factory(stack.Options{}),
+		Workload: w, Policies: pols, Paths: rpaths,
 		Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: mode, Seed: *seed,
 		KVBlocks: *kvBlocks, BlockSize: *blockSize, LoadScale: *load, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MaxOutputTokens: *maxOut, QueueThreshold: *queueTh,
@@ -161,8 +166,8 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		cfg.ProgressLines = !benchIsTerminal(stderr)
 	}
 	st := w.Stats()
-	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s\n",
-		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *load, *speedup, replay.PolicyNames(pols))
+	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
+		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *load, *speedup, replay.PolicyNames(pols), *paths)
 	began := time.Now()
 	rep, err := replay.Run(ctx, cfg)
 	if err != nil {
@@ -178,6 +183,31 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s (%.1f s)\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), *out, time.Since(began).Seconds())
 	return nil
+}
+
+// replayPaths resolves --path: nats, gateway or both, comma separated.
+func replayPaths(arg string) ([]replay.PathConfig, error) {
+	var out []replay.PathConfig
+	seen := map[string]bool{}
+	for _, n := range strings.Split(arg, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		switch n {
+		case replay.PathNATS:
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.Factory(stack.Options{})})
+		case replay.PathGateway:
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoOracle: true})
+		default:
+			return nil, fmt.Errorf("bench replay: --path %q: want nats, gateway or nats,gateway", n)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench replay: --path is empty: want nats, gateway or nats,gateway")
+	}
+	return out, nil
 }
 
 func benchRender(args []string, stdout, stderr io.Writer) error {
