@@ -106,6 +106,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
 		title      = c.str("title", "", "report title")
 		quiet      = c.boolean("quiet", false, "no progress bar")
+		runs       = c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread")
 		paths      = c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)")
 	)
 	if err := c.parse(args); err != nil {
@@ -154,7 +155,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	cfg := replay.Config{
-		Workload: w, Policies: pols, Paths: rpaths,
+		Workload: w, Policies: pols, Paths: rpaths, Runs: *runs,
 		Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: mode, Seed: *seed,
 		KVBlocks: *kvBlocks, BlockSize: *blockSize, LoadScale: *load, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MaxOutputTokens: *maxOut, QueueThreshold: *queueTh,
