@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -87,6 +88,65 @@ func (r *Report) PolicyOn(name, path string) *metrics.Summary {
 		if p := &r.Policies[i]; p.Policy == name && p.Path == path {
 			return p
 		}
+	}
+	return nil
+}
+
+// Merge appends the rows of other reports of the same workload and setup
+// (for example one run per path) to r: their paths join r's, their notes
+// are added once. Checks are left to the caller to recompute.
+func (r *Report) Merge(others ...*Report) error {
+	for _, o := range others {
+		if o.Workload.Name != r.Workload.Name || o.Workload.Stats.Requests != r.Workload.Stats.Requests || o.Workload.LoadScale != r.Workload.LoadScale {
+			return fmt.Errorf("%w: merge %s (%d requests at %gx) into %s (%d at %gx): different workloads", ErrReport,
+				o.Workload.Name, o.Workload.Stats.Requests, o.Workload.LoadScale, r.Workload.Name, r.Workload.Stats.Requests, r.Workload.LoadScale)
+		}
+		paths := o.Setup.Paths
+		if len(paths) == 0 {
+			paths = []string{"nats"}
+		}
+		if len(r.Setup.Paths) == 0 {
+			r.Setup.Paths = []string{"nats"}
+		}
+		for _, p := range paths {
+			if !slices.Contains(r.Setup.Paths, p) {
+				r.Setup.Paths = append(r.Setup.Paths, p)
+			}
+		}
+		for _, p := range o.Policies {
+			if p.Path == "" {
+				p.Path = "nats"
+			}
+			r.Policies = append(r.Policies, p)
+		}
+		for _, n := range o.Notes {
+			if !slices.Contains(r.Notes, n) {
+				r.Notes = append(r.Notes, n)
+			}
+		}
+	}
+	return nil
+}
+
+// ReadmeTable writes the short results table of the README: per row the
+// hit ratio against the bound and TTFT p50 and p99, with their spread when
+// the figures are medians over runs.
+func (r *Report) ReadmeTable(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("| policy | path | prefix-cache hit ratio | TTFT p50 | TTFT p99 |\n|---|---|---:|---:|---:|\n")
+	for _, p := range r.Policies {
+		path := p.Path
+		if path == "" {
+			path = "nats"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", p.Policy, path,
+			pctSpread(p.HitRatio, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.HitRatio }),
+			msSpread(p.TTFT.P50, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP50 }),
+			msSpread(p.TTFT.P99, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP99 }))
+	}
+	fmt.Fprintf(&b, "\nInfinite-cache bound: %.1f %%.\n", 100*r.Workload.UpperBound.Ratio)
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("%w: readme table: %w", ErrReport, err)
 	}
 	return nil
 }

@@ -138,3 +138,28 @@ func TestMarkdownPathsAndRuns(t *testing.T) {
 		t.Fatalf("label %q", l)
 	}
 }
+
+// Merging a gateway run into a nats run keeps every row with its path and
+// both paths in the setup; another workload is refused.
+func TestMerge(t *testing.T) {
+	a, b := sample(), sample()
+	b.Setup.Paths = []string{"gateway"}
+	for i := range b.Policies {
+		b.Policies[i].Path = "gateway"
+	}
+	if err := a.Merge(b); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Policies) != 6 || len(a.Setup.Paths) != 2 || a.PolicyOn("kvrouter", "gateway") == nil || a.PolicyOn("kvrouter", "nats") == nil {
+		t.Fatalf("merged: paths %v, %d rows", a.Setup.Paths, len(a.Policies))
+	}
+	var tb bytes.Buffer
+	if err := a.ReadmeTable(&tb); err != nil || !strings.Contains(tb.String(), "| kvrouter | gateway |") {
+		t.Fatalf("readme table: %v\n%s", err, tb.String())
+	}
+	c := sample()
+	c.Workload.Name = "other"
+	if err := a.Merge(c); !errors.Is(err, ErrReport) {
+		t.Fatalf("merging another workload: %v", err)
+	}
+}

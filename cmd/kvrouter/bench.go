@@ -74,12 +74,17 @@ func benchFlags(name, about string, stdout, stderr io.Writer) *cmdFlags {
 
 const benchReplayAbout = `Replays a workload through the real stack, in one process: an embedded NATS
 server, simulated workers publishing KV events, router replicas serving the
-NATS route API. Each policy runs on a fresh fleet with the same workload.
-Writes report.md, report.json and PNG charts into --out and prints a table.
+NATS route API (--path nats), or vLLM-faced simulated engines with ZMQ events,
+one bridge each, the replicas and the OpenAI gateway, an OpenAI client per
+request (--path gateway). Each policy runs on a fresh fleet with the same
+workload; --policies peers adds the peers' algorithms (llmd, sglang, dynamo,
+chwbl). Writes report.md, report.json and PNG charts into --out and prints a
+table.
 
 Examples:
   kvrouter bench replay --trace ../shared/data/mooncake/mooncake_fast25_conversation_trace.jsonl --limit 2000 --load 4 --speedup 20
-  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle`
+  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle
+  kvrouter bench replay --trace ... --limit 2000 --load 6.5 --speedup 3 --runs 3 --policies kvrouter,oracle,peers --path nats,gateway`
 
 func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := benchFlags("kvrouter bench replay", benchReplayAbout, stdout, stderr)
@@ -212,27 +217,40 @@ func replayPaths(arg string) ([]replay.PathConfig, error) {
 }
 
 func benchRender(args []string, stdout, stderr io.Writer) error {
-	c := benchFlags("kvrouter bench render", "Redraws report.md, report.json and the PNG charts from a replay's JSON report (--in DIR/report.json).", stdout, stderr)
-	in := c.str("in", "", "report.json written by bench replay")
-	out := c.str("out", "", "output directory (default: the directory of --in)")
+	c := benchFlags("kvrouter bench render", "Redraws report.md, report.json and the PNG charts from a replay's JSON report (--in DIR/report.json); several reports of the same workload, comma separated, are merged into one (e.g. one per path).", stdout, stderr)
+	in := c.str("in", "", "report.json written by bench replay (comma separated: merged in order)")
+	out := c.str("out", "", "output directory (default: the directory of the first --in)")
+	readme := c.boolean("readme-table", false, "also print the README's short results table")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if *in == "" {
 		return fmt.Errorf("bench render: --in is required")
 	}
-	f, err := os.Open(*in)
-	if err != nil {
-		return fmt.Errorf("bench render: %w", err)
+	var reps []*report.Report
+	ins := strings.Split(*in, ",")
+	for _, name := range ins {
+		f, err := os.Open(strings.TrimSpace(name))
+		if err != nil {
+			return fmt.Errorf("bench render: %w", err)
+		}
+		r, err := report.ReadJSON(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("bench render: %s: %w", name, err)
+		}
+		reps = append(reps, r)
 	}
-	rep, err := report.ReadJSON(f)
-	f.Close()
-	if err != nil {
-		return err
+	rep := reps[0]
+	if len(reps) > 1 {
+		if err := rep.Merge(reps[1:]...); err != nil {
+			return err
+		}
+		rep.Checks = replay.Checks(rep)
 	}
 	dir := *out
 	if dir == "" {
-		dir = filepath.Dir(*in)
+		dir = filepath.Dir(strings.TrimSpace(ins[0]))
 	}
 	files, err := rep.WriteAll(dir)
 	if err != nil {
@@ -240,6 +258,12 @@ func benchRender(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := rep.Table(stdout); err != nil {
 		return err
+	}
+	if *readme {
+		fmt.Fprintln(stdout)
+		if err := rep.ReadmeTable(stdout); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), dir)
 	return nil
