@@ -108,6 +108,11 @@ func (r *Report) Merge(others ...*Report) error {
 		if len(r.Setup.Paths) == 0 {
 			r.Setup.Paths = []string{"nats"}
 		}
+		for i := range r.Policies {
+			if r.Policies[i].Path == "" {
+				r.Policies[i].Path = "nats" // written before rows carried a path
+			}
+		}
 		for _, p := range paths {
 			if !slices.Contains(r.Setup.Paths, p) {
 				r.Setup.Paths = append(r.Setup.Paths, p)
