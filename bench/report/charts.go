@@ -85,15 +85,9 @@ func (r *Report) ttftChart() (*plot.Plot, error) {
 			pts[j].X = math.Max(v, 0.1) // log axis
 			pts[j].Y = float64(j) / float64(len(s.TTFTCDF)-1)
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
+		if err := addPolicyLine(p, pts, i, s.Label(r.multiPath())); err != nil {
 			return nil, err
 		}
-		l.Color = colorOf(i)
-		l.Width = vg.Points(1.5)
-		l.Dashes = plotutil.Dashes(i / len(palette))
-		p.Add(l)
-		p.Legend.Add(s.Label(r.multiPath()), l)
 		any = true
 	}
 	if !any {
@@ -241,18 +235,27 @@ func (r *Report) loadTimeChart() (*plot.Plot, error) {
 			pts[j] = plotter.XY{X: float64(j) / float64(n-1), Y: v}
 			top = math.Max(top, v)
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
+		if err := addPolicyLine(p, pts, i, s.Label(r.multiPath())); err != nil {
 			return nil, err
 		}
-		l.Color = colorOf(i)
-		l.Width = vg.Points(1.5)
-		l.Dashes = plotutil.Dashes(i / len(palette))
-		p.Add(l)
-		p.Legend.Add(s.Label(r.multiPath()), l)
 	}
 	p.Legend.Top = true
 	p.Y.Min, p.Y.Max = 0, top*1.25
 	p.X.Min, p.X.Max = 0, 1
 	return p, nil
+}
+
+// addPolicyLine draws row i's line in its colour (dashed past the palette)
+// with its legend entry.
+func addPolicyLine(p *plot.Plot, pts plotter.XYs, i int, label string) error {
+	l, err := plotter.NewLine(pts)
+	if err != nil {
+		return err
+	}
+	l.Color = colorOf(i)
+	l.Width = vg.Points(1.5)
+	l.Dashes = plotutil.Dashes(i / len(palette))
+	p.Add(l)
+	p.Legend.Add(label, l)
+	return nil
 }

@@ -1,16 +1,13 @@
 package stack
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/bench/replay"
@@ -152,47 +149,15 @@ func (f *frontend) Complete(ctx context.Context, req *replay.FrontendRequest) (*
 		}
 	}
 	out.OverlapBlocks, _ = strconv.Atoi(resp.Header.Get(gateway.HeaderOverlapBlocks))
-	var usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 8<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []struct {
-				Text string `json:"text"`
-			} `json:"choices"`
-			Usage json.RawMessage `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			return nil, fmt.Errorf("stack: %s: bad chunk %.80q: %w", req.ID, data, err)
-		}
-		if out.TTFT == 0 && len(chunk.Choices) > 0 {
+	usage, err := ReadStream(resp.Body, func(string) {
+		if out.TTFT == 0 {
 			out.TTFT = time.Since(sent)
 		}
-		if len(chunk.Usage) > 0 && string(chunk.Usage) != "null" {
-			if err := json.Unmarshal(chunk.Usage, &usage); err != nil {
-				return nil, fmt.Errorf("stack: %s: bad usage: %w", req.ID, err)
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("stack: %s: stream cut: %w", req.ID, err)
-	}
-	if usage.PromptTokens == 0 {
-		return nil, fmt.Errorf("stack: %s: %w", req.ID, errNoUsage)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: %s: %w", req.ID, err)
 	}
 	out.E2E = time.Since(sent)
 	out.PromptTokens, out.OutputTokens, out.CachedTokens = usage.PromptTokens, usage.CompletionTokens, usage.PromptTokensDetails.CachedTokens
 	return out, nil
 }
-
-var errNoUsage = errors.New("the stream ended without usage")

@@ -1,10 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -250,46 +250,17 @@ func (w *chatWorkload) turn(ctx context.Context, base, session string, mode repl
 	r.Worker = resp.Header.Get(gateway.HeaderWorker)
 	r.RouterBlocks, _ = strconv.Atoi(resp.Header.Get(gateway.HeaderOverlapBlocks))
 	var reply strings.Builder
-	var usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
+	usage, err := stack.ReadStream(resp.Body, func(text string) {
+		if text != "" && r.TTFT == 0 {
+			r.TTFT = time.Since(sent)
 		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *json.RawMessage `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			r.Code = "bad chunk"
-			return r, ""
-		}
-		for _, c := range chunk.Choices {
-			if c.Delta.Content != "" && r.TTFT == 0 {
-				r.TTFT = time.Since(sent)
-			}
-			reply.WriteString(c.Delta.Content)
-		}
-		if chunk.Usage != nil && string(*chunk.Usage) != "null" {
-			if err := json.Unmarshal(*chunk.Usage, &usage); err != nil {
-				r.Code = "bad usage"
-				return r, ""
-			}
-		}
-	}
-	if err := sc.Err(); err != nil || usage.PromptTokens == 0 {
+		reply.WriteString(text)
+	})
+	switch {
+	case errors.Is(err, stack.ErrBadChunk):
+		r.Code = "bad chunk"
+		return r, ""
+	case err != nil:
 		r.Code = "stream cut"
 		return r, ""
 	}
