@@ -2,6 +2,8 @@ package replay
 
 import (
 	"fmt"
+
+	"go.yaml.in/yaml/v3"
 	"strings"
 	"time"
 )
@@ -12,6 +14,9 @@ type Policy struct {
 	// RouterPolicy is the scheduler policy the replicas run ("default",
 	// "round-robin", "random", "least-loaded", ...).
 	RouterPolicy string
+	// RouterParams are the policy's parameters (a YAML mapping; zero =
+	// the policy's defaults).
+	RouterParams yaml.Node
 	// Events: workers publish KV events and the replicas index them.
 	Events bool
 	// Approximate runs the replicas in approximate mode (host
@@ -42,6 +47,10 @@ var Catalog = []Policy{
 	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue + 2 x KV utilisation, max score"},
 	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware: shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix above a 0.3 match rate, else the most free cache"},
 	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost (kvrouter's default policy under its upstream name)"},
+	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
+	// a cached block credited twice, for the prefill it saves and for the
+	// new KV allocation it does not need.
+	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
 }
 
@@ -94,6 +103,13 @@ func LookupPolicies(names []string) ([]Policy, error) {
 		return nil, fmt.Errorf("%w: no policy selected", ErrConfig)
 	}
 	return out, nil
+}
+
+// yamlMap is a one-key YAML mapping node.
+func yamlMap(k, v string) yaml.Node {
+	return yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
+		{Kind: yaml.ScalarNode, Tag: "!!str", Value: k}, {Kind: yaml.ScalarNode, Value: v},
+	}}
 }
 
 func catalogNames() []string {

@@ -226,7 +226,7 @@ func (s *Stack) replicaConfig(i int) host.Config {
 		BlockSize: cfg.BlockSize,
 		Registry:  registryConfig(s.opt.Logger),
 		Bindings:  bindings.Config{DefaultMode: mode},
-		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy},
+		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy, Params: cfg.Policy.RouterParams},
 		Logger:    s.opt.Logger,
 	}
 	// The replicas' own time constants are meant in real time; the workload
