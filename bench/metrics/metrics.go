@@ -162,6 +162,10 @@ type Summary struct {
 
 	// Runs is set when the figures are medians over several runs.
 	Runs *RunSpread `json:"runs,omitempty"`
+
+	// Diagnostics are what the stack measured about itself during the
+	// run (for example how far two replicas' views drifted apart).
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 // LoadSamples is the number of points of Summary.LoadOverTime.

@@ -338,10 +338,18 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 	if err := ctx.Err(); err != nil {
 		return metrics.Summary{}, err
 	}
+	var diag []string
+	if dg, ok := stack.(Diagnoser); ok {
+		for _, line := range dg.Diagnostics() {
+			cfg.Logf("%s (%s, seed %d): %s", pol.Name, path.Name, cfg.Seed, line)
+			diag = append(diag, fmt.Sprintf("seed %d: %s", cfg.Seed, line))
+		}
+	}
 	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
 		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start),
 	})
 	sum.Path = path.Name
+	sum.Diagnostics = diag
 	return sum, nil
 }
 

@@ -56,5 +56,9 @@ func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 		out.OfUpperBound = out.HitRatio / out.UpperBound
 	}
 	out.Runs = sp
+	out.Diagnostics = nil
+	for _, s := range sums {
+		out.Diagnostics = append(out.Diagnostics, s.Diagnostics...)
+	}
 	return out
 }

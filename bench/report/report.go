@@ -402,6 +402,15 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 			fmt.Fprintf(&b, "- %s\n", n)
 		}
 	}
+	for _, p := range r.Policies {
+		if len(p.Diagnostics) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n### Measured in the stack: %s (%s)\n\n", p.Policy, p.Path)
+		for _, d := range p.Diagnostics {
+			fmt.Fprintf(&b, "- %s\n", d)
+		}
+	}
 	if len(charts) > 0 {
 		b.WriteString("\n## Charts\n\n")
 		for _, c := range charts {

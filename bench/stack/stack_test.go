@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,4 +166,9 @@ func TestShortReplayMooncake(t *testing.T) {
 	if kv.SessionsMoved != 0 || kv.Sessions != w.Sessions() {
 		t.Errorf("Hard sessions moved: %d of %d (%d in the workload)", kv.SessionsMoved, kv.Sessions, w.Sessions())
 	}
+	// Two replicas: the stack measured how far their views drifted apart.
+	if len(kv.Diagnostics) != 2 || !strings.Contains(kv.Diagnostics[0], "booked requests the two replicas disagree on") {
+		t.Errorf("diagnostics of two replicas: %q", kv.Diagnostics)
+	}
+	t.Logf("diagnostics: %q", kv.Diagnostics)
 }
