@@ -246,8 +246,9 @@ func benchRender(args []string, stdout, stderr io.Writer) error {
 		if err := rep.Merge(reps[1:]...); err != nil {
 			return err
 		}
-		rep.Checks = replay.Checks(rep)
 	}
+	rep.Checks = replay.Checks(rep) // this build's checks, on the figures read
+
 	dir := *out
 	if dir == "" {
 		dir = filepath.Dir(strings.TrimSpace(ins[0]))
