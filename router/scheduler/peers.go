@@ -15,6 +15,8 @@ import (
 
 	"github.com/zeebo/xxh3"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/kvevents"
 )
 
 // registerPeers adds the peer policies (llmd, sglang, dynamo, chwbl) and
@@ -267,7 +269,7 @@ type CHWBL struct {
 	Replication int     `yaml:"replication"`
 	PrefixChars int     `yaml:"prefix_chars"`
 
-	points sync.Map // worker key string → []uint64 ring points (a pure function of the name, cached)
+	points sync.Map // kvevents.WorkerKey → []uint64 ring points (a pure function of the key, cached)
 }
 
 // NewCHWBL returns the policy with KubeAI's defaults: load factor 1.25,
@@ -303,18 +305,20 @@ func (p *CHWBL) key(x *Context) uint64 {
 	return xxh3.Hash(b[:])
 }
 
-// ring returns the worker's points, computing them once per name.
-func (p *CHWBL) ring(name string) []uint64 {
-	if v, ok := p.points.Load(name); ok {
+// ring returns the worker's points (hashes of "w#r" and the point's
+// number), computing them once per (worker, rank).
+func (p *CHWBL) ring(k kvevents.WorkerKey) []uint64 {
+	if v, ok := p.points.Load(k); ok {
 		return v.([]uint64)
 	}
+	name := k.String()
 	pts := make([]uint64, p.Replication)
 	buf := make([]byte, 0, len(name)+8)
 	for i := range pts {
 		buf = strconv.AppendInt(append(buf[:0], name...), int64(i), 10)
 		pts[i] = xxh3.Hash(buf)
 	}
-	v, _ := p.points.LoadOrStore(name, pts)
+	v, _ := p.points.LoadOrStore(k, pts)
 	return v.([]uint64)
 }
 
@@ -337,7 +341,7 @@ func (p *CHWBL) Select(x *Context, c *Candidates) (int, error) {
 	ok, okD := -1, uint64(math.MaxUint64)
 	for i, s := range c.slots {
 		d := uint64(math.MaxUint64)
-		for _, h := range p.ring(c.f.key[s].String()) {
+		for _, h := range p.ring(c.f.key[s]) {
 			d = min(d, h-key)
 		}
 		if d < firstD || (d == firstD && i < first) {

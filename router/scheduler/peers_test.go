@@ -392,3 +392,28 @@ func TestPeerPoliciesEmpty(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPeerSelection is one selection by each peer policy over n
+// candidates with overlaps and loads, outside a scheduler (the policy's own
+// cost; the scheduler adds the same eligibility and booking for all).
+func BenchmarkPeerSelection(b *testing.B) {
+	for _, n := range []int{8, 1024} {
+		rows := make([]CandidateRow, n)
+		for i := range rows {
+			rows[i] = CandidateRow{Key: wk(fmt.Sprintf("w%04d", i), 0), OverlapBlocks: i % 9, ActiveRequests: i % 13,
+				ActiveDecodeBlocks: 37 * (i % 7), KVBlocks: 4096, ActivePrefillTokens: 100 * (i % 5)}
+		}
+		for _, p := range []Policy{NewDefaultPolicy(0), NewLLMD(), NewSGLang(), NewCHWBL()} {
+			b.Run(fmt.Sprintf("%s/workers=%d", p.Name(), n), func(b *testing.B) {
+				r := peerReq("r", 0, 8)
+				x, c := NewCandidates(r, 16, 8, 1, nil, rows)
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := p.Select(x, c); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
