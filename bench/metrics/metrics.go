@@ -112,7 +112,11 @@ type Spread struct {
 
 // Summary is one policy's result.
 type Summary struct {
-	Policy   string `json:"policy"`
+	Policy string `json:"policy"`
+	// Path is how the requests reached the fleet: "nats" (the route API and
+	// the workers' NATS endpoints) or "gateway" (OpenAI clients through the
+	// gateway, bridges and vLLM-faced engines).
+	Path     string `json:"path"`
 	Requests int    `json:"requests"`
 	Done     int    `json:"done"`
 	Rejected int    `json:"rejected"`
@@ -150,6 +154,40 @@ type Summary struct {
 	SessionMoves  int `json:"session_moves"`  // consecutive requests of a session on different workers
 
 	WallSeconds float64 `json:"wall_s"` // how long the replay of this policy took
+
+	// LoadOverTime samples, at LoadSamples evenly spaced workload times
+	// over the makespan, the busiest worker's in-flight requests over the
+	// fleet's mean (1 = even; 0 where nothing was in flight).
+	LoadOverTime []float64 `json:"load_over_time,omitempty"`
+
+	// Runs is set when the figures are medians over several runs.
+	Runs *RunSpread `json:"runs,omitempty"`
+
+	// Diagnostics are what the stack measured about itself during the
+	// run (for example how far two replicas' views drifted apart).
+	Diagnostics []string `json:"diagnostics,omitempty"`
+}
+
+// LoadSamples is the number of points of Summary.LoadOverTime.
+const LoadSamples = 60
+
+// RunSpread is how the main figures varied over repeated runs: the
+// summary's own figures are the medians, these the lowest and highest.
+type RunSpread struct {
+	N        int        `json:"n"`
+	HitRatio [2]float64 `json:"hit_ratio"`
+	TTFTP50  [2]float64 `json:"ttft_p50_ms"`
+	TTFTP99  [2]float64 `json:"ttft_p99_ms"`
+	E2EP50   [2]float64 `json:"e2e_p50_ms"`
+}
+
+// Label names the row in reports: the policy, with its path when several
+// paths are shown together.
+func (s *Summary) Label(withPath bool) string {
+	if withPath && s.Path != "" {
+		return s.Policy + " (" + s.Path + ")"
+	}
+	return s.Policy
 }
 
 // Options completes a Summary with what records do not carry.
@@ -268,6 +306,7 @@ func Summarize(recs []Record, opt Options) Summary {
 		reqs[i], pre[i] = float64(l.Requests), float64(l.PrefillTokens)
 	}
 	s.RequestSpread, s.PrefillSpread = spread(reqs), spread(pre)
+	s.LoadOverTime = loadOverTime(sorted, opt.Workers, first, last)
 	s.Sessions = len(sessionWorkers)
 	for _, ws := range sessionWorkers {
 		if len(ws) > 1 {
@@ -275,6 +314,47 @@ func Summarize(recs []Record, opt Options) Summary {
 		}
 	}
 	return s
+}
+
+// loadOverTime samples max/mean of the workers' in-flight requests (from
+// arrival to last token) at LoadSamples times between first and last.
+func loadOverTime(recs []Record, workers []string, first, last time.Duration) []float64 {
+	if first < 0 || last <= first || len(workers) == 0 {
+		return nil
+	}
+	idx := make(map[string]int, len(workers))
+	for i, w := range workers {
+		idx[w] = i
+	}
+	step := (last - first) / LoadSamples
+	counts := make([][]int, LoadSamples)
+	for i := range counts {
+		counts[i] = make([]int, len(workers))
+	}
+	for i := range recs {
+		r := &recs[i]
+		w, ok := idx[r.Worker]
+		if r.Outcome != Done || !ok || step <= 0 {
+			continue
+		}
+		lo := int((r.Arrival - first + step - 1) / step) // first sample at or after arrival
+		hi := int((r.Arrival + r.E2E - first) / step)
+		for k := max(lo, 0); k <= min(hi, LoadSamples-1); k++ {
+			counts[k][w]++
+		}
+	}
+	out := make([]float64, LoadSamples)
+	for k, c := range counts {
+		sum, mx := 0, 0
+		for _, v := range c {
+			sum += v
+			mx = max(mx, v)
+		}
+		if sum > 0 {
+			out[k] = float64(mx) * float64(len(c)) / float64(sum)
+		}
+	}
+	return out
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

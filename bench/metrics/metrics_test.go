@@ -86,3 +86,34 @@ func TestNaturalLess(t *testing.T) {
 		}
 	}
 }
+
+// Load over time: two workers, one busy through the whole run and the
+// other idle, is max/mean 2 at every sample; an even split is 1.
+func TestLoadOverTime(t *testing.T) {
+	var hot, even []Record
+	for i := range 20 {
+		a := time.Duration(i) * 10 * time.Millisecond
+		hot = append(hot, Record{Worker: "a", Arrival: a, E2E: 50 * time.Millisecond, Finish: a + 50*time.Millisecond, TTFT: time.Millisecond})
+		w := "a"
+		if i%2 == 1 {
+			w = "b"
+		}
+		even = append(even, Record{Worker: w, Arrival: a, E2E: 50 * time.Millisecond, Finish: a + 50*time.Millisecond, TTFT: time.Millisecond})
+	}
+	opt := Options{Workers: []string{"a", "b"}}
+	for name, tc := range map[string]struct {
+		recs []Record
+		lo   float64
+		hi   float64
+	}{"hot": {hot, 2, 2}, "even": {even, 1, 1.5}} {
+		s := Summarize(tc.recs, opt)
+		if len(s.LoadOverTime) != LoadSamples {
+			t.Fatalf("%s: %d samples", name, len(s.LoadOverTime))
+		}
+		for k, v := range s.LoadOverTime[10 : LoadSamples-10] { // ramps excluded: one request alone is max/mean 2
+			if v < tc.lo || v > tc.hi {
+				t.Errorf("%s: sample %d = %.2f, want in [%.1f, %.1f]", name, k+10, v, tc.lo, tc.hi)
+			}
+		}
+	}
+}

@@ -12,9 +12,19 @@
 //
 // Policies compared (Catalog): kvrouter's default policy fed by events,
 // kvrouter in the host's approximate mode (no events: the routers index
-// their routing decisions, shared between replicas), round-robin, random, least-loaded, and an oracle that picks by
+// their routing decisions, shared between replicas), round-robin, random, least-loaded, an oracle that picks by
 // the true cached prefix plus the default cost's load term and pins its
-// choice through the same route API.
+// choice through the same route API, and the peers' algorithms
+// (PeerPolicies: llmd, sglang, dynamo, chwbl; router/scheduler/peers.go) on
+// the same index and load view.
+//
+// Paths (Config.Paths, PathConfig): PathNATS is the flow below; on
+// PathGateway a FrontendStack's Frontend sends each request as one OpenAI
+// streaming completion through the gateway (frontend.go), and latencies
+// are the client's wall clock times the speed-up. Every path replays the
+// same requests at the same arrival times with the same seed; Config.Runs
+// repeats the whole comparison and reports medians with their spread
+// (runs.go).
 //
 // Client flow per request: wait for its arrival (workload time divided by
 // the speed-up) → route → generate on the chosen worker → prefill_done at the

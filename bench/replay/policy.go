@@ -2,6 +2,8 @@ package replay
 
 import (
 	"fmt"
+
+	"go.yaml.in/yaml/v3"
 	"strings"
 	"time"
 )
@@ -12,6 +14,9 @@ type Policy struct {
 	// RouterPolicy is the scheduler policy the replicas run ("default",
 	// "round-robin", "random", "least-loaded", ...).
 	RouterPolicy string
+	// RouterParams are the policy's parameters (a YAML mapping; zero =
+	// the policy's defaults).
+	RouterParams yaml.Node
 	// Events: workers publish KV events and the replicas index them.
 	Events bool
 	// Approximate runs the replicas in approximate mode (host
@@ -24,7 +29,9 @@ type Policy struct {
 	// Oracle: the client picks the worker by the true cached prefix plus the
 	// default cost's load term and sends it as a Soft preference.
 	Oracle bool
-	About  string
+	// Peer marks another router's algorithm (the report sets them apart).
+	Peer  bool
+	About string
 }
 
 // Catalog lists the policies a run can compare, by name.
@@ -35,13 +42,26 @@ var Catalog = []Policy{
 	{Name: "random", RouterPolicy: "random", Events: true, About: "uniformly random worker"},
 	{Name: "least-loaded", RouterPolicy: "least-loaded", Events: true, About: "fewest active requests"},
 	{Name: "oracle", RouterPolicy: "default", Events: true, Oracle: true, About: "true cached prefix read from the simulated workers + default cost load term, sent as a Soft preference"},
+	// The peers' algorithms (router/scheduler/peers.go), on the same
+	// event-fed index and load view as kvrouter.
+	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue + 2 x KV utilisation, max score"},
+	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware: shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix above a 0.3 match rate, else the most free cache"},
+	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost (kvrouter's default policy under its upstream name)"},
+	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
+	// a cached block credited twice, for the prefill it saves and for the
+	// new KV allocation it does not need.
+	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment)"},
+	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
 }
+
+// PeerPolicies is the peers' algorithms, in the order of a comparison.
+var PeerPolicies = []string{"llmd", "sglang", "dynamo", "chwbl"}
 
 // DefaultPolicies is the order of a full comparison.
 var DefaultPolicies = []string{"kvrouter", "kvrouter-approx", "round-robin", "random", "least-loaded", "oracle"}
 
 // LookupPolicies resolves comma-separated or repeated names ("all" = every
-// policy of the catalog).
+// policy of the catalog, "peers" = PeerPolicies).
 func LookupPolicies(names []string) ([]Policy, error) {
 	var out []Policy
 	seen := map[string]bool{}
@@ -60,9 +80,18 @@ func LookupPolicies(names []string) ([]Policy, error) {
 				}
 				continue
 			}
+			if n == "peers" {
+				for _, pn := range PeerPolicies {
+					if p, _ := policyByName(pn); !seen[p.Name] {
+						seen[p.Name] = true
+						out = append(out, p)
+					}
+				}
+				continue
+			}
 			p, ok := policyByName(n)
 			if !ok {
-				return nil, fmt.Errorf("%w: unknown policy %q (want one of %s or all)", ErrConfig, n, strings.Join(DefaultPolicies, ", "))
+				return nil, fmt.Errorf("%w: unknown policy %q (want one of %s, peers or all)", ErrConfig, n, strings.Join(catalogNames(), ", "))
 			}
 			if !seen[p.Name] {
 				seen[p.Name] = true
@@ -74,6 +103,21 @@ func LookupPolicies(names []string) ([]Policy, error) {
 		return nil, fmt.Errorf("%w: no policy selected", ErrConfig)
 	}
 	return out, nil
+}
+
+// yamlMap is a one-key YAML mapping node.
+func yamlMap(k, v string) yaml.Node {
+	return yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
+		{Kind: yaml.ScalarNode, Tag: "!!str", Value: k}, {Kind: yaml.ScalarNode, Value: v},
+	}}
+}
+
+func catalogNames() []string {
+	names := make([]string, len(Catalog))
+	for i, p := range Catalog {
+		names[i] = p.Name
+	}
+	return names
 }
 
 func policyByName(n string) (Policy, bool) {

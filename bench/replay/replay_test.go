@@ -5,7 +5,10 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
 func smallWorkload() *workload.Workload {
@@ -111,5 +114,72 @@ func TestRunCancelled(t *testing.T) {
 	cancel()
 	if _, err := Run(ctx, Config{Workload: smallWorkload(), NewStack: newFakeFactory(&stacks, 0)}); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
+	}
+}
+
+// The catalog's parameterised entry builds in the scheduler's registry with
+// its parameter applied.
+func TestCatalogParams(t *testing.T) {
+	p, ok := policyByName("kvrouter-credit2")
+	if !ok {
+		t.Fatal("kvrouter-credit2 not in the catalog")
+	}
+	pol, err := scheduler.NewRegistry().Build(scheduler.PolicyConfig{Name: p.RouterPolicy, Params: p.RouterParams})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := pol.(*scheduler.DefaultPolicy); !ok || d.Cost.OverlapCredit != 2 {
+		t.Fatalf("built %T %+v", pol, pol)
+	}
+	for _, n := range append([]string{"peers"}, PeerPolicies...) {
+		if _, err := LookupPolicies([]string{n}); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}
+
+// Three runs fold into their medians with the lowest and highest beside
+// them; the charts' data comes from the run with the median p99.
+func TestMedianOfRuns(t *testing.T) {
+	var sums []metrics.Summary
+	for i, v := range []float64{300, 100, 200} {
+		s := metrics.Summary{Policy: "kvrouter", HitRatio: v / 1000, UpperBound: 0.5, WallSeconds: float64(i)}
+		s.TTFT.P50, s.TTFT.P99, s.E2E.P50 = v/10, v, 2*v
+		sums = append(sums, s)
+	}
+	m := medianOfRuns(sums)
+	if m.TTFT.P99 != 200 || m.TTFT.P50 != 20 || m.HitRatio != 0.2 || m.OfUpperBound != 0.4 || m.WallSeconds != 2 {
+		t.Fatalf("medians %+v", m)
+	}
+	if m.Runs == nil || m.Runs.N != 3 || m.Runs.TTFTP99 != [2]float64{100, 300} || m.Runs.HitRatio != [2]float64{0.1, 0.3} {
+		t.Fatalf("spread %+v", m.Runs)
+	}
+}
+
+// Issue 17's checks: kvrouter against every policy but the oracle (and
+// dynamo, its own default under another name), on its path only.
+func TestPeerChecks(t *testing.T) {
+	row := func(name, path string, p50, p99 float64) metrics.Summary {
+		s := metrics.Summary{Policy: name, Path: path, Done: 1}
+		s.TTFT.P50, s.TTFT.P99 = p50, p99
+		return s
+	}
+	r := &report.Report{Policies: []metrics.Summary{
+		row("kvrouter", "nats", 100, 1000), row("oracle", "nats", 50, 500), row("dynamo", "nats", 90, 900),
+		row("llmd", "nats", 120, 1300), row("sglang", "nats", 110, 1100), row("kvrouter", "gateway", 10, 10),
+	}}
+	got := map[string]bool{}
+	for _, c := range peerChecks(r, &r.Policies[0]) {
+		got[c.Name] = c.Pass
+	}
+	want := map[string]bool{
+		"kvrouter lowest TTFT p50 except the oracle":   true,
+		"kvrouter lowest TTFT p99 except the oracle":   true,
+		"kvrouter p99 TTFT lower than the best peer's": false, // 1100 / 1000 < 1.2
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: pass %v (present %v), want %v", k, g, ok, v)
+		}
 	}
 }

@@ -143,3 +143,9 @@ type StackConfig struct {
 	// scheduler's default (1.0); negative = no router-side queueing.
 	QueueThreshold float64
 }
+
+// Diagnoser is a Stack that has something to say about the run when it
+// ends (read before Close); the lines go into the report's notes.
+type Diagnoser interface {
+	Diagnostics() []string
+}

@@ -18,6 +18,7 @@ const (
 	ChartTTFT     = "ttft_cdf.png"
 	ChartHitRatio = "hit_ratio.png"
 	ChartLoad     = "worker_load.png"
+	ChartLoadTime = "load_over_time.png"
 )
 
 // palette is Tableau 10 with grey moved forward, so the six policies of a
@@ -48,6 +49,7 @@ func (r *Report) Charts(dir string) ([]string, error) {
 		{ChartTTFT, r.ttftChart, 8 * vg.Inch, 5 * vg.Inch},
 		{ChartHitRatio, r.hitChart, 8 * vg.Inch, 5 * vg.Inch},
 		{ChartLoad, r.loadChart, 10 * vg.Inch, 5 * vg.Inch},
+		{ChartLoadTime, r.loadTimeChart, 10 * vg.Inch, 5 * vg.Inch},
 	} {
 		p, err := c.draw()
 		if err != nil {
@@ -83,15 +85,9 @@ func (r *Report) ttftChart() (*plot.Plot, error) {
 			pts[j].X = math.Max(v, 0.1) // log axis
 			pts[j].Y = float64(j) / float64(len(s.TTFTCDF)-1)
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
+		if err := addPolicyLine(p, pts, i, s.Label(r.multiPath())); err != nil {
 			return nil, err
 		}
-		l.Color = colorOf(i)
-		l.Width = vg.Points(1.5)
-		l.Dashes = plotutil.Dashes(i / len(palette))
-		p.Add(l)
-		p.Legend.Add(s.Policy, l)
 		any = true
 	}
 	if !any {
@@ -109,7 +105,7 @@ func (r *Report) hitChart() (*plot.Plot, error) {
 	names := make([]string, len(r.Policies))
 	vals := make(plotter.Values, len(r.Policies))
 	for i, s := range r.Policies {
-		names[i] = s.Policy
+		names[i] = s.Label(r.multiPath())
 		vals[i] = 100 * s.HitRatio
 	}
 	p.Add(plotter.NewGrid())
@@ -210,11 +206,56 @@ func (r *Report) loadChart() (*plot.Plot, error) {
 		bars.LineStyle.Width = 0
 		bars.Offset = vg.Length(float64(i)-float64(n-1)/2) * width
 		p.Add(bars)
-		p.Legend.Add(s.Policy, bars)
+		p.Legend.Add(s.Label(r.multiPath()), bars)
 	}
 	p.Legend.Top = true
 	p.Y.Min = 0
 	p.Y.Max = math.Max(top, 1) * (1.1 + 0.06*float64(n)) // room for the legend
 	p.NominalX(workers...)
 	return p, nil
+}
+
+// loadTimeChart draws, per policy, the busiest worker's in-flight requests
+// over the fleet's mean through the run (Summary.LoadOverTime): hot spots
+// show as peaks well above 1.
+func (r *Report) loadTimeChart() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Load spread over time: busiest worker's in-flight requests / mean"
+	p.X.Label.Text = "fraction of the run (makespan)"
+	p.Y.Label.Text = "max / mean in-flight"
+	p.Add(plotter.NewGrid())
+	top := 1.0
+	for i, s := range r.Policies {
+		n := len(s.LoadOverTime)
+		if n < 2 {
+			continue
+		}
+		pts := make(plotter.XYs, n)
+		for j, v := range s.LoadOverTime {
+			pts[j] = plotter.XY{X: float64(j) / float64(n-1), Y: v}
+			top = math.Max(top, v)
+		}
+		if err := addPolicyLine(p, pts, i, s.Label(r.multiPath())); err != nil {
+			return nil, err
+		}
+	}
+	p.Legend.Top = true
+	p.Y.Min, p.Y.Max = 0, top*1.25
+	p.X.Min, p.X.Max = 0, 1
+	return p, nil
+}
+
+// addPolicyLine draws row i's line in its colour (dashed past the palette)
+// with its legend entry.
+func addPolicyLine(p *plot.Plot, pts plotter.XYs, i int, label string) error {
+	l, err := plotter.NewLine(pts)
+	if err != nil {
+		return err
+	}
+	l.Color = colorOf(i)
+	l.Width = vg.Points(1.5)
+	l.Dashes = plotutil.Dashes(i / len(palette))
+	p.Add(l)
+	p.Legend.Add(label, l)
+	return nil
 }

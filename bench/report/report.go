@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -53,9 +54,14 @@ type Setup struct {
 	BlockSize   int     `json:"block_size"`
 	Speedup     float64 `json:"speedup"`
 	SessionMode string  `json:"session_mode"`
-	Seed        uint64  `json:"seed"`
-	Machine     string  `json:"machine,omitempty"`
-	GoVersion   string  `json:"go_version,omitempty"`
+	// Runs is how many times the comparison ran (figures are medians).
+	Runs int `json:"runs,omitempty"`
+	// Paths are the paths the policies ran over, in order ("nats",
+	// "gateway"); empty in reports written before paths existed (nats).
+	Paths     []string `json:"paths,omitempty"`
+	Seed      uint64   `json:"seed"`
+	Machine   string   `json:"machine,omitempty"`
+	GoVersion string   `json:"go_version,omitempty"`
 }
 
 // Check is one target of the issue evaluated on this run.
@@ -75,6 +81,83 @@ func (r *Report) Policy(name string) *metrics.Summary {
 	}
 	return nil
 }
+
+// PolicyOn returns the summary of the named policy over path, or nil.
+func (r *Report) PolicyOn(name, path string) *metrics.Summary {
+	for i := range r.Policies {
+		if p := &r.Policies[i]; p.Policy == name && p.Path == path {
+			return p
+		}
+	}
+	return nil
+}
+
+// Merge appends the rows of other reports of the same workload and setup
+// (for example one run per path) to r: their paths join r's, their notes
+// are added once. Checks are left to the caller to recompute.
+func (r *Report) Merge(others ...*Report) error {
+	for _, o := range others {
+		if o.Workload.Name != r.Workload.Name || o.Workload.Stats.Requests != r.Workload.Stats.Requests || o.Workload.LoadScale != r.Workload.LoadScale {
+			return fmt.Errorf("%w: merge %s (%d requests at %gx) into %s (%d at %gx): different workloads", ErrReport,
+				o.Workload.Name, o.Workload.Stats.Requests, o.Workload.LoadScale, r.Workload.Name, r.Workload.Stats.Requests, r.Workload.LoadScale)
+		}
+		paths := o.Setup.Paths
+		if len(paths) == 0 {
+			paths = []string{"nats"}
+		}
+		if len(r.Setup.Paths) == 0 {
+			r.Setup.Paths = []string{"nats"}
+		}
+		for i := range r.Policies {
+			if r.Policies[i].Path == "" {
+				r.Policies[i].Path = "nats" // written before rows carried a path
+			}
+		}
+		for _, p := range paths {
+			if !slices.Contains(r.Setup.Paths, p) {
+				r.Setup.Paths = append(r.Setup.Paths, p)
+			}
+		}
+		for _, p := range o.Policies {
+			if p.Path == "" {
+				p.Path = "nats"
+			}
+			r.Policies = append(r.Policies, p)
+		}
+		for _, n := range o.Notes {
+			if !slices.Contains(r.Notes, n) {
+				r.Notes = append(r.Notes, n)
+			}
+		}
+	}
+	return nil
+}
+
+// ReadmeTable writes the short results table of the README: per row the
+// hit ratio against the bound and TTFT p50 and p99, with their spread when
+// the figures are medians over runs.
+func (r *Report) ReadmeTable(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("| policy | path | prefix-cache hit ratio | TTFT p50 | TTFT p99 |\n|---|---|---:|---:|---:|\n")
+	for _, p := range r.Policies {
+		path := p.Path
+		if path == "" {
+			path = "nats"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", p.Policy, path,
+			pctSpread(p.HitRatio, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.HitRatio }),
+			msSpread(p.TTFT.P50, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP50 }),
+			msSpread(p.TTFT.P99, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP99 }))
+	}
+	fmt.Fprintf(&b, "\nInfinite-cache bound: %.1f %%.\n", 100*r.Workload.UpperBound.Ratio)
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("%w: readme table: %w", ErrReport, err)
+	}
+	return nil
+}
+
+// multiPath reports whether rows of several paths are shown together.
+func (r *Report) multiPath() bool { return len(r.Setup.Paths) > 1 }
 
 // WriteJSON writes the report as indented JSON.
 func (r *Report) WriteJSON(w io.Writer) error {
@@ -158,7 +241,7 @@ func (r *Report) Table(w io.Writer) error {
 	fmt.Fprintln(tw, "policy\tdone\trejected\thit %\tof bound\tTTFT p50\tp90\tp99 ms\tITL p50\tE2E p50\tp99 ms\treq/s\tload max/mean\tCV\tsessions moved\troute p50\tp99 µs\t")
 	for _, s := range r.Policies {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%.0f\t%.0f\t\n",
-			s.Policy, s.Done, s.Rejected+s.Failed, 100*s.HitRatio, 100*s.OfUpperBound,
+			s.Label(r.multiPath()), s.Done, s.Rejected+s.Failed, 100*s.HitRatio, 100*s.OfUpperBound,
 			num(s.TTFT.P50), num(s.TTFT.P90), num(s.TTFT.P99), num(s.ITL.P50), num(s.E2E.P50), num(s.E2E.P99),
 			s.RequestsPerSec, s.RequestSpread.MaxOverMean, s.RequestSpread.CV, moved(s),
 			1000*s.Route.P50, 1000*s.Route.P99)
@@ -176,6 +259,57 @@ func (r *Report) Table(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// pathsSection puts kvrouter's figures over each path side by side when
+// more than one path ran, so that the real path's cost is visible.
+func (r *Report) pathsSection(b *strings.Builder) {
+	if !r.multiPath() {
+		return
+	}
+	b.WriteString("\n## kvrouter over each path\n\n| path | hit ratio | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | router-predicted hit |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, path := range r.Setup.Paths {
+		p := r.PolicyOn("kvrouter", path)
+		if p == nil {
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %.1f %% | %s ms | %s ms | %s ms | %s ms | %.1f %% |\n", path, 100*p.HitRatio,
+			num(p.TTFT.P50), num(p.TTFT.P99), num(p.E2E.P50), num(p.E2E.P99), 100*p.RouterHit)
+	}
+	b.WriteString("\nOn the nats path latencies are the engines' model time plus the router queue wait, times the speed-up; on the gateway path they are what the OpenAI client measured (wall clock times the speed-up), so transport, gateway, tokenizing and bridge lag are included.\n")
+}
+
+func pathsText(paths []string) string {
+	var parts []string
+	for _, p := range paths {
+		switch p {
+		case "nats":
+			parts = append(parts, "nats (route API and the workers' NATS endpoints; latencies = router queue wait x speed-up + the engine's model time)")
+		case "gateway":
+			parts = append(parts, "gateway (an OpenAI client per request through the gateway; vLLM-faced engines, ZMQ events, one bridge each; latencies = the client's wall clock x speed-up)")
+		default:
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// pctSpread prints a ratio as a percentage with its run spread.
+func pctSpread(v float64, sp *metrics.RunSpread, get func(*metrics.RunSpread) [2]float64) string {
+	if sp == nil {
+		return fmt.Sprintf("%.1f %%", 100*v)
+	}
+	r := get(sp)
+	return fmt.Sprintf("%.1f %% [%.1f, %.1f]", 100*v, 100*r[0], 100*r[1])
+}
+
+// msSpread prints a latency in ms with its run spread.
+func msSpread(v float64, sp *metrics.RunSpread, get func(*metrics.RunSpread) [2]float64) string {
+	if sp == nil {
+		return num(v) + " ms"
+	}
+	r := get(sp)
+	return fmt.Sprintf("%s ms [%s, %s]", num(v), num(r[0]), num(r[1]))
 }
 
 func moved(s metrics.Summary) string {
@@ -220,7 +354,15 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 	s := r.Setup
 	fmt.Fprintf(&b, "| fleet | %d simulated workers, %d KV blocks of %d tokens each |\n", s.Workers, s.KVBlocks, s.BlockSize)
 	fmt.Fprintf(&b, "| routers | %d replica(s), session mode %s |\n", s.Replicas, s.SessionMode)
-	fmt.Fprintf(&b, "| clock | %gx real time; latencies are in workload time (router queue wait x speed-up + the engine's model time), except routing decisions: wall clock |\n", s.Speedup)
+	fmt.Fprintf(&b, "| clock | %gx real time; latencies are in workload time, except routing decisions: wall clock |\n", s.Speedup)
+	paths := s.Paths
+	if len(paths) == 0 {
+		paths = []string{"nats"}
+	}
+	fmt.Fprintf(&b, "| path | %s |\n", pathsText(paths))
+	if s.Runs > 1 {
+		fmt.Fprintf(&b, "| runs | %d; every figure is the median, [lowest, highest] beside the main ones |\n", s.Runs)
+	}
 	if s.Machine != "" {
 		fmt.Fprintf(&b, "| machine | %s, %s |\n", s.Machine, s.GoVersion)
 	}
@@ -228,15 +370,22 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 		fmt.Fprintf(&b, "| unloaded TTFT | p50 %s ms, p99 %s ms (one request at a time) |\n", num(r.Unloaded.P50), num(r.Unloaded.P99))
 	}
 	b.WriteString("\n## Results\n\n")
-	b.WriteString("| policy | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 | queued p99 |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| policy | path | done | rejected | hit ratio | of upper bound | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 | E2E p99 | req/s | out tok/s | load max/mean | load CV | prefill max/mean | sessions moved | route p50 | route p99 | queued p99 |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f %% | %s ms | %s ms | %s ms | %s ms | %s ms | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s ms | %s ms | %s ms |\n",
-			p.Policy, p.Done, p.Rejected+p.Failed, 100*p.HitRatio, 100*p.OfUpperBound,
-			num(p.TTFT.P50), num(p.TTFT.P90), num(p.TTFT.P99), num(p.ITL.P50), num(p.E2E.P50), num(p.E2E.P99),
+		path := p.Path
+		if path == "" {
+			path = "nats"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %s | %.0f %% | %s | %s ms | %s | %s ms | %s | %s ms | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s ms | %s ms | %s ms |\n",
+			p.Policy, path, p.Done, p.Rejected+p.Failed, pctSpread(p.HitRatio, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.HitRatio }), 100*p.OfUpperBound,
+			msSpread(p.TTFT.P50, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP50 }), num(p.TTFT.P90),
+			msSpread(p.TTFT.P99, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.TTFTP99 }), num(p.ITL.P50),
+			msSpread(p.E2E.P50, p.Runs, func(s *metrics.RunSpread) [2]float64 { return s.E2EP50 }), num(p.E2E.P99),
 			p.RequestsPerSec, p.OutputTokPerSec, p.RequestSpread.MaxOverMean, p.RequestSpread.CV, p.PrefillSpread.MaxOverMean,
 			moved(p), num(p.Route.P50), num(p.Route.P99), num(p.Queue.P99))
 	}
+	r.pathsSection(&b)
 	if len(r.Checks) > 0 {
 		b.WriteString("\n## Targets\n\n| target | want | got | |\n|---|---|---|---|\n")
 		for _, c := range r.Checks {
@@ -251,6 +400,15 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 		b.WriteString("\n## Notes\n\n")
 		for _, n := range r.Notes {
 			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	for _, p := range r.Policies {
+		if len(p.Diagnostics) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n### Measured in the stack: %s (%s)\n\n", p.Policy, p.Path)
+		for _, d := range p.Diagnostics {
+			fmt.Fprintf(&b, "- %s\n", d)
 		}
 	}
 	if len(charts) > 0 {

@@ -57,7 +57,7 @@ func TestWriteAll(t *testing.T) {
 	if len(back.Policies) != 3 || back.Policy("oracle") == nil || back.Policy("oracle").TTFT != r.Policy("oracle").TTFT {
 		t.Fatalf("round trip: %+v", back.Policies)
 	}
-	if len(f.Charts) != 3 {
+	if len(f.Charts) != 4 {
 		t.Fatalf("charts %v", f.Charts)
 	}
 	for _, c := range f.Charts {
@@ -106,5 +106,60 @@ func TestReadJSONErrors(t *testing.T) {
 	}
 	if _, err := ReadJSON(strings.NewReader(`{"version":99}`)); !errors.Is(err, ErrReport) {
 		t.Fatal(err)
+	}
+}
+
+// With two paths the Markdown labels rows by path and puts kvrouter's
+// figures over each path side by side; medians over runs show their spread.
+func TestMarkdownPathsAndRuns(t *testing.T) {
+	r := sample()
+	r.Setup.Paths, r.Setup.Runs = []string{"nats", "gateway"}, 3
+	for i := range r.Policies {
+		r.Policies[i].Path = "nats"
+	}
+	gw := r.Policies[0]
+	gw.Path, gw.TTFT.P99 = "gateway", 777
+	gw.Runs = &metrics.RunSpread{N: 3, HitRatio: [2]float64{0.1, 0.3}, TTFTP50: [2]float64{1, 2}, TTFTP99: [2]float64{700, 800}, E2EP50: [2]float64{3, 4}}
+	r.Policies = append(r.Policies, gw)
+	var b bytes.Buffer
+	if err := r.Markdown(&b, nil); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	for _, want := range []string{"## kvrouter over each path", "| gateway | ", "777 ms [700, 800]", "[10.0, 30.0]", "| path | nats (route API"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if got := r.PolicyOn("kvrouter", "gateway"); got == nil || got.TTFT.P99 != 777 {
+		t.Fatalf("PolicyOn gateway: %+v", got)
+	}
+	if l := gw.Label(true); l != "kvrouter (gateway)" {
+		t.Fatalf("label %q", l)
+	}
+}
+
+// Merging a gateway run into a nats run keeps every row with its path and
+// both paths in the setup; another workload is refused.
+func TestMerge(t *testing.T) {
+	a, b := sample(), sample()
+	b.Setup.Paths = []string{"gateway"}
+	for i := range b.Policies {
+		b.Policies[i].Path = "gateway"
+	}
+	if err := a.Merge(b); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Policies) != 6 || len(a.Setup.Paths) != 2 || a.PolicyOn("kvrouter", "gateway") == nil || a.PolicyOn("kvrouter", "nats") == nil {
+		t.Fatalf("merged: paths %v, %d rows", a.Setup.Paths, len(a.Policies))
+	}
+	var tb bytes.Buffer
+	if err := a.ReadmeTable(&tb); err != nil || !strings.Contains(tb.String(), "| kvrouter | gateway |") {
+		t.Fatalf("readme table: %v\n%s", err, tb.String())
+	}
+	c := sample()
+	c.Workload.Name = "other"
+	if err := a.Merge(c); !errors.Is(err, ErrReport) {
+		t.Fatalf("merging another workload: %v", err)
 	}
 }

@@ -12,5 +12,11 @@
 // before it is published, to an in-memory copy (Mirror), so the oracle reads
 // the engines' true contents without event lag.
 //
-// Start at New.
+// The gateway path (GatewayFactory, gateway.go) runs Real (realpath.go)
+// instead: simulated engines with vLLM's HTTP face and ZMQ KV events, one
+// workers/bridge per engine, the replicas and the OpenAI gateway, reached
+// by an OpenAI streaming client per request. `kvrouter demo` runs the same
+// Real.
+//
+// Start at New (the NATS path) or StartReal (the real path).
 package stack

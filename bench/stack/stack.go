@@ -61,6 +61,7 @@ type Stack struct {
 	gen      *generator
 	mirror   *Mirror
 	workers  []string
+	probe    *syncProbe // two or more replicas: how far their views drift apart
 }
 
 var _ replay.Stack = (*Stack)(nil)
@@ -151,7 +152,21 @@ func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, er
 	if err := s.waitReady(ctx); err != nil {
 		return nil, err
 	}
+	if len(s.replicas) >= 2 {
+		s.probe = startSyncProbe(s.replicas[0], s.replicas[1], cfg.Model, 20*time.Millisecond)
+	}
 	return s, nil
+}
+
+// Diagnostics implements replay.Diagnoser: with two or more replicas, how
+// far the first two replicas' load and index views drifted apart.
+func (s *Stack) Diagnostics() []string {
+	if s.probe == nil {
+		return nil
+	}
+	p := s.probe
+	s.probe = nil
+	return p.close()
 }
 
 func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
@@ -226,7 +241,7 @@ func (s *Stack) replicaConfig(i int) host.Config {
 		BlockSize: cfg.BlockSize,
 		Registry:  registryConfig(s.opt.Logger),
 		Bindings:  bindings.Config{DefaultMode: mode},
-		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy},
+		Policy:    scheduler.PolicyConfig{Name: cfg.Policy.RouterPolicy, Params: cfg.Policy.RouterParams},
 		Logger:    s.opt.Logger,
 	}
 	// The replicas' own time constants are meant in real time; the workload
@@ -321,6 +336,10 @@ func (s *Stack) Fleet() *sim.Fleet { return s.fleet }
 
 // Close stops replicas, the fleet, the connections and the server.
 func (s *Stack) Close(ctx context.Context) error {
+	if s.probe != nil {
+		s.probe.close()
+		s.probe = nil
+	}
 	var errs []error
 	for _, r := range s.replicas {
 		if err := r.Close(ctx); err != nil {

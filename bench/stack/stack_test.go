@@ -6,24 +6,26 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testutil.IgnoredGoroutines(),
 		// nats-server and the client library leave timers and flushers
 		// that end shortly after shutdown.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
 		goleak.IgnoreTopFunction("time.Sleep"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats.go.(*Conn).flusher"),
-	)
+	)...)
 }
 
 // traceFile finds a Mooncake trace in ../shared/data/mooncake by walking up.
@@ -164,4 +166,9 @@ func TestShortReplayMooncake(t *testing.T) {
 	if kv.SessionsMoved != 0 || kv.Sessions != w.Sessions() {
 		t.Errorf("Hard sessions moved: %d of %d (%d in the workload)", kv.SessionsMoved, kv.Sessions, w.Sessions())
 	}
+	// Two replicas: the stack measured how far their views drifted apart.
+	if len(kv.Diagnostics) != 2 || !strings.Contains(kv.Diagnostics[0], "booked requests the two replicas disagree on") {
+		t.Errorf("diagnostics of two replicas: %q", kv.Diagnostics)
+	}
+	t.Logf("diagnostics: %q", kv.Diagnostics)
 }

@@ -74,12 +74,17 @@ func benchFlags(name, about string, stdout, stderr io.Writer) *cmdFlags {
 
 const benchReplayAbout = `Replays a workload through the real stack, in one process: an embedded NATS
 server, simulated workers publishing KV events, router replicas serving the
-NATS route API. Each policy runs on a fresh fleet with the same workload.
-Writes report.md, report.json and PNG charts into --out and prints a table.
+NATS route API (--path nats), or vLLM-faced simulated engines with ZMQ events,
+one bridge each, the replicas and the OpenAI gateway, an OpenAI client per
+request (--path gateway). Each policy runs on a fresh fleet with the same
+workload; --policies peers adds the peers' algorithms (llmd, sglang, dynamo,
+chwbl). Writes report.md, report.json and PNG charts into --out and prints a
+table.
 
 Examples:
   kvrouter bench replay --trace ../shared/data/mooncake/mooncake_fast25_conversation_trace.jsonl --limit 2000 --load 4 --speedup 20
-  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle`
+  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle
+  kvrouter bench replay --trace ... --limit 2000 --load 6.5 --speedup 3 --runs 3 --policies kvrouter,oracle,peers --path nats,gateway`
 
 func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := benchFlags("kvrouter bench replay", benchReplayAbout, stdout, stderr)
@@ -90,7 +95,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
 		kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
 		sessionUsage:  "session ids and binding mode: none, hard or soft",
-		policiesUsage: "policies to compare, comma separated, or all",
+		policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
 	})
 	var (
 		kind       = c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)")
@@ -106,6 +111,8 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
 		title      = c.str("title", "", "report title")
 		quiet      = c.boolean("quiet", false, "no progress bar")
+		runs       = c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread")
+		paths      = c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)")
 	)
 	if err := c.parse(args); err != nil {
 		return err
@@ -148,8 +155,12 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := w.Validate(); err != nil {
 		return err
 	}
+	rpaths, err := replayPaths(*paths)
+	if err != nil {
+		return err
+	}
 	cfg := replay.Config{
-		Workload: w, Policies: pols, NewStack: stack.Factory(stack.Options{}),
+		Workload: w, Policies: pols, Paths: rpaths, Runs: *runs,
 		Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: mode, Seed: *seed,
 		KVBlocks: *kvBlocks, BlockSize: *blockSize, LoadScale: *load, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MaxOutputTokens: *maxOut, QueueThreshold: *queueTh,
@@ -161,8 +172,8 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		cfg.ProgressLines = !benchIsTerminal(stderr)
 	}
 	st := w.Stats()
-	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s\n",
-		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *load, *speedup, replay.PolicyNames(pols))
+	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
+		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *load, *speedup, replay.PolicyNames(pols), *paths)
 	began := time.Now()
 	rep, err := replay.Run(ctx, cfg)
 	if err != nil {
@@ -180,28 +191,67 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
+// replayPaths resolves --path: nats, gateway or both, comma separated.
+func replayPaths(arg string) ([]replay.PathConfig, error) {
+	var out []replay.PathConfig
+	seen := map[string]bool{}
+	for _, n := range strings.Split(arg, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		switch n {
+		case replay.PathNATS:
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.Factory(stack.Options{})})
+		case replay.PathGateway:
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoOracle: true})
+		default:
+			return nil, fmt.Errorf("bench replay: --path %q: want nats, gateway or nats,gateway", n)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench replay: --path is empty: want nats, gateway or nats,gateway")
+	}
+	return out, nil
+}
+
 func benchRender(args []string, stdout, stderr io.Writer) error {
-	c := benchFlags("kvrouter bench render", "Redraws report.md, report.json and the PNG charts from a replay's JSON report (--in DIR/report.json).", stdout, stderr)
-	in := c.str("in", "", "report.json written by bench replay")
-	out := c.str("out", "", "output directory (default: the directory of --in)")
+	c := benchFlags("kvrouter bench render", "Redraws report.md, report.json and the PNG charts from a replay's JSON report (--in DIR/report.json); several reports of the same workload, comma separated, are merged into one (e.g. one per path).", stdout, stderr)
+	in := c.str("in", "", "report.json written by bench replay (comma separated: merged in order)")
+	out := c.str("out", "", "output directory (default: the directory of the first --in)")
+	readme := c.boolean("readme-table", false, "also print the README's short results table")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if *in == "" {
 		return fmt.Errorf("bench render: --in is required")
 	}
-	f, err := os.Open(*in)
-	if err != nil {
-		return fmt.Errorf("bench render: %w", err)
+	var reps []*report.Report
+	ins := strings.Split(*in, ",")
+	for _, name := range ins {
+		f, err := os.Open(strings.TrimSpace(name))
+		if err != nil {
+			return fmt.Errorf("bench render: %w", err)
+		}
+		r, err := report.ReadJSON(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("bench render: %s: %w", name, err)
+		}
+		reps = append(reps, r)
 	}
-	rep, err := report.ReadJSON(f)
-	f.Close()
-	if err != nil {
-		return err
+	rep := reps[0]
+	if len(reps) > 1 {
+		if err := rep.Merge(reps[1:]...); err != nil {
+			return err
+		}
 	}
+	rep.Checks = replay.Checks(rep) // this build's checks, on the figures read
+
 	dir := *out
 	if dir == "" {
-		dir = filepath.Dir(*in)
+		dir = filepath.Dir(strings.TrimSpace(ins[0]))
 	}
 	files, err := rep.WriteAll(dir)
 	if err != nil {
@@ -209,6 +259,12 @@ func benchRender(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := rep.Table(stdout); err != nil {
 		return err
+	}
+	if *readme {
+		fmt.Fprintln(stdout)
+		if err := rep.ReadmeTable(stdout); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), dir)
 	return nil

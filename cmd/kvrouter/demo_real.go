@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,29 +9,19 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/kvrouter/kvrouter/bench/metrics"
 	"github.com/kvrouter/kvrouter/bench/replay"
+	"github.com/kvrouter/kvrouter/bench/stack"
 	"github.com/kvrouter/kvrouter/gateway"
-	"github.com/kvrouter/kvrouter/internal/natsconn"
-	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
-	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers"
-	"github.com/kvrouter/kvrouter/workers/bridge"
-	"github.com/kvrouter/kvrouter/workers/sim"
-	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
 )
 
 // The real path of the demo (--path real): what production runs, in one
@@ -83,20 +72,20 @@ func runRealDemo(ctx context.Context, cfg realDemoConfig, stdout, stderr io.Writ
 	var sums []metrics.Summary
 	for _, p := range pols {
 		fmt.Fprintf(stderr, "  %s: starting the stack\n", p.name)
-		st, err := startRealStack(ctx, cfg, p.scheduler)
+		st, workerRefs, err := startRealStack(ctx, cfg, p.scheduler)
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 		t0 := time.Now()
-		recs, err := wl.run(ctx, st.gatewayURL, p.sessions)
+		recs, err := wl.run(ctx, st.GatewayURL, p.sessions)
 		wall := time.Since(t0)
-		if cerr := st.close(); err == nil && cerr != nil {
+		if cerr := st.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("%s: stopping the stack: %w", p.name, cerr)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
-		s := metrics.Summarize(recs, metrics.Options{Policy: p.name, BlockSize: realBlock, Workers: st.workerRefs, Wall: wall})
+		s := metrics.Summarize(recs, metrics.Options{Policy: p.name, BlockSize: realBlock, Workers: workerRefs, Wall: wall})
 		s.Policy = fmt.Sprintf("%s (sessions: %s)", p.name, p.sessions)
 		fmt.Fprintf(stderr, "  %s: %d/%d requests in %.1f s\n", p.name, s.Done, s.Requests, wall.Seconds())
 		sums = append(sums, s)
@@ -109,241 +98,29 @@ func runRealDemo(ctx context.Context, cfg realDemoConfig, stdout, stderr io.Writ
 	return nil
 }
 
-// realStack is one fresh deployment for one policy.
-type realStack struct {
-	emb        *natsconn.Embedded
-	conns      []*nats.Conn
-	replicas   []*host.Replica
-	engines    []*simEngine
-	stopRun    context.CancelFunc
-	ran        chan error
-	bridges    []chan error
-	stopBridge context.CancelFunc
-	gw         *http.Server
-	gwClient   *http.Client // the gateway's client to the engines
-	gatewayURL string
-	workerRefs []string
-}
-
 func demoRegistry(log *slog.Logger) workers.RegistryConfig {
 	// Short TTLs: the stack starts and stops in seconds.
 	return workers.RegistryConfig{TTL: time.Second, Heartbeat: 300 * time.Millisecond, MarkerTTL: time.Second, Logger: log}
 }
 
-func startRealStack(ctx context.Context, cfg realDemoConfig, policy string) (st *realStack, err error) {
-	st = &realStack{ran: make(chan error, cfg.engines)}
-	defer func() {
-		if err != nil {
-			_ = st.close()
-			st = nil
-		}
-	}()
-	if st.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, cfg.log); err != nil {
-		return st, err
-	}
-	nc, _, err := st.connect()
-	if err != nil {
-		return st, err
-	}
+// startRealStack starts one fresh deployment of the real path for one
+// policy (bench/stack.Real, which `bench replay --path gateway` runs too).
+func startRealStack(ctx context.Context, cfg realDemoConfig, policy string) (*stack.Real, []string, error) {
+	var hcs []host.Config
 	for i := range cfg.replicas {
-		rnc, _, err := st.connect()
-		if err != nil {
-			return st, err
-		}
-		r, err := host.New(rnc, host.Config{ReplicaID: fmt.Sprintf("demo-r%d", i), Models: []string{realModel},
+		hcs = append(hcs, host.Config{ReplicaID: fmt.Sprintf("demo-r%d", i), Models: []string{realModel},
 			Registry: demoRegistry(cfg.log), Policy: scheduler.PolicyConfig{Name: policy}, Logger: cfg.log})
-		if err != nil {
-			return st, fmt.Errorf("replica %d: %w", i, err)
-		}
-		st.replicas = append(st.replicas, r)
-		if err := r.Start(ctx); err != nil {
-			return st, fmt.Errorf("replica %d start: %w", i, err)
-		}
 	}
-	if err := st.startEngines(cfg); err != nil {
-		return st, err
-	}
-	bctx, stop := context.WithCancel(context.Background())
-	st.stopBridge = stop
-	for i, se := range st.engines {
-		if err := st.startBridge(bctx, cfg, i, se); err != nil {
-			return st, err
-		}
-	}
-	if err := st.waitReady(ctx, len(st.engines)); err != nil {
-		return st, err
-	}
-	st.gwClient = &http.Client{Transport: &http.Transport{}}
-	g, err := gateway.New(gateway.Config{Router: gateway.ClientRouter{C: api.NewClient(nc, "", nil)}, Models: []string{realModel},
-		HTTPClient: st.gwClient, Logger: cfg.log})
-	if err != nil {
-		return st, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return st, err
-	}
-	st.gw = &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
-	go st.gw.Serve(ln)
-	st.gatewayURL = "http://" + ln.Addr().String()
-	return st, nil
-}
-
-// connect opens one more in-process connection to the embedded server.
-func (st *realStack) connect() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect("", nats.InProcessServer(st.emb.Server), nats.Name("kvrouter-demo"))
-	if err != nil {
-		return nil, nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	st.conns = append(st.conns, nc)
-	js, err := jetstream.New(nc)
+	st, err := stack.StartReal(ctx, stack.RealConfig{Model: realModel, Engines: cfg.engines, KVBlocks: cfg.kvBlocks,
+		BlockSize: realBlock, Speedup: cfg.speedup, Replicas: hcs, Registry: demoRegistry(cfg.log), Logger: cfg.log})
 	if err != nil {
 		return nil, nil, err
 	}
-	return nc, js, nil
-}
-
-// startEngines starts engines as `kvrouter sim serve` does, with vLLM KV
-// events on ephemeral loopback ZMQ ports and HTTP on 127.0.0.1:0.
-func (st *realStack) startEngines(cfg realDemoConfig) error {
-	runCtx, stop := context.WithCancel(context.Background())
-	st.stopRun = stop
-	for i := range cfg.engines {
-		se := &simEngine{}
-		st.engines = append(st.engines, se)
-		ec := vllmzmq.DefaultConfig()
-		ec.EnableKVCacheEvents, ec.Topic = true, "kv"
-		ec.Endpoint, ec.ReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
-		var err error
-		if se.events, err = sim.NewVLLMEvents(ec, 1, cfg.log); err != nil {
-			return fmt.Errorf("engine %d: KV events: %w", i, err)
-		}
-		if se.eng, err = sim.New(sim.Config{Worker: fmt.Sprintf("engine-%d", i), Model: realModel, BlockSize: realBlock,
-			KVBlocks: cfg.kvBlocks, Speedup: cfg.speedup, NewEmitter: se.events.Factory()}); err != nil {
-			return fmt.Errorf("engine %d: %w", i, err)
-		}
-		face, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: realModel, MaxModelLen: 32768, Logger: cfg.log})
-		if err != nil {
-			return fmt.Errorf("engine %d: %w", i, err)
-		}
-		if se.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			return fmt.Errorf("engine %d: %w", i, err)
-		}
-		se.http = &http.Server{Handler: face, ReadHeaderTimeout: 10 * time.Second}
-		go func() { st.ran <- se.eng.Run(runCtx) }()
-		go se.http.Serve(se.ln)
+	refs := make([]string, len(st.Workers))
+	for i, w := range st.Workers {
+		refs[i] = w + "#0"
 	}
-	return nil
-}
-
-func (st *realStack) startBridge(ctx context.Context, cfg realDemoConfig, i int, se *simEngine) error {
-	nc, js, err := st.connect()
-	if err != nil {
-		return err
-	}
-	p := se.events.Publisher(0)
-	id := fmt.Sprintf("engine-%d", i)
-	b, err := bridge.New(bridge.Config{EngineURL: "http://" + se.ln.Addr().String(), KVEvents: p.Endpoint(),
-		KVReplay: p.ReplayEndpoint(), Topic: "kv", Model: realModel, WorkerID: id, RouterBlockSize: host.DefaultBlockSize,
-		MetricsInterval: 100 * time.Millisecond, HealthInterval: 200 * time.Millisecond,
-		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: demoRegistry(cfg.log),
-		DrainWait: 2 * time.Second, Logger: cfg.log.With("bridge", id)}, nc, js)
-	if err != nil {
-		return fmt.Errorf("bridge %s: %w", id, err)
-	}
-	done := make(chan error, 1)
-	st.bridges = append(st.bridges, done)
-	st.workerRefs = append(st.workerRefs, id+"#0")
-	go func() { done <- b.Run(ctx) }()
-	return nil
-}
-
-// waitReady waits until every replica lists n ready workers with a load
-// report from their bridges.
-func (st *realStack) waitReady(ctx context.Context, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ready := 0
-		for _, r := range st.replicas {
-			if w, err := r.Workers(realModel); err == nil && len(w.Workers) == n {
-				ok := true
-				for _, ws := range w.Workers {
-					ok = ok && ws.State == "ready" && ws.Reported != nil
-				}
-				if ok {
-					ready++
-				}
-			}
-		}
-		if ready == len(st.replicas) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %d replicas to list %d ready bridged engines (%d do): %w", len(st.replicas), n, ready, ctx.Err())
-		case <-tick.C:
-		}
-	}
-}
-
-// close stops the stack from the client side inwards: gateway, bridges,
-// engines, replicas, NATS.
-func (st *realStack) close() error {
-	var errs []error
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if st.gw != nil {
-		if st.gw.Shutdown(sctx) != nil {
-			st.gw.Close()
-		}
-		st.gwClient.CloseIdleConnections()
-	}
-	if st.stopBridge != nil {
-		st.stopBridge()
-	}
-	for i, done := range st.bridges {
-		select {
-		case err := <-done:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				errs = append(errs, fmt.Errorf("bridge engine-%d: %w", i, err))
-			}
-		case <-sctx.Done():
-			errs = append(errs, fmt.Errorf("bridge engine-%d did not stop", i))
-		}
-	}
-	for _, se := range st.engines {
-		if se.http != nil && se.http.Shutdown(sctx) != nil {
-			se.http.Close()
-		}
-	}
-	running := 0
-	for _, se := range st.engines {
-		if se.eng != nil {
-			running++
-		}
-	}
-	errs = append(errs, closeSimEngines(st.engines))
-	if st.stopRun != nil {
-		st.stopRun()
-		for range running {
-			<-st.ran
-		}
-	}
-	for i, r := range st.replicas {
-		if err := r.Close(sctx); err != nil {
-			errs = append(errs, fmt.Errorf("replica %d: %w", i, err))
-		}
-	}
-	for _, nc := range st.conns {
-		nc.Close()
-	}
-	if st.emb != nil {
-		st.emb.Shutdown()
-	}
-	return errors.Join(errs...)
+	return st, refs, nil
 }
 
 // chatWorkload is the real path's client: sessions share a few long system
@@ -473,46 +250,17 @@ func (w *chatWorkload) turn(ctx context.Context, base, session string, mode repl
 	r.Worker = resp.Header.Get(gateway.HeaderWorker)
 	r.RouterBlocks, _ = strconv.Atoi(resp.Header.Get(gateway.HeaderOverlapBlocks))
 	var reply strings.Builder
-	var usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
+	usage, err := stack.ReadStream(resp.Body, func(text string) {
+		if text != "" && r.TTFT == 0 {
+			r.TTFT = time.Since(sent)
 		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *json.RawMessage `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			r.Code = "bad chunk"
-			return r, ""
-		}
-		for _, c := range chunk.Choices {
-			if c.Delta.Content != "" && r.TTFT == 0 {
-				r.TTFT = time.Since(sent)
-			}
-			reply.WriteString(c.Delta.Content)
-		}
-		if chunk.Usage != nil && string(*chunk.Usage) != "null" {
-			if err := json.Unmarshal(*chunk.Usage, &usage); err != nil {
-				r.Code = "bad usage"
-				return r, ""
-			}
-		}
-	}
-	if err := sc.Err(); err != nil || usage.PromptTokens == 0 {
+		reply.WriteString(text)
+	})
+	switch {
+	case errors.Is(err, stack.ErrBadChunk):
+		r.Code = "bad chunk"
+		return r, ""
+	case err != nil:
 		r.Code = "stream cut"
 		return r, ""
 	}

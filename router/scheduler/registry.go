@@ -55,8 +55,10 @@ type Registry struct {
 
 // NewRegistry returns a registry holding the builtins:
 // policies default, round-robin, random, least-loaded, power-of-two,
-// two-tier, pipeline; filters soft-affinity, not-busy; scorers default-cost,
-// active-requests, prefill-tokens, decode-blocks, overlap, kv-usage; pickers
+// two-tier, pipeline, and the peers' algorithms llmd, sglang, dynamo (an
+// alias of default) and chwbl (peers.go); filters soft-affinity, not-busy;
+// scorers default-cost, active-requests, prefill-tokens, decode-blocks,
+// overlap, kv-usage, llmd-prefix, llmd-queue, llmd-kv-utilization; pickers
 // min, softmax, random.
 func NewRegistry() *Registry {
 	r := &Registry{
@@ -134,6 +136,7 @@ func NewRegistry() *Registry {
 		return SoftmaxPicker{Temperature: o.Temperature, RespectSoftAffinity: o.RespectSoftAffinity}, nil
 	}
 	r.pickers["random"] = func(n *yaml.Node) (Picker, error) { return RandomPicker{}, decodeParams(n, &struct{}{}) }
+	registerPeers(r)
 	return r
 }
 

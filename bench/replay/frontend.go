@@ -1,0 +1,104 @@
+package replay
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/workers/sim"
+)
+
+// Path names one way requests reach the fleet.
+const (
+	// PathNATS: the driver calls the NATS route API, sends the request to
+	// the chosen worker's NATS endpoint and reports prefill_done and free
+	// itself; latencies are the engine's model time plus the router queue
+	// wait (see the package comment).
+	PathNATS = "nats"
+	// PathGateway: the production path. An OpenAI client per request posts
+	// a streaming /v1/completions to the gateway, which routes over NATS,
+	// forwards to the engine's vLLM HTTP face and books; the engines' KV
+	// events reach the routers through ZMQ and one bridge per engine.
+	// Latencies are what the client measures (wall clock x the speed-up),
+	// so the real path's own cost is in them.
+	PathGateway = "gateway"
+)
+
+// PathConfig is one path a run replays over.
+type PathConfig struct {
+	Name     string // PathNATS or PathGateway (the report's path field)
+	NewStack StackFactory
+	// NoOracle: the path cannot carry the oracle's choice (the gateway has
+	// no preference header); the oracle is skipped there, with a note.
+	NoOracle bool
+}
+
+// Frontend is an OpenAI-compatible endpoint that routes, serves and books
+// in one call: the gateway path's client side.
+type Frontend interface {
+	Complete(ctx context.Context, req *FrontendRequest) (*FrontendReply, error)
+}
+
+// FrontendStack is a Stack whose requests go through a Frontend; its
+// Router and Generator are not used.
+type FrontendStack interface {
+	Stack
+	Frontend() Frontend
+}
+
+// FrontendRequest is one completion: the prompt as token ids.
+type FrontendRequest struct {
+	ID          string
+	Model       string
+	Tokens      []uint32
+	MaxTokens   int
+	SessionID   string // empty = no session header
+	SessionMode SessionMode
+}
+
+// FrontendReply is what the client saw. Rejected marks the refusals a
+// loaded router is expected to make (429, 503, 529).
+type FrontendReply struct {
+	Worker        string // the worker name the gateway reported
+	OverlapBlocks int    // the router's predicted overlap on it
+	PromptTokens  int
+	CachedTokens  int // usage.prompt_tokens_details.cached_tokens
+	OutputTokens  int
+	TTFT, E2E     time.Duration // wall clock at the client
+}
+
+// oneFrontend is one request's life over a Frontend. Latencies are the
+// client's wall clock multiplied by the speed-up (workload time), so the
+// transport, the gateway and the bridges' lag are part of them.
+func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
+	cfg := d.cfg
+	r := p.req
+	rec := metrics.Record{ID: r.ID, Session: r.Session, Arrival: r.Arrival, PromptTokens: r.InputLength, PromptBlocks: p.promptBlocks}
+	req := FrontendRequest{ID: r.ID, Model: cfg.Model, Tokens: r.Tokens, MaxTokens: p.outputTokens}
+	if len(r.BlockIDs) > 0 {
+		req.Tokens = sim.ExpandBlockIDs(nil, r.BlockIDs, cfg.Workload.BlockTokens, r.InputLength)
+	}
+	if cfg.SessionMode != SessionNone && r.Session != "" {
+		req.SessionID, req.SessionMode = r.Session, cfg.SessionMode
+	}
+	t0 := time.Now()
+	reply, err := d.front.Complete(ctx, &req)
+	rec.Route = time.Since(t0)
+	if err != nil {
+		rec.Outcome, rec.Code = classify(err)
+		d.finish(rec)
+		return
+	}
+	scale := func(x time.Duration) time.Duration { return time.Duration(float64(x) * cfg.Speedup) }
+	rec.Worker = reply.Worker
+	rec.RouterBlocks = reply.OverlapBlocks
+	rec.CachedBlocks = reply.CachedTokens / cfg.BlockSize
+	rec.OutputTokens = reply.OutputTokens
+	rec.TTFT, rec.E2E = scale(reply.TTFT), scale(reply.E2E)
+	if reply.OutputTokens > 1 {
+		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(reply.OutputTokens-1)
+	}
+	rec.Route = 0 // the routing decision is not visible apart from the whole call
+	rec.Finish = r.Arrival + rec.E2E
+	d.finish(rec)
+}

@@ -1,0 +1,64 @@
+package replay
+
+import (
+	"slices"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+)
+
+// medianOfRuns folds one (policy, path)'s summaries from repeated runs into
+// one: the main figures (hit ratio, TTFT, E2E and ITL quantiles,
+// throughput) are the medians over the runs, with the lowest and highest in
+// Runs; everything else (CDF, per-worker load, load over time, counts) is
+// the run whose TTFT p99 is the median, so the charts show a real run.
+func medianOfRuns(sums []metrics.Summary) metrics.Summary {
+	if len(sums) == 1 {
+		return sums[0]
+	}
+	byP99 := slices.Clone(sums)
+	slices.SortFunc(byP99, func(a, b metrics.Summary) int {
+		switch {
+		case a.TTFT.P99 < b.TTFT.P99:
+			return -1
+		case a.TTFT.P99 > b.TTFT.P99:
+			return 1
+		}
+		return 0
+	})
+	out := byP99[len(byP99)/2]
+	med := func(get func(*metrics.Summary) float64) (float64, [2]float64) {
+		v := make([]float64, len(sums))
+		for i := range sums {
+			v[i] = get(&sums[i])
+		}
+		slices.Sort(v)
+		m := v[len(v)/2]
+		if len(v)%2 == 0 {
+			m = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		return m, [2]float64{v[0], v[len(v)-1]}
+	}
+	sp := &metrics.RunSpread{N: len(sums)}
+	out.HitRatio, sp.HitRatio = med(func(s *metrics.Summary) float64 { return s.HitRatio })
+	out.TTFT.P50, sp.TTFTP50 = med(func(s *metrics.Summary) float64 { return s.TTFT.P50 })
+	out.TTFT.P99, sp.TTFTP99 = med(func(s *metrics.Summary) float64 { return s.TTFT.P99 })
+	out.E2E.P50, sp.E2EP50 = med(func(s *metrics.Summary) float64 { return s.E2E.P50 })
+	out.TTFT.P90, _ = med(func(s *metrics.Summary) float64 { return s.TTFT.P90 })
+	out.TTFT.Mean, _ = med(func(s *metrics.Summary) float64 { return s.TTFT.Mean })
+	out.E2E.P99, _ = med(func(s *metrics.Summary) float64 { return s.E2E.P99 })
+	out.ITL.P50, _ = med(func(s *metrics.Summary) float64 { return s.ITL.P50 })
+	out.RouterHit, _ = med(func(s *metrics.Summary) float64 { return s.RouterHit })
+	out.RequestsPerSec, _ = med(func(s *metrics.Summary) float64 { return s.RequestsPerSec })
+	out.OutputTokPerSec, _ = med(func(s *metrics.Summary) float64 { return s.OutputTokPerSec })
+	out.RequestSpread.MaxOverMean, _ = med(func(s *metrics.Summary) float64 { return s.RequestSpread.MaxOverMean })
+	out.RequestSpread.CV, _ = med(func(s *metrics.Summary) float64 { return s.RequestSpread.CV })
+	if out.UpperBound > 0 {
+		out.OfUpperBound = out.HitRatio / out.UpperBound
+	}
+	out.Runs = sp
+	out.Diagnostics = nil
+	for _, s := range sums {
+		out.Diagnostics = append(out.Diagnostics, s.Diagnostics...)
+	}
+	return out
+}

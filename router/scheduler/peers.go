@@ -1,0 +1,358 @@
+package scheduler
+
+// The peers' routing algorithms as builtins (issue 17), so that a replay can
+// compare kvrouter's default policy with what the other routers do, on the
+// same fleet, the same index and the same load view. Each type names the
+// source it follows. Where a peer reads an input the scheduler's view does
+// not have, the doc comment says which input stands in for it.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// registerPeers adds the peer policies (llmd, sglang, dynamo, chwbl) and
+// llm-d's three scorers (llmd-prefix, llmd-queue, llmd-kv-utilization) to r.
+func registerPeers(r *Registry) {
+	r.policies["llmd"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
+		var o struct {
+			PrefixWeight float64 `yaml:"prefix_weight"`
+			QueueWeight  float64 `yaml:"queue_weight"`
+			KVWeight     float64 `yaml:"kv_utilization_weight"`
+		}
+		o.PrefixWeight, o.QueueWeight, o.KVWeight = 3, 2, 2
+		if err := decodeParams(n, &o); err != nil {
+			return nil, err
+		}
+		if o.PrefixWeight < 0 || o.QueueWeight < 0 || o.KVWeight < 0 {
+			return nil, fmt.Errorf("%w: llmd weights must be >= 0: %+v", ErrInvalidConfig, o)
+		}
+		return newLLMD(o.PrefixWeight, o.QueueWeight, o.KVWeight), nil
+	}
+	r.policies["sglang"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
+		p := NewSGLang()
+		if err := decodeParams(n, p); err != nil {
+			return nil, err
+		}
+		if p.CacheThreshold < 0 || p.BalanceAbs < 0 || p.BalanceRel < 0 {
+			return nil, fmt.Errorf("%w: sglang thresholds must be >= 0: %+v", ErrInvalidConfig, *p)
+		}
+		return p, nil
+	}
+	// Dynamo's current default cost is kvrouter's default policy (see
+	// DefaultPolicy and docs/benchmarks.md, "Issue 17"): the name is an
+	// alias, with the same parameters.
+	r.policies["dynamo"] = buildDefault
+	r.policies["chwbl"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
+		p := NewCHWBL()
+		if err := decodeParams(n, p); err != nil {
+			return nil, err
+		}
+		if !(p.LoadFactor >= 1) || p.Replication < 1 || p.Replication > 4096 || p.PrefixChars < 1 {
+			return nil, fmt.Errorf("%w: chwbl wants load_factor >= 1, replication 1..4096, prefix_chars >= 1: %+v",
+				ErrInvalidConfig, p.params())
+		}
+		return p, nil
+	}
+	for name, s := range map[string]Scorer{
+		"llmd-prefix":         LLMDPrefixScorer{},
+		"llmd-queue":          LLMDQueueScorer{},
+		"llmd-kv-utilization": LLMDKVUtilizationScorer{},
+	} {
+		r.scorers[name] = func(n *yaml.Node) (Scorer, error) { return s, decodeParams(n, &struct{}{}) }
+	}
+}
+
+// NewLLMD returns llm-d's default scheduling profile as a Pipeline:
+//
+//	score = 3·prefix + 2·queue + 2·kv_utilization, max-score picker
+//
+// with each scorer normalised to [0, 1] as llm-d defines it (the scorers
+// below), and ties broken uniformly at random, as llm-d's max-score-picker
+// does. Source: the default EndpointPickerConfig of the llm-d inference
+// scheduler / Gateway API Inference Extension chart (prefix-cache-scorer
+// weight 3, queue-scorer 2, kv-cache-utilization-scorer 2,
+// max-score-picker), kubernetes-sigs/gateway-api-inference-extension
+// pkg/epp/scheduling/framework/plugins (scorer/queue.go,
+// scorer/kvcache_utilization.go, multi/prefix), as of 2026-08-18; llm-d
+// Router of 2026-08-22 keeps the same profile. A pipeline minimises cost,
+// so every scorer here writes −score.
+func NewLLMD() *Pipeline { return newLLMD(3, 2, 2) }
+
+func newLLMD(prefix, queue, kv float64) *Pipeline {
+	return &Pipeline{
+		PolicyName: "llmd",
+		Scorers: []WeightedScorer{
+			{Scorer: LLMDPrefixScorer{}, Weight: prefix},
+			{Scorer: LLMDQueueScorer{}, Weight: queue},
+			{Scorer: LLMDKVUtilizationScorer{}, Weight: kv},
+		},
+		Picker: MinPicker{}, // on −score: llm-d's max-score-picker, random tie-break
+	}
+}
+
+// LLMDPrefixScorer is llm-d's prefix-cache-scorer with its default weight
+// w = 0 on the token term: score = matched blocks / prompt blocks, in
+// [0, 1] (0 for a prompt without a full block). llm-d reads the matched
+// blocks from its own prefix index; here they are the index's overlap for
+// the candidate. Cost = −score.
+type LLMDPrefixScorer struct{}
+
+// Score implements Scorer.
+func (LLMDPrefixScorer) Score(x *Context, c *Candidates, cost []float64) {
+	total := x.RequestBlocks
+	for i := range c.slots {
+		if total <= 0 {
+			cost[i] = 0
+			continue
+		}
+		cost[i] = -min(1, float64(c.OverlapBlocks(i))/float64(total))
+	}
+}
+
+// LLMDQueueScorer is llm-d's queue-scorer: score = (maxQ − q)/(maxQ − minQ)
+// over the candidates, 1 for every candidate when all queues are equal.
+// llm-d's q is the engine's scraped num_requests_waiting; the scheduler's
+// view has no waiting count, so q is the requests the routers booked on the
+// worker (running plus waiting, current to the last booking rather than to
+// the last 50 ms scrape). Cost = −score.
+type LLMDQueueScorer struct{}
+
+// Score implements Scorer.
+func (LLMDQueueScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
+	for _, s := range c.slots {
+		a := c.active[s]
+		lo, hi = min(lo, a), max(hi, a)
+	}
+	for i, s := range c.slots {
+		if hi == lo {
+			cost[i] = -1
+			continue
+		}
+		cost[i] = -float64(hi-c.active[s]) / float64(hi-lo)
+	}
+}
+
+// LLMDKVUtilizationScorer is llm-d's kv-cache-utilization-scorer: score =
+// 1 − KV usage. llm-d's usage is the engine's scraped kv_cache_usage_perc
+// (blocks held by running requests over all blocks); here it is the decode
+// blocks the routers booked on the worker over its KV blocks, clamped to
+// [0, 1], and 0 (score 1) when the capacity is unknown. Cost = −score.
+type LLMDKVUtilizationScorer struct{}
+
+// Score implements Scorer.
+func (LLMDKVUtilizationScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i, s := range c.slots {
+		usage := 0.0
+		if kv := c.f.kvBlocks[s]; kv > 0 {
+			usage = min(1, max(0, float64(c.decode[s])/float64(kv)))
+		}
+		cost[i] = -(1 - usage)
+	}
+}
+
+// SGLang is SGLang's cache-aware load balancing (sgl-router, now the SGLang
+// Model Gateway, lightseekorg/smg model_gateway/src/policies/cache_aware.rs
+// as of 2026-08-07, and the SGLang v0.4 router it descends from), with the
+// router's command-line defaults cache_threshold 0.3,
+// balance_abs_threshold 64, balance_rel_threshold 1.5:
+//
+//  1. load = in-flight requests per worker. If max − min > BalanceAbs and
+//     max > BalanceRel × min, the system is imbalanced: take the worker
+//     with the smallest load (shortest queue).
+//  2. Otherwise, match rate = the longest cached prefix among the workers
+//     over the prompt's length. If it is > CacheThreshold, take the worker
+//     holding that prefix.
+//  3. Otherwise take the worker with the most free cache (SGLang: the
+//     smallest tree, the tenant with the least cached text).
+//
+// Ties go to the lower load, then to the first worker in (worker, rank)
+// order, as SGLang's min_by_key does (which is why a cold fleet at low load
+// sends its misses to one worker, sglang #32983). Inputs here: in-flight =
+// the requests booked on the worker; the prefix match is the event-fed
+// index's overlap in blocks over the prompt's full blocks (SGLang counts
+// characters or tokens of its approximate tree); free cache = KV blocks −
+// booked decode blocks (the view has no per-worker tree size). SMG's newer
+// event-driven mode drops the threshold and takes the best overlap whenever
+// there is one; that variant is not this policy (it is closer to two-tier).
+type SGLang struct {
+	CacheThreshold float64 `yaml:"cache_threshold"`
+	BalanceAbs     float64 `yaml:"balance_abs_threshold"`
+	BalanceRel     float64 `yaml:"balance_rel_threshold"`
+}
+
+// NewSGLang returns the policy with SGLang's router defaults 0.3, 64, 1.5.
+func NewSGLang() *SGLang { return &SGLang{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5} }
+
+// Name implements Policy.
+func (*SGLang) Name() string { return "sglang" }
+
+// Select implements Policy.
+func (p *SGLang) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
+	bestOv := int32(0)
+	for _, s := range c.slots {
+		a := c.active[s]
+		lo, hi = min(lo, a), max(hi, a)
+		bestOv = max(bestOv, c.ovAt(s))
+	}
+	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
+		return firstMin(c, func(s int32) (int64, int64) { return int64(c.active[s]), 0 }), nil
+	}
+	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
+		// Among the holders of the best prefix, the lower load first.
+		return firstMin(c, func(s int32) (int64, int64) {
+			if c.ovAt(s) != bestOv {
+				return math.MaxInt64, 0
+			}
+			return int64(c.active[s]), 0
+		}), nil
+	}
+	return firstMin(c, func(s int32) (int64, int64) {
+		free := c.f.kvBlocks[s] - c.decode[s]
+		return -free, int64(c.active[s])
+	}), nil
+}
+
+// firstMin returns the candidate with the smallest key (primary, then
+// secondary), the first one in candidate order on a tie.
+func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
+	bi := 0
+	b1, b2 := key(c.slots[0])
+	for i, s := range c.slots[1:] {
+		k1, k2 := key(s)
+		if k1 < b1 || (k1 == b1 && k2 < b2) {
+			bi, b1, b2 = i+1, k1, k2
+		}
+	}
+	return bi
+}
+
+// CHWBL is KubeAI's PrefixHash load balancing: consistent hashing with
+// bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) on the prompt's
+// prefix. Source: substratusai/kubeai internal/loadbalancer/balance_chwbl.go
+// and the Model CRD's loadBalancing.prefixHash defaults (meanLoadPercentage
+// 125, replication 256, prefixCharLength 100), as of 2025.
+//
+// Every worker has Replication points on a 64-bit ring (hash of its name
+// and the point's number). A request's key hashes its prefix; the policy
+// walks the ring clockwise from the key and takes the first worker whose
+// load passes the bound
+//
+//	load + 1 <= LoadFactor × (total load + 1) / workers
+//
+// (any worker passes while the total is 0); when none passes, the first
+// worker on the walk. Load is in-flight requests (here: the requests booked
+// on the worker), over the candidates. The prefix: KubeAI hashes the first
+// PrefixChars characters of the prompt; the scheduler sees block hashes,
+// not text, so the key is the sequence hash of the block that covers
+// PrefixChars characters at 4 characters per token (llm-d's estimate) —
+// at a 16-token block the second block, from 25 tokens on the first.
+// A prompt without a full block is keyed by its request id (spread, as
+// distinct short prompts would be). Hashes are XXH3 (KubeAI: xxhash64);
+// only their spread matters. It reads no cache state at all: the
+// index-free baseline.
+type CHWBL struct {
+	LoadFactor  float64 `yaml:"load_factor"`
+	Replication int     `yaml:"replication"`
+	PrefixChars int     `yaml:"prefix_chars"`
+
+	points sync.Map // kvevents.WorkerKey → []uint64 ring points (a pure function of the key, cached)
+}
+
+// NewCHWBL returns the policy with KubeAI's defaults: load factor 1.25,
+// 256 points per worker, a 100-character prefix.
+func NewCHWBL() *CHWBL { return &CHWBL{LoadFactor: 1.25, Replication: 256, PrefixChars: 100} }
+
+type chwblParams struct {
+	LoadFactor  float64
+	Replication int
+	PrefixChars int
+}
+
+func (p *CHWBL) params() chwblParams { return chwblParams{p.LoadFactor, p.Replication, p.PrefixChars} }
+
+// Name implements Policy.
+func (*CHWBL) Name() string { return "chwbl" }
+
+// chwblCharsPerToken converts KubeAI's character prefix to tokens.
+const chwblCharsPerToken = 4
+
+// key is the ring position of the request's prefix.
+func (p *CHWBL) key(x *Context) uint64 {
+	hs := x.Request.SeqHashes
+	if len(hs) == 0 {
+		return xxh3.HashString(x.Request.ID)
+	}
+	tokens := (p.PrefixChars + chwblCharsPerToken - 1) / chwblCharsPerToken
+	blocks := (tokens + max(1, x.BlockSize) - 1) / max(1, x.BlockSize)
+	// Hashed again, as KubeAI hashes its key: the ring needs keys spread
+	// over 64 bits, whatever the caller's hashes look like.
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(hs[min(len(hs), max(1, blocks))-1]))
+	return xxh3.Hash(b[:])
+}
+
+// ring returns the worker's points (hashes of "w#r" and the point's
+// number), computing them once per (worker, rank).
+func (p *CHWBL) ring(k kvevents.WorkerKey) []uint64 {
+	if v, ok := p.points.Load(k); ok {
+		return v.([]uint64)
+	}
+	name := k.String()
+	pts := make([]uint64, p.Replication)
+	buf := make([]byte, 0, len(name)+8)
+	for i := range pts {
+		buf = strconv.AppendInt(append(buf[:0], name...), int64(i), 10)
+		pts[i] = xxh3.Hash(buf)
+	}
+	v, _ := p.points.LoadOrStore(k, pts)
+	return v.([]uint64)
+}
+
+// Select implements Policy.
+func (p *CHWBL) Select(x *Context, c *Candidates) (int, error) {
+	n := c.Len()
+	if n == 0 {
+		return 0, ErrNoCandidate
+	}
+	key := p.key(x)
+	total := int64(0)
+	for _, s := range c.slots {
+		total += int64(c.active[s])
+	}
+	bound := p.LoadFactor * float64(total+1) / float64(n)
+	// A worker's place on the walk is its point nearest clockwise from the
+	// key; comparing those distances orders the workers as the walk meets
+	// them, without sorting the ring.
+	first, firstD := 0, uint64(math.MaxUint64)
+	ok, okD := -1, uint64(math.MaxUint64)
+	for i, s := range c.slots {
+		d := uint64(math.MaxUint64)
+		for _, h := range p.ring(c.f.key[s]) {
+			d = min(d, h-key)
+		}
+		if d < firstD || (d == firstD && i < first) {
+			first, firstD = i, d
+		}
+		if (total == 0 || float64(c.active[s])+1 <= bound) && d < okD {
+			ok, okD = i, d
+		}
+	}
+	if ok >= 0 {
+		return ok, nil
+	}
+	return first, nil
+}
