@@ -110,14 +110,12 @@ func StartReal(ctx context.Context, cfg RealConfig) (r *Real, err error) {
 	if r.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, cfg.Logger); err != nil {
 		return r, err
 	}
-	nc, js, err := r.connect("real-gateway")
+	nc, _, err := r.connect("real-gateway")
 	if err != nil {
 		return r, err
 	}
-	// The event stream, as `kvrouter bridge` ensures it before Run.
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{}); err != nil {
-		return r, fmt.Errorf("stack: event stream: %w", err)
-	}
+	// The replicas create the event stream and the buckets (they own
+	// their configuration); the bridges start after them.
 	for i, hc := range cfg.Replicas {
 		rnc, _, err := r.connect(fmt.Sprintf("real-replica-%d", i))
 		if err != nil {
