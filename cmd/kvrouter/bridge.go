@@ -54,6 +54,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		interval   = c.duration("metrics-interval", bridge.DefaultMetricsInterval, "period of /metrics scrapes and load reports")
 		stale      = c.integer("stale-intervals", bridge.DefaultStaleIntervals, "a scrape older than this many intervals makes the worker unavailable")
 		health     = c.duration("health-interval", bridge.DefaultHealthInterval, "period of the engine's /health check")
+		healthFail = c.integer("health-failures", bridge.DefaultHealthFailures, "failed /health checks in a row that make the worker unavailable")
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
 	)
@@ -82,7 +83,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		EngineURL: *engineURL, KVEvents: *kvEvents, KVReplay: *kvReplay, Topic: *topic, Model: *model, WorkerID: id,
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
-		MetricsInterval: *interval, StaleIntervals: *stale, HealthInterval: *health, ReplayTimeout: *replayTO,
+		MetricsInterval: *interval, StaleIntervals: *stale, HealthInterval: *health, HealthFailures: *healthFail, ReplayTimeout: *replayTO,
 		Prefix: *ws.prefix, Events: kvevents.PublisherConfig{MaxDelay: *ws.maxDelay},
 		Registry:  ws.registry(log),
 		DrainWait: *ws.drain, Logger: log,

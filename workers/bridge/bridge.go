@@ -30,15 +30,18 @@ type Bridge struct {
 	evalMu sync.Mutex // serialises evaluate
 
 	// What Run learned and decided; read by Handler and tests.
-	mu         sync.Mutex
-	phase      string // why it is not ready ("" = ready)
-	reg        *workers.Registration
-	state      workers.State // last state written
-	draining   bool
-	healthy    bool
-	lastScrape scrape // last good one
-	blockSize  int
-	kvBlocks   int
+	mu       sync.Mutex
+	phase    string // why it is not ready ("" = ready)
+	reg      *workers.Registration
+	state    workers.State // last state written
+	draining bool
+	healthy  bool
+	// failedChecks counts consecutive failed /health checks; healthy is
+	// false from HealthFailures on.
+	failedChecks int
+	lastScrape   scrape // last good one
+	blockSize    int
+	kvBlocks     int
 
 	ranks []*rank
 }
@@ -303,18 +306,28 @@ func (b *Bridge) healthLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			b.met.healthFailures.Inc()
-		}
-		b.mu.Lock()
-		was := b.healthy
-		b.healthy = err == nil
-		b.mu.Unlock()
-		if was && err != nil {
-			b.log.Warn("engine health check failing: worker unavailable", "err", err)
+		if b.recordHealth(err) {
+			b.log.Warn("engine health check failing: worker unavailable", "err", err, "failed_checks", b.cfg.HealthFailures)
 		}
 		b.evaluate(ctx)
 	})
+}
+
+// recordHealth folds one /health result in: the engine is unhealthy from
+// HealthFailures consecutive failures on, healthy again at the first
+// success. It reports whether this result made it unhealthy.
+func (b *Bridge) recordHealth(err error) (lost bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		b.met.healthFailures.Inc()
+		b.failedChecks++
+	} else {
+		b.failedChecks = 0
+	}
+	was := b.healthy
+	b.healthy = b.failedChecks < b.cfg.HealthFailures
+	return was && !b.healthy
 }
 
 // every calls f every d until ctx ends.

@@ -22,9 +22,13 @@ const (
 
 // Defaults.
 const (
-	DefaultMetricsInterval  = 250 * time.Millisecond
-	DefaultStaleIntervals   = 3
-	DefaultHealthInterval   = time.Second
+	DefaultMetricsInterval = 250 * time.Millisecond
+	DefaultStaleIntervals  = 3
+	DefaultHealthInterval  = time.Second
+	// DefaultHealthFailures: like Kubernetes' failureThreshold, one slow
+	// or failed /health answer (a busy engine, a GC pause) does not take a
+	// worker out of rotation; three in a row do.
+	DefaultHealthFailures   = 3
 	DefaultReplayTimeout    = 5 * time.Second
 	DefaultMaxBatchedTokens = 8192
 	DefaultMaxSeqs          = 256
@@ -76,6 +80,7 @@ type Config struct {
 	MetricsInterval time.Duration // default 250ms
 	StaleIntervals  int           // a scrape older than this many intervals is stale (default 3)
 	HealthInterval  time.Duration // period of GET /health (default 1s)
+	HealthFailures  int           // consecutive failed checks that make the worker unavailable (default 3); one success makes it healthy
 	ReplayTimeout   time.Duration // bound on one replay request (default 5s)
 
 	Prefix    string                   // NATS subject prefix (default kvevents.DefaultPrefix)
@@ -109,6 +114,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.HealthFailures <= 0 {
+		c.HealthFailures = DefaultHealthFailures
 	}
 	if c.ReplayTimeout == 0 {
 		c.ReplayTimeout = DefaultReplayTimeout
