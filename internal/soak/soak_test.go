@@ -46,24 +46,21 @@ const (
 )
 
 // soakBounds are the limits the replica runs under and the bounds the test
-// asserts, in one place. Fields marked "after merge" name limits other
-// helpers of issue 16 add to host.Config; until they are set the test runs
-// without them and checks only what today's code bounds.
+// asserts, in one place.
 type soakBounds struct {
 	// Replica limits.
-	MaxInFlight int // host.Config.MaxInFlight: NATS route requests in flight (HTTP too, after merge: helper http)
-	// IndexMaxEntries caps the prefix index (after merge: helper state's
-	// index budget, e.g. --index-max-entries / --index-max-bytes). 0 = not
-	// set: the index-size check is skipped and the test says so.
+	MaxInFlight int // host.Config.MaxInFlight: route requests in flight, NATS and HTTP together
+	// IndexMaxEntries caps the prefix index (--index-max-entries); the
+	// test checks the sampled index size stays under it.
 	IndexMaxEntries int64
-	// After merge, also set here: the HTTP body limit, timeouts and
-	// in-flight cap (helper http), dropping events of unregistered workers
-	// (helper state), the live-session cap (helper reads) and the stream and
-	// bucket MaxBytes (helper config); see apply.
+	// HTTPReadTimeout bounds reading one HTTP request, body included
+	// (--http-read-timeout): clients that trickle a body are cut off.
+	HTTPReadTimeout time.Duration
+	// MaxSessions caps the session bindings (--max-sessions).
+	MaxSessions int64
 
 	// ExpectSlowBodyCut: the replica cuts off clients that trickle a body
-	// (after merge: helper http's read timeout; set cfg.HTTPReadTimeout to
-	// a few seconds in apply and this to true). Today nothing does.
+	// (HTTPReadTimeout is shorter than the run).
 	ExpectSlowBodyCut bool
 
 	// Asserted bounds.
@@ -79,21 +76,23 @@ type soakBounds struct {
 // multi-GiB growth of the unbounded cases the issue found.
 func defaultBounds() soakBounds {
 	return soakBounds{
-		MaxInFlight:   1024,
-		MaxGoroutines: 3000,
-		MaxRSSBytes:   1536 << 20,
-		MinServed:     0.99,
+		MaxInFlight:       1024,
+		IndexMaxEntries:   50_000,
+		HTTPReadTimeout:   5 * time.Second,
+		MaxSessions:       100_000,
+		ExpectSlowBodyCut: true,
+		MaxGoroutines:     3000,
+		MaxRSSBytes:       1536 << 20,
+		MinServed:         0.99,
 	}
 }
 
 // apply sets the replica limits on cfg.
 func (b soakBounds) apply(cfg *host.Config) {
 	cfg.MaxInFlight = b.MaxInFlight
-	// After merge (issue 16), for example:
-	//   cfg.IndexMaxEntries = b.IndexMaxEntries   (helper state)
-	//   cfg.HTTPReadTimeout = 5 * time.Second    (helper http; with ExpectSlowBodyCut)
-	//   cfg.HTTP... body limit, in-flight cap    (helper http)
-	//   cfg.Bindings.MaxSessions = ...            (helper reads)
+	cfg.IndexLimits.MaxEntries = b.IndexMaxEntries
+	cfg.HTTPReadTimeout = b.HTTPReadTimeout
+	cfg.Bindings.MaxSessions = b.MaxSessions
 }
 
 // soakDuration is 30 s, or KVR_SOAK_DURATION.
@@ -677,7 +676,7 @@ func (s *soak) report(b soakBounds) {
 	case b.IndexMaxEntries > 0 && pk.indexEntries > b.IndexMaxEntries:
 		t.Errorf("index peaked at %d entries, bound %d", pk.indexEntries, b.IndexMaxEntries)
 	case b.IndexMaxEntries == 0:
-		t.Logf("index size not checked: soakBounds.IndexMaxEntries is unset (no index budget on this branch)")
+		t.Logf("index size not checked: soakBounds.IndexMaxEntries is unset")
 	}
 	// The flood reached the index: otherwise the index check proves nothing.
 	if s.st.floodBlocks.Load() == 0 || pk.indexEntries <= 0 {
