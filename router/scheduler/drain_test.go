@@ -119,3 +119,22 @@ func TestDrainingWorkerIneligibleWhenOverloadedOrUnavailable(t *testing.T) {
 		}
 	})
 }
+
+// A Hard session whose worker drains is served there even when no other
+// worker is available (a one-worker fleet, or every other worker
+// unavailable): the drain must not turn its requests into
+// no_eligible_worker, while unbound work still gets it.
+func TestDrainingOnlyWorkerServesItsHardSessions(t *testing.T) {
+	p := &recordingPolicy{pick: preferWorker("a")}
+	b := wi("b", 0)
+	b.Available = false
+	h := newHarness(t, Config{}, p, draining("a", 0), b)
+	d := h.admitted(h.submit(&Request{ID: "hard", Tokens: 10, Affinity: hardTo(workerref.Any("a"))}))
+	if d.Worker != wk("a", 0) || d.HardFallback {
+		t.Fatalf("Hard session of the draining worker: got %v fallback=%v, want a#0 on its binding", d.Worker, d.HardFallback)
+	}
+	res, done := h.poll(h.submit(&Request{ID: "unbound", Tokens: 10}))
+	if !done || res.err == nil {
+		t.Fatalf("unbound work with only a draining worker: %+v done=%v, want no eligible worker", res, done)
+	}
+}

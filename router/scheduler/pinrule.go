@@ -39,7 +39,10 @@ type pinPlan struct {
 //  2. Admission is not narrowed by Hard: a Hard request waits in the router
 //     only when every eligible worker is busy, like any request, and
 //     otherwise goes to its bound worker and queues there (plan.exact stays
-//     nil, so the queue treats it as fleet-wide).
+//     nil, so the queue treats it as fleet-wide). A Hard request bound to a
+//     draining worker that is not busy is admitted even when no available
+//     worker is free (queue.go hardTargetDraining), so a drain never turns
+//     its sessions' requests into no_eligible_worker.
 //  3. Soft: the target reaches the policy as Context.Affinity. The default
 //     policy keeps it while it is a candidate; custom policies receive the
 //     full candidate set. A draining worker is not a candidate for Soft

@@ -162,6 +162,9 @@ func (c *core) checkSchedulable(w *waiter) error {
 		}
 		return fmt.Errorf("%w: pinned target %s is unknown or unavailable", ErrNoEligibleWorker, t)
 	}
+	if c.hardTargetDraining(w, fl.eligibleBound) {
+		return nil // a draining worker still serves the Hard sessions bound to it
+	}
 	if w.allowed == nil {
 		for _, s := range fl.order {
 			if fl.schedulable(s) {
@@ -190,6 +193,9 @@ func (c *core) canAdmit(w *waiter) bool {
 	if t := w.plan.exact; t != nil {
 		return c.targetFree(*t)
 	}
+	if c.hardTargetDraining(w, func(s int32) bool { return fl.eligibleBound(s) && fl.flags[s]&fBusy == 0 }) {
+		return true
+	}
 	if fl.nonBusy == 0 {
 		return false
 	}
@@ -203,6 +209,25 @@ func (c *core) canAdmit(w *waiter) bool {
 					return true
 				}
 			}
+		}
+	}
+	return false
+}
+
+// hardTargetDraining: w is Hard-bound (the pin rule's plan.hard) to a
+// draining worker it may use and one of the target's slots passes ok. The
+// fleet-wide checks count only available workers; this is the one case
+// where a worker that is not available may take the request.
+func (c *core) hardTargetDraining(w *waiter, ok func(int32) bool) bool {
+	t := w.plan.hard
+	if t == nil || !w.allows(t.Worker) {
+		return false
+	}
+	fl := c.fl
+	var one [1]int32
+	for _, s := range fl.slotsOf(fl.resolve(*t), &one) {
+		if fl.flags[s]&fDraining != 0 && ok(s) {
+			return true
 		}
 	}
 	return false
