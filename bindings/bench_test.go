@@ -139,7 +139,7 @@ func BenchmarkCommitSingle(b *testing.B) {
 // with an R3 bucket. Target p50 ≤ 250 µs.
 func BenchmarkCommitCluster(b *testing.B) {
 	c := natstest.StartCluster(b, 3)
-	nc, js := connectCluster(b, c, 0)
+	nc, js := c.ConnectFrom(b, 0)
 	benchCommit(b, benchConn{nc, js}, 3)
 }
 
@@ -152,7 +152,7 @@ func BenchmarkBareKVUpdate(b *testing.B) {
 	})
 	b.Run("cluster", func(b *testing.B) {
 		c := natstest.StartCluster(b, 3)
-		nc, js := connectCluster(b, c, 0)
+		nc, js := c.ConnectFrom(b, 0)
 		benchBareUpdate(b, benchConn{nc, js}, 3)
 	})
 }
@@ -176,7 +176,7 @@ func BenchmarkRouteFresh(b *testing.B) {
 			return benchConn{nc, js}
 		}},
 		{"cluster", 3, func(b *testing.B) benchConn {
-			nc, js := connectCluster(b, natstest.StartCluster(b, 3), 0)
+			nc, js := natstest.StartCluster(b, 3).ConnectFrom(b, 0)
 			return benchConn{nc, js}
 		}},
 	}
@@ -221,7 +221,7 @@ func BenchmarkProbe(b *testing.B) {
 			var conn benchConn
 			replicas := 1
 			if cluster {
-				conn.nc, conn.js = connectCluster(b, natstest.StartCluster(b, 3), 0)
+				conn.nc, conn.js = natstest.StartCluster(b, 3).ConnectFrom(b, 0)
 				replicas = 3
 			} else {
 				conn.nc, conn.js = natstest.JetStream(b, natstest.Start(b))

@@ -11,33 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 )
-
-// connectCluster connects to the cluster preferring node first, so that
-// replicas sit on different nodes.
-func connectCluster(t testing.TB, c *natstest.Cluster, first int) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	var urls []string
-	for i := range c.Servers {
-		urls = append(urls, c.Servers[(first+i)%len(c.Servers)].ClientURL())
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
-		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
 
 // Kill the stream leader of a 3-node cluster (R3 bucket) while two replicas
 // commit: new sessions enter all the time (racing creates) and live ones
@@ -56,7 +32,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		ResolveTimeout: 15 * time.Second, MaxAttempts: 8}
 	var tables []*Table
 	for i, id := range []string{"a", "b"} {
-		nc, js := connectCluster(t, c, i)
+		nc, js := c.ConnectFrom(t, i)
 		cc := cfg
 		cc.ReplicaID = id
 		tables = append(tables, openOn(t, js, nc, cc))
@@ -259,7 +235,7 @@ func TestClusterWritesResumeAfterLeaderLoss(t *testing.T) {
 		t.Skip("3-node cluster with leader kills takes ~10 s")
 	}
 	c := natstest.StartCluster(t, 3)
-	nc, js := connectCluster(t, c, 0)
+	nc, js := c.ConnectFrom(t, 0)
 	tb := openOn(t, js, nc, Config{Replicas: 3, OpTimeout: 250 * time.Millisecond, ResolveTimeout: 5 * time.Second, MaxAttempts: 8})
 	stream := "KV_" + DefaultBucket
 	testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
@@ -352,11 +328,11 @@ func TestClusterWatchNodeLoss(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	liveA := &liveSet{}
 	cfg := Config{Replicas: 3, OpTimeout: 500 * time.Millisecond, ResolveTimeout: 3 * time.Second, MaxAttempts: 8}
-	ncA, jsA := connectCluster(t, c, 0)
+	ncA, jsA := c.ConnectFrom(t, 0)
 	ca := cfg
 	ca.ReplicaID, ca.Liveness = "a", liveA
 	a := openOn(t, jsA, ncA, ca)
-	ncB, jsB := connectCluster(t, c, 1)
+	ncB, jsB := c.ConnectFrom(t, 1)
 	cb := cfg
 	cb.ReplicaID = "b"
 	b := openOn(t, jsB, ncB, cb)

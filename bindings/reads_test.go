@@ -255,7 +255,7 @@ func TestBucketFull(t *testing.T) {
 				if testing.Short() {
 					t.Skip("starts a 3-node cluster")
 				}
-				nc, js := connectCluster(t, natstest.StartCluster(t, 3), 0)
+				nc, js := natstest.StartCluster(t, 3).ConnectFrom(t, 0)
 				tb = openOn(t, js, nc, cfg)
 			} else {
 				tb = newEnv(t).open(cfg)
