@@ -127,7 +127,9 @@ func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *a
 	}
 	lc = append(lc[:0], `{"request_id":"`...)
 	lc = append(lc, resp.RequestID...)
-	lc = append(lc, `","model":"m"}`...)
+	lc = append(lc, `","model":"m","fence":"`...)
+	lc = append(lc, resp.Fence...) // hex: no escaping needed
+	lc = append(lc, `"}`...)
 	if err := nc.Publish(api.ReplicaSubject("", resp.Replica, api.OpFree), lc); err != nil {
 		b.Fatal(err)
 	}
