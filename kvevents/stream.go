@@ -106,11 +106,13 @@ func (e *StreamMissingError) Unwrap() []error { return []error{ErrStreamMissing,
 // or update the limits (jskv.Reconcile). Nothing else is ever changed.
 func SetUpStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, owner jskv.Owner) (jetstream.Stream, error) {
 	sc := cfg.JetStreamConfig()
-	s, err := js.Stream(ctx, sc.Name)
+	// Each call bounded and tried again if its reply is lost (jskv.Call).
+	lookup := func(c context.Context) (jetstream.Stream, error) { return js.Stream(c, sc.Name) }
+	s, err := jskv.Call(ctx, lookup)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		s, err = js.CreateStream(ctx, sc)
+		s, err = jskv.Call(ctx, func(c context.Context) (jetstream.Stream, error) { return js.CreateStream(c, sc) })
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			s, err = js.Stream(ctx, sc.Name) // another replica created it first
+			s, err = jskv.Call(ctx, lookup) // another replica (or our lost try) created it first
 		}
 	}
 	if err != nil {

@@ -38,6 +38,9 @@ type Report struct {
 	Routes   int
 	Reads    int
 	Errors   map[string]int // by code, or "transport: excused" / "transport"
+	// Example is the message of the first failure of each code, to tell
+	// what a count is made of.
+	Example map[string]string
 
 	// (1) linearizability of the Hard sessions' history.
 	HardSessions int
@@ -73,7 +76,7 @@ func (r *Report) Failed() bool {
 
 // Check runs the four checkers over ops.
 func Check(ops []Op, cfg CheckConfig) (*Report, error) {
-	r := &Report{Requests: len(ops), Errors: map[string]int{}, Moved: map[string][]string{},
+	r := &Report{Requests: len(ops), Errors: map[string]int{}, Example: map[string]string{}, Moved: map[string][]string{},
 		ops: bySession(ops, func(*Op) bool { return true })}
 	var end time.Duration
 	for i := range ops {
@@ -98,6 +101,9 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 			r.Errors["binding_rejected (no allowed_workers)"]++
 		case o.Code != "":
 			r.Errors[o.Code]++
+			if _, ok := r.Example[o.Code]; !ok {
+				r.Example[o.Code] = o.Message
+			}
 		}
 	}
 	end++
@@ -236,6 +242,9 @@ func flatten(m map[string][]Op) []Op {
 func (r *Report) Summary(maxSessions int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests %d (routes %d, reads %d); errors %s\n", r.Requests, r.Routes, r.Reads, fmtCounts(r.Errors))
+	for _, code := range slices.Sorted(maps.Keys(r.Example)) {
+		fmt.Fprintf(&b, "    e.g. %s: %.200s\n", code, r.Example[code])
+	}
 	fmt.Fprintf(&b, "(1) linearizability: %d Hard sessions, %d not linearizable, %d undecided\n", r.HardSessions, len(r.NonLinear), len(r.Undecided))
 	fmt.Fprintf(&b, "(2) staleness: %d Soft sessions, worst %v (%s), %d replies over the bound; worst Hard %v\n",
 		r.SoftSessions, r.WorstStale.By.Round(time.Millisecond), staleLine(r.WorstStale), len(r.Stale), r.WorstStaleHard.By.Round(time.Millisecond))

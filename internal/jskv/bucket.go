@@ -123,10 +123,6 @@ func LimitOf(n int64) int64 {
 	return n
 }
 
-// createAttemptTimeout bounds one API call of EnsureBucket (an R3 create
-// takes well under a second on a healthy cluster).
-const createAttemptTimeout = 5 * time.Second
-
 // EnsureBucket binds to cfg.Bucket, creating it with History 1 and
 // LimitMarkerTTL when it does not exist (another process creating it at
 // the same time is fine), then checks that the bucket, new or old, has
@@ -136,23 +132,11 @@ const createAttemptTimeout = 5 * time.Second
 // an existing bucket, except for its owner (cfg.Owner with Update): see
 // Owner and Reconcile.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (jetstream.KeyValue, error) {
-	// Each API call gets at most createAttemptTimeout: on a cluster that is
-	// electing its meta leader a request's reply can be lost, and it is
-	// tried again instead of using up the whole of ctx.
-	attempt := func(call func(context.Context) (jetstream.KeyValue, error)) (jetstream.KeyValue, error) {
-		for {
-			actx, cancel := context.WithTimeout(ctx, createAttemptTimeout)
-			kv, err := call(actx)
-			cancel()
-			if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
-				return kv, err
-			}
-		}
-	}
+	// Each API call is bounded and tried again if its reply is lost (Call).
 	lookup := func(c context.Context) (jetstream.KeyValue, error) { return js.KeyValue(c, cfg.Bucket) }
-	kv, err := attempt(lookup)
+	kv, err := Call(ctx, lookup)
 	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
-		kv, err = attempt(func(c context.Context) (jetstream.KeyValue, error) {
+		kv, err = Call(ctx, func(c context.Context) (jetstream.KeyValue, error) {
 			return js.CreateKeyValue(c, jetstream.KeyValueConfig{
 				Bucket:         cfg.Bucket,
 				Description:    cfg.Description,
@@ -164,7 +148,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 			})
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = attempt(lookup) // another process (or our lost attempt) created it first
+			kv, err = Call(ctx, lookup) // another process (or our lost attempt) created it first
 		}
 		var apiErr *jetstream.APIError
 		if !cfg.WaitForPeers || !errors.As(err, &apiErr) || apiErr.ErrorCode != CodeNoPeers {

@@ -75,6 +75,26 @@ func AwaitCreated[T any](ctx context.Context, open func(context.Context) (T, err
 // attemptTimeout bounds one look-up of AwaitCreated.
 const attemptTimeout = 2 * time.Second
 
+// callTimeout bounds one call of Call (an R3 create takes well under a
+// second on a healthy cluster).
+const callTimeout = 5 * time.Second
+
+// Call runs one JetStream API call with at most callTimeout for each try,
+// trying again while its reply is lost (a cluster electing its meta
+// leader answers nothing) and ctx allows, instead of letting one lost
+// reply use up the whole of ctx. Use it for calls that are safe to repeat
+// (look-ups, creates that report "already exists").
+func Call[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, callTimeout)
+		v, err := call(actx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return v, err
+		}
+	}
+}
+
 // WaitBucket binds to the existing bucket, waiting (bounded by ctx) while
 // it does not exist yet; it never creates or changes one. The error of a
 // bucket that did not appear matches jetstream.ErrBucketNotFound.

@@ -100,13 +100,16 @@ func (r *Replica) registryConfig() workers.RegistryConfig {
 // the first save), or verifies the existing one.
 func (r *Replica) setUpSnapshotBucket(ctx context.Context, own jskv.Owner) error {
 	name := r.cfg.SnapshotBucket
-	obs, err := r.js.ObjectStore(ctx, name)
+	lookup := func(c context.Context) (jetstream.ObjectStore, error) { return r.js.ObjectStore(c, name) }
+	obs, err := jskv.Call(ctx, lookup)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		obs, err = r.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket: name, Description: "kvrouter prefix-index snapshots", Replicas: r.cfg.StreamReplicas,
+		obs, err = jskv.Call(ctx, func(c context.Context) (jetstream.ObjectStore, error) {
+			return r.js.CreateObjectStore(c, jetstream.ObjectStoreConfig{
+				Bucket: name, Description: "kvrouter prefix-index snapshots", Replicas: r.cfg.StreamReplicas,
+			})
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			obs, err = r.js.ObjectStore(ctx, name) // another replica created it first
+			obs, err = jskv.Call(ctx, lookup) // another replica (or our lost try) created it first
 		}
 	}
 	if err == nil {
@@ -134,7 +137,7 @@ func (r *Replica) openBindings(ctx context.Context, cfg bindings.Config) (*bindi
 		bucket = bindings.DefaultBucket
 	}
 	stream := "KV_" + bucket
-	_, err := r.js.Stream(ctx, stream)
+	_, err := jskv.Call(ctx, func(c context.Context) (jetstream.Stream, error) { return r.js.Stream(c, stream) })
 	existed := !errors.Is(err, jetstream.ErrStreamNotFound) // unsure (a timeout): treat it as existing, never update unasked
 	if cfg.MaxBytes = limitOr(r.cfg.BindingsMaxBytes, DefaultBindingsMaxBytes); cfg.MaxBytes == 0 {
 		cfg.MaxBytes = -1 // unlimited, in bindings.Config's terms
