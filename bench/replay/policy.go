@@ -51,6 +51,13 @@ var Catalog = []Policy{
 	// a cached block credited twice, for the prefill it saves and for the
 	// new KV allocation it does not need.
 	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment)"},
+	// Decode-block weight below 1 (docs/benchmarks.md, "Default policy
+	// experiments"): the default cost as a one-scorer pipeline with the min
+	// picker, the same decisions as the default policy at these weights.
+	{Name: "kvrouter-dbw0.25", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.25"), Events: true, About: "default cost with decode_block_weight 0.25 (experiment)"},
+	{Name: "kvrouter-dbw0.1", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1"), Events: true, About: "default cost with decode_block_weight 0.1 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1, overlap_credit: 2"), Events: true, About: "default cost with decode_block_weight 0.1 and overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0"), Events: true, About: "default cost without the decode-blocks term (experiment)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
 }
 
@@ -110,6 +117,20 @@ func yamlMap(k, v string) yaml.Node {
 	return yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
 		{Kind: yaml.ScalarNode, Tag: "!!str", Value: k}, {Kind: yaml.ScalarNode, Value: v},
 	}}
+}
+
+// costPipeline is the parameters of a pipeline policy whose one scorer is
+// the default cost with the given parameters (a YAML flow mapping's
+// contents) and whose picker is the minimum: the default policy at
+// temperature 0 with other weights. The catalog's constants are valid YAML,
+// so a decoding error is a programming error.
+func costPipeline(params string) yaml.Node {
+	var doc yaml.Node
+	src := "scorers: [{name: default-cost, params: {" + params + "}}]\npicker: {name: min}\n"
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil || len(doc.Content) != 1 {
+		panic(fmt.Sprintf("replay: catalog pipeline %q: %v", params, err))
+	}
+	return *doc.Content[0]
 }
 
 func catalogNames() []string {
