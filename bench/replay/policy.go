@@ -57,6 +57,9 @@ var Catalog = []Policy{
 	{Name: "kvrouter-dbw0.25", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.25"), Events: true, About: "default cost with decode_block_weight 0.25 (experiment)"},
 	{Name: "kvrouter-dbw0.1", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1"), Events: true, About: "default cost with decode_block_weight 0.1 (experiment)"},
 	{Name: "kvrouter-dbw0.1-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1, overlap_credit: 2"), Events: true, About: "default cost with decode_block_weight 0.1 and overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-dbw0.25-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.25, overlap_credit: 2"), Events: true, About: "default cost with decode_block_weight 0.25 and overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit3", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1, overlap_credit: 3"), Events: true, About: "default cost with decode_block_weight 0.1 and overlap_credit 3 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0.1, overlap_credit: 4"), Events: true, About: "default cost with decode_block_weight 0.1 and overlap_credit 4 (experiment)"},
 	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline("decode_block_weight: 0"), Events: true, About: "default cost without the decode-blocks term (experiment)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
 }

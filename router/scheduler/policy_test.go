@@ -43,11 +43,15 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
+		{"decode-block weight", CostParams{1, 1, 0, 0.5}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -293,6 +297,62 @@ func TestPipelineFiltersAndWeights(t *testing.T) {
 	}
 }
 
+// A decode-block weight other than 1 reaches every fused path (the plain
+// minimum, the plain softmax range, the two-row sampler and the general
+// ones): the fused policy picks what the pipeline picks, draw for draw.
+func TestDecodeBlockWeightFusedPaths(t *testing.T) {
+	for _, n := range []int{2, 64} {
+		for _, temp := range []float64{0, 0.7} {
+			for _, cp := range []CostParams{
+				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.25},
+				{PrefillLoadScale: 1, OverlapCredit: 2, DecodeBlockWeight: 0},
+				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeActiveRequestWeight: 1, DecodeBlockWeight: 0.5},
+			} {
+				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
+					rows := fixtureRows(n)
+					fused := &DefaultPolicy{Cost: cp, Temperature: temp}
+					pipe := &Pipeline{Scorers: []WeightedScorer{{Scorer: DefaultCost{Params: cp}, Weight: 1}},
+						Picker: SoftmaxPicker{Temperature: temp}}
+					x1, c1 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, nil, rows)
+					x2, c2 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, nil, rows)
+					for range 200 {
+						i1, err1 := fused.Select(x1, c1)
+						i2, err2 := pipe.Select(x2, c2)
+						if err1 != nil || err2 != nil || i1 != i2 {
+							t.Fatalf("fused %d (%v) vs pipeline %d (%v)", i1, err1, i2, err2)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// The weight decides between the cache holder with a large decode load and
+// an idle worker: 20 of 27 blocks cached on a worker with 300 active decode
+// blocks. Holder 7 + w·327, idle 27 + w·27: the idle worker wins at Dynamo's
+// weight 1 (334 vs 54) and at 0.1 (39.7 vs 29.7), the holder below
+// 20/300 ≈ 0.067 (0.05: 23.35 vs 28.35).
+func TestDecodeBlockWeightDecides(t *testing.T) {
+	const bs = 512
+	r := &Request{Tokens: 27 * bs}
+	rows := []CandidateRow{
+		{Key: wk("holder", 0), OverlapBlocks: 20, ActiveDecodeBlocks: 300},
+		{Key: wk("idle", 0)},
+	}
+	for _, tc := range []struct {
+		weight float64
+		want   string
+	}{{1, "idle"}, {0.1, "idle"}, {0.05, "holder"}, {0, "holder"}} {
+		x, c := NewCandidates(r, bs, 27, 1, nil, rows)
+		p := &DefaultPolicy{Cost: CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: tc.weight}}
+		i, err := p.Select(x, c)
+		if err != nil || c.Key(i) != wk(tc.want, 0) {
+			t.Errorf("weight %v: picked %v (%v), want %s", tc.weight, c.Key(i), err, tc.want)
+		}
+	}
+}
+
 func TestRegistryYAML(t *testing.T) {
 	reg := NewRegistry()
 	for _, tc := range []struct {
@@ -311,7 +371,7 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {temperature: 0.7, seed: 42, overlap_credit: 0.5, prefill_load_scale: 2, decode_active_request_weight: 1}",
 			name: "default", check: func(t *testing.T, p Policy) {
 				d := p.(*DefaultPolicy)
-				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != (CostParams{2, 0.5, 1}) {
+				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != (CostParams{2, 0.5, 1, 1}) {
 					t.Fatalf("%+v", d)
 				}
 			}},
