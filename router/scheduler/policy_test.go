@@ -13,9 +13,10 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// Dynamo's documented example at weight 1: worker 1 scores 8+10 = 18,
-// worker 2 scores 5+5 = 10 (chosen), worker 3 scores 2+9 = 11.
-func TestDefaultCostKnownAnswer(t *testing.T) {
+// Dynamo's documented example at weight 1 (DynamoCostParams): worker 1
+// scores 8+10 = 18, worker 2 scores 5+5 = 10 (chosen), worker 3 scores
+// 2+9 = 11.
+func TestDynamoCostKnownAnswer(t *testing.T) {
 	r := &Request{Tokens: 128} // 8 blocks of 16
 	rows := []CandidateRow{
 		{Key: wk("w1", 0), OverlapBlocks: 0, ActiveDecodeBlocks: 10},
@@ -24,13 +25,48 @@ func TestDefaultCostKnownAnswer(t *testing.T) {
 	}
 	x, c := NewCandidates(r, 16, 0, 1, nil, rows)
 	cost := make([]float64, 3)
-	DefaultCost{Params: DefaultCostParams()}.Score(x, c, cost)
+	DefaultCost{Params: DynamoCostParams()}.Score(x, c, cost)
 	if want := []float64{18, 10, 11}; fmt.Sprint(cost) != fmt.Sprint(want) {
 		t.Fatalf("costs %v, want %v", cost, want)
 	}
-	i, err := NewDefaultPolicy(0).Select(x, c)
+	i, err := NewDynamoPolicy(0).Select(x, c)
 	if err != nil || c.Key(i) != wk("w2", 0) {
 		t.Fatalf("picked %d (%v), want w2", i, err)
+	}
+}
+
+// Where the default's weights and Dynamo's part: a conversation turn of 27
+// blocks (512 tokens each), 20 of them cached on a worker with 16 blocks of
+// prefill queued and 150 decode blocks, against an idle worker. Dynamo moves
+// the session: holder 16+27−20 + 150+27 = 200, idle 27 + 27 = 54. The default
+// keeps it on its cache: holder max(0, 43 − 4·20) + 0.1·177 = 17.7, idle
+// 27 + 0.1·27 = 29.7.
+func TestDefaultKeepsCacheHolder(t *testing.T) {
+	const bs = 512
+	rows := []CandidateRow{
+		{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 150},
+		{Key: wk("idle", 0)},
+	}
+	for _, tc := range []struct {
+		p    *DefaultPolicy
+		want []float64
+		pick string
+	}{
+		{NewDynamoPolicy(0), []float64{200, 54}, "idle"},
+		{NewDefaultPolicy(0), []float64{17.7, 29.7}, "holder"},
+	} {
+		x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, rows)
+		cost := make([]float64, 2)
+		DefaultCost{Params: tc.p.Cost}.Score(x, c, cost)
+		for i := range cost {
+			if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+				t.Fatalf("%+v: costs %v, want %v", tc.p.Cost, cost, tc.want)
+			}
+		}
+		i, err := tc.p.Select(x, c)
+		if err != nil || c.Key(i) != wk(tc.pick, 0) {
+			t.Errorf("%+v: picked %v (%v), want %s", tc.p.Cost, c.Key(i), err, tc.pick)
+		}
 	}
 }
 
@@ -371,7 +407,9 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {temperature: 0.7, seed: 42, overlap_credit: 0.5, prefill_load_scale: 2, decode_active_request_weight: 1}",
 			name: "default", check: func(t *testing.T, p Policy) {
 				d := p.(*DefaultPolicy)
-				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != (CostParams{2, 0.5, 1, 1}) {
+				want := DefaultCostParams()
+				want.PrefillLoadScale, want.OverlapCredit, want.DecodeActiveRequestWeight = 2, 0.5, 1
+				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != want {
 					t.Fatalf("%+v", d)
 				}
 			}},
