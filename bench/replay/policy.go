@@ -2,10 +2,11 @@ package replay
 
 import (
 	"fmt"
-
-	"go.yaml.in/yaml/v3"
+	"strconv"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Policy is one routing setup compared in a run.
@@ -46,11 +47,23 @@ var Catalog = []Policy{
 	// event-fed index and load view as kvrouter.
 	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue + 2 x KV utilisation, max score"},
 	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware: shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix above a 0.3 match rate, else the most free cache"},
-	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost (kvrouter's default policy under its upstream name)"},
+	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1)"},
 	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
 	// a cached block credited twice, for the prefill it saves and for the
 	// new KV allocation it does not need.
-	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment; before the defaults changed, Dynamo's weights with credit 2)"},
+	// The default-cost experiments (docs/benchmarks.md, "Default policy
+	// experiments"): the default cost as a one-scorer pipeline with the min
+	// picker (the default policy's decisions at these weights), Dynamo's
+	// weights but for the decode-block weight and overlap credit named.
+	{Name: "kvrouter-dbw0.25", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0.25), Events: true, About: "Dynamo's weights with decode_block_weight 0.25 (experiment)"},
+	{Name: "kvrouter-dbw0.1", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0.1), Events: true, About: "Dynamo's weights with decode_block_weight 0.1 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline(2, 0.1), Events: true, About: "Dynamo's weights with decode_block_weight 0.1 and overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-dbw0.25-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline(2, 0.25), Events: true, About: "Dynamo's weights with decode_block_weight 0.25 and overlap_credit 2 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit3", RouterPolicy: "pipeline", RouterParams: costPipeline(3, 0.1), Events: true, About: "Dynamo's weights with decode_block_weight 0.1 and overlap_credit 3 (experiment)"},
+	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 0.1), Events: true, About: "decode_block_weight 0.1 and overlap_credit 4: the default cost's weights since the experiment (as a pipeline)"},
+	{Name: "kvrouter-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 1), Events: true, About: "Dynamo's weights with overlap_credit 4 (experiment)"},
+	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0), Events: true, About: "Dynamo's weights without the decode-blocks term (experiment)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
 }
 
@@ -110,6 +123,28 @@ func yamlMap(k, v string) yaml.Node {
 	return yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
 		{Kind: yaml.ScalarNode, Tag: "!!str", Value: k}, {Kind: yaml.ScalarNode, Value: v},
 	}}
+}
+
+// costPipeline is the parameters of a pipeline policy whose one scorer is
+// the default cost with overlap credit and decode-block weight given (the
+// other weights Dynamo's and the default's: prefill load scale 1, request
+// weight 0) and whose picker is the minimum: the default policy at
+// temperature 0 with other weights, spelled out so that an experiment stays
+// the same when the defaults change. The mapping is built here, so it
+// cannot fail to decode.
+func costPipeline(credit, decodeBlockWeight float64) yaml.Node {
+	num := func(v float64) *yaml.Node {
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(v, 'g', -1, 64)}
+	}
+	str := func(s string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s} }
+	mapping := func(kv ...*yaml.Node) *yaml.Node {
+		return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: kv}
+	}
+	cost := mapping(str("prefill_load_scale"), num(1), str("overlap_credit"), num(credit),
+		str("decode_block_weight"), num(decodeBlockWeight), str("decode_active_request_weight"), num(0))
+	scorer := mapping(str("name"), str("default-cost"), str("params"), cost)
+	return *mapping(str("scorers"), &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Content: []*yaml.Node{scorer}},
+		str("picker"), mapping(str("name"), str("min")))
 }
 
 func catalogNames() []string {

@@ -14,19 +14,41 @@ type Seeded interface {
 // CostParams are the default cost function's weights:
 //
 //	cost = PrefillLoadScale · max(0, (active_prefill_tokens + ISL)/block_size − OverlapCredit · overlap_blocks)
-//	     + potential_decode_blocks + DecodeActiveRequestWeight · active_requests
+//	     + DecodeBlockWeight · potential_decode_blocks + DecodeActiveRequestWeight · active_requests
 //
 // where potential_decode_blocks counts prompt blocks already active on the
-// worker once.
+// worker once. DecodeBlockWeight is not one of Dynamo's parameters (Dynamo
+// weighs decode blocks 1): in an engine step a decode block costs far less
+// time than a prefill block (docs/benchmarks.md, "Default policy
+// experiments"), so a weight below 1 lets the cache outweigh memory load.
+// Build CostParams from DefaultCostParams: a zero DecodeBlockWeight ignores
+// decode load.
 type CostParams struct {
 	PrefillLoadScale          float64 `yaml:"prefill_load_scale"`
 	OverlapCredit             float64 `yaml:"overlap_credit"`
 	DecodeActiveRequestWeight float64 `yaml:"decode_active_request_weight"`
+	DecodeBlockWeight         float64 `yaml:"decode_block_weight"`
 }
 
-// DefaultCostParams: scale 1, credit 1, request weight 0 (Dynamo's defaults).
+// DefaultCostParams: prefill load scale 1, overlap credit 4, decode-block
+// weight 0.1, request weight 0. Measured against Dynamo's weights
+// (DynamoCostParams) on the Mooncake conversation and synthetic traces at two
+// loads each (docs/benchmarks.md, "Default policy experiments"): a decode
+// block costs an engine step a small fraction of what a prefill block costs,
+// so weight 1 let a busy cache holder's decode blocks outweigh its cache;
+// and a cached block is worth more than the one block of this request's
+// prefill it saves (credit 1): recomputing it elsewhere also delays every
+// request queued behind there, and the moved session loses its cache for its
+// later turns. Neither weight alone helped; together they raised the hit
+// ratio and lowered TTFT p50 and p99 in every setting measured.
 func DefaultCostParams() CostParams {
-	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1}
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 4, DecodeBlockWeight: 0.1}
+}
+
+// DynamoCostParams are Dynamo's default weights: scale 1, credit 1,
+// decode-block weight 1, request weight 0 (the `dynamo` policy).
+func DynamoCostParams() CostParams {
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 1}
 }
 
 // DefaultPolicy is the builtin default: the cost function above, then a
@@ -45,6 +67,12 @@ type DefaultPolicy struct {
 // NewDefaultPolicy returns the default policy at temperature t.
 func NewDefaultPolicy(t float64) *DefaultPolicy {
 	return &DefaultPolicy{Cost: DefaultCostParams(), Temperature: t}
+}
+
+// NewDynamoPolicy returns Dynamo's current default cost at temperature t:
+// the default policy with DynamoCostParams.
+func NewDynamoPolicy(t float64) *DefaultPolicy {
+	return &DefaultPolicy{Cost: DynamoCostParams(), Temperature: t}
 }
 
 // Name implements Policy.
@@ -94,7 +122,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
+	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
 	ov, ep := c.ov, c.epoch
@@ -111,7 +139,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		if pre < 0 {
 			pre = 0
 		}
-		cost := scale*pre + float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+		cost := scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
 		if cost < best {
 			best, bi, ties = cost, i, 1
 		} else if cost == best {
@@ -127,7 +155,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
+	scale, credit, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeBlockWeight
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
@@ -141,7 +169,7 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 		if pre < 0 {
 			pre = 0
 		}
-		cost := scale*pre + (decode[s] + newBlks)
+		cost := scale*pre + dw*(decode[s]+newBlks)
 		if cost < best {
 			best, bi, ties = cost, i, 1
 		} else if cost == best {
@@ -155,7 +183,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, w := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight
+	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
 	ov, ep := c.ov, c.epoch
@@ -169,7 +197,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 		if pre < 0 {
 			pre = 0
 		}
-		cost[i] = scale*pre + float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+		cost[i] = scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
 	}
 }
 
@@ -256,7 +284,7 @@ func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64
 func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []float64) (lo, hi float64, m int) {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit := cp.PrefillLoadScale, cp.OverlapCredit
+	scale, credit, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeBlockWeight
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
@@ -271,7 +299,7 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 		if pre < 0 {
 			pre = 0
 		}
-		v := scale*pre + (decode[s] + newBlks)
+		v := scale*pre + dw*(decode[s]+newBlks)
 		cost[i] = v
 		if v < lo {
 			lo = v
@@ -384,7 +412,7 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 		if pre < 0 {
 			pre = 0
 		}
-		cost[i] = cp.PrefillLoadScale*pre + (decode[s] + newBlks)
+		cost[i] = cp.PrefillLoadScale*pre + cp.DecodeBlockWeight*(decode[s]+newBlks)
 	}
 	if cost[0] == cost[1] {
 		return x.rng.intn(2)

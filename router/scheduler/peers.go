@@ -47,10 +47,28 @@ func registerPeers(r *Registry) {
 		}
 		return p, nil
 	}
-	// Dynamo's current default cost is kvrouter's default policy (see
-	// DefaultPolicy and docs/benchmarks.md, "Issue 17"): the name is an
-	// alias, with the same parameters.
-	r.policies["dynamo"] = buildDefault
+	// Dynamo's current default cost: the default policy with Dynamo's
+	// weights (DynamoCostParams), which are no longer kvrouter's defaults
+	// (docs/benchmarks.md, "Default policy experiments"). Temperature and
+	// seed are its only parameters: other weights are not Dynamo's cost, and
+	// `default` takes them.
+	r.policies["dynamo"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
+		var o struct {
+			Temperature float64 `yaml:"temperature"`
+			Seed        *uint64 `yaml:"seed"`
+		}
+		if err := decodeParams(n, &o); err != nil {
+			return nil, err
+		}
+		if !(o.Temperature >= 0) {
+			return nil, fmt.Errorf("%w: dynamo temperature must be >= 0, got %v", ErrInvalidConfig, o.Temperature)
+		}
+		p := NewDynamoPolicy(o.Temperature)
+		if o.Seed != nil {
+			p.SeedValue, p.HasSeed = *o.Seed, true
+		}
+		return p, nil
+	}
 	r.policies["chwbl"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
 		p := NewCHWBL()
 		if err := decodeParams(n, p); err != nil {

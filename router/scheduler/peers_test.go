@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
@@ -229,19 +231,41 @@ func TestSGLangDecisions(t *testing.T) {
 	}
 }
 
-// dynamo is the default policy under another name: the registry builds the
-// same DefaultPolicy, and it picks the documented example of Dynamo's cost
-// (docs/router/kv_cache_routing.md, weight 1): worker 1 costs 8 + 10 = 18,
-// worker 2 5 + 5 = 10, worker 3 2 + 9 = 11, so worker 2.
-func TestDynamoIsDefault(t *testing.T) {
+// dynamo is the default policy with Dynamo's weights: the registry builds a
+// DefaultPolicy with DynamoCostParams, and it picks the documented example
+// of Dynamo's cost (docs/router/kv_cache_routing.md, weight 1): worker 1
+// costs 8 + 10 = 18, worker 2 5 + 5 = 10, worker 3 2 + 9 = 11, so worker 2.
+func TestDynamoIsDynamosCost(t *testing.T) {
 	reg := NewRegistry()
 	p, err := reg.Build(PolicyConfig{Name: "dynamo"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, ok := p.(*DefaultPolicy)
-	if !ok || d.Cost != DefaultCostParams() || d.Temperature != 0 {
-		t.Fatalf("dynamo built %T %+v, want the default policy with default parameters", p, p)
+	if !ok || d.Cost != DynamoCostParams() || d.Temperature != 0 || d.HasSeed {
+		t.Fatalf("dynamo built %T %+v, want the default policy with Dynamo's parameters", p, p)
+	}
+	for _, tc := range []struct {
+		doc   string
+		errIs error
+	}{
+		{"{temperature: 0.5, seed: 3}", nil},
+		{"{overlap_credit: 2}", ErrInvalidConfig}, // not Dynamo's cost: that is `default`
+		{"{temperature: -1}", ErrInvalidConfig},
+	} {
+		var n yaml.Node
+		if err := yaml.Unmarshal([]byte(tc.doc), &n); err != nil {
+			t.Fatal(err)
+		}
+		q, err := reg.Build(PolicyConfig{Name: "dynamo", Params: *n.Content[0]})
+		if !errors.Is(err, tc.errIs) {
+			t.Fatalf("%s: err %v, want %v", tc.doc, err, tc.errIs)
+		}
+		if err == nil {
+			if d := q.(*DefaultPolicy); d.Temperature != 0.5 || !d.HasSeed || d.SeedValue != 3 || d.Cost != DynamoCostParams() {
+				t.Fatalf("%s: built %+v", tc.doc, d)
+			}
+		}
 	}
 	r := peerReq("r", 0, 10) // ISL 160 tokens = 10 blocks
 	rows := []CandidateRow{

@@ -13,9 +13,10 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// Dynamo's documented example at weight 1: worker 1 scores 8+10 = 18,
-// worker 2 scores 5+5 = 10 (chosen), worker 3 scores 2+9 = 11.
-func TestDefaultCostKnownAnswer(t *testing.T) {
+// Dynamo's documented example at weight 1 (DynamoCostParams): worker 1
+// scores 8+10 = 18, worker 2 scores 5+5 = 10 (chosen), worker 3 scores
+// 2+9 = 11.
+func TestDynamoCostKnownAnswer(t *testing.T) {
 	r := &Request{Tokens: 128} // 8 blocks of 16
 	rows := []CandidateRow{
 		{Key: wk("w1", 0), OverlapBlocks: 0, ActiveDecodeBlocks: 10},
@@ -24,13 +25,48 @@ func TestDefaultCostKnownAnswer(t *testing.T) {
 	}
 	x, c := NewCandidates(r, 16, 0, 1, nil, rows)
 	cost := make([]float64, 3)
-	DefaultCost{Params: DefaultCostParams()}.Score(x, c, cost)
+	DefaultCost{Params: DynamoCostParams()}.Score(x, c, cost)
 	if want := []float64{18, 10, 11}; fmt.Sprint(cost) != fmt.Sprint(want) {
 		t.Fatalf("costs %v, want %v", cost, want)
 	}
-	i, err := NewDefaultPolicy(0).Select(x, c)
+	i, err := NewDynamoPolicy(0).Select(x, c)
 	if err != nil || c.Key(i) != wk("w2", 0) {
 		t.Fatalf("picked %d (%v), want w2", i, err)
+	}
+}
+
+// Where the default's weights and Dynamo's part: a conversation turn of 27
+// blocks (512 tokens each), 20 of them cached on a worker with 16 blocks of
+// prefill queued and 150 decode blocks, against an idle worker. Dynamo moves
+// the session: holder 16+27−20 + 150+27 = 200, idle 27 + 27 = 54. The default
+// keeps it on its cache: holder max(0, 43 − 4·20) + 0.1·177 = 17.7, idle
+// 27 + 0.1·27 = 29.7.
+func TestDefaultKeepsCacheHolder(t *testing.T) {
+	const bs = 512
+	rows := []CandidateRow{
+		{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 150},
+		{Key: wk("idle", 0)},
+	}
+	for _, tc := range []struct {
+		p    *DefaultPolicy
+		want []float64
+		pick string
+	}{
+		{NewDynamoPolicy(0), []float64{200, 54}, "idle"},
+		{NewDefaultPolicy(0), []float64{17.7, 29.7}, "holder"},
+	} {
+		x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, rows)
+		cost := make([]float64, 2)
+		DefaultCost{Params: tc.p.Cost}.Score(x, c, cost)
+		for i := range cost {
+			if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+				t.Fatalf("%+v: costs %v, want %v", tc.p.Cost, cost, tc.want)
+			}
+		}
+		i, err := tc.p.Select(x, c)
+		if err != nil || c.Key(i) != wk(tc.pick, 0) {
+			t.Errorf("%+v: picked %v (%v), want %s", tc.p.Cost, c.Key(i), err, tc.pick)
+		}
 	}
 }
 
@@ -43,11 +79,15 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
+		{"decode-block weight", CostParams{1, 1, 0, 0.5}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -293,6 +333,62 @@ func TestPipelineFiltersAndWeights(t *testing.T) {
 	}
 }
 
+// A decode-block weight other than 1 reaches every fused path (the plain
+// minimum, the plain softmax range, the two-row sampler and the general
+// ones): the fused policy picks what the pipeline picks, draw for draw.
+func TestDecodeBlockWeightFusedPaths(t *testing.T) {
+	for _, n := range []int{2, 64} {
+		for _, temp := range []float64{0, 0.7} {
+			for _, cp := range []CostParams{
+				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.25},
+				{PrefillLoadScale: 1, OverlapCredit: 2, DecodeBlockWeight: 0},
+				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeActiveRequestWeight: 1, DecodeBlockWeight: 0.5},
+			} {
+				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
+					rows := fixtureRows(n)
+					fused := &DefaultPolicy{Cost: cp, Temperature: temp}
+					pipe := &Pipeline{Scorers: []WeightedScorer{{Scorer: DefaultCost{Params: cp}, Weight: 1}},
+						Picker: SoftmaxPicker{Temperature: temp}}
+					x1, c1 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, nil, rows)
+					x2, c2 := NewCandidates(&Request{Tokens: 64}, 16, 4, 99, nil, rows)
+					for range 200 {
+						i1, err1 := fused.Select(x1, c1)
+						i2, err2 := pipe.Select(x2, c2)
+						if err1 != nil || err2 != nil || i1 != i2 {
+							t.Fatalf("fused %d (%v) vs pipeline %d (%v)", i1, err1, i2, err2)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// The weight decides between the cache holder with a large decode load and
+// an idle worker: 20 of 27 blocks cached on a worker with 300 active decode
+// blocks. Holder 7 + w·327, idle 27 + w·27: the idle worker wins at Dynamo's
+// weight 1 (334 vs 54) and at 0.1 (39.7 vs 29.7), the holder below
+// 20/300 ≈ 0.067 (0.05: 23.35 vs 28.35).
+func TestDecodeBlockWeightDecides(t *testing.T) {
+	const bs = 512
+	r := &Request{Tokens: 27 * bs}
+	rows := []CandidateRow{
+		{Key: wk("holder", 0), OverlapBlocks: 20, ActiveDecodeBlocks: 300},
+		{Key: wk("idle", 0)},
+	}
+	for _, tc := range []struct {
+		weight float64
+		want   string
+	}{{1, "idle"}, {0.1, "idle"}, {0.05, "holder"}, {0, "holder"}} {
+		x, c := NewCandidates(r, bs, 27, 1, nil, rows)
+		p := &DefaultPolicy{Cost: CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: tc.weight}}
+		i, err := p.Select(x, c)
+		if err != nil || c.Key(i) != wk(tc.want, 0) {
+			t.Errorf("weight %v: picked %v (%v), want %s", tc.weight, c.Key(i), err, tc.want)
+		}
+	}
+}
+
 func TestRegistryYAML(t *testing.T) {
 	reg := NewRegistry()
 	for _, tc := range []struct {
@@ -311,7 +407,9 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {temperature: 0.7, seed: 42, overlap_credit: 0.5, prefill_load_scale: 2, decode_active_request_weight: 1}",
 			name: "default", check: func(t *testing.T, p Policy) {
 				d := p.(*DefaultPolicy)
-				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != (CostParams{2, 0.5, 1}) {
+				want := DefaultCostParams()
+				want.PrefillLoadScale, want.OverlapCredit, want.DecodeActiveRequestWeight = 2, 0.5, 1
+				if d.Temperature != 0.7 || d.SeedValue != 42 || !d.HasSeed || d.Cost != want {
 					t.Fatalf("%+v", d)
 				}
 			}},
