@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
 // oracle picks workers with perfect knowledge of their caches: the true
@@ -91,6 +92,7 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 	}
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
+	cp := scheduler.DefaultCostParams() // the oracle is the default cost with perfect knowledge
 	for _, w := range o.workers {
 		if anyFree && busy(w) {
 			continue
@@ -107,8 +109,9 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 			v := o.view[w]
 			prefill, blocks = v.PrefillTokens, v.DecodeBlocks
 		}
-		pre := math.Max(0, (float64(prefill)+isl)/o.bs-float64(ov))
-		cost := pre + float64(blocks) + float64(n-ov)
+		// The default cost's terms, with the true overlap.
+		pre := cp.PrefillLoadScale * math.Max(0, (float64(prefill)+isl)/o.bs-cp.OverlapCredit*float64(ov))
+		cost := pre + cp.DecodeBlockWeight*float64(blocks+n-ov)
 		switch {
 		case cost < bestCost:
 			best, bestCost, ties, bestOverlap = w, cost, 1, ov

@@ -533,8 +533,8 @@ func peerChecks(r *report.Report, kv *metrics.Summary) []report.Check {
 	var beat50, beat99 []string
 	for i := range r.Policies {
 		p := &r.Policies[i]
-		if p.Path != kv.Path || p.Policy == kv.Policy || p.Policy == "oracle" || p.Policy == "dynamo" || p.Done == 0 {
-			continue // dynamo is kvrouter's default under another name
+		if p.Path != kv.Path || p.Policy == kv.Policy || p.Policy == "oracle" || p.Done == 0 {
+			continue
 		}
 		if p.TTFT.P50 < kv.TTFT.P50 {
 			lowest50 = false

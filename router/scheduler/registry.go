@@ -144,6 +144,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	var o struct {
 		PrefillLoadScale          *float64 `yaml:"prefill_load_scale"`
 		OverlapCredit             *float64 `yaml:"overlap_credit"`
+		DecodeBlockWeight         *float64 `yaml:"decode_block_weight"`
 		DecodeActiveRequestWeight float64  `yaml:"decode_active_request_weight"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
@@ -152,6 +153,9 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		return nil, err
 	}
 	p := NewDefaultPolicy(o.Temperature)
+	if o.DecodeBlockWeight != nil {
+		p.Cost.DecodeBlockWeight = *o.DecodeBlockWeight
+	}
 	if o.PrefillLoadScale != nil {
 		p.Cost.PrefillLoadScale = *o.PrefillLoadScale
 	}
@@ -162,7 +166,8 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
-	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeActiveRequestWeight < 0 {
+	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
+		p.Cost.DecodeActiveRequestWeight < 0 {
 		return nil, fmt.Errorf("%w: default policy parameters must be >= 0: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
 	}
