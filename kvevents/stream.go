@@ -110,7 +110,7 @@ func SetUpStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, 
 	lookup := func(c context.Context) (jetstream.Stream, error) { return js.Stream(c, sc.Name) }
 	s, err := jskv.Call(ctx, lookup)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		s, err = jskv.Call(ctx, func(c context.Context) (jetstream.Stream, error) { return js.CreateStream(c, sc) })
+		s, err = jskv.CreateWaitingForPeers(ctx, func(c context.Context) (jetstream.Stream, error) { return js.CreateStream(c, sc) })
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			s, err = jskv.Call(ctx, lookup) // another replica (or our lost try) created it first
 		}

@@ -79,6 +79,25 @@ const attemptTimeout = 2 * time.Second
 // second on a healthy cluster).
 const callTimeout = 5 * time.Second
 
+// CreateWaitingForPeers is Call for a create on a cluster that may still be
+// starting: while the server answers code 10005 (too few peers online for
+// the replicas asked for) it waits with backoff (50 ms doubling to 1 s)
+// and tries again, until ctx ends.
+func CreateWaitingForPeers[T any](ctx context.Context, create func(context.Context) (T, error)) (T, error) {
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		v, err := Call(ctx, create)
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != CodeNoPeers {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, fmt.Errorf("%w (waited for peers until: %w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
 // Call runs one JetStream API call with at most callTimeout for each try,
 // trying again while its reply is lost (a cluster electing its meta
 // leader answers nothing) and ctx allows, instead of letting one lost

@@ -103,7 +103,7 @@ func (r *Replica) setUpSnapshotBucket(ctx context.Context, own jskv.Owner) error
 	lookup := func(c context.Context) (jetstream.ObjectStore, error) { return r.js.ObjectStore(c, name) }
 	obs, err := jskv.Call(ctx, lookup)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		obs, err = jskv.Call(ctx, func(c context.Context) (jetstream.ObjectStore, error) {
+		obs, err = jskv.CreateWaitingForPeers(ctx, func(c context.Context) (jetstream.ObjectStore, error) {
 			return r.js.CreateObjectStore(c, jetstream.ObjectStoreConfig{
 				Bucket: name, Description: "kvrouter prefix-index snapshots", Replicas: r.cfg.StreamReplicas,
 			})
