@@ -135,8 +135,8 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 	// Each API call is bounded and tried again if its reply is lost (Call).
 	lookup := func(c context.Context) (jetstream.KeyValue, error) { return js.KeyValue(c, cfg.Bucket) }
 	kv, err := Call(ctx, lookup)
-	for wait := 50 * time.Millisecond; errors.Is(err, jetstream.ErrBucketNotFound); wait = min(2*wait, time.Second) {
-		kv, err = Call(ctx, func(c context.Context) (jetstream.KeyValue, error) {
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		create := func(c context.Context) (jetstream.KeyValue, error) {
 			return js.CreateKeyValue(c, jetstream.KeyValueConfig{
 				Bucket:         cfg.Bucket,
 				Description:    cfg.Description,
@@ -146,20 +146,15 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 				LimitMarkerTTL: cfg.MarkerTTL,
 				MaxBytes:       LimitOf(cfg.MaxBytes),
 			})
-		})
+		}
+		if cfg.WaitForPeers {
+			kv, err = CreateWaitingForPeers(ctx, create)
+		} else {
+			kv, err = Call(ctx, create)
+		}
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = Call(ctx, lookup) // another process (or our lost attempt) created it first
 		}
-		var apiErr *jetstream.APIError
-		if !cfg.WaitForPeers || !errors.As(err, &apiErr) || apiErr.ErrorCode != CodeNoPeers {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("create bucket %q: %w (then %w)", cfg.Bucket, err, ctx.Err())
-		case <-time.After(wait):
-		}
-		err = jetstream.ErrBucketNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %q: %w", cfg.Bucket, err)

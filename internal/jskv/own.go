@@ -56,20 +56,7 @@ func Reconcile(ctx context.Context, js jetstream.JetStream, kind, name string, i
 // creates nothing: it is how a process that only uses a stream or bucket
 // waits for its owner to create it.
 func AwaitCreated[T any](ctx context.Context, open func(context.Context) (T, error), notFound error) (T, error) {
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		v, err := open(actx)
-		cancel()
-		lost := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if !errors.Is(err, notFound) && !lost {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, fmt.Errorf("%w (waited until: %w)", err, ctx.Err())
-		case <-time.After(wait):
-		}
-	}
+	return retryWhile(ctx, attemptTimeout, open, func(err error) bool { return errors.Is(err, notFound) }, "waited until")
 }
 
 // attemptTimeout bounds one look-up of AwaitCreated.
@@ -84,18 +71,11 @@ const callTimeout = 5 * time.Second
 // the replicas asked for) it waits with backoff (50 ms doubling to 1 s)
 // and tries again, until ctx ends.
 func CreateWaitingForPeers[T any](ctx context.Context, create func(context.Context) (T, error)) (T, error) {
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		v, err := Call(ctx, create)
+	noPeers := func(err error) bool {
 		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != CodeNoPeers {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, fmt.Errorf("%w (waited for peers until: %w)", err, ctx.Err())
-		case <-time.After(wait):
-		}
+		return errors.As(err, &apiErr) && apiErr.ErrorCode == CodeNoPeers
 	}
+	return retryWhile(ctx, callTimeout, create, noPeers, "waited for peers until")
 }
 
 // Call runs one JetStream API call with at most callTimeout for each try,
@@ -104,12 +84,35 @@ func CreateWaitingForPeers[T any](ctx context.Context, create func(context.Conte
 // reply use up the whole of ctx. Use it for calls that are safe to repeat
 // (look-ups, creates that report "already exists").
 func Call[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	return callWithin(ctx, callTimeout, call)
+}
+
+// callWithin is Call with each try bounded by try.
+func callWithin[T any](ctx context.Context, try time.Duration, call func(context.Context) (T, error)) (T, error) {
 	for {
-		actx, cancel := context.WithTimeout(ctx, callTimeout)
+		actx, cancel := context.WithTimeout(ctx, try)
 		v, err := call(actx)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 			return v, err
+		}
+	}
+}
+
+// retryWhile calls call (each try bounded by try, lost replies tried
+// again) until its error no longer satisfies again, waiting with backoff
+// (50 ms doubling to 1 s) between calls until ctx ends; then the last
+// error is returned joined with ctx's, prefixed by waited.
+func retryWhile[T any](ctx context.Context, try time.Duration, call func(context.Context) (T, error), again func(error) bool, waited string) (T, error) {
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		v, err := callWithin(ctx, try, call)
+		if !again(err) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, fmt.Errorf("%w (%s: %w)", err, waited, ctx.Err())
+		case <-time.After(wait):
 		}
 	}
 }
