@@ -333,26 +333,25 @@ func findThrash(p *metrics.Summary, pe *peers) (string, bool) {
 }
 
 func findHotRequests(p *metrics.Summary, pe *peers) (string, bool) {
-	s := p.RequestSpread
-	if s.MaxOverMean < whySpreadMax && s.CV < whySpreadCV {
-		return "", false
-	}
-	best := pe.best(func(q *metrics.Summary) float64 { return q.RequestSpread.CV }, false)
-	return fmt.Sprintf("hot spots: the busiest worker served %.2fx the mean requests (CV %.2f)%s",
-		s.MaxOverMean, s.CV, versus(p, best, func(b *metrics.Summary) string {
-			return fmt.Sprintf("%.2fx, CV %.2f", b.RequestSpread.MaxOverMean, b.RequestSpread.CV)
-		})), true
+	return findHotSpread(p, pe, "served %.2fx the mean requests", func(q *metrics.Summary) metrics.Spread { return q.RequestSpread })
 }
 
 func findHotPrefill(p *metrics.Summary, pe *peers) (string, bool) {
-	s := p.PrefillSpread
+	return findHotSpread(p, pe, "computed %.2fx the mean prefill tokens", func(q *metrics.Summary) metrics.Spread { return q.PrefillSpread })
+}
+
+// findHotSpread is a hot spot when the busiest worker's share of what
+// spread measures crosses whySpreadMax or its CV whySpreadCV; busiest
+// formats the max over mean.
+func findHotSpread(p *metrics.Summary, pe *peers, busiest string, spread func(*metrics.Summary) metrics.Spread) (string, bool) {
+	s := spread(p)
 	if s.MaxOverMean < whySpreadMax && s.CV < whySpreadCV {
 		return "", false
 	}
-	best := pe.best(func(q *metrics.Summary) float64 { return q.PrefillSpread.CV }, false)
-	return fmt.Sprintf("hot spots: the busiest worker computed %.2fx the mean prefill tokens (CV %.2f)%s",
-		s.MaxOverMean, s.CV, versus(p, best, func(b *metrics.Summary) string {
-			return fmt.Sprintf("%.2fx, CV %.2f", b.PrefillSpread.MaxOverMean, b.PrefillSpread.CV)
+	best := pe.best(func(q *metrics.Summary) float64 { return spread(q).CV }, false)
+	return fmt.Sprintf("hot spots: the busiest worker "+busiest+" (CV %.2f)%s", s.MaxOverMean, s.CV,
+		versus(p, best, func(b *metrics.Summary) string {
+			return fmt.Sprintf("%.2fx, CV %.2f", spread(b).MaxOverMean, spread(b).CV)
 		})), true
 }
 
