@@ -77,8 +77,8 @@ func TestWhyRules(t *testing.T) {
 		{"no load samples", func(p *metrics.Summary) { p.LoadOverTime = nil }, nil, ""},
 		{"router queue 9 % of TTFT", func(p *metrics.Summary) { p.Queue.P50 = 3 }, nil, ""},
 		{"router queue 12 % of TTFT p50", func(p *metrics.Summary) { p.Queue.P50 = 4 }, []string{"router-queue"},
-			"queue wait p50 4.00 ms, p99 5.00 ms wall clock, x3 speed-up = 12 % of TTFT p50, 2 % of p99"},
-		{"router queue 10.2 % of TTFT p99", func(p *metrics.Summary) { p.Queue.P99 = 34 }, []string{"router-queue"}, "10 % of p99"},
+			"queue wait p50 4.00 ms, p99 5.00 ms wall clock = 12.0 / 15.0 ms at the x3 speed-up, against TTFT p50 100 ms, p99 1000 ms"},
+		{"router queue 10.2 % of TTFT p99", func(p *metrics.Summary) { p.Queue.P99 = 34 }, []string{"router-queue"}, "= 3.00 / 102 ms at the x3 speed-up"},
 		{"TTFT p50 1.19x the best", func(p *metrics.Summary) { p.TTFT.P50 = 119 }, nil, ""},
 		{"TTFT p50 1.21x the best", func(p *metrics.Summary) { p.TTFT.P50 = 121 }, []string{"ttft"},
 			"queueing for the first token: TTFT p50 121 ms = 1.2x the best (best 100 ms)"},
@@ -190,6 +190,22 @@ func TestWhyPlacement(t *testing.T) {
 	var b strings.Builder
 	if err := (&Report{Version: Version}).Markdown(&b, nil); err != nil || strings.Contains(b.String(), "## Why") {
 		t.Errorf("empty report: %v\n%s", err, b.String())
+	}
+}
+
+// Over several runs the section says which figures are medians and which
+// come from one run, since its lines set the two side by side.
+func TestWhyRunsNote(t *testing.T) {
+	for _, runs := range []bool{false, true} {
+		r := whyReport(quiet("kvrouter", "nats"), quiet("round-robin", "nats"))
+		if runs {
+			r.Policies[0].Runs = &metrics.RunSpread{N: 3}
+		}
+		var b strings.Builder
+		r.whySection(&b)
+		if got := strings.Contains(b.String(), "Over several runs, hit ratio, router-predicted hit, TTFT and the request spread are medians"); got != runs {
+			t.Errorf("runs %v: note shown %v:\n%s", runs, got, b.String())
+		}
 	}
 }
 
