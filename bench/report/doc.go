@@ -4,6 +4,18 @@
 // the TTFT CDF per policy, the hit ratio per policy against the workload's
 // upper bound, and the per-worker load under each policy.
 //
+// The Markdown report's "Why each policy wins or loses" section (why.go) is
+// written from the figures alone, so it is true for whatever run produced
+// them: per path, each policy is compared with the best policy over the same
+// path (the oracle is quoted beside it, never counted as the best), and a
+// line is written only when a figure crosses one of the named thresholds at
+// the top of why.go: cache misses (hit ratio below the best, and whether the
+// router's predicted hit agreed, which puts the loss on the choices rather
+// than the index), cache thrash (sessions moved), hot spots (request and
+// prefill spread, busiest worker over time), queueing (router queue wait as a
+// share of TTFT, TTFT against the best) and rejections by code. The rules
+// are the list in whyRules; add one there with its threshold constant.
+//
 // Start at Report and WriteAll. It knows nothing about how the numbers were
 // measured (see bench/replay).
 package report

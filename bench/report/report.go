@@ -396,6 +396,7 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Want, c.Got, mark)
 		}
 	}
+	r.whySection(&b)
 	if len(r.Notes) > 0 {
 		b.WriteString("\n## Notes\n\n")
 		for _, n := range r.Notes {
