@@ -1,15 +1,18 @@
 package replay
 
 import (
+	"math"
 	"slices"
 
 	"github.com/kvrouter/kvrouter/bench/metrics"
 )
 
 // medianOfRuns folds one (policy, path)'s summaries from repeated runs into
-// one: the main figures (hit ratio, TTFT, E2E and ITL quantiles,
-// throughput) are the medians over the runs, with the lowest and highest in
-// Runs; everything else (CDF, per-worker load, load over time, counts) is
+// one: every figure the tables show (hit ratio, TTFT, E2E and ITL
+// quantiles, throughput, request and prefill spread, router queue wait and
+// route time p50/p99, sessions moved) is the median over the runs, with the
+// lowest and highest of the main ones in Runs; what only the charts and the
+// counts show (CDF, per-worker load, load over time, rejections by code) is
 // the run whose TTFT p99 is the median, so the charts show a real run.
 func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 	if len(sums) == 1 {
@@ -52,6 +55,14 @@ func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 	out.OutputTokPerSec, _ = med(func(s *metrics.Summary) float64 { return s.OutputTokPerSec })
 	out.RequestSpread.MaxOverMean, _ = med(func(s *metrics.Summary) float64 { return s.RequestSpread.MaxOverMean })
 	out.RequestSpread.CV, _ = med(func(s *metrics.Summary) float64 { return s.RequestSpread.CV })
+	out.PrefillSpread.MaxOverMean, _ = med(func(s *metrics.Summary) float64 { return s.PrefillSpread.MaxOverMean })
+	out.PrefillSpread.CV, _ = med(func(s *metrics.Summary) float64 { return s.PrefillSpread.CV })
+	out.Queue.P50, _ = med(func(s *metrics.Summary) float64 { return s.Queue.P50 })
+	out.Queue.P99, _ = med(func(s *metrics.Summary) float64 { return s.Queue.P99 })
+	out.Route.P50, _ = med(func(s *metrics.Summary) float64 { return s.Route.P50 })
+	out.Route.P99, _ = med(func(s *metrics.Summary) float64 { return s.Route.P99 })
+	moved, _ := med(func(s *metrics.Summary) float64 { return float64(s.SessionsMoved) })
+	out.SessionsMoved = int(math.Round(moved))
 	if out.UpperBound > 0 {
 		out.OfUpperBound = out.HitRatio / out.UpperBound
 	}

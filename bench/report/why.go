@@ -98,10 +98,9 @@ func (r *Report) whySection(b *strings.Builder) {
 		"router queue wait (times the speed-up) ≥ %.0f %% of TTFT, TTFT ≥ %.1fx the best.\n",
 		100*whyHitGap, 100*whyIndexGap, 100*whyMovedGap, whySpreadMax, whySpreadCV, whyLoadHot, 100*whyLoadHotShare, 100*whyQueueShare, whyTTFTRatio)
 	if slices.ContainsFunc(r.Policies, func(p metrics.Summary) bool { return p.Runs != nil }) {
-		// bench/replay takes the median of the main figures only and keeps
-		// the rest from one run; say so where both meet in one line.
-		b.WriteString("Over several runs, hit ratio, router-predicted hit, TTFT and the request spread are medians; " +
-			"queue wait, prefill spread, sessions moved, load over time and rejections are those of one run (the one with the median TTFT p99).\n")
+		// bench/replay keeps the charts' data from one run (medianOfRuns).
+		b.WriteString("Over several runs every figure here is the median of the runs, except load over time and rejections by code: " +
+			"those are the run with the median TTFT p99.\n")
 	}
 	for _, path := range rowPaths(r.Policies) {
 		pe := r.peersOn(path)

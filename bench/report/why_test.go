@@ -194,7 +194,7 @@ func TestWhyPlacement(t *testing.T) {
 }
 
 // Over several runs the section says which figures are medians and which
-// come from one run, since its lines set the two side by side.
+// come from one run.
 func TestWhyRunsNote(t *testing.T) {
 	for _, runs := range []bool{false, true} {
 		r := whyReport(quiet("kvrouter", "nats"), quiet("round-robin", "nats"))
@@ -203,7 +203,7 @@ func TestWhyRunsNote(t *testing.T) {
 		}
 		var b strings.Builder
 		r.whySection(&b)
-		if got := strings.Contains(b.String(), "Over several runs, hit ratio, router-predicted hit, TTFT and the request spread are medians"); got != runs {
+		if got := strings.Contains(b.String(), "Over several runs every figure here is the median of the runs"); got != runs {
 			t.Errorf("runs %v: note shown %v:\n%s", runs, got, b.String())
 		}
 	}
