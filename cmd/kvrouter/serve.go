@@ -35,7 +35,7 @@ Policy file (--policy-file, YAML):
     params:                # power-of-two, two-tier, pipeline
       temperature: 0
   scheduler:               # queue, thresholds, booking (router/scheduler Config)
-    thresholds: {queue_prefill_frac: 2.0, queue_decode_frac: 1.0}
+    thresholds: {queue_prefill_frac: 8.0, queue_decode_frac: 1.0}
     queue: {order: fcfs, default: {requests: 10000}}`
 
 // policyFile is the YAML of --policy-file.

@@ -32,15 +32,20 @@ type Thresholds struct {
 }
 
 // DefaultThresholds: no overload shedding; a request waits in the router
-// once every eligible worker has two full batches of prefill booked or its
-// KV cache fully booked. Two batches, not one: long prompts (the Mooncake
-// conversation trace averages 13.7k tokens against 8,192 batched tokens)
-// made one booked prompt mark a worker busy, and the replay then fell into
-// a regime where cache-aware routing queued in the router behind workers
-// that would have served from cache (p50 TTFT 0.7x round-robin's in two of
-// three runs at 1.0; 4.1x better, p99 8.3x, at 2.0; docs/benchmarks/replay.md).
+// once every eligible worker has eight full batches of prefill booked or
+// its KV cache fully booked. Why eight: at two (the earlier default) a
+// worker with one long prompt in prefill and one queued counted as busy, so
+// under saturation every request waited in the router and the engines ran
+// on at most two steps of queued prefill, each refill a round trip of
+// first token, prefill_done and dispatch: on the Mooncake synthetic trace at
+// 10x load the default policy's TTFT p50 was 3.1 s with the queue at two
+// batches, 2.1 s at eight and without a router queue; on the conversation
+// trace at 6.5x the threshold made no difference (docs/benchmarks.md,
+// "Router queue threshold"). Eight still queues in the router, and so keeps
+// late binding, priorities and deadlines, once the fleet is deeply
+// overloaded. Dynamo's router queues only when its threshold is set.
 func DefaultThresholds() Thresholds {
-	return Thresholds{QueuePrefillFrac: 2.0, QueueDecodeFrac: 1.0}
+	return Thresholds{QueuePrefillFrac: 8.0, QueueDecodeFrac: 1.0}
 }
 
 func (t Thresholds) validate() error {

@@ -597,16 +597,17 @@ func queueProperty(t *testing.T, seed uint64) {
 	}
 }
 
-// The default queue threshold is two full batches of prefill: one booked
-// long prompt does not make a worker busy (a Mooncake prompt is longer than a
-// batch, and marking the worker busy at one made cache-aware routing queue
-// behind the very workers holding the cache), a second one does.
-func TestDefaultQueueThresholdIsTwoBatches(t *testing.T) {
-	if th := DefaultThresholds(); th != (Thresholds{QueuePrefillFrac: 2, QueueDecodeFrac: 1}) {
+// The default queue threshold is eight full batches of prefill: a worker
+// with a few long prompts booked is not busy (at two, one long prompt in
+// prefill and one queued made it busy, and the engines starved behind the
+// router's queue at saturation), the eighth full batch makes it busy.
+func TestDefaultQueueThresholdIsEightBatches(t *testing.T) {
+	if th := DefaultThresholds(); th != (Thresholds{QueuePrefillFrac: 8, QueueDecodeFrac: 1}) {
 		t.Fatalf("default thresholds %+v", th)
 	}
 	h := newHarness(t, Config{Thresholds: DefaultThresholds(), ThresholdsSet: true}, nil, wi("a", 0))
-	h.admitted(h.submit(&Request{ID: "first", Tokens: 100}))  // one batch booked
-	h.admitted(h.submit(&Request{ID: "second", Tokens: 100})) // not busy yet: admitted
-	h.waiting(h.submit(&Request{ID: "third", Tokens: 1}))     // two batches booked: busy
+	for i := range 8 { // up to seven batches booked before each: not busy
+		h.admitted(h.submit(&Request{ID: fmt.Sprintf("r%d", i), Tokens: 100}))
+	}
+	h.waiting(h.submit(&Request{ID: "ninth", Tokens: 1})) // eight batches booked: busy
 }
