@@ -139,17 +139,25 @@ func TestCatalogParams(t *testing.T) {
 }
 
 // Three runs fold into their medians with the lowest and highest beside
-// them; the charts' data comes from the run with the median p99.
+// them, every table figure included; the charts' data comes from the run
+// with the median p99.
 func TestMedianOfRuns(t *testing.T) {
 	var sums []metrics.Summary
+	queue := []float64{5, 9, 1} // the median-p99 run (the third) has neither median
+	moved := []int{20, 30, 10}
 	for i, v := range []float64{300, 100, 200} {
-		s := metrics.Summary{Policy: "kvrouter", HitRatio: v / 1000, UpperBound: 0.5, WallSeconds: float64(i)}
+		s := metrics.Summary{Policy: "kvrouter", HitRatio: v / 1000, UpperBound: 0.5, WallSeconds: float64(i), SessionsMoved: moved[i]}
 		s.TTFT.P50, s.TTFT.P99, s.E2E.P50 = v/10, v, 2*v
+		s.Queue.P50, s.Queue.P99, s.PrefillSpread.MaxOverMean = queue[i], 10*queue[i], queue[i]
 		sums = append(sums, s)
 	}
 	m := medianOfRuns(sums)
 	if m.TTFT.P99 != 200 || m.TTFT.P50 != 20 || m.HitRatio != 0.2 || m.OfUpperBound != 0.4 || m.WallSeconds != 2 {
 		t.Fatalf("medians %+v", m)
+	}
+	if m.Queue.P50 != 5 || m.Queue.P99 != 50 || m.PrefillSpread.MaxOverMean != 5 || m.SessionsMoved != 20 {
+		t.Fatalf("queue wait %v / %v, prefill spread %v, sessions moved %d: want the medians 5 / 50, 5, 20",
+			m.Queue.P50, m.Queue.P99, m.PrefillSpread.MaxOverMean, m.SessionsMoved)
 	}
 	if m.Runs == nil || m.Runs.N != 3 || m.Runs.TTFTP99 != [2]float64{100, 300} || m.Runs.HitRatio != [2]float64{0.1, 0.3} {
 		t.Fatalf("spread %+v", m.Runs)
