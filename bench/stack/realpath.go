@@ -188,7 +188,9 @@ func (r *Real) startEngines(cfg RealConfig) error {
 		r.Workers = append(r.Workers, id)
 		ec := vllmzmq.DefaultConfig()
 		ec.EnableKVCacheEvents, ec.Topic = true, "kv"
-		ec.Endpoint, ec.ReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+		// The PUB endpoint binds only with a wildcard host (vLLM's rule, as
+		// `sim serve`'s default tcp://*:5557); the replay socket always binds.
+		ec.Endpoint, ec.ReplayEndpoint = "tcp://*:0", "tcp://127.0.0.1:0"
 		var err error
 		if e.events, err = sim.NewVLLMEvents(ec, 1, cfg.Logger); err != nil {
 			return fmt.Errorf("stack: engine %s: KV events: %w", id, err)

@@ -151,6 +151,11 @@ func (c Config) Validate() error {
 	if _, _, err := splitEndpoint(c.Endpoint); err != nil {
 		return fmt.Errorf("%w: endpoint: %v", ErrBadConfig, err)
 	}
+	if !Binds(c.Endpoint) && strings.HasSuffix(c.Endpoint, ":0") {
+		// Port 0 means "any free port" only to a bind; by vLLM's rule a
+		// non-wildcard host connects, and nothing listens on port 0.
+		return fmt.Errorf("%w: endpoint %q connects (only a wildcard host such as tcp://*:0 binds) to port 0, where no subscriber can listen", ErrBadConfig, c.Endpoint)
+	}
 	if c.ReplayEndpoint != "" {
 		if _, _, err := splitEndpoint(c.ReplayEndpoint); err != nil {
 			return fmt.Errorf("%w: replay_endpoint: %v", ErrBadConfig, err)

@@ -48,6 +48,7 @@ func TestParseKVEventsConfig(t *testing.T) {
 		{name: "no port", json: `{"enable_kv_cache_events": true, "endpoint": "tcp://localhost"}`, err: "no port"},
 		{name: "port out of range", json: `{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:70000"}`, err: `port "70000"`},
 		{name: "zero buffer", json: `{"enable_kv_cache_events": true, "buffer_steps": 0}`, err: "buffer_steps 0"},
+		{name: "connect to port 0", json: `{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:0"}`, err: "connects (only a wildcard host"},
 		{name: "negative hwm", json: `{"enable_kv_cache_events": true, "hwm": -1}`, err: "hwm -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
