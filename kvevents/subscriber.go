@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 // Sink receives decoded batches from a Subscriber, one call at a time, in
@@ -297,11 +299,13 @@ func (s *Subscriber) LastSeq() uint64 { return s.handled.Load() }
 // returns when the consumer reports nothing pending and everything delivered
 // handled, which covers messages that expired before they were read.
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) error {
-	st, err := s.js.Stream(ctx, s.cfg.Stream)
+	// Each look-up bounded and tried again: a fresh cluster electing its
+	// meta leader may lose a reply, which must not use up all of ctx.
+	st, err := jskv.Call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
 	if err != nil {
 		return fmt.Errorf("kvevents: wait caught up: stream %q: %w", s.cfg.Stream, err)
 	}
-	info, err := st.Info(ctx)
+	info, err := jskv.Call(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) { return st.Info(ctx) })
 	if err != nil {
 		return fmt.Errorf("kvevents: wait caught up: stream %q info: %w", s.cfg.Stream, err)
 	}
