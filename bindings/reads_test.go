@@ -233,8 +233,9 @@ func TestUnavailableWithinDeadline(t *testing.T) {
 
 // MaxSessions and MaxBytes make the server refuse a create past them,
 // reported as *FullError. On one server the sessions already stored still
-// re-bind; on R3 the server refuses their writes too, and a renewal refused
-// so serves the request under the binding it has.
+// re-bind at MaxSessions (at MaxBytes only when the new revision is no
+// larger, else ErrFull); on R3 the server refuses their writes too, and a
+// renewal refused so serves the request under the binding it has.
 func TestBucketFull(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -276,8 +277,14 @@ func TestBucketFull(t *testing.T) {
 				t.Fatalf("error text %q, want %q", fe.Error(), want)
 			}
 			if !tc.cluster {
-				if r := mustRoute(t, tb, model, "s0", always("w2")); r.Outcome != Rebound {
-					t.Fatalf("re-bind of a stored session at the limit: %+v", r)
+				r, err := tb.Route(ctxT(t, 10*time.Second), model, "s0", always("w2"))
+				switch {
+				case cfg.MaxBytes > 0 && errors.Is(err, ErrFull):
+					// At MaxBytes the server lets a key's message be replaced
+					// only by one no larger: the re-bind's timestamps may
+					// encode a few bytes longer (docs/protocol.md).
+				case err != nil || r.Outcome != Rebound:
+					t.Fatalf("re-bind of a stored session at the limit: %+v, %v", r, err)
 				}
 				return
 			}
