@@ -196,9 +196,9 @@ func (t *Table) watchOnce(ready func()) error {
 	}
 	ctx, cancel := context.WithCancel(t.stopCtx)
 	defer cancel()
-	w, err := t.kv.WatchAll(ctx)
+	w, err := t.createWatch(ctx, cancel)
 	if err != nil {
-		return fmt.Errorf("watch bucket %q: %w", t.cfg.Bucket, err)
+		return err
 	}
 	defer stopWatch(w)
 	for {
@@ -223,6 +223,42 @@ func (t *Table) watchOnce(ready func()) error {
 			return nil
 		}
 	}
+}
+
+// watchCreateTimeout bounds the creation of one watch: its ctx is also the
+// watch's lifetime, so a lost reply to the consumer create (a cluster
+// electing its meta leader answers nothing) would otherwise hang it for
+// good, and with it the table's Open.
+const watchCreateTimeout = 5 * time.Second
+
+// createWatch starts a watch of every key under ctx, cancelling ctx (so
+// that the create returns) when it takes longer than watchCreateTimeout;
+// watchLoop then tries again.
+func (t *Table) createWatch(ctx context.Context, cancel context.CancelFunc) (jetstream.KeyWatcher, error) {
+	type created struct {
+		w   jetstream.KeyWatcher
+		err error
+	}
+	done := make(chan created, 1)
+	go func() {
+		w, err := t.kv.WatchAll(ctx)
+		done <- created{w, err}
+	}()
+	timer := time.NewTimer(watchCreateTimeout)
+	defer timer.Stop()
+	select {
+	case c := <-done:
+		if c.err != nil {
+			return nil, fmt.Errorf("watch bucket %q: %w", t.cfg.Bucket, c.err)
+		}
+		return c.w, nil
+	case <-timer.C:
+	}
+	cancel()
+	if c := <-done; c.err == nil {
+		stopWatch(c.w)
+	}
+	return nil, fmt.Errorf("watch bucket %q: no reply to the watch's create within %v", t.cfg.Bucket, watchCreateTimeout)
 }
 
 // stopWatch stops w and drains its channel: the subscription's callback
