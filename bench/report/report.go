@@ -103,15 +103,13 @@ func (r *Report) Merge(others ...*Report) error {
 		}
 		paths := o.Setup.Paths
 		if len(paths) == 0 {
-			paths = []string{"nats"}
+			paths = []string{defaultPath}
 		}
 		if len(r.Setup.Paths) == 0 {
-			r.Setup.Paths = []string{"nats"}
+			r.Setup.Paths = []string{defaultPath}
 		}
 		for i := range r.Policies {
-			if r.Policies[i].Path == "" {
-				r.Policies[i].Path = "nats" // written before rows carried a path
-			}
+			r.Policies[i].Path = pathOf(&r.Policies[i])
 		}
 		for _, p := range paths {
 			if !slices.Contains(r.Setup.Paths, p) {
@@ -119,9 +117,7 @@ func (r *Report) Merge(others ...*Report) error {
 			}
 		}
 		for _, p := range o.Policies {
-			if p.Path == "" {
-				p.Path = "nats"
-			}
+			p.Path = pathOf(&p)
 			r.Policies = append(r.Policies, p)
 		}
 		for _, n := range o.Notes {

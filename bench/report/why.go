@@ -120,10 +120,14 @@ func (r *Report) whySection(b *strings.Builder) {
 	}
 }
 
-// pathOf is the row's path; rows written before paths existed ran over nats.
+// defaultPath is the path of rows and reports written before they carried
+// one: they ran over nats.
+const defaultPath = "nats"
+
+// pathOf is the row's path, defaultPath when it has none.
 func pathOf(p *metrics.Summary) string {
 	if p.Path == "" {
-		return "nats"
+		return defaultPath
 	}
 	return p.Path
 }
@@ -145,21 +149,18 @@ func (r *Report) peersOn(path string) *peers {
 	if pe.speedup <= 0 {
 		pe.speedup = 1
 	}
-	var oracle []*metrics.Summary
 	for i := range r.Policies {
 		p := &r.Policies[i]
-		if pathOf(p) != path || p.Done == 0 {
-			continue
-		}
-		if p.Policy == oracleName {
+		switch {
+		case pathOf(p) != path || p.Done == 0:
+		case p.Policy == oracleName:
 			pe.oracle = p
-			oracle = append(oracle, p)
-			continue
+		default:
+			pe.rows = append(pe.rows, p)
 		}
-		pe.rows = append(pe.rows, p)
 	}
-	if len(pe.rows) == 0 {
-		pe.rows = oracle
+	if len(pe.rows) == 0 && pe.oracle != nil {
+		pe.rows = []*metrics.Summary{pe.oracle}
 	}
 	return pe
 }
@@ -363,7 +364,6 @@ func findHotSpread(p *metrics.Summary, pe *peers, busiest string, spread func(*m
 func findHotOverTime(p *metrics.Summary, pe *peers) (string, bool) {
 	share := hotShare(p)
 	if !(share >= whyLoadHotShare) { // NaN without samples
-
 		return "", false
 	}
 	best := pe.best(hotShare, false)
@@ -382,8 +382,8 @@ func findRouterQueue(p *metrics.Summary, pe *peers) (string, bool) {
 	if at50 < whyQueueShare && at99 < whyQueueShare {
 		return "", false
 	}
-	// The figures, not their ratio: over several runs the queue wait and
-	// TTFT may come from different runs (see the section's introduction).
+	// The figures in workload time beside TTFT, which a reader compares
+	// more readily than a ratio.
 	return fmt.Sprintf("queueing in the router: queue wait p50 %s ms, p99 %s ms wall clock = %s / %s ms at the x%g speed-up, against TTFT p50 %s ms, p99 %s ms",
 		num(q.P50), num(q.P99), num(pe.speedup*q.P50), num(pe.speedup*q.P99), pe.speedup, num(p.TTFT.P50), num(p.TTFT.P99)), true
 }
