@@ -115,7 +115,7 @@ func TestDecodeRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := r.binding(7)
-	if b.Worker != "w1" || !b.HasRank || b.Rank != 2 || b.Mode != Soft || b.Version != 3 || b.Revision != 7 || r.ttl() != 10*time.Minute {
+	if b.Worker != "w1" || b.AnyRank || b.Rank != 2 || b.Mode != Soft || b.Version != 3 || b.Revision != 7 || r.ttl() != 10*time.Minute {
 		t.Fatalf("decoded %+v", b)
 	}
 	bad := map[string]string{

@@ -353,7 +353,7 @@ func (t *Table) selectUnder(ctx context.Context, sel Selector, rec *record, mode
 		req = t.reqPool.Get().(*Requirement)
 		req.Target = workerref.Any(rec.Worker)
 		if rec.Rank != nil {
-			req.Target.Rank, req.Target.HasRank = *rec.Rank, true
+			req.Target = workerref.Of(rec.Worker, *rec.Rank)
 		}
 		req.Mode = rec.Mode
 	}
@@ -430,7 +430,7 @@ func (t *Table) fresh(st *readState, now time.Time) bool {
 // merge is where a request matching its binding goes: the bound rank if the
 // binding has one, else the selected one.
 func merge(bound, selected workerref.Target) workerref.Target {
-	if bound.HasRank {
+	if !bound.AnyRank {
 		return bound
 	}
 	return selected

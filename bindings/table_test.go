@@ -255,7 +255,7 @@ func TestHardDepartedWorkerRebinds(t *testing.T) {
 	if seen == nil || seen.Target.Worker != "w1" || seen.Mode != Hard {
 		t.Fatalf("requirement %+v", seen)
 	}
-	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != Hard || !r.Binding.HasRank || r.Binding.Rank != 1 {
+	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != Hard || r.Binding.AnyRank || r.Binding.Rank != 1 {
 		t.Fatalf("rebind: %+v", r)
 	}
 	st := leaderGet(t, tb, model, "s")

@@ -82,7 +82,7 @@ func (r *record) binding(rev uint64) Binding {
 		Revision: rev,
 	}
 	if r.Rank != nil {
-		b.Rank, b.HasRank = *r.Rank, true
+		b.Target = workerref.Of(r.Worker, *r.Rank)
 	}
 	return b
 }
@@ -96,7 +96,7 @@ func recordFor(model, session string, t workerref.Target, mode Mode, version uin
 		Writer: writer, Created: created.UTC(), Renewed: now.UTC(),
 		TTLSeconds: int64(ttl / time.Second), Nonce: nonce,
 	}
-	if t.HasRank {
+	if !t.AnyRank {
 		rank := t.Rank
 		r.Rank = &rank
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,7 +25,7 @@ type recSink struct {
 	batches []Batch
 	signals []Signal
 	order   []string // "apply" / "resync:<kind>" in call order
-	cursors map[WorkerKey]Cursor
+	cursors map[workerref.Target]Cursor
 }
 
 func (r *recSink) ApplyBatch(seq uint64, b *Batch) {
@@ -71,7 +72,7 @@ func (r *recSink) snapshot() (order []string, signals []Signal, batches []Batch)
 // cursorSink is a recSink restored from a snapshot.
 type cursorSink struct{ recSink }
 
-func (c *cursorSink) Cursors() map[WorkerKey]Cursor { return c.cursors }
+func (c *cursorSink) Cursors() map[workerref.Target]Cursor { return c.cursors }
 
 type env struct {
 	nc  *nats.Conn
@@ -322,7 +323,7 @@ func TestSubscriberSignals(t *testing.T) {
 	if strings.Join(order, ",") != strings.Join(wantOrder, ",") {
 		t.Fatalf("calls %v, want %v", order, wantOrder)
 	}
-	if g := signals[0]; g.Kind != SignalGap || g.ExpectedID != 3 || g.GotID != 5 || g.Worker != "w" || g.StreamSeq != 2 || g.Key() != (WorkerKey{"w", 0}) {
+	if g := signals[0]; g.Kind != SignalGap || g.ExpectedID != 3 || g.GotID != 5 || g.Worker != "w" || g.StreamSeq != 2 || g.Key() != workerref.Of("w", 0) {
 		t.Fatalf("gap signal %+v", g)
 	}
 	if n := signals[1]; n.Kind != SignalNewEpoch || n.OldEpoch != 7 || n.NewEpoch != 9 || n.GotID != 1 || n.ExpectedID != 9 {
@@ -345,7 +346,7 @@ func TestSubscriberReplayFromSeq(t *testing.T) {
 	// A fresh replica restored from a snapshot taken at stream seq 2 (ids up
 	// to 4 applied) replays from seq 3.
 	sink := &cursorSink{}
-	sink.cursors = map[WorkerKey]Cursor{{Worker: "w"}: {Epoch: 7, NextID: 5}}
+	sink.cursors = map[workerref.Target]Cursor{{Worker: "w"}: {Epoch: 7, NextID: 5}}
 	// Before Run has read anything (checked on a subscriber that never
 	// runs: a running one may already have handled messages).
 	idle, err := NewSubscriber(e.js, SubscriberConfig{Sink: &cursorSink{}, StartSeq: 3})
@@ -363,7 +364,7 @@ func TestSubscriberReplayFromSeq(t *testing.T) {
 	}
 	// The same replay against a snapshot of another epoch signals a restart.
 	sink2 := &cursorSink{}
-	sink2.cursors = map[WorkerKey]Cursor{{Worker: "w"}: {Epoch: 6, NextID: 100}}
+	sink2.cursors = map[workerref.Target]Cursor{{Worker: "w"}: {Epoch: 6, NextID: 100}}
 	sub2 := e.startSub(t, SubscriberConfig{Sink: sink2, StartSeq: 4})
 	waitCaughtUp(t, sub2)
 	order, signals, _ := sink2.snapshot()
@@ -544,7 +545,7 @@ func TestRunTwiceAndWaitWithoutMessages(t *testing.T) {
 func TestPublishersSharingAnEpoch(t *testing.T) {
 	e := newEnv(t)
 	var pubs []*Publisher
-	for _, k := range []WorkerKey{{"w", 0}, {"w", 1}, {"v", 0}} {
+	for _, k := range []workerref.Target{workerref.Of("w", 0), workerref.Of("w", 1), workerref.Of("v", 0)} {
 		p, err := NewPublisher(e.js, PublisherConfig{Model: "m", Worker: k.Worker, Rank: k.Rank, Epoch: 77})
 		if err != nil {
 			t.Fatal(err)

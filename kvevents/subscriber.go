@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Sink receives decoded batches from a Subscriber, one call at a time, in
@@ -68,7 +69,7 @@ type Signal struct {
 }
 
 // Key returns the (worker, rank) the signal is about.
-func (s Signal) Key() WorkerKey { return WorkerKey{Worker: s.Worker, Rank: s.Rank} }
+func (s Signal) Key() workerref.Target { return workerref.Target{Worker: s.Worker, Rank: s.Rank} }
 
 // Cursor is where one (worker, rank) stands in its event sequence.
 type Cursor struct {
@@ -89,7 +90,7 @@ func (b *Batch) NextEventID() uint64 { return b.FirstEventID + uint64(len(b.Even
 // applied without a signal: a subscriber that starts mid-stream has nothing
 // stale to drop.
 type CursorSource interface {
-	Cursors() map[WorkerKey]Cursor
+	Cursors() map[workerref.Target]Cursor
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -172,7 +173,7 @@ type Subscriber struct {
 	// Touched only by the consume callback (one goroutine at a time).
 	dec     BatchDecoder
 	batch   Batch
-	workers map[WorkerKey]*workerPos
+	workers map[workerref.Target]*workerPos
 
 	running atomic.Bool
 	cons    atomic.Pointer[jetstream.Consumer]
@@ -218,7 +219,7 @@ func newSubscriber(js jetstream.JetStream, cfg SubscriberConfig) *Subscriber {
 		js: js, cfg: cfg,
 		filter:   EventSubjectFilter(cfg.Prefix),
 		log:      newLogLimiter(cfg.Logger, cfg.LogInterval, cfg.MaxLogLines),
-		workers:  make(map[WorkerKey]*workerPos),
+		workers:  make(map[workerref.Target]*workerPos),
 		progress: make(chan struct{}),
 	}
 	if cfg.StartSeq > 0 {

@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"testing"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // seqCheckSink checks the Subscriber's ordering promise on every call: for
@@ -10,8 +12,8 @@ import (
 // directly follows a Resync for that worker.
 type seqCheckSink struct {
 	t       *testing.T
-	cur     map[WorkerKey]Cursor
-	resynce map[WorkerKey]bool
+	cur     map[workerref.Target]Cursor
+	resynce map[workerref.Target]bool
 }
 
 func (s *seqCheckSink) ApplyBatch(_ uint64, b *Batch) {
@@ -38,7 +40,7 @@ func FuzzSubscriberProcess(f *testing.F) {
 	f.Add([]byte{0, 1, 1, 2, 0, 1, 5, 2, 0, 1, 5, 2, 0, 1, 6, 3, 0, 2, 1, 1})
 	f.Add([]byte{1, 1, 1, 1, 255, 0x97, 0x01, 3, 1, 7, 9, 9})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		sink := &seqCheckSink{t: t, cur: map[WorkerKey]Cursor{}, resynce: map[WorkerKey]bool{}}
+		sink := &seqCheckSink{t: t, cur: map[workerref.Target]Cursor{}, resynce: map[workerref.Target]bool{}}
 		sub := newSubscriber(nil, SubscriberConfig{Sink: sink})
 		workers := []string{"a", "b", "c"}
 		var seq uint64

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // feed hands batches to a subscriber's per-message step, as the consume
@@ -55,7 +57,7 @@ func TestSubscriberConfirmedIDJumpResyncs(t *testing.T) {
 	const far = DefaultMaxIDJump + 10
 	cases := []struct {
 		name    string
-		cursors map[WorkerKey]Cursor
+		cursors map[workerref.Target]Cursor
 		batches []*Batch
 		order   string
 		applied []uint64 // first ids of the applied batches
@@ -66,7 +68,7 @@ func TestSubscriberConfirmedIDJumpResyncs(t *testing.T) {
 		{"forged first batch", nil,
 			[]*Batch{rawBatch("w", 7, math.MaxUint64-2, 1), rawBatch("w", 7, 1, 1), rawBatch("w", 7, 2, 1)},
 			"apply,resync:gap,apply", []uint64{math.MaxUint64 - 2, 2}},
-		{"forged snapshot cursor", map[WorkerKey]Cursor{{Worker: "w"}: {Epoch: 7, NextID: math.MaxUint64 - 1}},
+		{"forged snapshot cursor", map[workerref.Target]Cursor{{Worker: "w"}: {Epoch: 7, NextID: math.MaxUint64 - 1}},
 			[]*Batch{rawBatch("w", 7, 1, 1), rawBatch("w", 7, 2, 1), rawBatch("w", 7, 3, 1)},
 			"resync:gap,apply,apply", []uint64{2, 3}},
 		{"jump not continued", nil,

@@ -1,6 +1,10 @@
 package kvevents
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/kvrouter/kvrouter/workerref"
+)
 
 // SeqHash is a router-side sequence hash: the XXH3 chain over a block and
 // every block before it, so one value names a whole prefix.
@@ -71,16 +75,6 @@ type Event struct {
 	Removed []EngineHash
 }
 
-// WorkerKey names one data-parallel rank of one worker: the unit that owns a
-// KV cache. Rank is 0 for workers without data parallelism.
-type WorkerKey struct {
-	Worker string
-	Rank   uint32
-}
-
-// String renders "worker#rank", the same printed form as workerref.Target.
-func (k WorkerKey) String() string { return k.Worker + "#" + strconv.FormatUint(uint64(k.Rank), 10) }
-
 // Batch is what one publisher sends in one message: consecutive events of
 // one (worker, rank), numbered from FirstEventID with no holes.
 type Batch struct {
@@ -93,4 +87,4 @@ type Batch struct {
 }
 
 // Key returns the (worker, rank) the batch belongs to.
-func (b *Batch) Key() WorkerKey { return WorkerKey{Worker: b.Worker, Rank: b.Rank} }
+func (b *Batch) Key() workerref.Target { return workerref.Target{Worker: b.Worker, Rank: b.Rank} }

@@ -6,24 +6,27 @@ import (
 	"strings"
 )
 
-// Target names a worker and, when HasRank is set, one of its data-parallel
-// ranks. A target without a rank stands for every rank of its worker.
+// Target names one data-parallel rank of one worker (the unit that owns a KV
+// cache; Rank is 0 for a worker without data parallelism) or, with AnyRank
+// set, every rank of its worker. The zero AnyRank means an exact rank, so a
+// literal Target{Worker: w} is rank 0 of w: the form events and the index
+// use as a map key.
 type Target struct {
 	Worker  string
 	Rank    uint32
-	HasRank bool
+	AnyRank bool
 }
 
 // Of returns the target of one exact (worker, rank).
-func Of(worker string, rank uint32) Target { return Target{Worker: worker, Rank: rank, HasRank: true} }
+func Of(worker string, rank uint32) Target { return Target{Worker: worker, Rank: rank} }
 
 // Any returns the target of every rank of worker.
-func Any(worker string) Target { return Target{Worker: worker} }
+func Any(worker string) Target { return Target{Worker: worker, AnyRank: true} }
 
 // String renders "worker" or "worker#rank", the one printed form of a target
 // in errors, logs, spans and metrics.
 func (t Target) String() string {
-	if !t.HasRank {
+	if t.AnyRank {
 		return t.Worker
 	}
 	return t.Worker + "#" + strconv.FormatUint(uint64(t.Rank), 10)
@@ -40,12 +43,12 @@ func (t Target) Agrees(u Target) bool {
 	if t.Worker != u.Worker {
 		return false
 	}
-	return !t.HasRank || !u.HasRank || t.Rank == u.Rank
+	return t.AnyRank || u.AnyRank || t.Rank == u.Rank
 }
 
 // Contains reports whether the exact (worker, rank) is inside t.
 func (t Target) Contains(worker string, rank uint32) bool {
-	return worker == t.Worker && (!t.HasRank || rank == t.Rank)
+	return worker == t.Worker && (t.AnyRank || rank == t.Rank)
 }
 
 // Parse inverts String: "w" is worker w with no rank, "w#3" is rank 3 of w.

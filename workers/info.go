@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // State says whether a registered worker takes new requests.
@@ -54,7 +54,7 @@ const (
 // where to send requests, what it can hold, and its incarnation.
 //
 // ID is the worker's global identity: it is the Worker of every
-// kvevents.WorkerKey the worker owns, and it names the registry key. Epoch
+// workerref.Target the worker owns, and it names the registry key. Epoch
 // changes at every start of the worker process; a changed epoch under the
 // same ID is a new incarnation whose cache starts empty.
 type Info struct {
@@ -102,11 +102,11 @@ func (i Info) Equal(o Info) bool {
 // Available reports whether the worker takes new requests.
 func (i Info) Available() bool { return i.State == StateReady }
 
-// WorkerKeys returns one kvevents.WorkerKey per data-parallel rank.
-func (i Info) WorkerKeys() []kvevents.WorkerKey {
-	out := make([]kvevents.WorkerKey, len(i.Ranks))
+// Targets returns one workerref.Target per data-parallel rank.
+func (i Info) Targets() []workerref.Target {
+	out := make([]workerref.Target, len(i.Ranks))
 	for n, r := range i.Ranks {
-		out[n] = kvevents.WorkerKey{Worker: i.ID, Rank: r}
+		out[n] = workerref.Target{Worker: i.ID, Rank: r}
 	}
 	return out
 }
@@ -116,7 +116,7 @@ func (i Info) Key() string { return KeyFor(i.ID) }
 
 // KeyFor returns the registry key for a worker id: the id escaped into the
 // KV key alphabet. The key is not scoped by model because the id alone is
-// the worker's identity (kvevents.WorkerKey and Live take no model); one
+// the worker's identity (workerref.Target and Live take no model); one
 // key per id lets Create's compare-and-set reject a duplicate id even when
 // the two processes claim different models.
 func KeyFor(id string) string { return keyTokens.Escape(id) }

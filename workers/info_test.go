@@ -85,8 +85,8 @@ func TestInfoRoundTrip(t *testing.T) {
 	if !out.Equal(in) {
 		t.Fatalf("round trip: got %+v, want %+v", out, in)
 	}
-	if keys := out.WorkerKeys(); len(keys) != 2 || keys[1].Worker != in.ID || keys[1].Rank != 3 {
-		t.Fatalf("WorkerKeys = %v", keys)
+	if keys := out.Targets(); len(keys) != 2 || keys[1].Worker != in.ID || keys[1].Rank != 3 {
+		t.Fatalf("Targets = %v", keys)
 	}
 	c := in.Clone()
 	c.Ranks[0] = 9

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
@@ -12,7 +13,7 @@ import (
 // synchronously by the engines' emitters. It implements replay.CacheProbe.
 type Mirror struct {
 	mu      sync.RWMutex
-	workers map[kvevents.WorkerKey]*cacheCopy
+	workers map[workerref.Target]*cacheCopy
 }
 
 type cacheCopy struct {
@@ -21,9 +22,9 @@ type cacheCopy struct {
 }
 
 // NewMirror returns an empty mirror.
-func NewMirror() *Mirror { return &Mirror{workers: map[kvevents.WorkerKey]*cacheCopy{}} }
+func NewMirror() *Mirror { return &Mirror{workers: map[workerref.Target]*cacheCopy{}} }
 
-func (m *Mirror) apply(k kvevents.WorkerKey, ev *kvevents.Event) {
+func (m *Mirror) apply(k workerref.Target, ev *kvevents.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.workers[k]
@@ -70,7 +71,7 @@ func (m *Mirror) CachedPrefix(hashes []kvevents.SeqHash, out map[string]int) {
 }
 
 // Blocks is the number of blocks mirrored for a worker rank.
-func (m *Mirror) Blocks(k kvevents.WorkerKey) int {
+func (m *Mirror) Blocks(k workerref.Target) int {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if c := m.workers[k]; c != nil {
@@ -83,7 +84,7 @@ func (m *Mirror) Blocks(k kvevents.WorkerKey) int {
 // emitter (the publisher; nil when events are off).
 type emitter struct {
 	m    *Mirror
-	key  kvevents.WorkerKey
+	key  workerref.Target
 	next sim.EventEmitter
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/nats-io/nats.go"
@@ -182,7 +183,7 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 	var newEmitter func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error)
 	if publish != nil || mirror != nil {
 		newEmitter = func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error) {
-			e := &emitter{m: mirror, key: kvevents.WorkerKey{Worker: worker, Rank: rank}}
+			e := &emitter{m: mirror, key: workerref.Target{Worker: worker, Rank: rank}}
 			if publish != nil {
 				next, err := publish(worker, rank, epoch)
 				if err != nil {

@@ -31,13 +31,20 @@ const (
 )
 
 // WorkerRef names one worker and, optionally, one of its data-parallel ranks:
-// the wire form of workerref.Target (convert with workerref.Target(ref)).
-// On the wire: {"worker": "w1", "rank": 0}; an absent rank means "any rank"
-// (MarshalJSON and UnmarshalJSON in jsonenc.go).
-type WorkerRef workerref.Target
+// the wire form of workerref.Target (convert with Target). On the wire:
+// {"worker": "w1", "rank": 0}; an absent rank means "any rank" (MarshalJSON
+// and UnmarshalJSON in jsonenc.go), so here, unlike in workerref, the zero
+// HasRank means every rank.
+type WorkerRef struct {
+	Worker  string
+	Rank    uint32
+	HasRank bool
+}
 
 // Target is the reference as the one worker-and-rank type.
-func (w WorkerRef) Target() workerref.Target { return workerref.Target(w) }
+func (w WorkerRef) Target() workerref.Target {
+	return workerref.Target{Worker: w.Worker, Rank: w.Rank, AnyRank: !w.HasRank}
+}
 
 // RouteRequest asks which worker should serve one request.
 //

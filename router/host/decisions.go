@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -46,7 +47,7 @@ var ErrBadDecisions = errors.New("host: bad decision message")
 // decision is one decoded routing decision; its hashes are
 // decisionBatch.hashes[off:off+n].
 type decision struct {
-	key    kvevents.WorkerKey
+	key    workerref.Target
 	off, n int
 }
 
@@ -96,7 +97,7 @@ func decisionSize(worker string, hashes int) int {
 }
 
 // appendDecision appends one decision (hashes past maxDecisionHashes cut).
-func appendDecision(dst []byte, k kvevents.WorkerKey, hashes []kvevents.SeqHash) []byte {
+func appendDecision(dst []byte, k workerref.Target, hashes []kvevents.SeqHash) []byte {
 	if len(hashes) > maxDecisionHashes {
 		hashes = hashes[:maxDecisionHashes]
 	}
@@ -156,7 +157,7 @@ func decodeDecisions(data []byte, b *decisionBatch) error {
 			b.hashes = append(b.hashes, kvevents.SeqHash(binary.LittleEndian.Uint64(p[8*j:])))
 		}
 		p = p[8*nh:]
-		b.decisions = append(b.decisions, decision{key: kvevents.WorkerKey{Worker: b.intern(worker), Rank: rank}, off: off, n: nh})
+		b.decisions = append(b.decisions, decision{key: workerref.Target{Worker: b.intern(worker), Rank: rank}, off: off, n: nh})
 	}
 	if len(p) != 0 {
 		return fmt.Errorf("%w: %d trailing bytes", ErrBadDecisions, len(p))
@@ -166,12 +167,12 @@ func decodeDecisions(data []byte, b *decisionBatch) error {
 
 // decisionOut is a decision waiting to be published; hashes is pooled.
 type decisionOut struct {
-	key    kvevents.WorkerKey
+	key    workerref.Target
 	hashes *[]kvevents.SeqHash
 }
 
 // shareDecision queues a local decision for the peers; it never blocks.
-func (r *Replica) shareDecision(ms *modelState, k kvevents.WorkerKey, hashes []kvevents.SeqHash) {
+func (r *Replica) shareDecision(ms *modelState, k workerref.Target, hashes []kvevents.SeqHash) {
 	if ms.decisions == nil || len(hashes) == 0 {
 		return
 	}

@@ -13,10 +13,11 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 type testDecision struct {
-	key    kvevents.WorkerKey
+	key    workerref.Target
 	hashes []kvevents.SeqHash
 }
 
@@ -40,14 +41,14 @@ func TestDecisionRoundTrip(t *testing.T) {
 		want []testDecision // nil = ds
 	}{
 		{"none", nil, nil},
-		{"one", []testDecision{{kvevents.WorkerKey{Worker: "w-1", Rank: 0}, []kvevents.SeqHash{1, 2, 3}}}, nil},
+		{"one", []testDecision{{workerref.Target{Worker: "w-1", Rank: 0}, []kvevents.SeqHash{1, 2, 3}}}, nil},
 		{"several", []testDecision{
-			{kvevents.WorkerKey{Worker: "w-1", Rank: 3}, []kvevents.SeqHash{1 << 63, 2}},
-			{kvevents.WorkerKey{Worker: "ü", Rank: 1<<32 - 1}, []kvevents.SeqHash{}},
-			{kvevents.WorkerKey{Worker: "w-1", Rank: 0}, []kvevents.SeqHash{7}},
+			{workerref.Target{Worker: "w-1", Rank: 3}, []kvevents.SeqHash{1 << 63, 2}},
+			{workerref.Target{Worker: "ü", Rank: 1<<32 - 1}, []kvevents.SeqHash{}},
+			{workerref.Target{Worker: "w-1", Rank: 0}, []kvevents.SeqHash{7}},
 		}, nil},
-		{"long prompt cut to the bound", []testDecision{{kvevents.WorkerKey{Worker: "w"}, long}},
-			[]testDecision{{kvevents.WorkerKey{Worker: "w"}, long[:maxDecisionHashes]}}},
+		{"long prompt cut to the bound", []testDecision{{workerref.Target{Worker: "w"}, long}},
+			[]testDecision{{workerref.Target{Worker: "w"}, long[:maxDecisionHashes]}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,7 +75,7 @@ func TestDecisionRoundTrip(t *testing.T) {
 
 // The example of docs/protocol.md.
 func TestDecisionDocExample(t *testing.T) {
-	msg := encodeDecisions("r1", []testDecision{{kvevents.WorkerKey{Worker: "w0", Rank: 1}, []kvevents.SeqHash{0x1122334455667788, 0x99}}})
+	msg := encodeDecisions("r1", []testDecision{{workerref.Target{Worker: "w0", Rank: 1}, []kvevents.SeqHash{0x1122334455667788, 0x99}}})
 	const want = "4b5652440100020072310100020077300100000002000000887766554433221199000000000000000"
 	if got := hex.EncodeToString(msg); got != want[:len(want)-1] {
 		t.Fatalf("hex %s, want %s", got, want[:len(want)-1])
@@ -82,7 +83,7 @@ func TestDecisionDocExample(t *testing.T) {
 }
 
 func TestDecodeDecisionsRejects(t *testing.T) {
-	good := encodeDecisions("r1", []testDecision{{kvevents.WorkerKey{Worker: "w0"}, []kvevents.SeqHash{1, 2}}})
+	good := encodeDecisions("r1", []testDecision{{workerref.Target{Worker: "w0"}, []kvevents.SeqHash{1, 2}}})
 	mut := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
 	tests := []struct {
 		name string
@@ -112,7 +113,7 @@ func TestDecodeDecisionsRejects(t *testing.T) {
 
 func TestDecodeDecisionsZeroAlloc(t *testing.T) {
 	hs := make([]kvevents.SeqHash, 128)
-	msg := encodeDecisions("r1", []testDecision{{kvevents.WorkerKey{Worker: "w0"}, hs}, {kvevents.WorkerKey{Worker: "w1"}, hs}})
+	msg := encodeDecisions("r1", []testDecision{{workerref.Target{Worker: "w0"}, hs}, {workerref.Target{Worker: "w1"}, hs}})
 	var b decisionBatch
 	if err := decodeDecisions(msg, &b); err != nil {
 		t.Fatal(err)
@@ -125,7 +126,7 @@ func TestDecodeDecisionsZeroAlloc(t *testing.T) {
 // FuzzDecodeDecisions: the decoder never panics, rejects with
 // ErrBadDecisions, and what it accepts re-encodes to the same bytes.
 func FuzzDecodeDecisions(f *testing.F) {
-	f.Add(encodeDecisions("r1", []testDecision{{kvevents.WorkerKey{Worker: "w0", Rank: 1}, []kvevents.SeqHash{1, 2}}}))
+	f.Add(encodeDecisions("r1", []testDecision{{workerref.Target{Worker: "w0", Rank: 1}, []kvevents.SeqHash{1, 2}}}))
 	f.Add(encodeDecisions("replica-b", nil))
 	f.Add([]byte("KVRD\x01\x00"))
 	f.Add([]byte{})
@@ -170,7 +171,7 @@ func TestDecisionsSharedBetweenReplicas(t *testing.T) {
 	// Nothing ran on the worker, so no Stored event exists: only the
 	// shared decision can tell B.
 	hashes := kvevents.SeqHashes(nil, prefix, DefaultBlockSize, kvevents.HashSeed)
-	want := kvevents.WorkerKey{Worker: first.Worker, Rank: first.Rank}
+	want := workerref.Target{Worker: first.Worker, Rank: first.Rank}
 	bm := b.models[testModel]
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		var ov index.Overlaps

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -66,8 +67,8 @@ func (s *sink) Resync(sig kvevents.Signal) {
 // Cursors reports where each (worker, rank) of every model's index stands,
 // so a subscriber started after a snapshot restore checks the first batch
 // of each worker against it (kvevents.CursorSource).
-func (s *sink) Cursors() map[kvevents.WorkerKey]kvevents.Cursor {
-	out := map[kvevents.WorkerKey]kvevents.Cursor{}
+func (s *sink) Cursors() map[workerref.Target]kvevents.Cursor {
+	out := map[workerref.Target]kvevents.Cursor{}
 	for _, ms := range s.r.models {
 		for k, c := range ms.index.Cursors() {
 			out[k] = c

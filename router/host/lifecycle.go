@@ -107,7 +107,7 @@ func (r *Replica) Session(ctx context.Context, model, session string) (*api.Sess
 		}
 		return nil, err
 	}
-	return &api.SessionResponse{V: api.APIVersion, Model: model, SessionID: session, Worker: b.Worker, Rank: b.Rank, HasRank: b.HasRank,
+	return &api.SessionResponse{V: api.APIVersion, Model: model, SessionID: session, Worker: b.Worker, Rank: b.Rank, HasRank: !b.AnyRank,
 		Mode: b.Mode.String(), Version: b.Version, Writer: b.Writer, Created: b.Created, Renewed: b.Renewed}, nil
 }
 

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -209,7 +209,7 @@ func (r *Replica) onLoad(l workers.LoadReport) {
 
 // reportedStatus renders k's last load report for GET /v1/workers (nil
 // before the first).
-func (ms *modelState) reportedStatus(k kvevents.WorkerKey) *api.ReportedLoad {
+func (ms *modelState) reportedStatus(k workerref.Target) *api.ReportedLoad {
 	l, ok := ms.reportedLoad(k)
 	if !ok {
 		return nil

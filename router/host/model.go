@@ -6,9 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
 
@@ -47,21 +47,21 @@ type modelState struct {
 	// lastReport holds the last load report of each worker rank, for GET
 	// /v1/workers (the scheduler folds each into its load view on arrival).
 	reportedMu sync.Mutex
-	lastReport map[kvevents.WorkerKey]workers.LoadReport
+	lastReport map[workerref.Target]workers.LoadReport
 }
 
 // recordLoad keeps l as the last report of its rank.
 func (ms *modelState) recordLoad(l workers.LoadReport) {
 	ms.reportedMu.Lock()
 	if ms.lastReport == nil {
-		ms.lastReport = map[kvevents.WorkerKey]workers.LoadReport{}
+		ms.lastReport = map[workerref.Target]workers.LoadReport{}
 	}
-	ms.lastReport[kvevents.WorkerKey{Worker: l.Worker, Rank: l.Rank}] = l
+	ms.lastReport[workerref.Target{Worker: l.Worker, Rank: l.Rank}] = l
 	ms.reportedMu.Unlock()
 }
 
 // reportedLoad returns the last report of k, if any.
-func (ms *modelState) reportedLoad(k kvevents.WorkerKey) (workers.LoadReport, bool) {
+func (ms *modelState) reportedLoad(k workerref.Target) (workers.LoadReport, bool) {
 	ms.reportedMu.Lock()
 	defer ms.reportedMu.Unlock()
 	l, ok := ms.lastReport[k]
@@ -244,6 +244,6 @@ func (f *fenceMap) len() int {
 
 // workerKeyOf converts a bindings/scheduler style target into the key of
 // one rank.
-func workerKeyOf(worker string, rank uint32) kvevents.WorkerKey {
-	return kvevents.WorkerKey{Worker: worker, Rank: rank}
+func workerKeyOf(worker string, rank uint32) workerref.Target {
+	return workerref.Target{Worker: worker, Rank: rank}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Recording a decision in the predicted index costs a map insert and a
@@ -17,7 +18,7 @@ import (
 const predQueue = 4096
 
 type predRecord struct {
-	key    kvevents.WorkerKey
+	key    workerref.Target
 	hashes *[]kvevents.SeqHash
 	at     time.Time
 }
@@ -26,7 +27,7 @@ var hashPool = sync.Pool{New: func() any { s := make([]kvevents.SeqHash, 0, 256)
 
 // recordPredicted queues (or, when the queue is full, applies) one routing
 // decision in the model's predicted index.
-func (ms *modelState) recordPredicted(k kvevents.WorkerKey, hashes []kvevents.SeqHash, at time.Time) {
+func (ms *modelState) recordPredicted(k workerref.Target, hashes []kvevents.SeqHash, at time.Time) {
 	if ms.pred == nil || len(hashes) == 0 {
 		return
 	}

@@ -232,7 +232,7 @@ func (r *Replica) reply(ctx context.Context, ms *modelState, req *api.RouteReque
 	if req.SessionID != "" {
 		r.m.outcome(ctx, res.Outcome.String())
 		s.binding = api.BindingInfo{SessionID: req.SessionID, Outcome: res.Outcome.String(), Mode: res.Binding.Mode.String(),
-			Worker: res.Binding.Worker, Rank: res.Binding.Rank, HasRank: res.Binding.HasRank, Version: res.Binding.Version}
+			Worker: res.Binding.Worker, Rank: res.Binding.Rank, HasRank: !res.Binding.AnyRank, Version: res.Binding.Version}
 		resp.Binding = &s.binding
 	}
 	if nblocks > 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
 
@@ -66,7 +67,7 @@ func (st *stack) caughtUp(r *Replica) {
 
 // blocksOf is how many blocks r's index holds for worker's rank 0.
 func blocksOf(r *Replica, worker string) int {
-	return r.models[testModel].index.WorkerBlocks(kvevents.WorkerKey{Worker: worker})
+	return r.models[testModel].index.WorkerBlocks(workerref.Target{Worker: worker})
 }
 
 // indexedWorkers lists the workers r's index knows, sorted.

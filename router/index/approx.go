@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Defaults of ApproxConfig (Dynamo's PruneConfig values).
@@ -72,7 +73,7 @@ type Approx struct {
 	idx *Index // written only by this Approx, with mu held
 
 	mu       sync.Mutex
-	ids      map[kvevents.WorkerKey]uint32
+	ids      map[workerref.Target]uint32
 	ws       []approxWorker // by id
 	recs     []approxRec    // by handle; freed handles are in freeRecs
 	freeRecs []uint32
@@ -91,7 +92,7 @@ type Approx struct {
 }
 
 type approxWorker struct {
-	key kvevents.WorkerKey
+	key workerref.Target
 	// w is the index's state of key (nil until the first Record and after
 	// RemoveWorker). Its engine table, in identity mode, maps each entry's
 	// sequence hash to the handle of the record owning its deadline.
@@ -147,7 +148,7 @@ func NewApprox(cfg ApproxConfig) *Approx {
 	a := &Approx{
 		cfg: cfg,
 		idx: New(Config{Shards: cfg.Shards}),
-		ids: map[kvevents.WorkerKey]uint32{},
+		ids: map[workerref.Target]uint32{},
 	}
 	a.first.Store(math.MaxInt64)
 	return a
@@ -159,7 +160,7 @@ func (a *Approx) Config() ApproxConfig { return a.cfg }
 // Record notes that k will hold hashes (a request's leading blocks) from
 // now until now+TTL. Blocks already recorded for k get their TTL restarted
 // (a deadline only ever moves later).
-func (a *Approx) Record(k kvevents.WorkerKey, hashes []kvevents.SeqHash, now time.Time) {
+func (a *Approx) Record(k workerref.Target, hashes []kvevents.SeqHash, now time.Time) {
 	if len(hashes) == 0 || k.Worker == "" {
 		return
 	}
@@ -311,7 +312,7 @@ func (a *Approx) RemoveWorker(worker string) {
 // of h = mix(seq), which the table keeps there in identity mode.
 func ownerWord(rec uint32, h uint64) uint64 { return uint64(rec) | h<<32 }
 
-func (a *Approx) workerID(k kvevents.WorkerKey) uint32 {
+func (a *Approx) workerID(k workerref.Target) uint32 {
 	id, ok := a.ids[k]
 	if !ok {
 		id = uint32(len(a.ws))

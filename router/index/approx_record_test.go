@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // checkApprox verifies the expiry bookkeeping of an Approx (see the Approx
@@ -112,7 +113,7 @@ func checkApprox(t testing.TB, a *Approx) {
 	checkInvariants(t, a.idx)
 }
 
-func (a *Approx) has(k kvevents.WorkerKey, h kvevents.SeqHash) bool {
+func (a *Approx) has(k workerref.Target, h kvevents.SeqHash) bool {
 	var out Overlaps
 	a.idx.Lookup([]kvevents.SeqHash{h}, LookupOptions{}, &out)
 	return out.Get(k) == 1
@@ -306,9 +307,9 @@ func TestApproxSteadyStateZeroAlloc(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &fakeClock{now: time.Unix(0, 0)}
 			a := NewApprox(ApproxConfig{TTL: 50 * time.Millisecond, MaxBlocks: tc.cap, Shards: tc.shards, Clock: clk.Now})
-			keys := make([]kvevents.WorkerKey, 8)
+			keys := make([]workerref.Target, 8)
 			for i := range keys {
-				keys[i] = kvevents.WorkerKey{Worker: fmt.Sprint("w", i)}
+				keys[i] = workerref.Target{Worker: fmt.Sprint("w", i)}
 			}
 			prompt := make([]kvevents.SeqHash, 128)
 			n := 0
@@ -384,7 +385,7 @@ func runApproxUnordered(t *testing.T, maxBlocks, steps int) {
 	clk := &fakeClock{now: time.Unix(100, 0)}
 	a := NewApprox(ApproxConfig{TTL: ttl, MaxBlocks: maxBlocks, Clock: clk.Now, Shards: 4})
 	type key struct {
-		k kvevents.WorkerKey
+		k workerref.Target
 		h kvevents.SeqHash
 	}
 	ref := map[key]int64{} // deadline
@@ -398,7 +399,7 @@ func runApproxUnordered(t *testing.T, maxBlocks, steps int) {
 		}
 	}
 	for step := 0; step < steps; step++ {
-		k := kvevents.WorkerKey{Worker: names[rng.IntN(len(names))], Rank: uint32(rng.IntN(2))}
+		k := workerref.Target{Worker: names[rng.IntN(len(names))], Rank: uint32(rng.IntN(2))}
 		switch r := rng.IntN(100); {
 		case r < 55:
 			h := u.hashes(u.path(rng.IntN(len(u.seq)), 24))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // fakeClock is an injectable clock.
@@ -37,7 +38,7 @@ func hs(vals ...uint64) []kvevents.SeqHash {
 	return out
 }
 
-var wA, wB = kvevents.WorkerKey{Worker: "a"}, kvevents.WorkerKey{Worker: "b"}
+var wA, wB = workerref.Target{Worker: "a"}, workerref.Target{Worker: "b"}
 
 func TestApproxTTL(t *testing.T) {
 	clk := &fakeClock{now: time.Unix(1000, 0)}
@@ -121,7 +122,7 @@ func TestApproxRemoveWorker(t *testing.T) {
 	clk := &fakeClock{now: time.Unix(0, 0)}
 	a := NewApprox(ApproxConfig{Clock: clk.Now})
 	a.Record(wA, hs(1, 2), clk.Now())
-	a.Record(kvevents.WorkerKey{Worker: "a", Rank: 1}, hs(1), clk.Now())
+	a.Record(workerref.Target{Worker: "a", Rank: 1}, hs(1), clk.Now())
 	a.Record(wB, hs(1), clk.Now())
 	a.RemoveWorker("a")
 	var out Overlaps
@@ -147,7 +148,7 @@ func TestApproxAgainstReference(t *testing.T) {
 	const ttl = 10 * time.Second
 	a := NewApprox(ApproxConfig{TTL: ttl, MaxBlocks: 1 << 30, Clock: clk.Now, Shards: 4})
 	type key struct {
-		k kvevents.WorkerKey
+		k workerref.Target
 		h kvevents.SeqHash
 	}
 	ref := map[key]time.Time{}
@@ -155,7 +156,7 @@ func TestApproxAgainstReference(t *testing.T) {
 	names := workerNames("n", 6)
 	var out Overlaps
 	for step := 0; step < 3000; step++ {
-		k := kvevents.WorkerKey{Worker: names[rng.IntN(len(names))], Rank: uint32(rng.IntN(2))}
+		k := workerref.Target{Worker: names[rng.IntN(len(names))], Rank: uint32(rng.IntN(2))}
 		switch r := rng.IntN(100); {
 		case r < 60:
 			h := u.hashes(u.path(rng.IntN(len(u.seq)), 32))
@@ -183,10 +184,10 @@ func TestApproxAgainstReference(t *testing.T) {
 			}
 			q := u.hashes(u.path(rng.IntN(len(u.seq)), 40))
 			a.Lookup(q, LookupOptions{}, &out)
-			want := map[kvevents.WorkerKey]int{}
+			want := map[workerref.Target]int{}
 			for _, name := range names {
 				for rank := uint32(0); rank < 2; rank++ {
-					wk := kvevents.WorkerKey{Worker: name, Rank: rank}
+					wk := workerref.Target{Worker: name, Rank: rank}
 					d := 0
 					for d < len(q) {
 						if _, ok := ref[key{wk, q[d]}]; !ok {
@@ -199,7 +200,7 @@ func TestApproxAgainstReference(t *testing.T) {
 					}
 				}
 			}
-			got := map[kvevents.WorkerKey]int{}
+			got := map[workerref.Target]int{}
 			for _, w := range out.Workers {
 				got[w.Key] = w.Blocks
 			}
@@ -223,7 +224,7 @@ func TestApproxConcurrent(t *testing.T) {
 		go func(g int) {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				a.Record(kvevents.WorkerKey{Worker: fmt.Sprint(g)}, hs(uint64(i%50), uint64(i%50+1000)), clk.Now())
+				a.Record(workerref.Target{Worker: fmt.Sprint(g)}, hs(uint64(i%50), uint64(i%50+1000)), clk.Now())
 				if i%100 == 0 {
 					clk.Advance(300 * time.Millisecond)
 				}
@@ -249,11 +250,11 @@ func TestApproxConcurrent(t *testing.T) {
 }
 
 func TestMergeMax(t *testing.T) {
-	k := func(s string) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: s} }
+	k := func(s string) workerref.Target { return workerref.Target{Worker: s} }
 	dst := &Overlaps{Workers: []WorkerOverlap{{k("a"), 5}, {k("b"), 2}}, Total: 5}
 	src := &Overlaps{Workers: []WorkerOverlap{{k("b"), 7}, {k("c"), 1}, {k("a"), 3}}, Total: 7}
 	MergeMax(dst, src)
-	got := map[kvevents.WorkerKey]int{}
+	got := map[workerref.Target]int{}
 	for _, w := range dst.Workers {
 		got[w.Key] = w.Blocks
 	}
@@ -269,9 +270,9 @@ func TestMergeMax(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := 0; trial < 20; trial++ {
 		var a, b Overlaps
-		want := map[kvevents.WorkerKey]int{}
+		want := map[workerref.Target]int{}
 		for i := 0; i < 300; i++ {
-			kk := kvevents.WorkerKey{Worker: fmt.Sprint(rng.IntN(400)), Rank: uint32(rng.IntN(2))}
+			kk := workerref.Target{Worker: fmt.Sprint(rng.IntN(400)), Rank: uint32(rng.IntN(2))}
 			d := 1 + rng.IntN(50)
 			if _, dup := want[kk]; dup {
 				continue
@@ -280,9 +281,9 @@ func TestMergeMax(t *testing.T) {
 			a.Workers = append(a.Workers, WorkerOverlap{kk, d})
 			a.Total = max(a.Total, d)
 		}
-		seen := map[kvevents.WorkerKey]bool{}
+		seen := map[workerref.Target]bool{}
 		for i := 0; i < 300; i++ {
-			kk := kvevents.WorkerKey{Worker: fmt.Sprint(rng.IntN(400)), Rank: uint32(rng.IntN(2))}
+			kk := workerref.Target{Worker: fmt.Sprint(rng.IntN(400)), Rank: uint32(rng.IntN(2))}
 			if seen[kk] {
 				continue
 			}
@@ -294,7 +295,7 @@ func TestMergeMax(t *testing.T) {
 		}
 		srcCopy := slices.Clone(b.Workers)
 		MergeMax(&a, &b)
-		got := map[kvevents.WorkerKey]int{}
+		got := map[workerref.Target]int{}
 		for _, w := range a.Workers {
 			if _, dup := got[w.Key]; dup {
 				t.Fatalf("duplicate %v", w.Key)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Benchmark workloads. Sequence hashes are mixed counters (they behave like
@@ -128,7 +129,7 @@ func getLookupFixture() *lookupFixture {
 		const nw, per = 1000, 1000
 		x := New(Config{})
 		f := &lookupFixture{x: x, prompts: map[string][][]kvevents.SeqHash{}}
-		key := func(w int) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: fmt.Sprintf("worker-%04d", w)} }
+		key := func(w int) workerref.Target { return workerref.Target{Worker: fmt.Sprintf("worker-%04d", w)} }
 		store := func(w int, hs []kvevents.SeqHash) {
 			ev := kvevents.Event{Kind: kvevents.KindStored}
 			for _, h := range hs {
@@ -348,7 +349,7 @@ func BenchmarkReadPath(b *testing.B) {
 			bg.Blocks = append(bg.Blocks, kvevents.StoredBlock{Engine: engOf(5, uint64(i)), Seq: seqOf(5, uint64(i))})
 		}
 		x.ApplyBatch(0, &kvevents.Batch{Worker: "w", Events: []kvevents.Event{bg}})
-		k := kvevents.WorkerKey{Worker: "p"}
+		k := workerref.Target{Worker: "p"}
 		var pool sync.Pool
 		pool.New = func() any { return new(Overlaps) }
 		st := kvevents.Batch{Worker: "w", Events: []kvevents.Event{{Kind: kvevents.KindStored, Blocks: make([]kvevents.StoredBlock, 1)}}}
@@ -483,9 +484,9 @@ func benchApprox(b *testing.B, ttl time.Duration) {
 		}
 		prompts[i] = hs
 	}
-	keys := make([]kvevents.WorkerKey, 1000)
+	keys := make([]workerref.Target, 1000)
 	for i := range keys {
-		keys[i] = kvevents.WorkerKey{Worker: fmt.Sprintf("worker-%04d", i)}
+		keys[i] = workerref.Target{Worker: fmt.Sprintf("worker-%04d", i)}
 	}
 	for i := 0; i < 16384; i++ {
 		a.Record(keys[i%1000], prompts[i%len(prompts)], clk.Now())

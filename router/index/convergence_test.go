@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/index"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
@@ -35,7 +36,7 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 	newPublisher := sim.PublisherFactory(js, kvevents.PublisherConfig{Model: "m", MaxBatchEvents: 4, MaxDelay: time.Millisecond, Logger: quiet})
 
 	var mu sync.Mutex
-	live := map[kvevents.WorkerKey]*kvevents.Publisher{} // the current epoch's publisher per (worker, rank)
+	live := map[workerref.Target]*kvevents.Publisher{} // the current epoch's publisher per (worker, rank)
 	var engines []*sim.Engine
 	for i := range 3 {
 		name := fmt.Sprintf("w%d", i)
@@ -46,7 +47,7 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 				em, err := newPublisher(name, rank, epoch)
 				if err == nil {
 					mu.Lock()
-					live[kvevents.WorkerKey{Worker: name, Rank: rank}] = em.(*kvevents.Publisher)
+					live[workerref.Target{Worker: name, Rank: rank}] = em.(*kvevents.Publisher)
 					mu.Unlock()
 				}
 				return em, err
@@ -94,7 +95,7 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 		if err := sub.WaitCaughtUp(ctx); err != nil {
 			t.Fatalf("%s: catch up: %v", when, err)
 		}
-		got := map[kvevents.WorkerKey][]kvevents.SeqHash{}
+		got := map[workerref.Target][]kvevents.SeqHash{}
 		total := 0
 		for _, d := range idx.Dump() {
 			total += len(d.Blocks)

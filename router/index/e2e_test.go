@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // TestRecoveryWithEventPlane runs the whole recovery path with the real
@@ -36,11 +37,11 @@ func TestRecoveryWithEventPlane(t *testing.T) {
 	const model = "llama"
 	rng := rand.New(rand.NewPCG(21, 21))
 	u := newUniverse(rng, 400, 3)
-	keys := []kvevents.WorkerKey{{Worker: "gpu-a"}, {Worker: "gpu-b"}, {Worker: "gpu-c"}, {Worker: "gpu-c", Rank: 1}}
+	keys := []workerref.Target{{Worker: "gpu-a"}, {Worker: "gpu-b"}, {Worker: "gpu-c"}, {Worker: "gpu-c", Rank: 1}}
 	g := newGen(rng, u, []string{"gpu-a", "gpu-b", "gpu-c"}, 2)
 	ref := newRef()
-	pubs := map[kvevents.WorkerKey]*kvevents.Publisher{}
-	newPub := func(k kvevents.WorkerKey) {
+	pubs := map[workerref.Target]*kvevents.Publisher{}
+	newPub := func(k workerref.Target) {
 		p, err := kvevents.NewPublisher(js, kvevents.PublisherConfig{Model: model, Worker: k.Worker, Rank: k.Rank, MaxDelay: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // universe is a random prefix tree of blocks: a node's sequence hash names
@@ -76,7 +77,7 @@ const (
 type op struct {
 	kind   opKind
 	batch  *kvevents.Batch
-	key    kvevents.WorkerKey
+	key    workerref.Target
 	blocks []kvevents.StoredBlock
 }
 
@@ -136,16 +137,16 @@ func workerNames(prefix string, n int) []string {
 	return out
 }
 
-func (g *gen) engine(k kvevents.WorkerKey, node int) kvevents.EngineHash {
+func (g *gen) engine(k workerref.Target, node int) kvevents.EngineHash {
 	return kvevents.EngineHash(mix(uint64(node)*31 + 7 + g.salt[k.Worker]))
 }
 
-func (g *gen) key() kvevents.WorkerKey {
-	return kvevents.WorkerKey{Worker: g.names[g.rng.IntN(len(g.names))], Rank: uint32(g.rng.IntN(g.ranks))}
+func (g *gen) key() workerref.Target {
+	return workerref.Target{Worker: g.names[g.rng.IntN(len(g.names))], Rank: uint32(g.rng.IntN(g.ranks))}
 }
 
 // storeEvent stores a stretch of a random path for k.
-func (g *gen) storeEvent(k kvevents.WorkerKey) kvevents.Event {
+func (g *gen) storeEvent(k workerref.Target) kvevents.Event {
 	n := g.rng.IntN(len(g.u.seq))
 	p := g.u.path(n, 48)
 	start := 0
@@ -173,7 +174,7 @@ func (g *gen) storeEvent(k kvevents.WorkerKey) kvevents.Event {
 }
 
 // removeEvent removes some of what k holds (per ref) plus unknown ids.
-func (g *gen) removeEvent(k kvevents.WorkerKey, ref *refModel) kvevents.Event {
+func (g *gen) removeEvent(k workerref.Target, ref *refModel) kvevents.Event {
 	ev := kvevents.Event{Kind: kvevents.KindRemoved}
 	// Sorted, so that a seed always yields the same operations.
 	held := slices.Sorted(maps.Keys(ref.workers[k]))
@@ -192,7 +193,7 @@ func (g *gen) removeEvent(k kvevents.WorkerKey, ref *refModel) kvevents.Event {
 	return ev
 }
 
-func (g *gen) batch(k kvevents.WorkerKey, ref *refModel) *kvevents.Batch {
+func (g *gen) batch(k workerref.Target, ref *refModel) *kvevents.Batch {
 	b := &kvevents.Batch{Model: g.model, Worker: k.Worker, Rank: k.Rank, Epoch: 1}
 	for n := 1 + g.rng.IntN(3); n > 0; n-- {
 		var ev kvevents.Event
@@ -256,7 +257,7 @@ func (g *gen) options() LookupOptions {
 	opt.EarlyExit = g.rng.IntN(3) == 0
 	if g.rng.IntN(3) == 0 {
 		mod := uint32(2 + g.rng.IntN(3))
-		opt.Allowed = func(k kvevents.WorkerKey) bool {
+		opt.Allowed = func(k workerref.Target) bool {
 			return (uint32(len(k.Worker))+uint32(k.Worker[len(k.Worker)-1])+k.Rank)%mod != 0
 		}
 	}

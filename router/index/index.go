@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Config sets up an Index. The zero value is usable.
@@ -54,7 +55,7 @@ type Index struct {
 	shards    []shard
 
 	wmu      sync.Mutex // serialises every write, guards workers and writer-only fields
-	workers  map[kvevents.WorkerKey]*worker
+	workers  map[workerref.Target]*worker
 	limits   map[string]int // SetWorkerLimit's caps, by worker
 	free     []uint32       // FIFO of freed slots, oldest first
 	nextSlot uint32
@@ -70,7 +71,7 @@ type Index struct {
 }
 
 type slotInfo struct {
-	key        kvevents.WorkerKey
+	key        workerref.Target
 	assignedAt uint64
 }
 
@@ -81,7 +82,7 @@ type slotTable struct {
 // worker is the per-(worker, rank) state the write path needs: the engine
 // hash → sequence hash map used to resolve removals. Guarded by Index.wmu.
 type worker struct {
-	key  kvevents.WorkerKey
+	key  workerref.Target
 	slot uint32
 
 	engines engMap // engine hash -> sequence hash
@@ -121,7 +122,7 @@ func New(cfg Config) *Index {
 		cfg:       cfg,
 		shardBits: bits,
 		shards:    make([]shard, n),
-		workers:   make(map[kvevents.WorkerKey]*worker),
+		workers:   make(map[workerref.Target]*worker),
 	}
 	for i := range x.shards {
 		x.shards[i].init()
@@ -157,7 +158,7 @@ func (x *Index) info(slot uint32) *slotInfo {
 }
 
 // allocSlot gives k a slot; x.wmu is held.
-func (x *Index) allocSlot(k kvevents.WorkerKey) (uint32, bool) {
+func (x *Index) allocSlot(k workerref.Target) (uint32, bool) {
 	var s uint32
 	switch {
 	case len(x.free) > 0:
@@ -185,7 +186,7 @@ func (x *Index) allocSlot(k kvevents.WorkerKey) (uint32, bool) {
 // worker returns k's state, creating it when create is set. It returns
 // nil when k is unknown (and !create) or when every slot is taken. wmu is
 // held.
-func (x *Index) worker(k kvevents.WorkerKey, create bool) *worker {
+func (x *Index) worker(k workerref.Target, create bool) *worker {
 	w := x.workers[k]
 	if w != nil || !create {
 		return w
@@ -500,18 +501,18 @@ func (x *Index) clearLocked(w *worker, c *batchCounts) {
 
 // ClearWorker drops every block held for k (an engine restart, a gap, an
 // operator action). The worker keeps its slot and its cursor.
-func (x *Index) ClearWorker(k kvevents.WorkerKey) { x.clearWorker(k, false) }
+func (x *Index) ClearWorker(k workerref.Target) { x.clearWorker(k, false) }
 
 // resync is what a gap or epoch signal does: clear the worker and forget
 // its cursor; the batch that triggered it follows through ApplyBatch.
-func (x *Index) resync(k kvevents.WorkerKey) {
+func (x *Index) resync(k workerref.Target) {
 	x.ctr.resyncs.Add(1)
 	x.clearWorker(k, true)
 }
 
 // clearWorker drops k's blocks under the write lock, and its cursor too
 // when forgetCursor is set.
-func (x *Index) clearWorker(k kvevents.WorkerKey, forgetCursor bool) {
+func (x *Index) clearWorker(k workerref.Target, forgetCursor bool) {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	w := x.worker(k, false)
@@ -541,13 +542,13 @@ func (x *Index) RemoveWorker(worker string) {
 }
 
 // RemoveKey forgets one (worker, rank).
-func (x *Index) RemoveKey(k kvevents.WorkerKey) {
+func (x *Index) RemoveKey(k workerref.Target) {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	x.removeKey(k)
 }
 
-func (x *Index) removeKey(k kvevents.WorkerKey) {
+func (x *Index) removeKey(k workerref.Target) {
 	w := x.worker(k, false)
 	if w == nil {
 		return
@@ -564,11 +565,11 @@ func (x *Index) removeKey(k kvevents.WorkerKey) {
 // LoadWorker replaces everything held for k with blocks, for example a
 // dump fetched from the worker after a resync. It is one ordered write of
 // k: concurrent lookups may see the old blocks, none, or the new ones.
-func (x *Index) LoadWorker(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
+func (x *Index) LoadWorker(k workerref.Target, blocks []kvevents.StoredBlock) {
 	x.loadWorker(k, kvevents.Cursor{}, blocks)
 }
 
-func (x *Index) loadWorker(k kvevents.WorkerKey, cur kvevents.Cursor, blocks []kvevents.StoredBlock) bool {
+func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kvevents.StoredBlock) bool {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	w := x.worker(k, true)
@@ -592,10 +593,10 @@ func (x *Index) loadWorker(k kvevents.WorkerKey, cur kvevents.Cursor, blocks []k
 }
 
 // Workers returns the (worker, rank) keys the index knows, in no order.
-func (x *Index) Workers() []kvevents.WorkerKey {
+func (x *Index) Workers() []workerref.Target {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
-	out := make([]kvevents.WorkerKey, 0, len(x.workers))
+	out := make([]workerref.Target, 0, len(x.workers))
 	for k := range x.workers {
 		out = append(out, k)
 	}

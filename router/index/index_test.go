@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func stored(blocks ...uint64) kvevents.Event {
@@ -96,13 +97,13 @@ func TestApplySemantics(t *testing.T) {
 	if got := fmt.Sprint(look(1)); got != "map[a#0:1]" {
 		t.Fatalf("after resync: %s", got)
 	}
-	x.LoadWorker(kvevents.WorkerKey{Worker: "a", Rank: 1}, []kvevents.StoredBlock{{Engine: 5, Seq: 1}, {Engine: 6, Seq: 2}})
-	x.ClearWorker(kvevents.WorkerKey{Worker: "a"})
+	x.LoadWorker(workerref.Target{Worker: "a", Rank: 1}, []kvevents.StoredBlock{{Engine: 5, Seq: 1}, {Engine: 6, Seq: 2}})
+	x.ClearWorker(workerref.Target{Worker: "a"})
 	if got := fmt.Sprint(look(1, 2)); got != "map[a#1:2]" {
 		t.Fatalf("after load and clear: %s", got)
 	}
 	x.RemoveWorker("a")
-	x.ClearWorker(kvevents.WorkerKey{Worker: "nobody"})
+	x.ClearWorker(workerref.Target{Worker: "nobody"})
 	x.RemoveWorker("nobody")
 	if got := fmt.Sprint(look(1, 2)); got != "map[]" || len(x.Workers()) != 1 {
 		t.Fatalf("after remove: %s, workers %v", got, x.Workers())
@@ -112,7 +113,7 @@ func TestApplySemantics(t *testing.T) {
 
 func TestMultipleEngineHashesForOneBlock(t *testing.T) {
 	x := New(Config{})
-	k := kvevents.WorkerKey{Worker: "w"}
+	k := workerref.Target{Worker: "w"}
 	ev := kvevents.Event{Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 1, Seq: 100}, {Engine: 2, Seq: 100}, {Engine: 0, Seq: 0}}}
 	x.ApplyBatch(1, &kvevents.Batch{Worker: "w", Events: []kvevents.Event{ev}})
 	var out Overlaps
@@ -159,7 +160,7 @@ func TestEntryCaps(t *testing.T) {
 	}
 	var out Overlaps
 	x.Lookup(hs(blocks...), LookupOptions{}, &out)
-	if out.Get(kvevents.WorkerKey{Worker: "a"}) != 6 || out.Get(kvevents.WorkerKey{Worker: "b"}) != 4 {
+	if out.Get(workerref.Target{Worker: "a"}) != 6 || out.Get(workerref.Target{Worker: "b"}) != 4 {
 		t.Fatalf("%+v", out)
 	}
 	// Refused blocks are unknown to their worker: removing them is a
@@ -184,15 +185,15 @@ func TestLookupOptionsAndEdges(t *testing.T) {
 	}
 	x.Lookup(hs(1, 2, 3, 4), LookupOptions{EarlyExit: true}, &out)
 	// b drops out at block 2; a alone remains at depth 3 and the scan stops.
-	if !out.EarlyExited || out.Get(kvevents.WorkerKey{Worker: "a"}) != 3 || out.Get(kvevents.WorkerKey{Worker: "b"}) != 2 || out.Total != 3 {
+	if !out.EarlyExited || out.Get(workerref.Target{Worker: "a"}) != 3 || out.Get(workerref.Target{Worker: "b"}) != 2 || out.Total != 3 {
 		t.Fatalf("early exit: %+v", out)
 	}
-	onlyB := func(k kvevents.WorkerKey) bool { return k.Worker == "b" }
+	onlyB := func(k workerref.Target) bool { return k.Worker == "b" }
 	x.Lookup(hs(1, 2, 3, 4), LookupOptions{Allowed: onlyB}, &out)
-	if len(out.Workers) != 1 || out.Get(kvevents.WorkerKey{Worker: "b"}) != 2 || out.Total != 2 {
+	if len(out.Workers) != 1 || out.Get(workerref.Target{Worker: "b"}) != 2 || out.Total != 2 {
 		t.Fatalf("allowed: %+v", out)
 	}
-	x.Lookup(hs(1, 2), LookupOptions{Allowed: func(kvevents.WorkerKey) bool { return false }}, &out)
+	x.Lookup(hs(1, 2), LookupOptions{Allowed: func(workerref.Target) bool { return false }}, &out)
 	if len(out.Workers) != 0 {
 		t.Fatal("allowed none matched")
 	}
@@ -219,7 +220,7 @@ func TestLookupZeroAlloc(t *testing.T) {
 	}
 	q := hs(prompt...)
 	var out Overlaps
-	for _, opt := range []LookupOptions{{}, {EarlyExit: true}, {Allowed: func(k kvevents.WorkerKey) bool { return k.Worker[3] != '7' }}} {
+	for _, opt := range []LookupOptions{{}, {EarlyExit: true}, {Allowed: func(k workerref.Target) bool { return k.Worker[3] != '7' }}} {
 		x.Lookup(q, opt, &out)
 		if out.Total != 128 {
 			t.Fatalf("total %d", out.Total)
@@ -363,7 +364,7 @@ func TestTableShrinksAndStats(t *testing.T) {
 	if big.Entries != 20010 || big.Blocks != 20000 || big.BytesPerEntry < 16 || big.BytesPerEntry > 200 {
 		t.Fatalf("%+v", big)
 	}
-	x.ClearWorker(kvevents.WorkerKey{Worker: "a"})
+	x.ClearWorker(workerref.Target{Worker: "a"})
 	x.ApplyBatch(1, batch("b", 0, removed(blocks[:10]...)))
 	small := x.Stats()
 	if small.Entries != 0 || small.Blocks != 0 || small.Bytes*10 > big.Bytes {
@@ -387,9 +388,9 @@ func TestSetWorkerLimit(t *testing.T) {
 	x.ApplyBatch(3, batch("a", 1, stored(blocks...))) // a new rank of a
 	x.ApplyBatch(4, batch("b", 0, stored(blocks...)))
 	for _, c := range []struct {
-		k    kvevents.WorkerKey
+		k    workerref.Target
 		want int
-	}{{kvevents.WorkerKey{Worker: "a"}, 3}, {kvevents.WorkerKey{Worker: "a", Rank: 1}, 3}, {kvevents.WorkerKey{Worker: "b"}, 6}} {
+	}{{workerref.Target{Worker: "a"}, 3}, {workerref.Target{Worker: "a", Rank: 1}, 3}, {workerref.Target{Worker: "b"}, 6}} {
 		if got := x.WorkerBlocks(c.k); got != c.want {
 			t.Errorf("%v holds %d blocks, want %d", c.k, got, c.want)
 		}
@@ -399,7 +400,7 @@ func TestSetWorkerLimit(t *testing.T) {
 	}
 	x.RemoveWorker("a")
 	x.ApplyBatch(5, batch("a", 0, stored(blocks...)))
-	if got := x.WorkerBlocks(kvevents.WorkerKey{Worker: "a"}); got != 6 {
+	if got := x.WorkerBlocks(workerref.Target{Worker: "a"}); got != 6 {
 		t.Fatalf("a holds %d blocks after it left and came back, want the config's cap 6", got)
 	}
 	checkInvariants(t, x)

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // LookupOptions tune one Lookup.
@@ -15,13 +16,13 @@ type LookupOptions struct {
 	EarlyExit bool
 	// Allowed, when not nil, skips workers for which it returns false.
 	// It is called at most once per worker holding the first block.
-	Allowed func(kvevents.WorkerKey) bool
+	Allowed func(workerref.Target) bool
 }
 
 // WorkerOverlap is one worker's match: the number of contiguous leading
 // blocks of the request it holds.
 type WorkerOverlap struct {
-	Key    kvevents.WorkerKey
+	Key    workerref.Target
 	Blocks int
 }
 
@@ -73,7 +74,7 @@ func (o *Overlaps) Reset() {
 }
 
 // Get returns the overlap of k (0 when absent). Linear in len(Workers).
-func (o *Overlaps) Get(k kvevents.WorkerKey) int {
+func (o *Overlaps) Get(k workerref.Target) int {
 	for i := range o.Workers {
 		if o.Workers[i].Key == k {
 			return o.Workers[i].Blocks
@@ -418,7 +419,7 @@ func (o *Overlaps) appendMerged(s WorkerOverlap) {
 	o.Workers = append(o.Workers, s)
 }
 
-func cmpKey(a, b kvevents.WorkerKey) int {
+func cmpKey(a, b workerref.Target) int {
 	if a.Worker != b.Worker {
 		if a.Worker < b.Worker {
 			return -1

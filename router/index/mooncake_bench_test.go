@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Mooncake conversation trace replay.
@@ -133,7 +134,7 @@ func buildMooncakeOps(path string, cacheBlocks int) (*mooncakeOps, error) {
 		x.Lookup(prompt, LookupOptions{}, &out)
 		best, bestOverlap := 0, -1
 		for w := 0; w < mooncakeWorkers; w++ {
-			o := out.Get(kvevents.WorkerKey{Worker: names[w]})
+			o := out.Get(workerref.Target{Worker: names[w]})
 			if o > bestOverlap || (o == bestOverlap && routed[w] < routed[best]) {
 				best, bestOverlap = w, o
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // TestPropertyAgainstReference drives the index and the naive reference
@@ -89,7 +90,7 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 				opt := LookupOptions{EarlyExit: i%3 == 0}
 				x.Lookup(q, opt, &out)
 				lookups.Add(1)
-				seen := map[kvevents.WorkerKey]bool{}
+				seen := map[workerref.Target]bool{}
 				best := 0
 				for _, w := range out.Workers {
 					if seen[w.Key] || w.Blocks < 1 || w.Blocks > len(q) {
@@ -150,13 +151,13 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 // workload can name, known, removed or never seen.
 func checkWorkerBlocks(t *testing.T, x *Index, names []string, ranks int) {
 	t.Helper()
-	dumped := map[kvevents.WorkerKey]int{}
+	dumped := map[workerref.Target]int{}
 	for _, d := range x.Dump() {
 		dumped[d.Key] = len(d.Blocks)
 	}
 	for _, name := range names {
 		for r := 0; r <= ranks; r++ { // one rank past the workload's
-			k := kvevents.WorkerKey{Worker: name, Rank: uint32(r)}
+			k := workerref.Target{Worker: name, Rank: uint32(r)}
 			if got, want := x.WorkerBlocks(k), dumped[k]; got != want {
 				t.Fatalf("WorkerBlocks(%v) = %d, Dump has %d", k, got, want)
 			}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // refModel is the naive reference: per (worker, rank), a map of engine
@@ -13,24 +14,24 @@ import (
 // hashes maps to it (held counts those engine hashes per block).
 type refModel struct {
 	tier    kvevents.Tier
-	workers map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
-	held    map[kvevents.WorkerKey]map[kvevents.SeqHash]int
+	workers map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
+	held    map[workerref.Target]map[kvevents.SeqHash]int
 }
 
 func newRef() *refModel {
 	return &refModel{
-		workers: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{},
-		held:    map[kvevents.WorkerKey]map[kvevents.SeqHash]int{},
+		workers: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{},
+		held:    map[workerref.Target]map[kvevents.SeqHash]int{},
 	}
 }
 
-func (m *refModel) set(k kvevents.WorkerKey, e kvevents.EngineHash, s kvevents.SeqHash) {
+func (m *refModel) set(k workerref.Target, e kvevents.EngineHash, s kvevents.SeqHash) {
 	m.del(k, e)
 	m.workers[k][e] = s
 	m.held[k][s]++
 }
 
-func (m *refModel) del(k kvevents.WorkerKey, e kvevents.EngineHash) {
+func (m *refModel) del(k workerref.Target, e kvevents.EngineHash) {
 	old, ok := m.workers[k][e]
 	if !ok {
 		return
@@ -41,7 +42,7 @@ func (m *refModel) del(k kvevents.WorkerKey, e kvevents.EngineHash) {
 	}
 }
 
-func (m *refModel) ensure(k kvevents.WorkerKey) {
+func (m *refModel) ensure(k workerref.Target) {
 	if m.workers[k] == nil {
 		m.workers[k] = map[kvevents.EngineHash]kvevents.SeqHash{}
 		m.held[k] = map[kvevents.SeqHash]int{}
@@ -73,7 +74,7 @@ func (m *refModel) apply(b *kvevents.Batch) {
 	}
 }
 
-func (m *refModel) clearKey(k kvevents.WorkerKey) {
+func (m *refModel) clearKey(k workerref.Target) {
 	if m.workers[k] != nil {
 		m.workers[k] = map[kvevents.EngineHash]kvevents.SeqHash{}
 		m.held[k] = map[kvevents.SeqHash]int{}
@@ -89,7 +90,7 @@ func (m *refModel) removeWorker(name string) {
 	}
 }
 
-func (m *refModel) load(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
+func (m *refModel) load(k workerref.Target, blocks []kvevents.StoredBlock) {
 	m.workers[k] = nil
 	m.ensure(k)
 	for _, b := range blocks {
@@ -98,8 +99,8 @@ func (m *refModel) load(k kvevents.WorkerKey, blocks []kvevents.StoredBlock) {
 }
 
 // lookup mirrors Index.Lookup, including EarlyExit's cut.
-func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[kvevents.WorkerKey]int, bool) {
-	out := map[kvevents.WorkerKey]int{}
+func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[workerref.Target]int, bool) {
+	out := map[workerref.Target]int{}
 	if len(hashes) == 0 {
 		return out, false
 	}
@@ -119,7 +120,7 @@ func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[kve
 		return out, false
 	}
 	for i := 1; i < len(hashes); i++ {
-		var last kvevents.WorkerKey
+		var last workerref.Target
 		cnt := 0
 		for k, d := range out {
 			if d >= i {
@@ -157,7 +158,7 @@ func (m *refModel) dump() []WorkerDump {
 func compareLookup(t testing.TB, x *Index, refs []*refModel, hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
 	t.Helper()
 	x.Lookup(hashes, opt, out)
-	want := map[kvevents.WorkerKey]int{}
+	want := map[workerref.Target]int{}
 	wantEarly := false
 	if len(refs) == 1 {
 		want, wantEarly = refs[0].lookup(hashes, opt)
@@ -173,7 +174,7 @@ func compareLookup(t testing.TB, x *Index, refs []*refModel, hashes []kvevents.S
 		}
 		want, wantEarly = merged.lookup(hashes, opt)
 	}
-	got := map[kvevents.WorkerKey]int{}
+	got := map[workerref.Target]int{}
 	for _, w := range out.Workers {
 		if _, dup := got[w.Key]; dup {
 			t.Fatalf("duplicate worker %v in result", w.Key)
@@ -191,7 +192,7 @@ func compareLookup(t testing.TB, x *Index, refs []*refModel, hashes []kvevents.S
 	}
 }
 
-func sortedOverlaps(m map[kvevents.WorkerKey]int) []WorkerOverlap {
+func sortedOverlaps(m map[workerref.Target]int) []WorkerOverlap {
 	out := make([]WorkerOverlap, 0, len(m))
 	for k, d := range m {
 		out = append(out, WorkerOverlap{k, d})

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // buildRandom applies n random operations to a fresh index and reference.
@@ -218,9 +219,9 @@ func TestDecodeSnapshotRejects(t *testing.T) {
 
 func TestMarshalRejectsBadInput(t *testing.T) {
 	for _, s := range []*Snapshot{
-		{Workers: []WorkerDump{{Key: kvevents.WorkerKey{}}}},
-		{Workers: []WorkerDump{{Key: kvevents.WorkerKey{Worker: "a"}}, {Key: kvevents.WorkerKey{Worker: "a"}}}},
-		{Workers: []WorkerDump{{Key: kvevents.WorkerKey{Worker: "a"}, Blocks: []kvevents.StoredBlock{{Engine: 1}, {Engine: 1, Seq: 2}}}}},
+		{Workers: []WorkerDump{{Key: workerref.Target{}}}},
+		{Workers: []WorkerDump{{Key: workerref.Target{Worker: "a"}}, {Key: workerref.Target{Worker: "a"}}}},
+		{Workers: []WorkerDump{{Key: workerref.Target{Worker: "a"}, Blocks: []kvevents.StoredBlock{{Engine: 1}, {Engine: 1, Seq: 2}}}}},
 		{Model: string(make([]byte, MaxModelNameLen+1))},
 	} {
 		if _, err := s.MarshalBinary(); err == nil {

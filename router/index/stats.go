@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Memory model used by Stats.Bytes: the block table and the per-worker
@@ -96,7 +97,7 @@ func (x *Index) Stats() Stats {
 
 // WorkerDump is one (worker, rank)'s indexed state.
 type WorkerDump struct {
-	Key    kvevents.WorkerKey
+	Key    workerref.Target
 	Cursor kvevents.Cursor // zero when its batches carried no event ids
 	// Blocks sorted by engine hash, then sequence hash.
 	Blocks []kvevents.StoredBlock
@@ -133,7 +134,7 @@ func (x *Index) Dump() []WorkerDump {
 // engine hashes counts twice), or 0 when k is unknown. The count is kept
 // as events apply, so this is one writer-lock acquisition and a map
 // lookup, not a walk: cheap enough for every status request.
-func (x *Index) WorkerBlocks(k kvevents.WorkerKey) int {
+func (x *Index) WorkerBlocks(k workerref.Target) int {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	if w := x.workers[k]; w != nil {
@@ -162,10 +163,10 @@ func cmpBlock(a, b kvevents.StoredBlock) int {
 // and signals a restart or a gap in between. Workers whose batches carried
 // no event ids (or that were bulk-loaded) are left out, so their first
 // batch is taken as it comes.
-func (x *Index) Cursors() map[kvevents.WorkerKey]kvevents.Cursor {
+func (x *Index) Cursors() map[workerref.Target]kvevents.Cursor {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
-	out := make(map[kvevents.WorkerKey]kvevents.Cursor, len(x.workers))
+	out := make(map[workerref.Target]kvevents.Cursor, len(x.workers))
 	for k, w := range x.workers {
 		if w.cursor.NextID != 0 {
 			out[k] = w.cursor

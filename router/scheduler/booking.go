@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // ErrExceedsCapacity is behind every *CapacityError.
@@ -62,7 +63,7 @@ func (c *core) checkCapacity(r *Request) error {
 type booking struct {
 	id          string
 	slot        int32
-	key         kvevents.WorkerKey
+	key         workerref.Target
 	attempt     uint64
 	prefill     int64 // uncached prompt tokens, until prefill is done
 	private     int64 // decode blocks not named by a seq hash (partial block + output)

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -24,7 +23,7 @@ func TestDrainingWorkerServesOnlyItsHardSessions(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		aff      *Affinity
-		want     kvevents.WorkerKey
+		want     workerref.Target
 		fallback bool
 	}{
 		{"hard worker-only", hardTo(workerref.Any("a")), wk("a", 0), false},
@@ -42,7 +41,7 @@ func TestDrainingWorkerServesOnlyItsHardSessions(t *testing.T) {
 			}
 			if tc.aff == nil || tc.aff.Strength != Hard {
 				for _, seen := range p.seen {
-					if slices.ContainsFunc(seen, func(k kvevents.WorkerKey) bool { return k.Worker == "a" }) {
+					if slices.ContainsFunc(seen, func(k workerref.Target) bool { return k.Worker == "a" }) {
 						t.Fatalf("the draining worker was a candidate for non-Hard work: %v", seen)
 					}
 				}

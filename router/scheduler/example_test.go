@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -24,7 +23,7 @@ func Example() {
 		fmt.Println("publish:", ev.Kind, ev.RequestID, ev.Worker) // the host sends these to its peers
 	})
 	for _, w := range []string{"gpu-1", "gpu-2"} {
-		_ = s.UpsertWorker(scheduler.WorkerInfo{Key: kvevents.WorkerKey{Worker: w}, KVBlocks: 4096, MaxBatchedTokens: 8192, Available: true})
+		_ = s.UpsertWorker(scheduler.WorkerInfo{Key: workerref.Target{Worker: w}, KVBlocks: 4096, MaxBatchedTokens: 8192, Available: true})
 	}
 	if err := s.Start(context.Background()); err != nil {
 		panic(err)
@@ -35,7 +34,7 @@ func Example() {
 		ID:     "req-1",
 		Tokens: 512,
 		// gpu-2 has the whole prompt cached, but the session is bound Hard to gpu-1.
-		Overlaps: []scheduler.Overlap{{Key: kvevents.WorkerKey{Worker: "gpu-2"}, Blocks: 32}},
+		Overlaps: []scheduler.Overlap{{Key: workerref.Target{Worker: "gpu-2"}, Blocks: 32}},
 		Affinity: &scheduler.Affinity{Target: workerref.Any("gpu-1"), Strength: scheduler.Hard},
 	}
 	d, err := s.Schedule(context.Background(), req)

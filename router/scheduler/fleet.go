@@ -6,7 +6,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -42,7 +41,7 @@ type worker struct {
 // Effective load = local + max(0, remote bookings + correction from load reports);
 // the effective arrays are what selection reads.
 type fleet struct {
-	key        []kvevents.WorkerKey
+	key        []workerref.Target
 	wid        []int32 // index into workers
 	flags      []uint8
 	kvBlocks   []int64
@@ -132,7 +131,7 @@ func (f *fleet) resizeCache(workers int) {
 // address of the worker-name bytes: the index hands out keys whose strings
 // it stores once, so the same address comes back on every lookup and the
 // name map (string hashing and comparing) is skipped.
-func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
+func (f *fleet) slotOf(k workerref.Target) int32 {
 	if len(k.Worker) == 0 {
 		return -1
 	}
@@ -167,7 +166,7 @@ func (f *fleet) slotOf(k kvevents.WorkerKey) int32 {
 // slotAtSlow resolves the i-th overlap key of a request when its
 // positional hint (checked inline in prepare) does not match, and records
 // the hint for next time.
-func (f *fleet) slotAtSlow(i int, k kvevents.WorkerKey) int32 {
+func (f *fleet) slotAtSlow(i int, k workerref.Target) int32 {
 	s := f.slotOf(k)
 	if i >= max(1024, 2*len(f.order)) || len(k.Worker) >= 1<<16 || k.Rank >= 1<<16 {
 		// past any sensible overlap list (one entry per worker): no hint,
@@ -216,7 +215,7 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 			f.freeSlots = f.freeSlots[:n-1]
 		} else {
 			s = int32(len(f.key))
-			f.key = append(f.key, kvevents.WorkerKey{})
+			f.key = append(f.key, workerref.Target{})
 			f.wid = append(f.wid, 0)
 			f.flags = append(f.flags, 0)
 			f.kvBlocks = append(f.kvBlocks, 0)
@@ -294,7 +293,7 @@ func (f *fleet) remove(name string, freed []int32) []int32 {
 			f.nonBusy--
 		}
 		f.flags[s] = 0
-		f.key[s] = kvevents.WorkerKey{}
+		f.key[s] = workerref.Target{}
 		f.freeSlots = append(f.freeSlots, s)
 		freed = append(freed, s)
 	}
@@ -412,8 +411,8 @@ type resolvedTarget struct {
 }
 
 func (f *fleet) resolve(t workerref.Target) resolvedTarget {
-	rt := resolvedTarget{wid: f.widOf(t.Worker), slot: -1, hasRank: t.HasRank}
-	if rt.wid >= 0 && t.HasRank {
+	rt := resolvedTarget{wid: f.widOf(t.Worker), slot: -1, hasRank: !t.AnyRank}
+	if rt.wid >= 0 && !t.AnyRank {
 		rt.slot = f.lookup(t.Worker, t.Rank)
 	}
 	return rt

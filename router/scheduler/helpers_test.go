@@ -14,8 +14,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func wk(name string, rank uint32) kvevents.WorkerKey {
-	return kvevents.WorkerKey{Worker: name, Rank: rank}
+func wk(name string, rank uint32) workerref.Target {
+	return workerref.Target{Worker: name, Rank: rank}
 }
 
 // wi is an available worker with room for one 100-token prefill: a booking
@@ -129,12 +129,12 @@ func (h *harness) waiting(w *waiter) {
 	}
 }
 
-func (h *harness) loads() map[kvevents.WorkerKey]WorkerLoad {
+func (h *harness) loads() map[workerref.Target]WorkerLoad {
 	ls, err := h.s.Loads(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	m := map[kvevents.WorkerKey]WorkerLoad{}
+	m := map[workerref.Target]WorkerLoad{}
 	for _, l := range ls {
 		m[l.Key] = l
 	}
@@ -155,14 +155,14 @@ func startScheduler(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *
 // recordingPolicy records what it was offered and picks by a rule.
 type recordingPolicy struct {
 	pick     func(x *Context, c *Candidates) int
-	seen     [][]kvevents.WorkerKey
+	seen     [][]workerref.Target
 	affinity []*workerref.Target
 }
 
 func (p *recordingPolicy) Name() string { return "recording" }
 
 func (p *recordingPolicy) Select(x *Context, c *Candidates) (int, error) {
-	keys := make([]kvevents.WorkerKey, c.Len())
+	keys := make([]workerref.Target, c.Len())
 	for i := range keys {
 		keys[i] = c.Key(i)
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -135,9 +134,9 @@ func FuzzPolicyYAML(f *testing.F) {
 // A request with many shared-prefix bookings across workers: the potential
 // decode blocks seen by the policy count each worker's active prefix once.
 func TestSharedBlocksPerWorker(t *testing.T) {
-	var got map[kvevents.WorkerKey]int
+	var got map[workerref.Target]int
 	p := &recordingPolicy{pick: func(_ *Context, c *Candidates) int {
-		got = map[kvevents.WorkerKey]int{}
+		got = map[workerref.Target]int{}
 		for i := range c.Len() {
 			got[c.Key(i)] = c.PotentialDecodeBlocks(i)
 		}

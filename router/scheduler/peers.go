@@ -13,10 +13,9 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/zeebo/xxh3"
 	"go.yaml.in/yaml/v3"
-
-	"github.com/kvrouter/kvrouter/kvevents"
 )
 
 // registerPeers adds the peer policies (llmd, sglang, dynamo, chwbl) and
@@ -287,7 +286,7 @@ type CHWBL struct {
 	Replication int     `yaml:"replication"`
 	PrefixChars int     `yaml:"prefix_chars"`
 
-	points sync.Map // kvevents.WorkerKey → []uint64 ring points (a pure function of the key, cached)
+	points sync.Map // workerref.Target → []uint64 ring points (a pure function of the key, cached)
 }
 
 // NewCHWBL returns the policy with KubeAI's defaults: load factor 1.25,
@@ -325,7 +324,7 @@ func (p *CHWBL) key(x *Context) uint64 {
 
 // ring returns the worker's points (hashes of "w#r" and the point's
 // number), computing them once per (worker, rank).
-func (p *CHWBL) ring(k kvevents.WorkerKey) []uint64 {
+func (p *CHWBL) ring(k workerref.Target) []uint64 {
 	if v, ok := p.points.Load(k); ok {
 		return v.([]uint64)
 	}

@@ -77,7 +77,7 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 				return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
 					ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
 			}
-			if !r.Pinned.HasRank && aff.Target.HasRank {
+			if r.Pinned.AnyRank && !aff.Target.AnyRank {
 				// 6: the more specific of two agreeing targets. Pointing
 				// into the caller's Affinity (valid while it waits in
 				// Schedule; lanes copy the target) keeps this allocation-free.

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -19,11 +18,11 @@ func TestHardAffinityLimitsACustomPickerToTheEligibleTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		target workerref.Target
-		seen   []kvevents.WorkerKey
-		want   kvevents.WorkerKey
+		seen   []workerref.Target
+		want   workerref.Target
 	}{
-		{"ranked", workerref.Of("a", 1), []kvevents.WorkerKey{wk("a", 1)}, wk("a", 1)},
-		{"worker-only", workerref.Any("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}, wk("a", 0)},
+		{"ranked", workerref.Of("a", 1), []workerref.Target{wk("a", 1)}, wk("a", 1)},
+		{"worker-only", workerref.Any("a"), []workerref.Target{wk("a", 0), wk("a", 1)}, wk("a", 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &recordingPolicy{pick: preferWorker("b")}
@@ -76,7 +75,7 @@ func TestHardAffinitySurvivesAClassifierTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		aff      *Affinity
-		want     kvevents.WorkerKey
+		want     workerref.Target
 		fallback bool
 	}{
 		{"hard binding wins", hardTo(workerref.Any("a")), wk("a", 0), false},
@@ -140,14 +139,14 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 		target  workerref.Target
 		allowed []string
 		setup   func(h *harness)
-		seen    []kvevents.WorkerKey
+		seen    []workerref.Target
 	}{
 		{name: "unknown", target: workerref.Any("zz"),
-			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
+			seen: []workerref.Target{wk("a", 0), wk("b", 0), wk("c", 0)}},
 		{name: "rank out of range", target: workerref.Of("a", 5),
-			seen: []kvevents.WorkerKey{wk("a", 0), wk("b", 0), wk("c", 0)}},
+			seen: []workerref.Target{wk("a", 0), wk("b", 0), wk("c", 0)}},
 		{name: "outside allowed set", target: workerref.Any("a"), allowed: []string{"c", "b"},
-			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+			seen: []workerref.Target{wk("b", 0), wk("c", 0)}},
 		{name: "overloaded", target: workerref.Any("a"),
 			setup: func(h *harness) {
 				th := oneBatch()
@@ -157,7 +156,7 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 				}
 				h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: new(workerref.Any("a"))}))
 			},
-			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+			seen: []workerref.Target{wk("b", 0), wk("c", 0)}},
 		{name: "unavailable", target: workerref.Any("a"),
 			setup: func(h *harness) {
 				info := wi("a", 0)
@@ -166,7 +165,7 @@ func TestIneligibleHardTargetSelectsNormally(t *testing.T) {
 					h.t.Fatal(err)
 				}
 			},
-			seen: []kvevents.WorkerKey{wk("b", 0), wk("c", 0)}},
+			seen: []workerref.Target{wk("b", 0), wk("c", 0)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &recordingPolicy{pick: preferWorker("c")}
@@ -215,10 +214,10 @@ func TestSoftKeepsTheBoundWorkerWhileItIsACandidate(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		target workerref.Target
-		want   []kvevents.WorkerKey
+		want   []workerref.Target
 	}{
-		{"ranked", workerref.Of("a", 1), []kvevents.WorkerKey{wk("a", 1)}},
-		{"worker-only", workerref.Any("a"), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+		{"ranked", workerref.Of("a", 1), []workerref.Target{wk("a", 1)}},
+		{"worker-only", workerref.Any("a"), []workerref.Target{wk("a", 0), wk("a", 1)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, Config{}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
@@ -264,8 +263,8 @@ func TestSoftAffinityLimitsSamplingToTheBoundWorker(t *testing.T) {
 	for _, temp := range []float64{0.7, 5} {
 		t.Run(fmt.Sprint("T=", temp), func(t *testing.T) {
 			h := newHarness(t, Config{}, NewDefaultPolicy(temp), wi("a", 0), wi("a", 1), wi("b", 0), wi("c", 0), wi("d", 0))
-			got := map[kvevents.WorkerKey]int{}
-			unbound := map[kvevents.WorkerKey]int{}
+			got := map[workerref.Target]int{}
+			unbound := map[workerref.Target]int{}
 			for i := range 300 {
 				for _, aff := range []*Affinity{softTo(workerref.Any("a")), nil} {
 					r := &Request{ID: fmt.Sprint("r", i, aff == nil), Tokens: 32, Affinity: aff}
@@ -327,19 +326,19 @@ func TestPinAgreesWithAffinity(t *testing.T) {
 		aff  workerref.Target
 		// exact is the effective pinned target; nil = ErrPinConflict.
 		exact *workerref.Target
-		seen  []kvevents.WorkerKey // rows the policy is offered
+		seen  []workerref.Target // rows the policy is offered
 	}{
 		{"worker pin, worker affinity, same worker", workerref.Any("a"), workerref.Any("a"),
-			new(workerref.Any("a")), []kvevents.WorkerKey{wk("a", 0), wk("a", 1)}},
+			new(workerref.Any("a")), []workerref.Target{wk("a", 0), wk("a", 1)}},
 		{"worker pin, worker affinity, other worker", workerref.Any("a"), workerref.Any("b"), nil, nil},
 		{"worker pin, ranked affinity, same worker", workerref.Any("a"), workerref.Of("a", 1),
-			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+			new(workerref.Of("a", 1)), []workerref.Target{wk("a", 1)}},
 		{"worker pin, ranked affinity, other worker", workerref.Any("a"), workerref.Of("b", 0), nil, nil},
 		{"ranked pin, worker affinity, same worker", workerref.Of("a", 1), workerref.Any("a"),
-			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+			new(workerref.Of("a", 1)), []workerref.Target{wk("a", 1)}},
 		{"ranked pin, worker affinity, other worker", workerref.Of("a", 1), workerref.Any("b"), nil, nil},
 		{"ranked pin, ranked affinity, same rank", workerref.Of("a", 1), workerref.Of("a", 1),
-			new(workerref.Of("a", 1)), []kvevents.WorkerKey{wk("a", 1)}},
+			new(workerref.Of("a", 1)), []workerref.Target{wk("a", 1)}},
 		{"ranked pin, ranked affinity, other rank", workerref.Of("a", 1), workerref.Of("a", 0), nil, nil},
 		{"ranked pin, ranked affinity, other worker", workerref.Of("a", 0), workerref.Of("b", 0), nil, nil},
 	} {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/bits"
 
-	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -199,7 +198,7 @@ func (c *Candidates) ovAt(s int32) int32 {
 func (c *Candidates) Len() int { return len(c.slots) }
 
 // Key is the (worker, rank) of candidate i.
-func (c *Candidates) Key(i int) kvevents.WorkerKey { return c.f.key[c.slots[i]] }
+func (c *Candidates) Key(i int) workerref.Target { return c.f.key[c.slots[i]] }
 
 // OverlapBlocks is how many leading prompt blocks candidate i has cached.
 func (c *Candidates) OverlapBlocks(i int) int { return int(c.ovAt(c.slots[i])) }
@@ -266,7 +265,7 @@ func (c *Candidates) Retain(keep []bool) {
 
 // CandidateRow is one worker in a hand-built candidate set (NewCandidates).
 type CandidateRow struct {
-	Key                 kvevents.WorkerKey
+	Key                 workerref.Target
 	OverlapBlocks       int
 	ActivePrefillTokens int
 	ActiveDecodeBlocks  int // booked; PotentialDecodeBlocks adds RequestBlocks

@@ -115,7 +115,7 @@ func fixtureRows(n int) []CandidateRow {
 // draw for draw, at temperature 0 and above.
 func TestDefaultPolicyMatchesPipeline(t *testing.T) {
 	for _, temp := range []float64{0, 0.7, 3} {
-		for _, aff := range []*workerref.Target{nil, {Worker: "w00007"}} {
+		for _, aff := range []*workerref.Target{nil, {Worker: "w00007", AnyRank: true}} {
 			t.Run(fmt.Sprint(temp, aff != nil), func(t *testing.T) {
 				rows := fixtureRows(64)
 				rows[3].ActivePrefillTokens = rows[5].ActivePrefillTokens // make ties likely at T0

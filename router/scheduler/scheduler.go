@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // core is the scheduler's state. It is owned by one goroutine at a time:
@@ -538,7 +539,7 @@ func (s *Scheduler) Thresholds() Thresholds { return *s.th.Load() }
 
 // WorkerLoad is one (worker, rank) as the scheduler sees it.
 type WorkerLoad struct {
-	Key            kvevents.WorkerKey
+	Key            workerref.Target
 	Available      bool
 	Overloaded     bool
 	Busy           bool

@@ -49,7 +49,7 @@ func TestStress(t *testing.T) {
 					SeqHashes: hashes(rnd.IntN(2), uint64(rnd.IntN(3)))}
 				switch rnd.IntN(4) {
 				case 0:
-					r.Pinned = &workerref.Target{Worker: []string{"a", "b", "c", "d"}[rnd.IntN(4)]}
+					r.Pinned = &workerref.Target{Worker: []string{"a", "b", "c", "d"}[rnd.IntN(4)], AnyRank: true}
 				case 1:
 					r.Affinity = &Affinity{Target: workerref.Of("a", uint32(rnd.IntN(3))), Strength: Strength(1 + rnd.IntN(2))}
 				}

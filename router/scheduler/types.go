@@ -45,7 +45,7 @@ type Affinity struct {
 // in its device cache, as the prefix index reports it. The scheduler has its
 // own type so that it does not depend on the index package.
 type Overlap struct {
-	Key    kvevents.WorkerKey
+	Key    workerref.Target
 	Blocks int
 }
 
@@ -74,7 +74,7 @@ type Request struct {
 // given, so cleanup from an earlier attempt cannot release a retry.
 type Fence struct {
 	RequestID string
-	Worker    kvevents.WorkerKey
+	Worker    workerref.Target
 	Attempt   uint64
 }
 
@@ -86,7 +86,7 @@ func (f Fence) String() string {
 // Decision is the result of Schedule: where the request goes and the fence
 // of the load booked there.
 type Decision struct {
-	Worker        kvevents.WorkerKey
+	Worker        workerref.Target
 	OverlapBlocks int           // cached blocks on the chosen worker, as last seen
 	Fence         Fence         // present it to PrefillDone / Free / Rollback
 	Waited        time.Duration // time spent in the router's queue
@@ -100,7 +100,7 @@ type Decision struct {
 
 // WorkerInfo describes one (worker, rank) to the scheduler.
 type WorkerInfo struct {
-	Key              kvevents.WorkerKey
+	Key              workerref.Target
 	BlockSize        int  // 0 = Config.BlockSize; otherwise must equal it
 	KVBlocks         int  // device KV blocks; 0 = unknown (decode thresholds off)
 	MaxBatchedTokens int  // engine's max batched tokens; 0 = unknown (prefill thresholds off)
@@ -114,7 +114,7 @@ type WorkerInfo struct {
 // LoadReport is a worker's own view of its load, used to correct the
 // router's predicted load when they drift apart.
 type LoadReport struct {
-	Key             kvevents.WorkerKey
+	Key             workerref.Target
 	ActiveRequests  int
 	WaitingRequests int
 	KVUsedBlocks    int

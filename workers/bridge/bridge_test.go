@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
 
@@ -183,7 +183,7 @@ func TestTwoDataParallelRanks(t *testing.T) {
 	e.workload(t, 1, 20, 2)
 	converged(t, f, e, "w2")
 	for r := range uint32(2) {
-		if len(f.mirror.seqs(kvevents.WorkerKey{Worker: "w2", Rank: r})) == 0 {
+		if len(f.mirror.seqs(workerref.Target{Worker: "w2", Rank: r})) == 0 {
 			t.Fatalf("rank %d holds nothing", r)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
@@ -55,7 +56,7 @@ func newFleet(t testing.TB) *fleet {
 	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	m := &mirror{blocks: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{}}
+	m := &mirror{blocks: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{}}
 	sub, err := kvevents.NewSubscriber(js, kvevents.SubscriberConfig{Sink: m, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func newFleet(t testing.TB) *fleet {
 // hash, applying events as they come and dropping a rank on Resync.
 type mirror struct {
 	mu      sync.Mutex
-	blocks  map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
+	blocks  map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
 	resyncs atomic.Int64
 }
 
@@ -108,7 +109,7 @@ func (m *mirror) Resync(sig kvevents.Signal) {
 }
 
 // seqs returns the sorted sequence hashes the mirror holds for k.
-func (m *mirror) seqs(k kvevents.WorkerKey) []kvevents.SeqHash {
+func (m *mirror) seqs(k workerref.Target) []kvevents.SeqHash {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]kvevents.SeqHash, 0, len(m.blocks[k]))
@@ -244,7 +245,7 @@ func converged(t *testing.T, f *fleet, e *engine, worker string) {
 	var last string
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		for k, want := range e.eng.Dump() {
-			k := kvevents.WorkerKey{Worker: worker, Rank: k.Rank}
+			k := workerref.Target{Worker: worker, Rank: k.Rank}
 			got := f.mirror.seqs(k)
 			if !slices.Equal(got, want) {
 				last = fmt.Sprintf("%v: mirror %d blocks, engine %d (%d in common)", k, len(got), len(want), common(got, want))

@@ -13,6 +13,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // relay sits between an engine's PUB socket and a bridge: it forwards
@@ -178,7 +179,7 @@ func TestOverrunResyncs(t *testing.T) {
 	converged(t, f, e, "w1")
 }
 
-func key(w string) kvevents.WorkerKey { return kvevents.WorkerKey{Worker: w} }
+func key(w string) workerref.Target { return workerref.Target{Worker: w} }
 
 // extra counts the hashes of got that are not in want (both sorted).
 func extra(got, want []kvevents.SeqHash) int { return len(got) - common(got, want) }

@@ -38,7 +38,7 @@ var (
 
 // Config describes one simulated worker. A worker has Ranks data-parallel
 // ranks; each rank owns its own KV cache, scheduler and step loop, and emits
-// its own events (the unit the router indexes is kvevents.WorkerKey).
+// its own events (the unit the router indexes is workerref.Target).
 type Config struct {
 	Worker string // worker id (registry key, events subject token)
 	Model  string // model name (subjects, registry)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/zeebo/xxh3"
 )
 
@@ -77,7 +78,7 @@ type Stats struct {
 // core is one rank: a KV cache, a scheduler and its step loop.
 type core struct {
 	cfg     *Config
-	key     kvevents.WorkerKey
+	key     workerref.Target
 	model   string
 	salt    uint64
 	wmark   int // watermark in blocks
@@ -110,7 +111,7 @@ type core struct {
 func newCore(cfg *Config, rank uint32, em EventEmitter) *core {
 	c := &core{
 		cfg:     cfg,
-		key:     kvevents.WorkerKey{Worker: cfg.Worker, Rank: rank},
+		key:     workerref.Target{Worker: cfg.Worker, Rank: rank},
 		model:   cfg.Model,
 		wmark:   int(cfg.Watermark * float64(cfg.KVBlocks)),
 		timing:  cfg.Timing,

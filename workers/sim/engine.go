@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // EventEmitter receives the cache events of one rank. *kvevents.Publisher
@@ -113,8 +114,8 @@ func (e *Engine) Epoch() uint64 { return e.epoch.Load() }
 func (e *Engine) Endpoint() string { return GenerateSubject(e.cfg.Prefix, e.cfg.Model, e.cfg.Worker) }
 
 // Keys returns the (worker, rank) keys of the engine's ranks.
-func (e *Engine) Keys() []kvevents.WorkerKey {
-	out := make([]kvevents.WorkerKey, len(e.ranks))
+func (e *Engine) Keys() []workerref.Target {
+	out := make([]workerref.Target, len(e.ranks))
 	for i, c := range e.ranks {
 		out[i] = c.key
 	}
@@ -374,8 +375,8 @@ func (e *Engine) Close(ctx context.Context) error {
 
 // Dump returns the exact set of sequence hashes cached on each rank, sorted:
 // the ground truth a router index fed by this engine's events must equal.
-func (e *Engine) Dump() map[kvevents.WorkerKey][]kvevents.SeqHash {
-	out := make(map[kvevents.WorkerKey][]kvevents.SeqHash, len(e.ranks))
+func (e *Engine) Dump() map[workerref.Target][]kvevents.SeqHash {
+	out := make(map[workerref.Target][]kvevents.SeqHash, len(e.ranks))
 	for _, c := range e.ranks {
 		c.mu.Lock()
 		out[c.key] = c.cache.hashes()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func TestTimingDefaults(t *testing.T) {
@@ -222,7 +223,7 @@ func TestOutputBlocks(t *testing.T) {
 		if skip {
 			want = 1
 		}
-		if stored != want || len(e.Dump()[kvevents.WorkerKey{Worker: "w1"}]) != want {
+		if stored != want || len(e.Dump()[workerref.Target{Worker: "w1"}]) != want {
 			t.Errorf("skip=%v: stored %d blocks, want %d", skip, stored, want)
 		}
 	}
@@ -345,7 +346,7 @@ func TestPreemptionUnderMemoryPressure(t *testing.T) {
 		t.Fatalf("no preemption: %+v", s)
 	}
 	m := newMirror(t)
-	k := kvevents.WorkerKey{Worker: "w1"}
+	k := workerref.Target{Worker: "w1"}
 	m.apply(k, rs.latest(0).all())
 	if got, want := m.seqs(k), e.Dump()[k]; !slices.Equal(got, want) {
 		t.Fatalf("events say %d blocks, dump %d", len(got), len(want))
@@ -506,7 +507,7 @@ func TestResetClearsOrRefusesWhenBusy(t *testing.T) {
 	if last := evs[len(evs)-1]; last.Kind != kvevents.KindCleared {
 		t.Fatalf("last event %+v, want Cleared", last)
 	}
-	if len(e.Dump()[kvevents.WorkerKey{Worker: "w1"}]) != 0 {
+	if len(e.Dump()[workerref.Target{Worker: "w1"}]) != 0 {
 		t.Fatal("blocks after reset")
 	}
 }
@@ -611,7 +612,7 @@ func TestMultiRankDump(t *testing.T) {
 	runIdle(t, e)
 	d := e.Dump()
 	for r := uint32(0); r < 3; r++ {
-		k := kvevents.WorkerKey{Worker: "w1", Rank: r}
+		k := workerref.Target{Worker: "w1", Rank: r}
 		if len(d[k]) != int(r+1) {
 			t.Fatalf("%v: %d blocks, want %d", k, len(d[k]), r+1)
 		}
@@ -621,7 +622,7 @@ func TestMultiRankDump(t *testing.T) {
 			t.Fatalf("%v: events and dump differ", k)
 		}
 	}
-	if got := e.Keys(); len(got) != 3 || got[2] != (kvevents.WorkerKey{Worker: "w1", Rank: 2}) {
+	if got := e.Keys(); len(got) != 3 || got[2] != (workerref.Target{Worker: "w1", Rank: 2}) {
 		t.Fatalf("keys %v", got)
 	}
 }
@@ -637,7 +638,7 @@ func TestEventsReplayEqualsDump(t *testing.T) {
 		prefixes := [][]uint32{seq(1, 200), seq(5000, 120), seq(9000, 64)}
 		check := func() {
 			for r := uint32(0); r < 2; r++ {
-				k := kvevents.WorkerKey{Worker: "w1", Rank: r}
+				k := workerref.Target{Worker: "w1", Rank: r}
 				m.apply(k, rs.latest(r).take())
 			}
 			for _, cr := range e.ranks {
@@ -716,7 +717,7 @@ func TestReannounce(t *testing.T) {
 		}
 	}
 	runIdle(t, e)
-	k := kvevents.WorkerKey{Worker: "w1"}
+	k := workerref.Target{Worker: "w1"}
 	em := rs.latest(0)
 	em.take()
 	e.Reannounce()

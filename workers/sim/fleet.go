@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -255,8 +256,8 @@ func (f *Fleet) Stop(ctx context.Context) error {
 }
 
 // Dump merges every engine's Dump.
-func (f *Fleet) Dump() map[kvevents.WorkerKey][]kvevents.SeqHash {
-	out := map[kvevents.WorkerKey][]kvevents.SeqHash{}
+func (f *Fleet) Dump() map[workerref.Target][]kvevents.SeqHash {
+	out := map[workerref.Target][]kvevents.SeqHash{}
 	for _, w := range f.ws {
 		maps.Copy(out, w.e.Dump())
 	}

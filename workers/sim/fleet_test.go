@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -21,15 +22,15 @@ import (
 type streamMirror struct {
 	mu     sync.Mutex
 	m      *mirror
-	epochs map[kvevents.WorkerKey]uint64
-	next   map[kvevents.WorkerKey]uint64
+	epochs map[workerref.Target]uint64
+	next   map[workerref.Target]uint64
 	err    error
 	events int
 }
 
 func followStream(t *testing.T, js jetstream.JetStream) *streamMirror {
 	t.Helper()
-	sm := &streamMirror{m: newMirror(t), epochs: map[kvevents.WorkerKey]uint64{}, next: map[kvevents.WorkerKey]uint64{}}
+	sm := &streamMirror{m: newMirror(t), epochs: map[workerref.Target]uint64{}, next: map[workerref.Target]uint64{}}
 	ctx := context.Background()
 	cons, err := js.OrderedConsumer(ctx, kvevents.DefaultStream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
@@ -68,7 +69,7 @@ func followStream(t *testing.T, js jetstream.JetStream) *streamMirror {
 }
 
 // waitEqual waits until the stream mirror describes exactly want.
-func (sm *streamMirror) waitEqual(t *testing.T, want map[kvevents.WorkerKey][]kvevents.SeqHash) {
+func (sm *streamMirror) waitEqual(t *testing.T, want map[workerref.Target][]kvevents.SeqHash) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -196,7 +197,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	dump := f.Dump()
-	if len(dump) != 2 || len(dump[kvevents.WorkerKey{Worker: "sim-0"}]) == 0 {
+	if len(dump) != 2 || len(dump[workerref.Target{Worker: "sim-0"}]) == 0 {
 		t.Fatalf("dump %v", dump)
 	}
 	sm.waitEqual(t, dump)
@@ -219,7 +220,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "re-announce", func() bool {
-		return engines[0].Stats()[0].StoredBlocks >= before+uint64(len(dump[kvevents.WorkerKey{Worker: "sim-0"}]))
+		return engines[0].Stats()[0].StoredBlocks >= before+uint64(len(dump[workerref.Target{Worker: "sim-0"}]))
 	})
 	waitFor(t, "sim-0 back in the registry", func() bool { return mem.Live("sim-0") })
 	sm.waitEqual(t, f.Dump())
@@ -235,8 +236,8 @@ func TestFleetEndToEnd(t *testing.T) {
 	})
 	sm.waitEqual(t, f.Dump())
 	sm.mu.Lock()
-	if sm.epochs[kvevents.WorkerKey{Worker: "sim-1"}] != engines[1].Epoch() {
-		t.Errorf("stream epoch of sim-1 %d, want %d", sm.epochs[kvevents.WorkerKey{Worker: "sim-1"}], engines[1].Epoch())
+	if sm.epochs[workerref.Target{Worker: "sim-1"}] != engines[1].Epoch() {
+		t.Errorf("stream epoch of sim-1 %d, want %d", sm.epochs[workerref.Target{Worker: "sim-1"}], engines[1].Epoch())
 	}
 	sm.mu.Unlock()
 	if _, err := Generate(ctx, nc, engines[1].Endpoint(), &GenerateRequest{RequestID: "after", TokenIDs: seq(1, 300), MaxTokens: 2}, nil); err != nil {
@@ -250,7 +251,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "departures", func() bool { return mem.Len() == 0 })
-	empty := map[kvevents.WorkerKey][]kvevents.SeqHash{{Worker: "sim-0"}: {}, {Worker: "sim-1"}: {}}
+	empty := map[workerref.Target][]kvevents.SeqHash{{Worker: "sim-0"}: {}, {Worker: "sim-1"}: {}}
 	sm.waitEqual(t, empty)
 	mu.Lock()
 	defer mu.Unlock()

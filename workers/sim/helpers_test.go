@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 	"go.uber.org/goleak"
 )
 
@@ -171,22 +172,22 @@ func prefillDur(tokens int) time.Duration { return msToDuration(DefaultTiming().
 // consistent engine never sends.
 type mirror struct {
 	t      testing.TB
-	blocks map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash
+	blocks map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
 }
 
 func newMirror(t testing.TB) *mirror {
-	return &mirror{t: t, blocks: map[kvevents.WorkerKey]map[kvevents.EngineHash]kvevents.SeqHash{}}
+	return &mirror{t: t, blocks: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{}}
 }
 
 // apply fails the test on an inconsistent event (test goroutine only).
-func (m *mirror) apply(k kvevents.WorkerKey, evs []kvevents.Event) {
+func (m *mirror) apply(k workerref.Target, evs []kvevents.Event) {
 	m.t.Helper()
 	if err := m.applyErr(k, evs); err != nil {
 		m.t.Fatal(err)
 	}
 }
 
-func (m *mirror) applyErr(k kvevents.WorkerKey, evs []kvevents.Event) error {
+func (m *mirror) applyErr(k workerref.Target, evs []kvevents.Event) error {
 	bs := m.blocks[k]
 	if bs == nil {
 		bs = map[kvevents.EngineHash]kvevents.SeqHash{}
@@ -225,7 +226,7 @@ func (m *mirror) applyErr(k kvevents.WorkerKey, evs []kvevents.Event) error {
 	return nil
 }
 
-func (m *mirror) seqs(k kvevents.WorkerKey) []kvevents.SeqHash {
+func (m *mirror) seqs(k workerref.Target) []kvevents.SeqHash {
 	out := []kvevents.SeqHash{}
 	for _, s := range m.blocks[k] {
 		out = append(out, s)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // mirrorSink is a kvevents.Sink over a mirror: what a router index does,
@@ -37,7 +38,7 @@ func (s *mirrorSink) Resync(sig kvevents.Signal) {
 	clear(s.m.blocks[sig.Key()])
 }
 
-func (s *mirrorSink) seqs(k kvevents.WorkerKey) ([]kvevents.SeqHash, error) {
+func (s *mirrorSink) seqs(k workerref.Target) ([]kvevents.SeqHash, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m.seqs(k), s.err

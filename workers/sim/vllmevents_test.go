@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // vllmTestConfig enables events on ephemeral ports (port 0 is not offset
@@ -50,7 +51,7 @@ func newVLLMEvents(t testing.TB, cfg vllmzmq.Config, ranks int) *VLLMEvents {
 // already replayed.
 type follower struct {
 	t        testing.TB
-	key      kvevents.WorkerKey
+	key      workerref.Target
 	sub      *vllmzmq.Subscriber
 	replay   string
 	m        *mirror
@@ -64,7 +65,7 @@ type follower struct {
 	applied, replays, restarts, lateReplays int
 }
 
-func newFollower(t testing.TB, key kvevents.WorkerKey, p *vllmzmq.Publisher, m *mirror) *follower {
+func newFollower(t testing.TB, key workerref.Target, p *vllmzmq.Publisher, m *mirror) *follower {
 	t.Helper()
 	sub, err := vllmzmq.NewSubscriber(vllmzmq.SubscriberConfig{Endpoint: p.Endpoint(), Topic: "kv@sim"})
 	if err != nil {
