@@ -31,6 +31,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/bridge"
 	"github.com/kvrouter/kvrouter/workers/sim"
@@ -422,7 +423,7 @@ func (st *stack) converged(prompts map[string][][]uint32) {
 	t0 := time.Now()
 	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, e := range st.engines {
-			dump := e.eng.Dump()[kvevents.WorkerKey{Worker: e.id, Rank: 0}]
+			dump := e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}]
 			held := map[kvevents.SeqHash]bool{}
 			for _, h := range dump {
 				held[h] = true
