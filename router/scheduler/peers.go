@@ -258,6 +258,51 @@ func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
 	return bi
 }
 
+// TwoTier is SGLang's cache-aware decision as a policy: (1) when the load
+// spread is large — max − min active requests > BalanceAbs and max >
+// BalanceRel × min — take the least-loaded worker; (2) otherwise, when the
+// best overlap ratio (overlap blocks / prompt blocks) is > CacheThreshold,
+// the least-loaded worker among those with that best overlap; (3) otherwise
+// the least-loaded worker. With RespectSoftAffinity a Soft target that is a
+// candidate is kept unless tier 1 fires.
+type TwoTier struct {
+	CacheThreshold      float64 `yaml:"cache_threshold"`
+	BalanceAbs          float64 `yaml:"balance_abs_threshold"`
+	BalanceRel          float64 `yaml:"balance_rel_threshold"`
+	RespectSoftAffinity bool    `yaml:"respect_soft_affinity"`
+}
+
+// NewTwoTier returns the policy with SGLang's library defaults 0.5, 32, 1.1.
+func NewTwoTier() *TwoTier { return &TwoTier{CacheThreshold: 0.5, BalanceAbs: 32, BalanceRel: 1.1} }
+
+// Name implements Policy.
+func (*TwoTier) Name() string { return "two-tier" }
+
+// Select implements Policy.
+func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
+	n := c.Len()
+	if n == 0 {
+		return 0, ErrNoCandidate
+	}
+	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
+	bestOv := int32(0)
+	for _, s := range c.slots {
+		a := c.f.active[s]
+		lo, hi = min(lo, a), max(hi, a)
+		bestOv = max(bestOv, c.ovAt(s))
+	}
+	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
+		return leastLoaded(x, c, nil), nil
+	}
+	if p.RespectSoftAffinity && c.anyAffinityTarget() {
+		return leastLoaded(x, c, func(i int) bool { return c.aff.matches(c.f, c.slots[i]) }), nil
+	}
+	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
+		return leastLoaded(x, c, func(i int) bool { return c.ovAt(c.slots[i]) == bestOv }), nil
+	}
+	return leastLoaded(x, c, nil), nil
+}
+
 // CHWBL is KubeAI's PrefixHash load balancing: consistent hashing with
 // bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) on the prompt's
 // prefix. Source: substratusai/kubeai internal/loadbalancer/balance_chwbl.go
