@@ -4,7 +4,9 @@ package scheduler
 // compare kvrouter's default policy with what the other routers do, on the
 // same fleet, the same index and the same load view. Each type names the
 // source it follows. Where a peer reads an input the scheduler's view does
-// not have, the doc comment says which input stands in for it.
+// not have, the doc comment says which input stands in for it. TwoTier,
+// kvrouter's own variant of SGLang's decision, stands beside SGLang because
+// it decides with it (SGLang.tier) and only picks differently.
 
 import (
 	"encoding/binary"
