@@ -4,21 +4,23 @@
 //
 // # What it owns
 //
-//   - The admission actor: one goroutine per Scheduler (Start) serialises
-//     admit, select and book, so two selections never both see a worker's
-//     spare capacity (a replica never oversubscribes its own view).
-//   - The queue: strict priority tiers; FCFS or WSPT (shortest uncached work
-//     first) inside a tier; per-class limits (ErrOverloaded, HTTP 529);
-//     deadlines (ErrDeadline); pinned lanes; drained on prefill-done, free,
-//     load reports and membership changes; long waiters get their overlaps
-//     refreshed (Config.Refresh) before selection.
-//   - Eligibility: a worker is a candidate when known, inside the request's
-//     allowed set, available (registered, not draining) and not overloaded
-//     (Thresholds, adjustable at run time with SetThresholds); a draining
-//     worker (WorkerInfo.Draining) is a candidate only for a Hard
-//     requirement that names it (the pin rule). A request
-//     waits in the router only when every worker it may use is busy (the
-//     queue thresholds).
+//   - The admission actor (scheduler.go): one goroutine per Scheduler
+//     (Start) serialises admit, select and book, so two selections never
+//     both see a worker's spare capacity (a replica never oversubscribes
+//     its own view). Its inputs and outputs (Request, Decision, WorkerInfo,
+//     BookingEvent) are in types.go, its Config in config.go.
+//   - The queue (queue.go): strict priority tiers; FCFS or WSPT (shortest
+//     uncached work first) inside a tier; per-class limits (ErrOverloaded,
+//     HTTP 529); deadlines (ErrDeadline); pinned lanes; drained on
+//     prefill-done, free, load reports and membership changes; long waiters
+//     get their overlaps refreshed (Config.Refresh) before selection.
+//   - Eligibility (fleet.go, Thresholds in config.go): a worker is a
+//     candidate when known, inside the request's allowed set, available
+//     (registered, not draining) and not overloaded (Thresholds, adjustable
+//     at run time with SetThresholds); a draining worker
+//     (WorkerInfo.Draining) is a candidate only for a Hard requirement that
+//     names it (the pin rule). A request waits in the router only when
+//     every worker it may use is busy (the queue thresholds).
 //   - The pin rule: applyPinRule in pinrule.go. It is the one place where an
 //     explicit pin, a Hard or Soft affinity requirement and a classifier's
 //     suggestion limit admission and selection, and the one place that
@@ -28,11 +30,17 @@
 //     the more specific target, and a disagreeing pair is ErrPinConflict
 //     before selection). selectWorker (same file) executes
 //     its plan. No policy handles Hard itself.
-//   - Policies (policy.go, builtin.go, registry.go): the Policy interface,
-//     the llm-d style Pipeline of Filters, weighted Scorers and a Picker,
-//     the builtins (default cost, round-robin, random, least-loaded,
-//     power-of-two, two-tier cache-or-balance) and a Registry that builds
-//     them by name from YAML. Policies are pure; only the queue books.
+//   - Policies: the Policy, Filter, Scorer and Picker interfaces and the
+//     Candidates and Context a policy reads (policy.go); the default policy,
+//     its cost model CostParams and the fused min-cost passes (cost.go);
+//     softmax sampling, shared by the default policy and the softmax picker
+//     (sampling.go); the llm-d style Pipeline of Filters, weighted Scorers
+//     and a Picker, with the builtin parts (pipeline.go); round-robin,
+//     random, least-loaded and power-of-two (simple.go); the peers'
+//     algorithms llmd, sglang, dynamo and chwbl, and two-tier, SGLang's
+//     decision with least-loaded picks (peers.go); and a Registry that
+//     builds them by name from YAML (registry.go). Policies are pure; only
+//     the queue books.
 //   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
 //     blocks shared with other active requests on a worker counted once,
 //     via per-hash refcounts) and active requests; PrefillDone, Free and
@@ -54,6 +62,7 @@
 // # Where to start reading
 //
 // pinrule.go (applyPinRule, then selectWorker), then queue.go (submit, pump,
-// admit), then builtin.go (DefaultPolicy), then booking.go. The wire form of
-// BookingEvent and the policy YAML are in docs/protocol.md.
+// admit), then policy.go (Policy, Candidates), cost.go (DefaultPolicy) and
+// registry.go (NewRegistry lists every builtin by name), then booking.go.
+// The wire form of BookingEvent and the policy YAML are in docs/protocol.md.
 package scheduler

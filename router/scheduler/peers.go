@@ -4,7 +4,9 @@ package scheduler
 // compare kvrouter's default policy with what the other routers do, on the
 // same fleet, the same index and the same load view. Each type names the
 // source it follows. Where a peer reads an input the scheduler's view does
-// not have, the doc comment says which input stands in for it.
+// not have, the doc comment says which input stands in for it. TwoTier,
+// kvrouter's own variant of SGLang's decision, stands beside SGLang because
+// it decides with it (SGLang.tier) and only picks differently.
 
 import (
 	"encoding/binary"
@@ -218,17 +220,10 @@ func (p *SGLang) Select(x *Context, c *Candidates) (int, error) {
 	if c.Len() == 0 {
 		return 0, ErrNoCandidate
 	}
-	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
-	bestOv := int32(0)
-	for _, s := range c.slots {
-		a := c.active[s]
-		lo, hi = min(lo, a), max(hi, a)
-		bestOv = max(bestOv, c.ovAt(s))
-	}
-	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
+	switch tier, bestOv := p.tier(x, c); tier {
+	case tierImbalanced:
 		return firstMin(c, func(s int32) (int64, int64) { return int64(c.active[s]), 0 }), nil
-	}
-	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
+	case tierCache:
 		// Among the holders of the best prefix, the lower load first.
 		return firstMin(c, func(s int32) (int64, int64) {
 			if c.ovAt(s) != bestOv {
@@ -243,6 +238,35 @@ func (p *SGLang) Select(x *Context, c *Candidates) (int, error) {
 	}), nil
 }
 
+// cacheAwareTier is the step of SGLang's decision a request falls in.
+type cacheAwareTier uint8
+
+const (
+	tierImbalanced cacheAwareTier = iota // 1: the load spread is too wide: balance
+	tierCache                            // 2: the best cached prefix is worth taking
+	tierRest                             // 3: neither
+)
+
+// tier is SGLang's decision without its picks: which step applies (steps 1
+// and 2 above, else 3) and the best overlap among the candidates, which
+// must not be empty. TwoTier decides with it too and picks differently.
+func (p SGLang) tier(x *Context, c *Candidates) (cacheAwareTier, int32) {
+	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
+	bestOv := int32(0)
+	for _, s := range c.slots {
+		a := c.active[s]
+		lo, hi = min(lo, a), max(hi, a)
+		bestOv = max(bestOv, c.ovAt(s))
+	}
+	if float64(hi-lo) > p.BalanceAbs && float64(hi) > p.BalanceRel*float64(lo) {
+		return tierImbalanced, bestOv
+	}
+	if x.RequestBlocks > 0 && float64(bestOv)/float64(x.RequestBlocks) > p.CacheThreshold {
+		return tierCache, bestOv
+	}
+	return tierRest, bestOv
+}
+
 // firstMin returns the candidate with the smallest key (primary, then
 // secondary), the first one in candidate order on a tie.
 func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
@@ -255,6 +279,47 @@ func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
 		}
 	}
 	return bi
+}
+
+// TwoTier is SGLang's decision (SGLang.tier) with SGLang's library
+// defaults and least-loaded picks: (1) when the load spread is large —
+// max − min active requests > BalanceAbs and max > BalanceRel × min — take
+// the least-loaded worker; (2) otherwise, when the best overlap ratio
+// (overlap blocks / prompt blocks) is > CacheThreshold, the least-loaded
+// worker among those with that best overlap; (3) otherwise the least-loaded
+// worker. Least loaded is fewest active requests, then least booked
+// prefill, ties at random (leastLoaded); SGLang itself takes the first
+// worker on a tie and, in step 3, the most free cache. With
+// RespectSoftAffinity a Soft target that is a candidate is kept unless
+// step 1 fires.
+type TwoTier struct {
+	CacheThreshold      float64 `yaml:"cache_threshold"`
+	BalanceAbs          float64 `yaml:"balance_abs_threshold"`
+	BalanceRel          float64 `yaml:"balance_rel_threshold"`
+	RespectSoftAffinity bool    `yaml:"respect_soft_affinity"`
+}
+
+// NewTwoTier returns the policy with SGLang's library defaults 0.5, 32, 1.1.
+func NewTwoTier() *TwoTier { return &TwoTier{CacheThreshold: 0.5, BalanceAbs: 32, BalanceRel: 1.1} }
+
+// Name implements Policy.
+func (*TwoTier) Name() string { return "two-tier" }
+
+// Select implements Policy.
+func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	tier, bestOv := SGLang{p.CacheThreshold, p.BalanceAbs, p.BalanceRel}.tier(x, c)
+	switch {
+	case tier == tierImbalanced:
+		return leastLoaded(x, c, nil), nil
+	case p.RespectSoftAffinity && c.anyAffinityTarget():
+		return leastLoaded(x, c, func(i int) bool { return c.aff.matches(c.f, c.slots[i]) }), nil
+	case tier == tierCache:
+		return leastLoaded(x, c, func(i int) bool { return c.ovAt(c.slots[i]) == bestOv }), nil
+	}
+	return leastLoaded(x, c, nil), nil
 }
 
 // CHWBL is KubeAI's PrefixHash load balancing: consistent hashing with

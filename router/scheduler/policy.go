@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"fmt"
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/workerref"
@@ -22,6 +21,13 @@ type Policy interface {
 	Select(x *Context, c *Candidates) (int, error)
 }
 
+// Seeded is implemented by policies whose configuration carries a seed for
+// reproducible picks; the scheduler seeds its random source from it unless
+// Config has a seed.
+type Seeded interface {
+	Seed() (uint64, bool)
+}
+
 // Filter drops candidates: keep[i] starts true for every candidate and the
 // filter sets it false for those it rejects.
 type Filter interface {
@@ -37,67 +43,6 @@ type Scorer interface {
 // Picker chooses a candidate from the weighted sum of the scorers' costs.
 type Picker interface {
 	Pick(x *Context, c *Candidates, cost []float64) (int, error)
-}
-
-// WeightedScorer is one term of a Pipeline's cost.
-type WeightedScorer struct {
-	Scorer Scorer
-	Weight float64
-}
-
-// Pipeline is the llm-d style policy: filters, then weighted scorers, then a
-// picker. A filter that leaves nothing makes Select fail with ErrNoCandidate.
-type Pipeline struct {
-	PolicyName string
-	Filters    []Filter
-	Scorers    []WeightedScorer
-	Picker     Picker // nil: MinPicker
-}
-
-// Name implements Policy.
-func (p *Pipeline) Name() string {
-	if p.PolicyName == "" {
-		return "pipeline"
-	}
-	return p.PolicyName
-}
-
-// Select implements Policy.
-func (p *Pipeline) Select(x *Context, c *Candidates) (int, error) {
-	for _, f := range p.Filters {
-		n := c.Len()
-		keep := x.bools(n)
-		for i := range keep {
-			keep[i] = true
-		}
-		f.Filter(x, c, keep)
-		c.Retain(keep)
-		if c.Len() == 0 {
-			return 0, fmt.Errorf("%w: filter %T left none of %d", ErrNoCandidate, f, n)
-		}
-	}
-	n := c.Len()
-	if n == 0 {
-		return 0, ErrNoCandidate
-	}
-	cost := x.costs(n)
-	if len(p.Scorers) == 1 && p.Scorers[0].Weight == 1 {
-		p.Scorers[0].Scorer.Score(x, c, cost) // a scorer writes every row
-	} else {
-		clear(cost)
-		tmp := x.tmp(n)
-		for _, ws := range p.Scorers {
-			ws.Scorer.Score(x, c, tmp)
-			for i, v := range tmp {
-				cost[i] += ws.Weight * v
-			}
-		}
-	}
-	pk := p.Picker
-	if pk == nil {
-		pk = MinPicker{}
-	}
-	return pk.Pick(x, c, cost)
 }
 
 // Context is what a policy knows about the request being placed, plus a
@@ -236,6 +181,19 @@ func (c *Candidates) Busy(i int) bool { return c.f.flags[c.slots[i]]&fBusy != 0 
 // IsAffinityTarget reports whether candidate i is inside the Soft target.
 func (c *Candidates) IsAffinityTarget(i int) bool {
 	return c.hasAff && c.aff.matches(c.f, c.slots[i])
+}
+
+// anyAffinityTarget reports whether the Soft target is among the candidates.
+func (c *Candidates) anyAffinityTarget() bool {
+	if !c.hasAff {
+		return false
+	}
+	for _, s := range c.slots {
+		if c.aff.matches(c.f, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // Retain keeps the candidates whose keep flag is set, in order; len(keep)

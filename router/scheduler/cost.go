@@ -1,0 +1,257 @@
+package scheduler
+
+// The default policy: its cost model (CostParams), the fused scorer and
+// picker passes it runs per selection, and the cost as a pipeline scorer
+// (DefaultCost, in pipeline.go). Sampling above temperature 0 is in
+// sampling.go.
+
+import (
+	"math"
+)
+
+// CostParams are the default cost function's weights:
+//
+//	cost = PrefillLoadScale · max(0, (active_prefill_tokens + ISL)/block_size − OverlapCredit · overlap_blocks)
+//	     + DecodeBlockWeight · potential_decode_blocks + DecodeActiveRequestWeight · active_requests
+//
+// where potential_decode_blocks counts prompt blocks already active on the
+// worker once. DecodeBlockWeight is not one of Dynamo's parameters (Dynamo
+// weighs decode blocks 1): in an engine step a decode block costs far less
+// time than a prefill block (docs/benchmarks.md, "Default policy
+// experiments"), so a weight below 1 lets the cache outweigh memory load.
+// Build CostParams from DefaultCostParams: a zero DecodeBlockWeight ignores
+// decode load.
+type CostParams struct {
+	PrefillLoadScale          float64 `yaml:"prefill_load_scale"`
+	OverlapCredit             float64 `yaml:"overlap_credit"`
+	DecodeActiveRequestWeight float64 `yaml:"decode_active_request_weight"`
+	DecodeBlockWeight         float64 `yaml:"decode_block_weight"`
+}
+
+// DefaultCostParams: prefill load scale 1, overlap credit 4, decode-block
+// weight 0.1, request weight 0. Measured against Dynamo's weights
+// (DynamoCostParams) on the Mooncake conversation and synthetic traces at two
+// loads each (docs/benchmarks.md, "Default policy experiments"): a decode
+// block costs an engine step a small fraction of what a prefill block costs,
+// so weight 1 let a busy cache holder's decode blocks outweigh its cache;
+// and a cached block is worth more than the one block of this request's
+// prefill it saves (credit 1): recomputing it elsewhere also delays every
+// request queued behind there, and the moved session loses its cache for its
+// later turns. Neither weight alone helped; together they raised the hit
+// ratio and lowered TTFT p50 and p99 in every setting measured.
+func DefaultCostParams() CostParams {
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 4, DecodeBlockWeight: 0.1}
+}
+
+// DynamoCostParams are Dynamo's default weights: scale 1, credit 1,
+// decode-block weight 1, request weight 0 (the `dynamo` policy).
+func DynamoCostParams() CostParams {
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 1}
+}
+
+// DefaultPolicy is the builtin default: the cost function above, then a
+// picker that takes the minimum with a uniform random tie-break at
+// temperature 0 and samples softmax(−normalised cost / T) above it. It keeps
+// a Soft target while the target is a candidate (ranked and worker-only
+// targets; with or without sampling, the choice is limited to the target's
+// rows). Scorer and picker are fused into one pass over the candidates.
+type DefaultPolicy struct {
+	Cost        CostParams
+	Temperature float64
+	SeedValue   uint64
+	HasSeed     bool
+}
+
+// NewDefaultPolicy returns the default policy at temperature t.
+func NewDefaultPolicy(t float64) *DefaultPolicy {
+	return &DefaultPolicy{Cost: DefaultCostParams(), Temperature: t}
+}
+
+// NewDynamoPolicy returns Dynamo's current default cost at temperature t:
+// the default policy with DynamoCostParams.
+func NewDynamoPolicy(t float64) *DefaultPolicy {
+	return &DefaultPolicy{Cost: DynamoCostParams(), Temperature: t}
+}
+
+// Name implements Policy.
+func (p *DefaultPolicy) Name() string { return "default" }
+
+// Seed implements Seeded.
+func (p *DefaultPolicy) Seed() (uint64, bool) { return p.SeedValue, p.HasSeed }
+
+// Select implements Policy.
+func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
+	if c.Len() == 0 {
+		return 0, ErrNoCandidate
+	}
+	only := c.hasAff && c.anyAffinityTarget()
+	if p.Temperature <= 0 {
+		if !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+			return pickMinCostPlain(x, c, &p.Cost), nil
+		}
+		return pickMinCost(x, c, &p.Cost, only), nil
+	}
+	if len(c.slots) == 2 && !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+		return samplePairPlain(x, c, &p.Cost, p.Temperature), nil
+	}
+	cost := x.costs(c.Len())
+	lo, hi, m := scoreDefaultRange(x, c, &p.Cost, cost, only)
+	return sampleSoftmax(x, cost, lo, hi, m, p.Temperature), nil
+}
+
+// pickMinCost is the fused default scorer + temperature-0 picker.
+func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
+	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+		return pickMinCostPlain(x, c, cp)
+	}
+	f := c.f
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	newBlks := c.newBlks
+	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
+	ov, ep := c.ov, c.epoch
+	best, bi, ties := math.Inf(1), 0, 0
+	for i, s := range c.slots {
+		if only && !c.aff.matches(f, s) {
+			continue
+		}
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		cost := scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+		if cost < best {
+			best, bi, ties = cost, i, 1
+		} else if cost == best {
+			bi, ties = x.rng.keepTied(bi, i, ties)
+		}
+	}
+	return bi
+}
+
+// pickMinCostPlain is pickMinCost for the common case: no Soft target among
+// the candidates, no prompt blocks shared with active requests, no
+// active-request weight. Same costs, same tie-break draws.
+func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	scale, credit, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeBlockWeight
+	newBlks := float64(c.newBlks)
+	prefill, decode := c.prefillF, c.decodeF
+	ov, ep := c.ov, c.epoch
+	best, bi, ties := math.Inf(1), 0, 0
+	for i, s := range c.slots {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (prefill[s]+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		cost := scale*pre + dw*(decode[s]+newBlks)
+		if cost < best {
+			best, bi, ties = cost, i, 1
+		} else if cost == best {
+			bi, ties = x.rng.keepTied(bi, i, ties)
+		}
+	}
+	return bi
+}
+
+func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
+	f := c.f
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	newBlks := c.newBlks
+	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
+	ov, ep := c.ov, c.epoch
+	cost = cost[:len(c.slots)]
+	for i, s := range c.slots {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		cost[i] = scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
+	}
+}
+
+// scoreDefaultRange writes the default costs and returns their range and
+// count; with only, rows outside the Soft target get NaN (excluded). The
+// range is tracked with plain compares: the min/max builtins handle NaN and
+// signed zeros, which costs more than the rest of the loop.
+func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64, only bool) (lo, hi float64, m int) {
+	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+		return scoreDefaultRangePlain(x, c, cp, cost)
+	}
+	scoreDefault(x, c, cp, cost)
+	cost = cost[:len(c.slots)]
+	lo, hi = math.Inf(1), math.Inf(-1)
+	if !only {
+		for _, v := range cost {
+			if v < lo {
+				lo = v
+			}
+			if v > hi {
+				hi = v
+			}
+		}
+		return lo, hi, len(cost)
+	}
+	for i, v := range cost {
+		if !c.aff.matches(c.f, c.slots[i]) {
+			cost[i] = math.NaN()
+			continue
+		}
+		m++
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
+	}
+	return lo, hi, m
+}
+
+// scoreDefaultRangePlain is scoreDefaultRange in one pass for the common
+// case (see pickMinCostPlain).
+func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []float64) (lo, hi float64, m int) {
+	inv := x.invBlockSize()
+	isl := float64(x.PromptTokens)
+	scale, credit, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeBlockWeight
+	newBlks := float64(c.newBlks)
+	prefill, decode := c.prefillF, c.decodeF
+	ov, ep := c.ov, c.epoch
+	cost = cost[:len(c.slots)]
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for i, s := range c.slots {
+		o := 0.0
+		if v := ov[s]; v >= ep {
+			o = float64(uint32(v))
+		}
+		pre := (prefill[s]+isl)*inv - credit*o
+		if pre < 0 {
+			pre = 0
+		}
+		v := scale*pre + dw*(decode[s]+newBlks)
+		cost[i] = v
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
+	}
+	return lo, hi, len(cost)
+}
