@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,16 +44,76 @@ func Start(t testing.TB, opts ...Option) *server.Server {
 
 func run(t testing.TB, o *server.Options) *server.Server {
 	t.Helper()
-	s, err := server.NewServer(o)
-	if err != nil {
-		t.Fatalf("natstest: new server: %v", err)
+	s, err := launch(o)
+	if err == nil {
+		err = ready(t, s)
 	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatalf("natstest: server %s not ready within 10s", o.ServerName)
+	if err != nil {
+		s.Shutdown() // nil-safe
+		t.Fatal(err)
 	}
 	return s
+}
+
+// launch creates the server o describes and starts it in the background.
+func launch(o *server.Options) (*server.Server, error) {
+	s, err := server.NewServer(o)
+	if err != nil {
+		return nil, fmt.Errorf("natstest: new server %s: %w", o.ServerName, err)
+	}
+	s.SetLogger(&fatalLog{}, false, false)
+	go s.Start()
+	return s, nil
+}
+
+// ready waits until s accepts client and route connections. It stops early
+// when s reports a fatal error (a port it could not listen on, JetStream
+// that would not start), which would otherwise cost the whole budget.
+func ready(t testing.TB, s *server.Server) error {
+	budget := testutil.Budget(t)
+	deadline := time.Now().Add(budget)
+	for !s.ReadyForConnections(100 * time.Millisecond) {
+		if err := fatalOf(s); err != nil {
+			return fmt.Errorf("natstest: server %s did not start: %w", s.Name(), err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("natstest: server %s not ready within %v", s.Name(), budget)
+		}
+	}
+	return nil
+}
+
+// fatalLog keeps the first fatal error a server reports. NoLog leaves a
+// server without a logger, so such an error would show only as a start-up
+// that never finishes.
+type fatalLog struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = fmt.Errorf(format, v...)
+	}
+}
+
+func (l *fatalLog) Noticef(string, ...any) {}
+func (l *fatalLog) Warnf(string, ...any)   {}
+func (l *fatalLog) Errorf(string, ...any)  {}
+func (l *fatalLog) Debugf(string, ...any)  {}
+func (l *fatalLog) Tracef(string, ...any)  {}
+
+// fatalOf returns the fatal error s reported, or nil.
+func fatalOf(s *server.Server) error {
+	l, ok := s.Logger().(*fatalLog)
+	if !ok {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 // Connect opens a client connection to s (over loopback TCP) and closes it
@@ -76,74 +139,121 @@ func JetStream(t testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream)
 	return nc, js
 }
 
-// Cluster is a three-node JetStream cluster in one process.
+// Cluster is a JetStream cluster of n nodes in one process.
 type Cluster struct {
 	Servers []*server.Server
 	opts    []*server.Options
 	t       testing.TB
 }
 
+// startAttempts bounds how often StartCluster picks new ports: a port
+// freePorts found free can be taken by another process before its node
+// listens on it.
+const startAttempts = 3
+
 // StartCluster runs n JetStream nodes clustered over loopback and waits
-// until the meta leader sees all n peers. Nodes are shut down when the test
-// ends.
+// until the meta leader sees all n peers current (WaitPeers). Every wait
+// is bounded by the test's own deadline (testutil.Budget), not by a fixed
+// time, so a loaded machine slows the start but does not fail it. Nodes
+// are shut down when the test ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster size %d", n)
 	}
-	cports := freePorts(t, n)
+	c := &Cluster{t: t}
+	t.Cleanup(c.Shutdown)
+	for attempt := 1; ; attempt++ {
+		err := c.launch(n)
+		if err == nil {
+			break
+		}
+		c.Shutdown()
+		if attempt == startAttempts {
+			t.Fatalf("natstest: cluster of %d not started in %d attempts: %v", n, attempt, err)
+		}
+	}
+	c.WaitPeers(n)
+	return c
+}
+
+// launch starts n nodes on fresh ports and store directories and waits
+// until each accepts connections.
+func (c *Cluster) launch(n int) error {
+	cports := freePorts(c.t, n)
 	routes := make([]string, n)
 	for i, p := range cports {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
 	}
-	c := &Cluster{t: t}
+	c.opts, c.Servers = nil, nil
 	for i := 0; i < n; i++ {
 		o := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i),
 			Host:       "127.0.0.1",
 			Port:       -1,
 			JetStream:  true,
-			StoreDir:   t.TempDir(),
+			StoreDir:   c.t.TempDir(),
 			NoLog:      true,
 			NoSigs:     true,
 			Cluster:    server.ClusterOpts{Name: "test", Host: "127.0.0.1", Port: cports[i]},
 			Routes:     server.RoutesFromStr(joinComma(routes)),
 		}
-		c.opts = append(c.opts, o)
-	}
-	for _, o := range c.opts {
-		s, err := server.NewServer(o)
+		s, err := launch(o)
 		if err != nil {
-			t.Fatalf("natstest: new cluster node: %v", err)
+			return err
 		}
-		go s.Start()
+		c.opts = append(c.opts, o)
 		c.Servers = append(c.Servers, s)
 	}
-	t.Cleanup(c.Shutdown)
 	for _, s := range c.Servers {
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("natstest: cluster node %s not ready", s.Name())
+		if err := ready(c.t, s); err != nil {
+			return err
 		}
 	}
-	c.WaitPeers(n, 15*time.Second)
-	return c
+	return nil
 }
 
 // WaitPeers waits until the meta leader counts want JetStream peers that
-// are online and have reported stats: only then can an R3 stream be placed
-// ("no suitable peers for placement" otherwise).
-func (c *Cluster) WaitPeers(want int, timeout time.Duration) {
+// are online and have reported stats (only then can an R3 stream be placed:
+// "no suitable peers for placement" otherwise) and every running node's
+// copy of the meta state is current. Elections and stats reports arrive
+// on the server's own timers (seconds apart), so the wait is bounded by
+// the test's deadline (testutil.Budget), not by a fixed time.
+func (c *Cluster) WaitPeers(want int) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, s := range c.Servers {
-			if s.Running() && s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) >= want {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	testutil.Eventually(c.t, testutil.Budget(c.t), func() bool { return c.hasPeers(want) },
+		func() string {
+			return fmt.Sprintf("natstest: no JetStream meta leader with %d current peers: %s", want, c.state())
+		})
+}
+
+func (c *Cluster) hasPeers(want int) bool {
+	leader := c.MetaLeader()
+	if leader < 0 || len(c.Servers[leader].JetStreamClusterPeers()) < want {
+		return false
 	}
-	c.t.Fatalf("natstest: no JetStream meta leader with %d peers within %v", want, timeout)
+	for _, s := range c.Servers {
+		if s.Running() && !s.JetStreamIsCurrent() {
+			return false
+		}
+	}
+	return true
+}
+
+// state describes each node's view of the meta group, for a failed wait.
+func (c *Cluster) state() string {
+	var parts []string
+	for i, s := range c.Servers {
+		switch {
+		case !s.Running():
+			parts = append(parts, fmt.Sprintf("n%d down", i))
+		case s.JetStreamIsLeader():
+			parts = append(parts, fmt.Sprintf("n%d leader with peers %v", i, s.JetStreamClusterPeers()))
+		default:
+			parts = append(parts, fmt.Sprintf("n%d current=%v", i, s.JetStreamIsCurrent()))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // URLs returns the client URLs of the running nodes, comma separated, for
@@ -193,14 +303,13 @@ func (c *Cluster) Start(i int) {
 	if c.Servers[i].Running() {
 		c.t.Fatalf("natstest: start node %d: already running", i)
 	}
-	o := c.opts[i].Clone()
-	s, err := server.NewServer(o)
-	if err != nil {
-		c.t.Fatalf("natstest: start node %d: %v", i, err)
+	s, err := launch(c.opts[i].Clone())
+	if err == nil {
+		err = ready(c.t, s)
 	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("natstest: started node %d not ready", i)
+	if err != nil {
+		s.Shutdown() // nil-safe
+		c.t.Fatalf("natstest: start node %d: %v", i, err)
 	}
 	c.Servers[i] = s
 }

@@ -3,10 +3,13 @@ package natstest
 import (
 	"context"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -22,6 +25,31 @@ func TestStartServesJetStream(t *testing.T) {
 	}
 	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A port a node cannot listen on ends the start-up wait at once, with the
+// reason, instead of after the whole budget (StartCluster then tries new
+// ports).
+func TestReadyReportsPortInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s, err := launch(&server.Options{ServerName: "taken", Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		Cluster: server.ClusterOpts{Name: "test", Host: "127.0.0.1", Port: l.Addr().(*net.TCPAddr).Port}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	start := time.Now()
+	err = ready(t, s)
+	if err == nil || !strings.Contains(err.Error(), "router port") {
+		t.Fatalf("ready with the route port taken = %v, want an error naming the router port", err)
+	}
+	if waited := time.Since(start); waited > time.Minute {
+		t.Fatalf("ready took %v to report a taken port", waited)
 	}
 }
 
@@ -87,7 +115,7 @@ func TestClusterStopAndStart(t *testing.T) {
 	testutil.Eventually(t, 15*time.Second, func() bool { l := c.StreamLeader("KV_c"); return l >= 0 && l != meta },
 		func() string { return "no KV_c leader on a running node" })
 	c.Start(meta)
-	c.WaitPeers(3, 15*time.Second)
+	c.WaitPeers(3)
 	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatalf("put after restart: %v", err)
 	}

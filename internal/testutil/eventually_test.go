@@ -41,3 +41,30 @@ func TestEventuallyFailsWithWhat(t *testing.T) {
 		t.Fatal("Eventually returned on a condition that never held")
 	}
 }
+
+// deadlineT is a test whose deadline the test sets.
+type deadlineT struct {
+	testing.TB
+	at time.Time
+}
+
+func (d deadlineT) Deadline() (time.Time, bool) { return d.at, true }
+
+func TestBudgetEndsBeforeTheDeadline(t *testing.T) {
+	for _, left := range []time.Duration{10 * time.Minute, 30 * time.Second, 4 * time.Second} {
+		b := Budget(deadlineT{TB: t, at: time.Now().Add(left)})
+		if b < left/3 || b >= left {
+			t.Errorf("budget with %v left = %v, want in [%v, %v)", left, b, left/3, left)
+		}
+	}
+	if b := Budget(deadlineT{TB: t, at: time.Now().Add(-time.Second)}); b != 0 {
+		t.Errorf("budget past the deadline = %v, want 0", b)
+	}
+}
+
+func TestBudgetWithoutDeadline(t *testing.T) {
+	var b *testing.B
+	if got := Budget(b); got != DefaultBudget {
+		t.Errorf("budget of a benchmark = %v, want %v", got, DefaultBudget)
+	}
+}

@@ -371,7 +371,7 @@ func (f *Fleet) StopNodes(ctx context.Context, rec *Recorder, down time.Duration
 	for _, n := range fault.Nodes {
 		f.Cluster.Start(n)
 	}
-	f.Cluster.WaitPeers(3, 30*time.Second)
+	f.Cluster.WaitPeers(3)
 	testutil.Eventually(f.t, 30*time.Second, func() bool {
 		return f.Cluster.StreamLeader(BindingsStream) >= 0 && f.Cluster.StreamLeader(WorkersStream) >= 0
 	}, func() string { return "buckets without a leader after " + fault.Target })
