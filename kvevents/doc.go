@@ -15,15 +15,12 @@
 //     across workers.
 //   - Subjects (subject.go): <prefix>.events.<model>.<worker>, names escaped
 //     one-to-one by SubjectToken.
-//   - Our wire format (wire.go, msgpack.go): a versioned positional msgpack
-//     Batch, encoded and decoded by hand over a bounded byte reader (several
-//     times faster than vmihailenco/msgpack's Decoder on the same batches:
-//     BenchmarkMsgpackDecode); every field is documented in docs/protocol.md.
-//   - vLLM interop (vllm.go): DecodeVLLMBatch reads every KVEventBatch shape
-//     vLLM, SGLang and TensorRT-LLM publish; a Converter (one per engine)
-//     turns those events into ours, hashing token_ids and chaining children
-//     onto their parents' sequence hashes. VLLMEncoder (vllmenc.go) writes
-//     the batch back in vLLM's own bytes, for the simulated engine.
+//   - Our wire format (wire.go): a versioned positional msgpack Batch,
+//     encoded and decoded by hand over internal/msgpack's bounded byte
+//     reader (several times faster than vmihailenco/msgpack's Decoder on the
+//     same batches: BenchmarkMsgpackDecode); every field is documented in
+//     docs/protocol.md. The decoding errors (ErrTruncated, ErrMalformed,
+//     ErrOversized) are named here for every decoder of events.
 //   - The Publisher (publisher.go): per (worker, rank), batches, numbers
 //     events from 1, publishes in order with a dedup id, retries, and a
 //     bounded buffer that fails loudly (ErrBufferFull) rather than block or
@@ -42,17 +39,16 @@
 //
 // It does not own the prefix index that consumes batches (router/index
 // implements Sink), the engine processes or simulators that produce events
-// (workers, workers/sim), the ZMQ transport of vLLM's event stream
-// (kvevents/vllmzmq; its payload frame is what DecodeVLLMBatch reads), or
-// snapshots (the
-// index records a stream sequence and restarts a Subscriber from it).
-//
-// Tests decode vLLM's own payloads from testdata/vllm, copies of
-// shared/testvectors/vllm (TestVLLMVectorCopiesMatchShared keeps them equal).
+// (workers, workers/sim), vLLM's event format (kvevents/vllm: its decoder,
+// the converter into our Events, and its encoder; it imports kvevents, never
+// the other way), the ZMQ transport of vLLM's event stream
+// (kvevents/vllmzmq), the msgpack primitives (internal/msgpack), or
+// snapshots (the index records a stream sequence and restarts a Subscriber
+// from it).
 //
 // Where to start reading: types.go (the shared Event and Batch), then
-// hash.go, then publisher.go and subscriber.go for the flow; wire.go and
-// vllm.go are the two decoders, both built on msgpack.go's mpReader.
+// hash.go, then publisher.go and subscriber.go for the flow; wire.go is our
+// decoder and encoder, built on internal/msgpack's Reader.
 //
 // Ordering and loss, in short: event ids are per (worker, rank), start at 1
 // and have no holes; the epoch is random per publisher process. The

@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/msgpack"
 )
 
 var (
@@ -398,14 +400,14 @@ func (p *Publisher) run(ctx context.Context) {
 // appendHeader writes the batch array up to the events array header; the
 // events follow already encoded.
 func (p *Publisher) appendHeader(dst []byte, firstID uint64, n int) []byte {
-	dst = appendArrayHeader(dst, minBatchArrayLen)
-	dst = appendUint(dst, WireVersion)
-	dst = appendStr(dst, p.cfg.Model)
-	dst = appendStr(dst, p.cfg.Worker)
-	dst = appendUint(dst, uint64(p.cfg.Rank))
-	dst = appendUint(dst, p.epoch)
-	dst = appendUint(dst, firstID)
-	return appendArrayHeader(dst, n)
+	dst = msgpack.AppendArrayHeader(dst, minBatchArrayLen)
+	dst = msgpack.AppendUint(dst, WireVersion)
+	dst = msgpack.AppendStr(dst, p.cfg.Model)
+	dst = msgpack.AppendStr(dst, p.cfg.Worker)
+	dst = msgpack.AppendUint(dst, uint64(p.cfg.Rank))
+	dst = msgpack.AppendUint(dst, p.epoch)
+	dst = msgpack.AppendUint(dst, firstID)
+	return msgpack.AppendArrayHeader(dst, n)
 }
 
 // MsgID returns the Nats-Msg-Id of the batch of (model, worker, rank) in

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvrouter/kvrouter/internal/msgpack"
 )
 
 // WireVersion is the version field every encoded Batch starts with. A
@@ -23,6 +25,21 @@ const (
 	minBatchArrayLen  = 7       // [version, model, worker, rank, epoch, first id, events]
 	minStoredArrayLen = 4       // [kind, tier, parent, blocks]
 	minRemovedArrayLn = 3       // [kind, tier, hashes]
+)
+
+// Decoding errors. Every decoder error, ours and kvevents/vllm's, wraps
+// exactly one of these (or ErrUnsupportedVersion), so callers can count bad
+// input by cause with errors.Is. They are internal/msgpack's own values,
+// named here for code outside internal/.
+var (
+	// ErrTruncated: the input ends inside a value.
+	ErrTruncated = msgpack.ErrTruncated
+	// ErrMalformed: the bytes are not the expected msgpack shape or a value
+	// is out of range.
+	ErrMalformed = msgpack.ErrMalformed
+	// ErrOversized: the input, or a count or string inside it, exceeds a
+	// decoder limit.
+	ErrOversized = msgpack.ErrOversized
 )
 
 var (
@@ -47,14 +64,14 @@ func AppendBatch(dst []byte, b *Batch) ([]byte, error) {
 	if err := validateBatch(b); err != nil {
 		return dst, err
 	}
-	dst = appendArrayHeader(dst, minBatchArrayLen)
-	dst = appendUint(dst, WireVersion)
-	dst = appendStr(dst, b.Model)
-	dst = appendStr(dst, b.Worker)
-	dst = appendUint(dst, uint64(b.Rank))
-	dst = appendUint(dst, b.Epoch)
-	dst = appendUint(dst, b.FirstEventID)
-	dst = appendArrayHeader(dst, len(b.Events))
+	dst = msgpack.AppendArrayHeader(dst, minBatchArrayLen)
+	dst = msgpack.AppendUint(dst, WireVersion)
+	dst = msgpack.AppendStr(dst, b.Model)
+	dst = msgpack.AppendStr(dst, b.Worker)
+	dst = msgpack.AppendUint(dst, uint64(b.Rank))
+	dst = msgpack.AppendUint(dst, b.Epoch)
+	dst = msgpack.AppendUint(dst, b.FirstEventID)
+	dst = msgpack.AppendArrayHeader(dst, len(b.Events))
 	for i := range b.Events {
 		dst = appendEvent(dst, &b.Events[i])
 	}
@@ -92,23 +109,23 @@ func appendEvent(dst []byte, ev *Event) []byte {
 	switch ev.Kind {
 	case KindStored:
 		dst = append(dst, 0x94, byte(KindStored))
-		dst = appendUint(dst, uint64(ev.Tier))
+		dst = msgpack.AppendUint(dst, uint64(ev.Tier))
 		if ev.HasParent {
-			dst = appendUint(dst, uint64(ev.Parent))
+			dst = msgpack.AppendUint(dst, uint64(ev.Parent))
 		} else {
-			dst = appendNil(dst)
+			dst = msgpack.AppendNil(dst)
 		}
-		dst = appendArrayHeader(dst, 2*len(ev.Blocks))
+		dst = msgpack.AppendArrayHeader(dst, 2*len(ev.Blocks))
 		for _, bl := range ev.Blocks {
-			dst = appendUint(dst, uint64(bl.Engine))
-			dst = appendUint(dst, uint64(bl.Seq))
+			dst = msgpack.AppendUint(dst, uint64(bl.Engine))
+			dst = msgpack.AppendUint(dst, uint64(bl.Seq))
 		}
 	case KindRemoved:
 		dst = append(dst, 0x93, byte(KindRemoved))
-		dst = appendUint(dst, uint64(ev.Tier))
-		dst = appendArrayHeader(dst, len(ev.Removed))
+		dst = msgpack.AppendUint(dst, uint64(ev.Tier))
+		dst = msgpack.AppendArrayHeader(dst, len(ev.Removed))
 		for _, h := range ev.Removed {
-			dst = appendUint(dst, uint64(h))
+			dst = msgpack.AppendUint(dst, uint64(h))
 		}
 	default: // KindCleared; validateBatch admitted nothing else
 		dst = append(dst, 0x91, byte(KindCleared))
@@ -168,15 +185,15 @@ func (d *BatchDecoder) Decode(data []byte, b *Batch) error {
 
 func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 	var b Batch
-	r := mpReader{b: data}
-	n, err := r.arrayLen()
+	r := msgpack.NewReader(data)
+	n, err := r.ArrayLen()
 	if err != nil {
 		return b, err
 	}
 	if n < 1 {
 		return b, fmt.Errorf("%w: empty batch array", ErrMalformed)
 	}
-	ver, err := r.uint()
+	ver, err := r.Uint()
 	if err != nil {
 		return b, err
 	}
@@ -192,16 +209,16 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 	if b.Worker, err = d.name(&r, "worker"); err != nil {
 		return b, err
 	}
-	if b.Rank, err = r.uint32v(); err != nil {
+	if b.Rank, err = r.Uint32(); err != nil {
 		return b, err
 	}
-	if b.Epoch, err = r.uint(); err != nil {
+	if b.Epoch, err = r.Uint(); err != nil {
 		return b, err
 	}
-	if b.FirstEventID, err = r.uint(); err != nil {
+	if b.FirstEventID, err = r.Uint(); err != nil {
 		return b, err
 	}
-	ne, err := r.arrayLen()
+	ne, err := r.ArrayLen()
 	if err != nil {
 		return b, err
 	}
@@ -227,12 +244,12 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 	}
 	// Trailing batch fields from a later minor revision are skipped.
 	for i := minBatchArrayLen; i < n; i++ {
-		if err := r.skip(); err != nil {
+		if err := r.Skip(); err != nil {
 			return b, err
 		}
 	}
-	if r.remaining() != 0 {
-		return b, fmt.Errorf("%w: %d trailing bytes after the batch", ErrMalformed, r.remaining())
+	if r.Remaining() != 0 {
+		return b, fmt.Errorf("%w: %d trailing bytes after the batch", ErrMalformed, r.Remaining())
 	}
 	d.events, d.blocks, d.hashes = events, blocks, hashes
 	b.Events = events
@@ -240,8 +257,8 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 }
 
 // name reads a model or worker name, interned through d.names.
-func (d *BatchDecoder) name(r *mpReader, what string) (string, error) {
-	p, err := r.str()
+func (d *BatchDecoder) name(r *msgpack.Reader, what string) (string, error) {
+	p, err := r.Str()
 	if err != nil {
 		return "", err
 	}
@@ -265,17 +282,18 @@ func (d *BatchDecoder) name(r *mpReader, what string) (string, error) {
 // decodeEvent decodes one event, appending its blocks to blocks (or its
 // removed hashes to hashes) and returning the event with subslices of them.
 // An unknown kind is kept as an Event with only Kind set, so event ids stay
-// aligned with positions; sinks ignore kinds they do not know.
-func decodeEvent(r *mpReader, blocks []StoredBlock, hashes []EngineHash) (Event, []StoredBlock, []EngineHash, error) {
+// aligned with positions; sinks ignore kinds they do not know. Fields a
+// later minor revision appends to the event array are skipped.
+func decodeEvent(r *msgpack.Reader, blocks []StoredBlock, hashes []EngineHash) (Event, []StoredBlock, []EngineHash, error) {
 	var ev Event
-	n, err := r.arrayLen()
+	n, err := r.ArrayLen()
 	if err != nil {
 		return ev, blocks, hashes, err
 	}
 	if n < 1 {
 		return ev, blocks, hashes, fmt.Errorf("%w: empty event array", ErrMalformed)
 	}
-	kind, err := r.uint()
+	kind, err := r.Uint()
 	if err != nil {
 		return ev, blocks, hashes, err
 	}
@@ -289,75 +307,94 @@ func decodeEvent(r *mpReader, blocks []StoredBlock, hashes []EngineHash) (Event,
 		if n < minStoredArrayLen {
 			return ev, blocks, hashes, fmt.Errorf("%w: stored event of %d elements, want %d", ErrMalformed, n, minStoredArrayLen)
 		}
-		if ev.Tier, err = readTier(r); err != nil {
-			return ev, blocks, hashes, err
-		}
-		if !r.nextIsNil() {
-			p, err := r.uint()
-			if err != nil {
-				return ev, blocks, hashes, err
-			}
-			ev.Parent, ev.HasParent = EngineHash(p), true
-		}
-		m, err := r.arrayLen()
-		if err != nil {
-			return ev, blocks, hashes, err
-		}
-		if m%2 != 0 {
-			return ev, blocks, hashes, fmt.Errorf("%w: stored event with odd block array length %d", ErrMalformed, m)
-		}
-		if m/2 > MaxEventBlocks {
-			return ev, blocks, hashes, fmt.Errorf("%w: %d blocks, limit %d", ErrOversized, m/2, MaxEventBlocks)
-		}
-		start := len(blocks)
-		for j := 0; j < m/2; j++ {
-			e, err := r.uint()
-			if err != nil {
-				return ev, blocks, hashes, err
-			}
-			s, err := r.uint()
-			if err != nil {
-				return ev, blocks, hashes, err
-			}
-			blocks = append(blocks, StoredBlock{Engine: EngineHash(e), Seq: SeqHash(s)})
-		}
-		ev.Blocks = blocks[start:len(blocks):len(blocks)]
+		blocks, err = decodeStored(r, &ev, blocks)
 		used = minStoredArrayLen
 	case KindRemoved:
 		if n < minRemovedArrayLn {
 			return ev, blocks, hashes, fmt.Errorf("%w: removed event of %d elements, want %d", ErrMalformed, n, minRemovedArrayLn)
 		}
-		if ev.Tier, err = readTier(r); err != nil {
-			return ev, blocks, hashes, err
-		}
-		m, err := r.arrayLen()
-		if err != nil {
-			return ev, blocks, hashes, err
-		}
-		if m > MaxEventBlocks {
-			return ev, blocks, hashes, fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
-		}
-		start := len(hashes)
-		for j := 0; j < m; j++ {
-			h, err := r.uint()
-			if err != nil {
-				return ev, blocks, hashes, err
-			}
-			hashes = append(hashes, EngineHash(h))
-		}
-		ev.Removed = hashes[start:len(hashes):len(hashes)]
+		hashes, err = decodeRemoved(r, &ev, hashes)
 		used = minRemovedArrayLn
 	}
+	if err != nil {
+		return ev, blocks, hashes, err
+	}
 	for ; used < n; used++ {
-		if err := r.skip(); err != nil {
+		if err := r.Skip(); err != nil {
 			return ev, blocks, hashes, err
 		}
 	}
 	return ev, blocks, hashes, nil
 }
 
-func readTier(r *mpReader) (Tier, error) {
-	t, err := r.uint()
+// decodeStored reads a stored event's tier, parent and block pairs after
+// its kind, appending the blocks to blocks.
+func decodeStored(r *msgpack.Reader, ev *Event, blocks []StoredBlock) ([]StoredBlock, error) {
+	var err error
+	if ev.Tier, err = readTier(r); err != nil {
+		return blocks, err
+	}
+	if !r.NextIsNil() {
+		p, err := r.Uint()
+		if err != nil {
+			return blocks, err
+		}
+		ev.Parent, ev.HasParent = EngineHash(p), true
+	}
+	m, err := r.ArrayLen()
+	if err != nil {
+		return blocks, err
+	}
+	if m%2 != 0 {
+		return blocks, fmt.Errorf("%w: stored event with odd block array length %d", ErrMalformed, m)
+	}
+	if m/2 > MaxEventBlocks {
+		return blocks, fmt.Errorf("%w: %d blocks, limit %d", ErrOversized, m/2, MaxEventBlocks)
+	}
+	start := len(blocks)
+	for j := 0; j < m/2; j++ {
+		e, err := r.Uint()
+		if err != nil {
+			return blocks, err
+		}
+		s, err := r.Uint()
+		if err != nil {
+			return blocks, err
+		}
+		blocks = append(blocks, StoredBlock{Engine: EngineHash(e), Seq: SeqHash(s)})
+	}
+	ev.Blocks = blocks[start:len(blocks):len(blocks)]
+	return blocks, nil
+}
+
+// decodeRemoved reads a removed event's tier and engine hashes after its
+// kind, appending the hashes to hashes.
+func decodeRemoved(r *msgpack.Reader, ev *Event, hashes []EngineHash) ([]EngineHash, error) {
+	var err error
+	if ev.Tier, err = readTier(r); err != nil {
+		return hashes, err
+	}
+	m, err := r.ArrayLen()
+	if err != nil {
+		return hashes, err
+	}
+	if m > MaxEventBlocks {
+		return hashes, fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
+	}
+	start := len(hashes)
+	for j := 0; j < m; j++ {
+		h, err := r.Uint()
+		if err != nil {
+			return hashes, err
+		}
+		hashes = append(hashes, EngineHash(h))
+	}
+	ev.Removed = hashes[start:len(hashes):len(hashes)]
+	return hashes, nil
+}
+
+func readTier(r *msgpack.Reader) (Tier, error) {
+	t, err := r.Uint()
 	if err != nil {
 		return 0, err
 	}

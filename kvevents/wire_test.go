@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -222,9 +224,18 @@ func FuzzDecodeBatch(f *testing.F) {
 	if b, err := hex.DecodeString("9701a0a0000001919103"); err == nil {
 		f.Add(b)
 	}
-	vecs := loadVLLMVectors(f)
-	for _, name := range vllmVectorFiles {
-		f.Add(vecs[name])
+	// vLLM's test vectors (kvevents/vllm's testdata): msgpack of another
+	// layout, which must fail cleanly.
+	vecs, err := filepath.Glob(filepath.Join("vllm", "testdata", "vllm", "*.bin"))
+	if err != nil || len(vecs) == 0 {
+		f.Fatalf("vLLM vectors in vllm/testdata/vllm: %d files, %v", len(vecs), err)
+	}
+	for _, name := range vecs {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatalf("read vLLM vector: %v", err)
+		}
+		f.Add(b)
 	}
 	var d BatchDecoder
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -1,8 +1,8 @@
 // Package vllmzmq is vLLM's KV-event transport over ZeroMQ, both sides, in
 // pure Go (github.com/go-zeromq/zmq4: no cgo, no libzmq): what a vLLM engine
 // opens when started with --kv-events-config, and what a router-side bridge
-// uses to follow it. The payloads are kvevents' business (VLLMEncoder,
-// DecodeVLLMBatch); this package moves opaque frames.
+// uses to follow it. The payloads are kvevents/vllm's business (Encoder,
+// DecodeBatch); this package moves opaque frames.
 //
 // It owns:
 //

@@ -12,7 +12,7 @@ import (
 )
 
 // Message is one frame set of vLLM's event stream: the topic, the seq and
-// the payload (one msgpack KVEventBatch, for kvevents.DecodeVLLMBatch).
+// the payload (one msgpack KVEventBatch, for kvevents/vllm.DecodeBatch).
 type Message struct {
 	Topic   string
 	Seq     uint64

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 )
 
@@ -43,8 +44,8 @@ func newBenchEngine(b *testing.B, f *fleet, worker string) *benchEngine {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cc := kvevents.ConverterConfig{BlockSize: testBlock}
-	conv, _ := kvevents.NewConverter(cc)
+	cc := vllm.ConverterConfig{BlockSize: testBlock}
+	conv, _ := vllm.NewConverter(cc)
 	r := &rank{b: br, label: "0", replay: zpub.ReplayEndpoint(), sub: sub, pub: pub, conv: conv, conv0: cc, log: quiet}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

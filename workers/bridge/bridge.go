@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -231,8 +232,8 @@ func (b *Bridge) openRanks() error {
 		if err != nil {
 			return err
 		}
-		cc := kvevents.ConverterConfig{BlockSize: b.blockSize}
-		conv, err := kvevents.NewConverter(cc)
+		cc := vllm.ConverterConfig{BlockSize: b.blockSize}
+		conv, err := vllm.NewConverter(cc)
 		if err != nil {
 			return err
 		}

@@ -5,9 +5,10 @@
 // It owns, for one engine:
 //
 //   - events (follow.go): one ZMQ SUB per data-parallel rank
-//     (kvevents/vllmzmq), each payload decoded with kvevents.DecodeVLLMBatch
-//     (salvage.go re-reads a batch event by event when one event is bad),
-//     converted with a kvevents.Converter and published with a
+//     (kvevents/vllmzmq), each payload decoded with vllm.DecodeBatch
+//     (salvage.go splits a batch that did not decode into single events
+//     with internal/msgpack's Reader and decodes those one by one),
+//     converted with a vllm.Converter and published with a
 //     kvevents.Publisher. Sequence tracking: replay from the engine's replay
 //     socket at start and on every gap; a resync (KindCleared, then what the
 //     engine still reports) when the replay is late, absent or fails; a seq
@@ -21,7 +22,7 @@
 //     names) and published as workers.LoadReport per rank.
 //   - its own /healthz, /readyz and /metrics (metrics.go).
 //
-// It does not own the vLLM decoder or converter (kvevents), the ZMQ
+// It does not own the vLLM decoder or converter (kvevents/vllm), the ZMQ
 // transport (kvevents/vllmzmq), the registry or load subjects (workers), or
 // the command line (cmd/kvrouter bridge.go).
 //

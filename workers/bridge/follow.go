@@ -10,6 +10,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 )
 
@@ -33,7 +34,7 @@ type rank struct {
 	replay string // "" = no replay socket
 	sub    *vllmzmq.Subscriber
 	pub    *kvevents.Publisher
-	conv   *kvevents.Converter
+	conv   *vllm.Converter
 	log    *slog.Logger
 
 	synced   bool   // the first replay (or first live batch) has been handled
@@ -43,10 +44,10 @@ type rank struct {
 	// them too); a lower seq that is not one of them is an engine restart.
 	overlap map[uint64]uint64
 
-	vb    kvevents.VLLMBatch
+	vb    vllm.Batch
 	evs   []kvevents.Event
 	one   []byte // salvage's single-event batch buffer
-	conv0 kvevents.ConverterConfig
+	conv0 vllm.ConverterConfig
 }
 
 // run catches up from the replay socket, then follows live messages until
@@ -170,7 +171,7 @@ func firstSeq(res vllmzmq.ReplayResult) string {
 func (r *rank) resync(reason string) {
 	r.b.met.resyncs.WithLabelValues(r.label, reason).Inc()
 	if reason == reasonRestart {
-		r.conv, _ = kvevents.NewConverter(r.conv0) // the config was checked at start
+		r.conv, _ = vllm.NewConverter(r.conv0) // the config was checked at start
 	}
 	r.emit(kvevents.Event{Kind: kvevents.KindCleared})
 }
@@ -181,7 +182,7 @@ func (r *rank) resync(reason string) {
 // lost events the rank is resynced.
 func (r *rank) apply(m vllmzmq.Message) {
 	r.b.met.batches.WithLabelValues(r.label).Inc()
-	err := kvevents.DecodeVLLMBatch(m.Payload, &r.vb)
+	err := vllm.DecodeBatch(m.Payload, &r.vb)
 	if err == nil {
 		r.convert()
 		return
@@ -189,7 +190,7 @@ func (r *rank) apply(m vllmzmq.Message) {
 	r.b.met.decodeErrors.WithLabelValues(decodeCause(err)).Inc()
 	r.log.Warn("undecodable event batch", "seq", m.Seq, "err", err)
 	bad, serr := salvage(m.Payload, &r.one, func(single []byte) bool {
-		if kvevents.DecodeVLLMBatch(single, &r.vb) != nil {
+		if vllm.DecodeBatch(single, &r.vb) != nil {
 			return false
 		}
 		r.convert()
@@ -237,11 +238,11 @@ func decodeCause(err error) string {
 
 func convertCause(err error) string {
 	switch {
-	case errors.Is(err, kvevents.ErrUnknownParent):
+	case errors.Is(err, vllm.ErrUnknownParent):
 		return "unknown_parent"
-	case errors.Is(err, kvevents.ErrBlockSizeMismatch):
+	case errors.Is(err, vllm.ErrBlockSizeMismatch):
 		return "block_size"
-	case errors.Is(err, kvevents.ErrTokenCount):
+	case errors.Is(err, vllm.ErrTokenCount):
 		return "token_count"
 	default:
 		return "other"

@@ -1,21 +1,20 @@
 package bridge
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/kvrouter/kvrouter/internal/msgpack"
 )
 
 // salvage re-reads a KVEventBatch that did not decode as a whole, one event
 // at a time, so that one bad event does not lose the others: it splits the
 // envelope ([ts, events, dp_rank...] or {"ts", "events",
-// "data_parallel_rank"}) with a generic msgpack reader, wraps each event in a
-// batch of its own, [ts, [event], dp_rank], and hands that to try. It
-// returns how many events try refused, and an error when the envelope
-// itself cannot be read (nothing of the batch is usable). This path runs
-// only for bad input, so it favours a well-kept library over speed.
+// "data_parallel_rank"}) into raw values with internal/msgpack's Reader,
+// wraps each event in a batch of its own, [ts, [event], dp_rank], and hands
+// that to try (which decodes it with vllm.DecodeBatch). It returns how many
+// events try refused, and an error when the envelope itself cannot be read
+// (nothing of the batch is usable).
 func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int, err error) {
 	ts, events, rank, err := splitEnvelope(payload)
 	if err != nil {
@@ -39,78 +38,108 @@ func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int
 var msgpackNil = []byte{0xc0}
 
 // splitEnvelope returns the raw ts, each raw event and the raw dp_rank
-// (msgpack nil when absent) of a batch. Every declared length is checked
-// against the bytes left before anything is allocated for it (each element
-// takes at least one byte).
+// (msgpack nil when absent) of a batch. The Reader checks every declared
+// length against the bytes left before anything is allocated for it.
 func splitEnvelope(payload []byte) (ts []byte, events [][]byte, rank []byte, err error) {
-	dec := msgpack.NewDecoder(bytes.NewReader(payload))
-	code, err := dec.PeekCode()
+	r := msgpack.NewReader(payload)
+	c, err := r.Peek()
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("batch envelope: %w", err)
 	}
-	var tsRaw, evRaw, rankRaw []byte
-	if msgpackIsMap(code) {
-		n, err := dec.DecodeMapLen()
-		if err != nil || n < 0 || n > len(payload) {
-			return nil, nil, nil, fmt.Errorf("batch envelope map of %d entries: %v", n, err)
-		}
-		for range n {
-			k, err := dec.DecodeString()
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("batch envelope key: %w", err)
-			}
-			v, err := dec.DecodeRaw()
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("batch envelope %q: %w", k, err)
-			}
-			switch k {
-			case "ts":
-				tsRaw = v
-			case "events":
-				evRaw = v
-			case "data_parallel_rank":
-				rankRaw = v
-			}
-		}
+	var evRaw []byte
+	if msgpack.IsMap(c) {
+		ts, evRaw, rank, err = envelopeMap(&r)
 	} else {
-		n, err := dec.DecodeArrayLen()
-		if err != nil || n < 2 || n > len(payload) {
-			return nil, nil, nil, fmt.Errorf("batch envelope of %d elements, want at least 2: %v", n, err)
-		}
-		for i := range n {
-			v, err := dec.DecodeRaw()
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("batch envelope element %d: %w", i, err)
-			}
-			switch i {
-			case 0:
-				tsRaw = v
-			case 1:
-				evRaw = v
-			case 2:
-				rankRaw = v
-			}
-		}
+		ts, evRaw, rank, err = envelopeArray(&r)
 	}
-	if tsRaw == nil || evRaw == nil {
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if ts == nil || evRaw == nil {
 		return nil, nil, nil, errors.New("batch envelope without ts or events")
 	}
-	evDec := msgpack.NewDecoder(bytes.NewReader(evRaw))
-	n, err := evDec.DecodeArrayLen()
-	if err != nil || n < 0 || n > len(evRaw) {
-		return nil, nil, nil, fmt.Errorf("batch events: array of %d: %v", n, err)
+	er := msgpack.NewReader(evRaw)
+	n, err := er.ArrayLen()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("batch events: %w", err)
 	}
+	events = make([][]byte, 0, n)
 	for i := range n {
-		v, err := evDec.DecodeRaw()
+		v, err := er.Raw()
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("batch event %d: %w", i, err)
 		}
 		events = append(events, v)
 	}
-	if rankRaw == nil {
-		rankRaw = msgpackNil
+	if rank == nil {
+		rank = msgpackNil
 	}
-	return tsRaw, events, rankRaw, nil
+	return ts, events, rank, nil
 }
 
-func msgpackIsMap(c byte) bool { return (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf }
+// envelopeMap returns the raw ts, events and data_parallel_rank of a map
+// envelope, keys in any order, other keys skipped.
+func envelopeMap(r *msgpack.Reader) (ts, events, rank []byte, err error) {
+	n, err := r.MapLen()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("batch envelope map: %w", err)
+	}
+	for range n {
+		k, err := envelopeKey(r)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("batch envelope key: %w", err)
+		}
+		v, err := r.Raw()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("batch envelope %q: %w", k, err)
+		}
+		switch string(k) {
+		case "ts":
+			ts = v
+		case "events":
+			events = v
+		case "data_parallel_rank":
+			rank = v
+		}
+	}
+	return ts, events, rank, nil
+}
+
+// envelopeArray returns the raw ts, events and dp_rank of an array
+// envelope of at least two elements, later ones skipped.
+func envelopeArray(r *msgpack.Reader) (ts, events, rank []byte, err error) {
+	n, err := r.ArrayLen()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("batch envelope: %w", err)
+	}
+	if n < 2 {
+		return nil, nil, nil, fmt.Errorf("batch envelope of %d elements, want at least 2", n)
+	}
+	for i := range n {
+		v, err := r.Raw()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("batch envelope element %d: %w", i, err)
+		}
+		switch i {
+		case 0:
+			ts = v
+		case 1:
+			events = v
+		case 2:
+			rank = v
+		}
+	}
+	return ts, events, rank, nil
+}
+
+// envelopeKey reads a map key leniently, since salvage exists to keep what
+// it can: a string, a byte string, or nil (read as "").
+func envelopeKey(r *msgpack.Reader) ([]byte, error) {
+	if r.NextIsNil() {
+		return nil, nil
+	}
+	if c, err := r.Peek(); err == nil && msgpack.IsBin(c) {
+		return r.Bin()
+	}
+	return r.Str()
+}

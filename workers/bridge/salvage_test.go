@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 )
 
@@ -42,8 +43,8 @@ func testRank(t *testing.T, f *fleet, worker string) *rank {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close(t.Context()) })
-	cc := kvevents.ConverterConfig{BlockSize: testBlock}
-	conv, _ := kvevents.NewConverter(cc)
+	cc := vllm.ConverterConfig{BlockSize: testBlock}
+	conv, _ := vllm.NewConverter(cc)
 	return &rank{b: b, label: "0", pub: pub, conv: conv, conv0: cc, log: quiet, synced: true}
 }
 
@@ -87,9 +88,9 @@ func FuzzSalvage(f *testing.F) {
 	f.Add([]byte{0x92, 0xcb})
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var buf []byte
-		var vb kvevents.VLLMBatch
+		var vb vllm.Batch
 		salvage(payload, &buf, func(single []byte) bool {
-			if kvevents.DecodeVLLMBatch(single, &vb) != nil {
+			if vllm.DecodeBatch(single, &vb) != nil {
 				return false
 			}
 			if len(vb.Events) != 1 {

@@ -35,7 +35,8 @@
 //     block ids into tokens identically for engine, bench client and router;
 //   - vLLM's KV events over ZMQ (vllmevents.go): VLLMEvents publishes one
 //     vLLM KVEventBatch per engine step on each rank's kvevents/vllmzmq
-//     sockets, as an engine started with --kv-events-config does;
+//     sockets (encoded by kvevents/vllm's Encoder), as an engine started
+//     with --kv-events-config does;
 //   - Fleet (fleet.go): N engines in one process, each with its publisher,
 //     registration and load reporter, for `kvrouter worker --sim --count N`.
 //

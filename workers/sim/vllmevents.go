@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 )
 
@@ -28,7 +29,7 @@ var ErrNoTokens = errors.New("sim: vLLM events need the stored blocks' tokens")
 // the engine's own (EngineHash), token ids included, medium "GPU".
 type VLLMEvents struct {
 	ranks []*vllmRank // nil when events are disabled
-	enc   kvevents.VLLMEncoding
+	enc   vllm.Encoding
 	now   func() time.Time
 }
 
@@ -51,7 +52,7 @@ func NewVLLMEvents(cfg vllmzmq.Config, ranks int, log *slog.Logger) (*VLLMEvents
 	if ranks < 1 {
 		return nil, fmt.Errorf("%w: vLLM events for %d ranks", ErrBadConfig, ranks)
 	}
-	v := &VLLMEvents{enc: kvevents.VLLMMapEvents, now: time.Now}
+	v := &VLLMEvents{enc: vllm.MapEvents, now: time.Now}
 	if !cfg.Enabled() {
 		return v, nil
 	}
@@ -67,7 +68,7 @@ func NewVLLMEvents(cfg vllmzmq.Config, ranks int, log *slog.Logger) (*VLLMEvents
 }
 
 // SetEncoding selects how events are written (before the engine starts).
-func (v *VLLMEvents) SetEncoding(enc kvevents.VLLMEncoding) { v.enc = enc }
+func (v *VLLMEvents) SetEncoding(enc vllm.Encoding) { v.enc = enc }
 
 // Enabled reports whether events are published.
 func (v *VLLMEvents) Enabled() bool { return len(v.ranks) > 0 }
@@ -101,7 +102,7 @@ func (v *VLLMEvents) Factory() EmitterFactory {
 			vr.pub.Restart()
 		}
 		vr.epoch = epoch
-		return &vllmEmitter{rank: vr, epoch: epoch, dpRank: int(rank), enc: kvevents.VLLMEncoder{Encoding: v.enc}, now: v.now}, nil
+		return &vllmEmitter{rank: vr, epoch: epoch, dpRank: int(rank), enc: vllm.Encoder{Encoding: v.enc}, now: v.now}, nil
 	}
 }
 
@@ -124,7 +125,7 @@ type vllmEmitter struct {
 	rank   *vllmRank
 	epoch  uint64
 	dpRank int
-	enc    kvevents.VLLMEncoder
+	enc    vllm.Encoder
 	hashes []kvevents.EngineHash // scratch
 	now    func() time.Time
 	closed bool
@@ -141,7 +142,7 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 	}
 	// A local, not a field: the event is large and full of pointers, and
 	// rewriting a heap copy per event costs write barriers.
-	vev := kvevents.VLLMEvent{
+	vev := vllm.Event{
 		Kind: kvevents.KindStored, BlockHashes: e.hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: tokens, Medium: "GPU", LoraName: lora,
 		// As vLLM >= 0.24 fills them for a full-attention model: one nil
@@ -160,7 +161,7 @@ func (e *vllmEmitter) Emit(ev kvevents.Event) error {
 	switch ev.Kind {
 	case kvevents.KindRemoved:
 		e.hashes = append(e.hashes[:0], 0)
-		vev := kvevents.VLLMEvent{Kind: kvevents.KindRemoved, BlockHashes: e.hashes, Medium: "GPU", HasGroupIdx: true}
+		vev := vllm.Event{Kind: kvevents.KindRemoved, BlockHashes: e.hashes, Medium: "GPU", HasGroupIdx: true}
 		for _, h := range ev.Removed {
 			e.hashes[0] = h
 			if err := e.enc.Add(&vev); err != nil {
@@ -169,7 +170,7 @@ func (e *vllmEmitter) Emit(ev kvevents.Event) error {
 		}
 		return nil
 	case kvevents.KindCleared:
-		return e.enc.Add(&kvevents.VLLMEvent{Kind: kvevents.KindCleared})
+		return e.enc.Add(&vllm.Event{Kind: kvevents.KindCleared})
 	case kvevents.KindStored:
 		return fmt.Errorf("%w: %d blocks dropped", ErrNoTokens, len(ev.Blocks))
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -55,11 +56,11 @@ type follower struct {
 	sub      *vllmzmq.Subscriber
 	replay   string
 	m        *mirror
-	conv     *kvevents.Converter
+	conv     *vllm.Converter
 	next     uint64 // seq expected next
 	lastLive uint64
 	seenLive bool
-	vb       kvevents.VLLMBatch
+	vb       vllm.Batch
 	out      []kvevents.Event
 
 	applied, replays, restarts, lateReplays int
@@ -79,7 +80,7 @@ func newFollower(t testing.TB, key workerref.Target, p *vllmzmq.Publisher, m *mi
 
 // reset forgets the rank: what a client does on a restart or a lost replay.
 func (f *follower) reset() {
-	conv, err := kvevents.NewConverter(kvevents.ConverterConfig{BlockSize: DefaultBlockSize})
+	conv, err := vllm.NewConverter(vllm.ConverterConfig{BlockSize: DefaultBlockSize})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func (f *follower) reset() {
 
 func (f *follower) apply(msg vllmzmq.Message) {
 	f.t.Helper()
-	if err := kvevents.DecodeVLLMBatch(msg.Payload, &f.vb); err != nil {
+	if err := vllm.DecodeBatch(msg.Payload, &f.vb); err != nil {
 		f.t.Fatalf("%v seq %d: the vLLM decoder rejects the payload: %v", f.key, msg.Seq, err)
 	}
 	if !f.vb.HasDPRank || f.vb.DPRank != int64(f.key.Rank) || f.vb.TS < 1e9 {
@@ -271,9 +272,9 @@ func TestVLLMEventsLoRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	var names []string
-	var vb kvevents.VLLMBatch
+	var vb vllm.Batch
 	for _, b := range res.Batches {
-		if err := kvevents.DecodeVLLMBatch(b.Payload, &vb); err != nil {
+		if err := vllm.DecodeBatch(b.Payload, &vb); err != nil {
 			t.Fatal(err)
 		}
 		for _, ev := range vb.Events {
@@ -316,10 +317,10 @@ func TestVLLMEventsOneBatchPerStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var vb kvevents.VLLMBatch
+	var vb vllm.Batch
 	var blocks []int
 	for _, b := range res.Batches {
-		if err := kvevents.DecodeVLLMBatch(b.Payload, &vb); err != nil {
+		if err := vllm.DecodeBatch(b.Payload, &vb); err != nil {
 			t.Fatal(err)
 		}
 		for _, ev := range vb.Events {
@@ -398,12 +399,12 @@ func TestVLLMEventsLateJoiner(t *testing.T) {
 		// an empty view it refers to blocks the view never heard of (or
 		// misses blocks), which is why Late means "clear and rebuild".
 		m := newMirror(t)
-		conv, _ := kvevents.NewConverter(kvevents.ConverterConfig{BlockSize: DefaultBlockSize})
-		var vb kvevents.VLLMBatch
+		conv, _ := vllm.NewConverter(vllm.ConverterConfig{BlockSize: DefaultBlockSize})
+		var vb vllm.Batch
 		var out []kvevents.Event
 		broken := false
 		for _, b := range res.Batches {
-			if err := kvevents.DecodeVLLMBatch(b.Payload, &vb); err != nil {
+			if err := vllm.DecodeBatch(b.Payload, &vb); err != nil {
 				t.Fatal(err)
 			}
 			out, err = conv.Convert(&vb, out[:0])
@@ -449,8 +450,8 @@ func TestVLLMEventsDataParallelPorts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var vb kvevents.VLLMBatch
-		if err := kvevents.DecodeVLLMBatch(msg.Payload, &vb); err != nil {
+		var vb vllm.Batch
+		if err := vllm.DecodeBatch(msg.Payload, &vb); err != nil {
 			t.Fatal(err)
 		}
 		if vb.DPRank != int64(r) || msg.Seq != 0 || len(vb.Events) == 0 {

@@ -1,4 +1,4 @@
-package kvevents
+package vllm
 
 import (
 	"bytes"
@@ -60,8 +60,8 @@ func TestVLLMVectorHexMatchesBin(t *testing.T) {
 
 // sharedVLLMVectorDir finds shared/testvectors/vllm by walking up from the
 // package directory (the repository sits next to shared/, e.g.
-// /work/main/kvevents -> /work/shared/testvectors/vllm). It returns "" when
-// there is no such directory, as on a fresh clone.
+// /work/main/kvevents/vllm -> /work/shared/testvectors/vllm). It returns ""
+// when there is no such directory, as on a fresh clone.
 func sharedVLLMVectorDir(t *testing.T) string {
 	dir, err := os.Getwd()
 	if err != nil {

@@ -1,63 +1,61 @@
-package kvevents
+package msgpack
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
-// This file holds the msgpack primitives both wire formats are decoded and
-// encoded with. They are written by hand over the byte slice so that every
-// length prefix is checked against the bytes that remain before anything is
-// sized from it, and because they are faster: BenchmarkMsgpackDecode
-// (msgpack_bench_test.go) runs the same decoding steps on
-// vmihailenco/msgpack's low-level Decoder, which reads through an
-// io.ByteScanner a byte at a time, and it is several times slower on every
-// batch measured (figures in docs/benchmarks/events.md). vmihailenco/msgpack
-// stays a test dependency: the independent encoder the tests build payloads
-// with, and that benchmark's baseline.
-
-// Decoding errors. Every decoder error wraps exactly one of these, so callers
-// can count bad input by cause with errors.Is.
+// Decoding errors. Every Reader error wraps exactly one of these, so callers
+// can count bad input by cause with errors.Is. kvevents re-exports them
+// under the same names (kvevents.ErrTruncated is ErrTruncated), so code
+// outside internal/ names them there.
 var (
 	// ErrTruncated: the input ends inside a value.
-	ErrTruncated = errors.New("kvevents: truncated input")
+	ErrTruncated = errors.New("msgpack: truncated input")
 	// ErrMalformed: the bytes are not the expected msgpack shape or a value
 	// is out of range.
-	ErrMalformed = errors.New("kvevents: malformed input")
+	ErrMalformed = errors.New("msgpack: malformed input")
 	// ErrOversized: the input, or a count or string inside it, exceeds a
 	// decoder limit.
-	ErrOversized = errors.New("kvevents: oversized input")
+	ErrOversized = errors.New("msgpack: oversized input")
 )
 
-// mpReader reads msgpack values from b, advancing off. Every method checks
-// bounds first and reports ErrTruncated or ErrMalformed; none panics.
-type mpReader struct {
+// Reader reads msgpack values from a byte slice, front to back. Every
+// method checks bounds first and reports ErrTruncated or ErrMalformed; none
+// panics. The zero value reads nothing; a Reader is a value, so a decoder
+// can embed one and decode without allocating.
+type Reader struct {
 	b   []byte
 	off int
 }
 
-func (r *mpReader) remaining() int { return len(r.b) - r.off }
+// NewReader returns a Reader at the start of b.
+func NewReader(b []byte) Reader { return Reader{b: b} }
 
-func (r *mpReader) errTruncated(what string) error {
+// Remaining returns how many bytes are left to read.
+func (r *Reader) Remaining() int { return len(r.b) - r.off }
+
+func (r *Reader) errTruncated(what string) error {
 	return fmt.Errorf("%w: %s at byte %d of %d", ErrTruncated, what, r.off, len(r.b))
 }
 
-func (r *mpReader) errType(want string, got byte) error {
+func (r *Reader) errType(want string, got byte) error {
 	return fmt.Errorf("%w: want %s at byte %d, got type byte 0x%02x", ErrMalformed, want, r.off, got)
 }
 
-// peek returns the next type byte without consuming it.
-func (r *mpReader) peek() (byte, error) {
+// Peek returns the next type byte without consuming it.
+func (r *Reader) Peek() (byte, error) {
 	if r.off >= len(r.b) {
 		return 0, r.errTruncated("value")
 	}
 	return r.b[r.off], nil
 }
 
-// nextIsNil consumes a nil and reports true, or leaves the input as is.
-func (r *mpReader) nextIsNil() bool {
+// NextIsNil consumes a nil and reports true, or leaves the input as is.
+func (r *Reader) NextIsNil() bool {
 	if r.off < len(r.b) && r.b[r.off] == 0xc0 {
 		r.off++
 		return true
@@ -66,7 +64,7 @@ func (r *mpReader) nextIsNil() bool {
 }
 
 // need checks that n more bytes exist after the type byte at r.off.
-func (r *mpReader) need(n int, what string) error {
+func (r *Reader) need(n int, what string) error {
 	if n > len(r.b)-r.off-1 {
 		return r.errTruncated(what)
 	}
@@ -74,7 +72,7 @@ func (r *mpReader) need(n int, what string) error {
 }
 
 // length reads an n-byte big-endian length that follows the type byte.
-func (r *mpReader) length(n int, what string) (int, error) {
+func (r *Reader) length(n int, what string) (int, error) {
 	if err := r.need(n, what); err != nil {
 		return 0, err
 	}
@@ -95,11 +93,11 @@ func (r *mpReader) length(n int, what string) (int, error) {
 	return int(v), nil
 }
 
-// arrayLen reads an array header. The count is bounded by the bytes left
+// ArrayLen reads an array header. The count is bounded by the bytes left
 // (every element takes at least one byte), so a hostile count can never size
 // an allocation beyond the input.
-func (r *mpReader) arrayLen() (int, error) {
-	c, err := r.peek()
+func (r *Reader) ArrayLen() (int, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return 0, err
 	}
@@ -118,15 +116,15 @@ func (r *mpReader) arrayLen() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if n > r.remaining() {
-		return 0, fmt.Errorf("%w: array of %d elements with %d bytes left", ErrTruncated, n, r.remaining())
+	if n > r.Remaining() {
+		return 0, fmt.Errorf("%w: array of %d elements with %d bytes left", ErrTruncated, n, r.Remaining())
 	}
 	return n, nil
 }
 
-// mapLen reads a map header; the pair count is bounded like arrayLen's.
-func (r *mpReader) mapLen() (int, error) {
-	c, err := r.peek()
+// MapLen reads a map header; the pair count is bounded like ArrayLen's.
+func (r *Reader) MapLen() (int, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return 0, err
 	}
@@ -145,15 +143,15 @@ func (r *mpReader) mapLen() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if 2*n > r.remaining() {
-		return 0, fmt.Errorf("%w: map of %d pairs with %d bytes left", ErrTruncated, n, r.remaining())
+	if 2*n > r.Remaining() {
+		return 0, fmt.Errorf("%w: map of %d pairs with %d bytes left", ErrTruncated, n, r.Remaining())
 	}
 	return n, nil
 }
 
-// integer reads any msgpack integer and returns its 64 bits with neg set
+// Integer reads any msgpack integer and returns its 64 bits with neg set
 // for a negative signed value (v is then its two's complement).
-func (r *mpReader) integer() (v uint64, neg bool, err error) {
+func (r *Reader) Integer() (v uint64, neg bool, err error) {
 	if r.off >= len(r.b) {
 		return 0, false, r.errTruncated("integer")
 	}
@@ -161,6 +159,11 @@ func (r *mpReader) integer() (v uint64, neg bool, err error) {
 	if c <= 0x7f {
 		r.off++
 		return uint64(c), false, nil
+	}
+	if c == 0xcf && r.off+9 <= len(r.b) { // the form 64-bit hashes take
+		v := binary.BigEndian.Uint64(r.b[r.off+1:])
+		r.off += 9
+		return v, false, nil
 	}
 	if c >= 0xe0 {
 		r.off++
@@ -215,8 +218,8 @@ func (r *mpReader) integer() (v uint64, neg bool, err error) {
 	}
 }
 
-// uint reads a non-negative integer.
-func (r *mpReader) uint() (uint64, error) {
+// Uint reads a non-negative integer.
+func (r *Reader) Uint() (uint64, error) {
 	// Fast paths for the two forms hashes and small counts take.
 	if r.off+9 <= len(r.b) && r.b[r.off] == 0xcf {
 		v := binary.BigEndian.Uint64(r.b[r.off+1:])
@@ -228,7 +231,7 @@ func (r *mpReader) uint() (uint64, error) {
 		return uint64(r.b[r.off-1]), nil
 	}
 	start := r.off
-	v, neg, err := r.integer()
+	v, neg, err := r.Integer()
 	if err != nil {
 		return 0, err
 	}
@@ -238,10 +241,10 @@ func (r *mpReader) uint() (uint64, error) {
 	return v, nil
 }
 
-// uint32v reads a non-negative integer that must fit in 32 bits.
-func (r *mpReader) uint32v() (uint32, error) {
+// Uint32 reads a non-negative integer that must fit in 32 bits.
+func (r *Reader) Uint32() (uint32, error) {
 	start := r.off
-	v, err := r.uint()
+	v, err := r.Uint()
 	if err != nil {
 		return 0, err
 	}
@@ -251,9 +254,69 @@ func (r *mpReader) uint32v() (uint32, error) {
 	return uint32(v), nil
 }
 
-// str reads a string and returns its bytes, aliasing the input.
-func (r *mpReader) str() ([]byte, error) {
-	c, err := r.peek()
+// Int64 reads a signed integer; an unsigned value above MaxInt64 is an error.
+func (r *Reader) Int64() (int64, error) {
+	start := r.off
+	v, neg, err := r.Integer()
+	if err != nil {
+		return 0, err
+	}
+	if !neg && v > math.MaxInt64 {
+		return 0, fmt.Errorf("%w: integer %d at byte %d exceeds int64", ErrMalformed, v, start)
+	}
+	return int64(v), nil
+}
+
+// AppendUint32Array reads an array of non-negative integers that fit in 32
+// bits and appends them to dst. It sizes dst once for the whole array and
+// reads the unsigned forms inline (token id lists are most of an engine's
+// event bytes); anything else goes through Uint32. On error dst holds the
+// elements read before the bad one.
+func (r *Reader) AppendUint32Array(dst []uint32) ([]uint32, error) {
+	n, err := r.ArrayLen()
+	if err != nil {
+		return dst, err
+	}
+	base := len(dst)
+	dst = slices.Grow(dst, n)[:base+n]
+	out := dst[base:]
+	b, off := r.b, r.off
+	for i := range out {
+		if off < len(b) {
+			switch c := b[off]; {
+			case c <= 0x7f:
+				out[i] = uint32(c)
+				off++
+				continue
+			case c == 0xcc && off+2 <= len(b):
+				out[i] = uint32(b[off+1])
+				off += 2
+				continue
+			case c == 0xcd && off+3 <= len(b):
+				out[i] = uint32(b[off+1])<<8 | uint32(b[off+2])
+				off += 3
+				continue
+			case c == 0xce && off+5 <= len(b):
+				out[i] = binary.BigEndian.Uint32(b[off+1:])
+				off += 5
+				continue
+			}
+		}
+		r.off = off
+		t, err := r.Uint32()
+		if err != nil {
+			return dst[:base+i], err
+		}
+		out[i] = t
+		off = r.off
+	}
+	r.off = off
+	return dst, nil
+}
+
+// Str reads a string and returns its bytes, aliasing the input.
+func (r *Reader) Str() ([]byte, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return nil, err
 	}
@@ -277,9 +340,9 @@ func (r *mpReader) str() ([]byte, error) {
 	return r.take(n, "string")
 }
 
-// bin reads a byte string (bin8/16/32), aliasing the input.
-func (r *mpReader) bin() ([]byte, error) {
-	c, err := r.peek()
+// Bin reads a byte string (bin8/16/32), aliasing the input.
+func (r *Reader) Bin() ([]byte, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return nil, err
 	}
@@ -300,18 +363,18 @@ func (r *mpReader) bin() ([]byte, error) {
 	return r.take(n, "bin")
 }
 
-func (r *mpReader) take(n int, what string) ([]byte, error) {
-	if n > r.remaining() {
-		return nil, fmt.Errorf("%w: %s of %d bytes with %d left", ErrTruncated, what, n, r.remaining())
+func (r *Reader) take(n int, what string) ([]byte, error) {
+	if n > r.Remaining() {
+		return nil, fmt.Errorf("%w: %s of %d bytes with %d left", ErrTruncated, what, n, r.Remaining())
 	}
 	p := r.b[r.off : r.off+n : r.off+n]
 	r.off += n
 	return p, nil
 }
 
-// float reads a float32/float64, or an integer as a float.
-func (r *mpReader) float() (float64, error) {
-	c, err := r.peek()
+// Float reads a float32/float64, or an integer as a float.
+func (r *Reader) Float() (float64, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return 0, err
 	}
@@ -331,7 +394,7 @@ func (r *mpReader) float() (float64, error) {
 		r.off += 9
 		return v, nil
 	}
-	v, neg, err := r.integer()
+	v, neg, err := r.Integer()
 	if err != nil {
 		return 0, err
 	}
@@ -341,14 +404,14 @@ func (r *mpReader) float() (float64, error) {
 	return float64(v), nil
 }
 
-// skip consumes one complete value of any type. It walks nested containers
+// Skip consumes one complete value of any type. It walks nested containers
 // iteratively with a counter of values still owed, so deep nesting costs no
 // stack and a hostile count fails on the bounds check rather than looping.
-func (r *mpReader) skip() error {
+func (r *Reader) Skip() error {
 	owed := 1
 	for owed > 0 {
-		if owed > r.remaining() {
-			return fmt.Errorf("%w: %d values owed with %d bytes left", ErrTruncated, owed, r.remaining())
+		if owed > r.Remaining() {
+			return fmt.Errorf("%w: %d values owed with %d bytes left", ErrTruncated, owed, r.Remaining())
 		}
 		owed--
 		c := r.b[r.off]
@@ -407,7 +470,16 @@ func (r *mpReader) skip() error {
 	return nil
 }
 
-func (r *mpReader) skipFixed(n int) error {
+// Raw consumes one complete value and returns its bytes, aliasing the input.
+func (r *Reader) Raw() ([]byte, error) {
+	start := r.off
+	if err := r.Skip(); err != nil {
+		return nil, err
+	}
+	return r.b[start:r.off:r.off], nil
+}
+
+func (r *Reader) skipFixed(n int) error {
 	if err := r.need(n, "value"); err != nil {
 		return err
 	}
@@ -417,59 +489,28 @@ func (r *mpReader) skipFixed(n int) error {
 
 // skipSized skips a value with an n-byte length, extra fixed bytes after
 // the length (the ext type), then length bytes of data.
-func (r *mpReader) skipSized(n, extra int) error {
+func (r *Reader) skipSized(n, extra int) error {
 	l, err := r.length(n, "length")
 	if err != nil {
 		return err
 	}
-	if extra+l > r.remaining() {
-		return fmt.Errorf("%w: value of %d bytes with %d left", ErrTruncated, extra+l, r.remaining())
+	if extra+l > r.Remaining() {
+		return fmt.Errorf("%w: value of %d bytes with %d left", ErrTruncated, extra+l, r.Remaining())
 	}
 	r.off += extra + l
 	return nil
 }
 
-// Encoding: append-style helpers that always pick msgpack's smallest form.
+// Type-byte classes, for decoders that accept more than one shape.
 
-func appendArrayHeader(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return append(dst, 0xdc, byte(n>>8), byte(n))
-	default:
-		return append(dst, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-	}
-}
+// IsMap reports whether c starts a map (fixmap, map16, map32).
+func IsMap(c byte) bool { return (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf }
 
-func appendUint(dst []byte, v uint64) []byte {
-	switch {
-	case v <= 0x7f:
-		return append(dst, byte(v))
-	case v <= math.MaxUint8:
-		return append(dst, 0xcc, byte(v))
-	case v <= math.MaxUint16:
-		return append(dst, 0xcd, byte(v>>8), byte(v))
-	case v <= math.MaxUint32:
-		return append(dst, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xcf), v)
-	}
-}
+// IsArray reports whether c starts an array (fixarray, array16, array32).
+func IsArray(c byte) bool { return (c >= 0x90 && c <= 0x9f) || c == 0xdc || c == 0xdd }
 
-func appendStr(dst []byte, s string) []byte {
-	n := len(s)
-	switch {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = append(dst, 0xda, byte(n>>8), byte(n))
-	default:
-		dst = append(dst, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-	}
-	return append(dst, s...)
-}
+// IsStr reports whether c starts a string (fixstr, str8, str16, str32).
+func IsStr(c byte) bool { return (c >= 0xa0 && c <= 0xbf) || c == 0xd9 || c == 0xda || c == 0xdb }
 
-func appendNil(dst []byte) []byte { return append(dst, 0xc0) }
+// IsBin reports whether c starts a byte string (bin8, bin16, bin32).
+func IsBin(c byte) bool { return c == 0xc4 || c == 0xc5 || c == 0xc6 }

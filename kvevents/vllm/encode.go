@@ -1,50 +1,53 @@
-package kvevents
+package vllm
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/kvrouter/kvrouter/internal/msgpack"
+	"github.com/kvrouter/kvrouter/kvevents"
 )
 
 // This file encodes vLLM's KVEventBatch exactly as vLLM's msgspec encoder
-// writes it (../shared/reference/wire-formats.md, sections 3 to 5), so that
+// writes it (shared/reference/wire-formats.md, sections 3 to 5), so that
 // a simulated engine publishes what a real one does. It is the inverse of
-// DecodeVLLMBatch for every field an engine sets; both test vectors A and B
+// DecodeBatch for every field an engine sets; both test vectors A and B
 // are reproduced byte for byte.
 
-// VLLMEncoding selects how events inside the batch envelope are written. The
+// Encoding selects how events inside the batch envelope are written. The
 // envelope itself is always the array [ts, events, data_parallel_rank].
-type VLLMEncoding uint8
+type Encoding uint8
 
 const (
-	// VLLMMapEvents writes each event as a map whose first key is "type"
+	// MapEvents writes each event as a map whose first key is "type"
 	// (the tag), fields in definition order, fields with a None default left
 	// out when None: vLLM 0.24 and later (PR #42892), test vector A.
-	VLLMMapEvents VLLMEncoding = iota
-	// VLLMArrayEvents writes each event as a positional array, tag first,
+	MapEvents Encoding = iota
+	// ArrayEvents writes each event as a positional array, tag first,
 	// every field written (BlockStored 12 elements, BlockRemoved 4): vLLM
 	// 0.11 to 0.23, test vector B.
-	VLLMArrayEvents
+	ArrayEvents
 )
 
-func (e VLLMEncoding) String() string {
+func (e Encoding) String() string {
 	switch e {
-	case VLLMMapEvents:
+	case MapEvents:
 		return "map"
-	case VLLMArrayEvents:
+	case ArrayEvents:
 		return "array"
 	}
-	return fmt.Sprintf("VLLMEncoding(%d)", uint8(e))
+	return fmt.Sprintf("vllm.Encoding(%d)", uint8(e))
 }
 
-// VLLMEncoder builds one KVEventBatch payload event by event: Add encodes an
+// Encoder builds one KVEventBatch payload event by event: Add encodes an
 // event at once (so the caller may reuse its slices right after), Finish
 // wraps what was added in the envelope. The zero value encodes map events.
 // Reuse one encoder: its buffer is recycled, so a steady stream does not
 // allocate beyond the payloads it returns. Not safe for concurrent use.
-type VLLMEncoder struct {
-	Encoding VLLMEncoding
+type Encoder struct {
+	Encoding Encoding
 
 	events []byte // encoded events since the last Finish
 	n      int    // their count
@@ -57,53 +60,53 @@ type VLLMEncoder struct {
 
 type removedKey struct {
 	valid    bool
-	enc      VLLMEncoding
+	enc      Encoding
 	medium   string
 	hasGroup bool
 	group    int64
 }
 
 // Len returns the number of events added since the last Finish.
-func (e *VLLMEncoder) Len() int { return e.n }
+func (e *Encoder) Len() int { return e.n }
 
 // Reset drops the events added since the last Finish.
-func (e *VLLMEncoder) Reset() { e.events, e.n = e.events[:0], 0 }
+func (e *Encoder) Reset() { e.events, e.n = e.events[:0], 0 }
 
 // Add encodes one event. Which fields are used depends on ev.Kind:
 //
-//   - KindStored (BlockStored): BlockHashes, Parent/HasParent, TokenIDs,
+//   - kvevents.KindStored (BlockStored): BlockHashes, Parent/HasParent, TokenIDs,
 //     BlockSize, LoraID/HasLoraID, Medium, LoraName, extra_keys (written
 //     when HasExtraKeys: one entry per block, nil unless the block carries
 //     the LoRA name and, on the first block, CacheSalt, as vLLM orders them),
 //     GroupIdx/HasGroupIdx, SpecKind, SlidingWindow/HasSlidingWindow;
-//   - KindRemoved (BlockRemoved): BlockHashes, Medium, GroupIdx/HasGroupIdx;
-//   - KindCleared (AllBlocksCleared): nothing.
+//   - kvevents.KindRemoved (BlockRemoved): BlockHashes, Medium, GroupIdx/HasGroupIdx;
+//   - kvevents.KindCleared (AllBlocksCleared): nothing.
 //
 // Empty strings are written as None. Hashes are written as unsigned
-// integers (vLLM's default int form). Errors wrap ErrMalformed: an unknown
+// integers (vLLM's default int form). Errors wrap kvevents.ErrMalformed: an unknown
 // kind, a BlockStored without blocks, or token_ids that are not exactly
 // len(BlockHashes)·BlockSize; the event is then not added.
-func (e *VLLMEncoder) Add(ev *VLLMEvent) error {
+func (e *Encoder) Add(ev *Event) error {
 	switch ev.Kind {
-	case KindStored:
+	case kvevents.KindStored:
 		if len(ev.BlockHashes) == 0 {
-			return fmt.Errorf("%w: vLLM BlockStored without blocks", ErrMalformed)
+			return fmt.Errorf("%w: vLLM BlockStored without blocks", kvevents.ErrMalformed)
 		}
 		if ev.BlockSize < 1 || len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
 			return fmt.Errorf("%w: vLLM BlockStored with %d tokens for %d blocks of %d",
-				ErrMalformed, len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
+				kvevents.ErrMalformed, len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 		}
 		e.events = e.stored(e.events, ev)
-	case KindRemoved:
+	case kvevents.KindRemoved:
 		e.events = e.removed(e.events, ev)
-	case KindCleared:
-		if e.Encoding == VLLMArrayEvents {
-			e.events = appendStr(appendArrayHeader(e.events, 1), "AllBlocksCleared")
+	case kvevents.KindCleared:
+		if e.Encoding == ArrayEvents {
+			e.events = msgpack.AppendStr(msgpack.AppendArrayHeader(e.events, 1), "AllBlocksCleared")
 		} else {
-			e.events = appendStr(appendStr(appendMapHeader(e.events, 1), "type"), "AllBlocksCleared")
+			e.events = msgpack.AppendStr(msgpack.AppendStr(msgpack.AppendMapHeader(e.events, 1), "type"), "AllBlocksCleared")
 		}
 	default:
-		return fmt.Errorf("%w: cannot encode vLLM event of kind %v", ErrMalformed, ev.Kind)
+		return fmt.Errorf("%w: cannot encode vLLM event of kind %v", kvevents.ErrMalformed, ev.Kind)
 	}
 	e.n++
 	return nil
@@ -112,26 +115,26 @@ func (e *VLLMEncoder) Add(ev *VLLMEvent) error {
 // Finish appends to dst the batch [ts, events, data_parallel_rank] holding
 // every event added since the last Finish (dp rank None when dpRank < 0),
 // and starts a new batch.
-func (e *VLLMEncoder) Finish(dst []byte, ts float64, dpRank int) []byte {
-	dst = appendArrayHeader(dst, 3)
-	dst = appendFloat64(dst, ts)
-	dst = appendArrayHeader(dst, e.n)
+func (e *Encoder) Finish(dst []byte, ts float64, dpRank int) []byte {
+	dst = msgpack.AppendArrayHeader(dst, 3)
+	dst = msgpack.AppendFloat64(dst, ts)
+	dst = msgpack.AppendArrayHeader(dst, e.n)
 	// One append of the whole body: when it must grow dst, the runtime
 	// copies without zeroing first (a Grow beforehand would zero it all).
 	dst = append(dst, e.events...)
 	if dpRank < 0 {
-		dst = appendNil(dst)
+		dst = msgpack.AppendNil(dst)
 	} else {
-		dst = appendUint(dst, uint64(dpRank))
+		dst = msgpack.AppendUint(dst, uint64(dpRank))
 	}
 	e.Reset()
 	return dst
 }
 
-// AppendVLLMBatch appends b encoded with enc to dst: the inverse of
-// DecodeVLLMBatch for the fields Add documents.
-func AppendVLLMBatch(dst []byte, b *VLLMBatch, enc VLLMEncoding) ([]byte, error) {
-	e := VLLMEncoder{Encoding: enc}
+// AppendBatch appends b encoded with enc to dst: the inverse of
+// DecodeBatch for the fields Add documents.
+func AppendBatch(dst []byte, b *Batch, enc Encoding) ([]byte, error) {
+	e := Encoder{Encoding: enc}
 	for i := range b.Events {
 		if err := e.Add(&b.Events[i]); err != nil {
 			return dst, fmt.Errorf("vLLM event %d: %w", i, err)
@@ -140,7 +143,7 @@ func AppendVLLMBatch(dst []byte, b *VLLMBatch, enc VLLMEncoding) ([]byte, error)
 	rank := -1
 	if b.HasDPRank {
 		if b.DPRank < 0 || b.DPRank > math.MaxInt32 {
-			return dst, fmt.Errorf("%w: data_parallel_rank %d", ErrMalformed, b.DPRank)
+			return dst, fmt.Errorf("%w: data_parallel_rank %d", kvevents.ErrMalformed, b.DPRank)
 		}
 		rank = int(b.DPRank)
 	}
@@ -151,11 +154,11 @@ func AppendVLLMBatch(dst []byte, b *VLLMBatch, enc VLLMEncoding) ([]byte, error)
 // block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
 // lora_name, then the None-default fields extra_keys, group_idx,
 // kv_cache_spec_kind, kv_cache_spec_sliding_window.
-func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
-	array := e.Encoding == VLLMArrayEvents
+func (e *Encoder) stored(dst []byte, ev *Event) []byte {
+	array := e.Encoding == ArrayEvents
 	if array {
-		dst = appendArrayHeader(dst, 12)
-		dst = appendStr(dst, "BlockStored")
+		dst = msgpack.AppendArrayHeader(dst, 12)
+		dst = msgpack.AppendStr(dst, "BlockStored")
 	} else {
 		n := 8 // type + the seven required fields
 		for _, set := range [...]bool{ev.HasExtraKeys, ev.HasGroupIdx, ev.SpecKind != "", ev.HasSlidingWindow} {
@@ -163,31 +166,31 @@ func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
 				n++
 			}
 		}
-		dst = appendMapHeader(dst, n)
-		dst = appendStr(appendStr(dst, "type"), "BlockStored")
+		dst = msgpack.AppendMapHeader(dst, n)
+		dst = msgpack.AppendStr(msgpack.AppendStr(dst, "type"), "BlockStored")
 	}
 	key := func(name string) {
 		if !array {
-			dst = appendStr(dst, name)
+			dst = msgpack.AppendStr(dst, name)
 		}
 	}
 	key("block_hashes")
 	dst = appendHashes(dst, ev.BlockHashes)
 	key("parent_block_hash")
 	if ev.HasParent {
-		dst = appendUint(dst, uint64(ev.Parent))
+		dst = msgpack.AppendUint(dst, uint64(ev.Parent))
 	} else {
-		dst = appendNil(dst)
+		dst = msgpack.AppendNil(dst)
 	}
 	key("token_ids")
-	dst = appendTokens(appendArrayHeader(dst, len(ev.TokenIDs)), ev.TokenIDs)
+	dst = appendTokens(msgpack.AppendArrayHeader(dst, len(ev.TokenIDs)), ev.TokenIDs)
 	key("block_size")
-	dst = appendUint(dst, uint64(ev.BlockSize))
+	dst = msgpack.AppendUint(dst, uint64(ev.BlockSize))
 	key("lora_id")
 	if ev.HasLoraID {
-		dst = appendInt(dst, ev.LoraID)
+		dst = msgpack.AppendInt(dst, ev.LoraID)
 	} else {
-		dst = appendNil(dst)
+		dst = msgpack.AppendNil(dst)
 	}
 	key("medium")
 	dst = appendOptStr(dst, ev.Medium)
@@ -201,7 +204,7 @@ func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
 		if ev.HasExtraKeys {
 			dst = appendExtraKeys(dst, ev, len(ev.BlockHashes))
 		} else {
-			dst = appendNil(dst)
+			dst = msgpack.AppendNil(dst)
 		}
 	}
 	if array || ev.HasGroupIdx {
@@ -222,7 +225,7 @@ func (e *VLLMEncoder) stored(dst []byte, ev *VLLMEvent) []byte {
 // removed writes a BlockRemoved: block_hashes, medium, group_idx. All but
 // the hash list is the same from one event to the next, so those bytes are
 // built once per (encoding, medium, group) and copied.
-func (e *VLLMEncoder) removed(dst []byte, ev *VLLMEvent) []byte {
+func (e *Encoder) removed(dst []byte, ev *Event) []byte {
 	k := removedKey{valid: true, enc: e.Encoding, medium: ev.Medium, hasGroup: ev.HasGroupIdx, group: ev.GroupIdx}
 	if k != e.rmKey {
 		e.rmKey = k
@@ -234,9 +237,9 @@ func (e *VLLMEncoder) removed(dst []byte, ev *VLLMEvent) []byte {
 }
 
 // removedParts builds a BlockRemoved's bytes before and after its hash list.
-func (e *VLLMEncoder) removedParts(head, tail []byte, ev *VLLMEvent) ([]byte, []byte) {
-	if e.Encoding == VLLMArrayEvents {
-		head = appendStr(appendArrayHeader(head, 4), "BlockRemoved")
+func (e *Encoder) removedParts(head, tail []byte, ev *Event) ([]byte, []byte) {
+	if e.Encoding == ArrayEvents {
+		head = msgpack.AppendStr(msgpack.AppendArrayHeader(head, 4), "BlockRemoved")
 		tail = appendOptStr(tail, ev.Medium)
 		return head, appendOptInt(tail, ev.GroupIdx, ev.HasGroupIdx)
 	}
@@ -244,11 +247,11 @@ func (e *VLLMEncoder) removedParts(head, tail []byte, ev *VLLMEvent) ([]byte, []
 	if ev.HasGroupIdx {
 		n++
 	}
-	head = appendStr(appendStr(appendMapHeader(head, n), "type"), "BlockRemoved")
-	head = appendStr(head, "block_hashes")
-	tail = appendOptStr(appendStr(tail, "medium"), ev.Medium)
+	head = msgpack.AppendStr(msgpack.AppendStr(msgpack.AppendMapHeader(head, n), "type"), "BlockRemoved")
+	head = msgpack.AppendStr(head, "block_hashes")
+	tail = appendOptStr(msgpack.AppendStr(tail, "medium"), ev.Medium)
 	if ev.HasGroupIdx {
-		tail = appendInt(appendStr(tail, "group_idx"), ev.GroupIdx)
+		tail = msgpack.AppendInt(msgpack.AppendStr(tail, "group_idx"), ev.GroupIdx)
 	}
 	return head, tail
 }
@@ -256,8 +259,8 @@ func (e *VLLMEncoder) removedParts(head, tail []byte, ev *VLLMEvent) ([]byte, []
 // appendExtraKeys writes one extra_keys entry per block: nil, or the
 // block's string keys in vLLM's order (LoRA name, then the cache salt on
 // the first block only).
-func appendExtraKeys(dst []byte, ev *VLLMEvent, blocks int) []byte {
-	dst = appendArrayHeader(dst, blocks)
+func appendExtraKeys(dst []byte, ev *Event, blocks int) []byte {
+	dst = msgpack.AppendArrayHeader(dst, blocks)
 	for i := 0; i < blocks; i++ {
 		n := 0
 		if ev.LoraName != "" {
@@ -267,15 +270,15 @@ func appendExtraKeys(dst []byte, ev *VLLMEvent, blocks int) []byte {
 			n++
 		}
 		if n == 0 {
-			dst = appendNil(dst)
+			dst = msgpack.AppendNil(dst)
 			continue
 		}
-		dst = appendArrayHeader(dst, n)
+		dst = msgpack.AppendArrayHeader(dst, n)
 		if ev.LoraName != "" {
-			dst = appendStr(dst, ev.LoraName)
+			dst = msgpack.AppendStr(dst, ev.LoraName)
 		}
 		if i == 0 && ev.CacheSalt != "" {
-			dst = appendStr(dst, ev.CacheSalt)
+			dst = msgpack.AppendStr(dst, ev.CacheSalt)
 		}
 	}
 	return dst
@@ -307,59 +310,24 @@ func appendTokens(dst []byte, ts []uint32) []byte {
 	return dst[:n]
 }
 
-func appendHashes(dst []byte, hs []EngineHash) []byte {
-	dst = appendArrayHeader(dst, len(hs))
+func appendHashes(dst []byte, hs []kvevents.EngineHash) []byte {
+	dst = msgpack.AppendArrayHeader(dst, len(hs))
 	for _, h := range hs {
-		dst = appendUint(dst, uint64(h))
+		dst = msgpack.AppendUint(dst, uint64(h))
 	}
 	return dst
 }
 
-func appendMapHeader(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return append(dst, 0xde, byte(n>>8), byte(n))
-	default:
-		return append(dst, 0xdf, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-	}
-}
-
-// appendInt writes v in msgpack's smallest form: unsigned forms for v >= 0
-// (as msgspec does), negative fixint or d0-d3 below zero.
-func appendInt(dst []byte, v int64) []byte {
-	switch {
-	case v >= 0:
-		return appendUint(dst, uint64(v))
-	case v >= -32:
-		return append(dst, byte(v))
-	case v >= math.MinInt8:
-		return append(dst, 0xd0, byte(v))
-	case v >= math.MinInt16:
-		return append(dst, 0xd1, byte(v>>8), byte(v))
-	case v >= math.MinInt32:
-		return append(dst, 0xd2, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
-	}
-}
-
 func appendOptInt(dst []byte, v int64, ok bool) []byte {
 	if !ok {
-		return appendNil(dst)
+		return msgpack.AppendNil(dst)
 	}
-	return appendInt(dst, v)
+	return msgpack.AppendInt(dst, v)
 }
 
 func appendOptStr(dst []byte, s string) []byte {
 	if s == "" {
-		return appendNil(dst)
+		return msgpack.AppendNil(dst)
 	}
-	return appendStr(dst, s)
-}
-
-// appendFloat64 writes v as float64 (cb): msgspec never shortens floats.
-func appendFloat64(dst []byte, v float64) []byte {
-	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(v))
+	return msgpack.AppendStr(dst, s)
 }
