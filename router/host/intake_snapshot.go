@@ -15,40 +15,40 @@ import (
 // passes verifySnapshot and returns the stream sequence to replay from: one
 // past the oldest snapshot (replaying events a snapshot already holds is
 // harmless), or 0 (the whole stream) when any model has none.
-func (r *Replica) loadSnapshots(ctx context.Context) uint64 {
-	st, err := r.js.Stream(ctx, r.cfg.EventStream)
+func (in *eventIntake) loadSnapshots(ctx context.Context) uint64 {
+	st, err := in.js.Stream(ctx, in.cfg.EventStream)
 	var info *jetstream.StreamInfo
 	if err == nil {
 		info, err = st.Info(ctx)
 	}
 	if err != nil {
-		r.log.Warn("index snapshots not loaded: cannot read the event stream to verify them; replaying the whole stream",
-			"stream", r.cfg.EventStream, "err", err)
+		in.log.Warn("index snapshots not loaded: cannot read the event stream to verify them; replaying the whole stream",
+			"stream", in.cfg.EventStream, "err", err)
 		return 0
 	}
 	start := uint64(0)
-	for i, name := range r.modelList {
-		ms := r.models[name]
+	for i, name := range in.modelList {
+		ms := in.models[name]
 		t0 := time.Now()
-		store := index.SnapshotStore{JS: r.js, Bucket: r.cfg.SnapshotBucket, Verify: r.verifySnapshot(ctx, ms, info.State.LastSeq)}
+		store := index.SnapshotStore{JS: in.js, Bucket: in.cfg.SnapshotBucket, Verify: in.verifySnapshot(ctx, ms, info.State.LastSeq)}
 		seq, err := store.Load(ctx, ms.index)
 		switch {
 		case errors.Is(err, index.ErrNoSnapshot):
-			r.log.Info("no index snapshot: replaying the whole event stream", "model", name)
-			r.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "none")))
+			in.log.Info("no index snapshot: replaying the whole event stream", "model", name)
+			in.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "none")))
 			return 0
 		case err != nil:
-			r.log.Warn("index snapshot not loaded: replaying the whole event stream", "model", name, "err", err)
-			r.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "error")))
+			in.log.Warn("index snapshot not loaded: replaying the whole event stream", "model", name, "err", err)
+			in.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "error")))
 			// A partial restore would double-count nothing (replay is
 			// idempotent), but start clean to be sure.
-			for _, n := range r.modelList[:i+1] {
-				r.models[n].index = index.New(r.cfg.indexConfig(n))
+			for _, n := range in.modelList[:i+1] {
+				in.models[n].index = index.New(in.cfg.indexConfig(n))
 			}
 			return 0
 		}
-		r.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "ok")))
-		r.log.Info("index snapshot loaded", "model", name, "stream_seq", seq, "took", time.Since(t0).Round(time.Millisecond))
+		in.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "ok")))
+		in.log.Info("index snapshot loaded", "model", name, "stream_seq", seq, "took", time.Since(t0).Round(time.Millisecond))
 		if i == 0 || seq+1 < start {
 			start = seq + 1
 		}
@@ -66,13 +66,13 @@ func (r *Replica) loadSnapshots(ctx context.Context) uint64 {
 // would be. A snapshot older than the stream's first sequence is kept: the
 // subscriber's cursors turn the missing events into per-worker gaps.
 // Implausible cursors are the subscriber's id window's to catch.
-func (r *Replica) verifySnapshot(ctx context.Context, ms *modelState, lastSeq uint64) func(*index.Snapshot) error {
+func (in *eventIntake) verifySnapshot(ctx context.Context, ms *modelState, lastSeq uint64) func(*index.Snapshot) error {
 	return func(s *index.Snapshot) error {
 		if s.StreamSeq > lastSeq {
-			err := fmt.Errorf("snapshot covers stream sequence %d, past the last sequence %d of stream %s", s.StreamSeq, lastSeq, r.cfg.EventStream)
+			err := fmt.Errorf("snapshot covers stream sequence %d, past the last sequence %d of stream %s", s.StreamSeq, lastSeq, in.cfg.EventStream)
 			ms.snapRejected.Add(1)
-			r.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "rejected")))
-			r.log.Warn("index snapshot skipped", "model", ms.name, "stream_seq", s.StreamSeq, "err", err)
+			in.m.snapshots.Add(ctx, 1, attr(attribute.String("op", "load"), attribute.String("result", "rejected")))
+			in.log.Warn("index snapshot skipped", "model", ms.name, "stream_seq", s.StreamSeq, "err", err)
 			return err
 		}
 		kept := s.Workers[:0]
@@ -82,7 +82,7 @@ func (r *Replica) verifySnapshot(ctx context.Context, ms *modelState, lastSeq ui
 			}
 		}
 		if n := len(s.Workers) - len(kept); n > 0 {
-			r.log.Info("index snapshot: worker ranks not in the registry left out", "model", ms.name, "stream_seq", s.StreamSeq, "ranks", n)
+			in.log.Info("index snapshot: worker ranks not in the registry left out", "model", ms.name, "stream_seq", s.StreamSeq, "ranks", n)
 		}
 		s.Workers = kept
 		return nil
@@ -92,27 +92,26 @@ func (r *Replica) verifySnapshot(ctx context.Context, ms *modelState, lastSeq ui
 // snapshotLoop writes every model's index snapshot every SnapshotInterval.
 // Any replica may write; the store keeps the newest (a stale write is
 // refused by the index package and not an error here).
-func (r *Replica) snapshotLoop() {
-	defer r.bg.Done()
-	t := time.NewTicker(r.cfg.SnapshotInterval)
+func (in *eventIntake) snapshotLoop(stop <-chan struct{}) {
+	t := time.NewTicker(in.cfg.SnapshotInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-r.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
-		r.writeSnapshots()
+		in.writeSnapshots()
 	}
 }
 
 // writeSnapshots writes one snapshot per model now.
-func (r *Replica) writeSnapshots() {
-	for _, name := range r.modelList {
-		ms := r.models[name]
-		ctx, cancel := context.WithTimeout(context.Background(), 2*r.cfg.SnapshotInterval+10*time.Second)
+func (in *eventIntake) writeSnapshots() {
+	for _, name := range in.modelList {
+		ms := in.models[name]
+		ctx, cancel := context.WithTimeout(context.Background(), 2*in.cfg.SnapshotInterval+10*time.Second)
 		t0 := time.Now()
-		seq, err := index.SaveSnapshot(ctx, r.js, r.cfg.SnapshotBucket, ms.index)
+		seq, err := index.SaveSnapshot(ctx, in.js, in.cfg.SnapshotBucket, ms.index)
 		cancel()
 		result := "ok"
 		switch {
@@ -120,10 +119,10 @@ func (r *Replica) writeSnapshots() {
 			result = "stale"
 		case err != nil:
 			result = "error"
-			r.log.Warn("index snapshot not written", "model", name, "err", err)
+			in.log.Warn("index snapshot not written", "model", name, "err", err)
 		default:
-			r.log.Debug("index snapshot written", "model", name, "stream_seq", seq, "took", time.Since(t0))
+			in.log.Debug("index snapshot written", "model", name, "stream_seq", seq, "took", time.Since(t0))
 		}
-		r.m.snapshots.Add(context.Background(), 1, attr(attribute.String("op", "save"), attribute.String("result", result)))
+		in.m.snapshots.Add(context.Background(), 1, attr(attribute.String("op", "save"), attribute.String("result", result)))
 	}
 }
