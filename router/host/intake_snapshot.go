@@ -89,23 +89,10 @@ func (in *eventIntake) verifySnapshot(ctx context.Context, ms *modelState, lastS
 	}
 }
 
-// snapshotLoop writes every model's index snapshot every SnapshotInterval.
-// Any replica may write; the store keeps the newest (a stale write is
-// refused by the index package and not an error here).
-func (in *eventIntake) snapshotLoop(stop <-chan struct{}) {
-	t := time.NewTicker(in.cfg.SnapshotInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		in.writeSnapshots()
-	}
-}
-
-// writeSnapshots writes one snapshot per model now.
+// writeSnapshots writes one snapshot per model now; the replica calls it
+// every SnapshotInterval. Any replica may write; the store keeps the
+// newest (a stale write is refused by the index package and not an error
+// here).
 func (in *eventIntake) writeSnapshots() {
 	for _, name := range in.modelList {
 		ms := in.models[name]

@@ -204,9 +204,9 @@ func (r *Replica) Start(ctx context.Context) error {
 		return err
 	}
 	if r.cfg.SnapshotInterval > 0 {
-		r.bg.run(r.intake.snapshotLoop)
+		r.bg.every(r.cfg.SnapshotInterval, r.intake.writeSnapshots)
 	}
-	r.bg.run(r.upkeepLoop)
+	r.bg.every(time.Second, r.upkeep)
 	return r.becomeReady(t0, startSeq)
 }
 
@@ -279,28 +279,18 @@ func (r *Replica) becomeReady(t0 time.Time, startSeq uint64) error {
 	return nil
 }
 
-// upkeepLoop runs the once-a-second upkeep until stop closes: the held
-// event batches' grace, the predicted indexes' TTL and (with an event
-// stream) the event lag gauge.
-func (r *Replica) upkeepLoop(stop <-chan struct{}) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
+// upkeep is the once-a-second upkeep: the held event batches' grace, the
+// predicted indexes' TTL and (with an event stream) the event lag gauge.
+func (r *Replica) upkeep() {
+	now := time.Now()
+	r.intake.expire(now)
+	for _, ms := range r.models {
+		if ms.pred != nil {
+			ms.pred.Prune(now)
 		}
-		now := time.Now()
-		r.intake.expire(now)
-		for _, ms := range r.models {
-			if ms.pred != nil {
-				ms.pred.Prune(now)
-			}
-		}
-		if !r.cfg.Approximate {
-			r.intake.measureLag()
-		}
+	}
+	if !r.cfg.Approximate {
+		r.intake.measureLag()
 	}
 }
 
@@ -529,6 +519,22 @@ func (l *loops) run(f func(stop <-chan struct{})) {
 		defer l.wg.Done()
 		f(l.stop)
 	}()
+}
+
+// every starts a loop that calls f every d, the first time after d.
+func (l *loops) every(d time.Duration, f func()) {
+	l.run(func(stop <-chan struct{}) {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			f()
+		}
+	})
 }
 
 // peerSharer is what the request path needs of replica sync (peerSync):
