@@ -86,109 +86,136 @@ Examples:
   kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle
   kvrouter bench replay --trace ... --limit 2000 --load 6.5 --speedup 3 --runs 3 --policies kvrouter,oracle,peers --path nats,gateway`
 
+// benchReplay replays one workload through each policy (and path) and
+// writes the report: parse the flags, load the workload, run, write.
 func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := benchFlags("kvrouter bench replay", benchReplayAbout, stdout, stderr)
-	rf := addReplayFlags(c, replayDefaults{
-		limit: 0, workers: 8, replicas: 1, speedup: 10, seed: 1, sessionMode: "none",
-		policies:      strings.Join(replay.DefaultPolicies, ","),
-		limitUsage:    "replay at most this many requests (0 = all)",
-		speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
-		kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
-		sessionUsage:  "session ids and binding mode: none, hard or soft",
-		policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
-	})
-	var (
-		kind       = c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)")
-		sample     = c.integer("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions")
-		start      = c.duration("start", 0, "skip requests arriving before this offset into the workload")
-		window     = c.duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)")
-		blockSize  = c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)")
-		maxBatched = c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)")
-		maxSeqs    = c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)")
-		queueTh    = c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue)")
-		maxOut     = c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)")
-		deadline   = c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)")
-		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
-		title      = c.str("title", "", "report title")
-		quiet      = c.boolean("quiet", false, "no progress bar")
-		runs       = c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread")
-		paths      = c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)")
-	)
+	f := addBenchReplayFlags(c)
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	trace, limit, seed, nworkers, replicas, speedup, kvBlocks, load := rf.trace, rf.limit, rf.seed, rf.workers, rf.replicas, rf.speedup, rf.kvBlocks, rf.load
-	sessMode, policies := rf.sessionMode, rf.policies
-	mode, err := replay.ParseSessionMode(*sessMode)
+	mode, err := replay.ParseSessionMode(*f.sessionMode)
 	if err != nil {
 		return err
 	}
-	pols, err := replay.LookupPolicies([]string{*policies})
+	pols, err := replay.LookupPolicies([]string{*f.policies})
 	if err != nil {
 		return err
 	}
-	var w *workload.Workload
-	switch {
-	case *trace != "" && *kind != "":
-		return fmt.Errorf("bench replay: give --trace or --workload, not both")
-	case *trace != "":
-		w, err = workload.ReadMooncake(*trace, workload.ReadOptions{Limit: *limit, Start: *start, Window: *window, Sessions: true})
-	default:
-		k := *kind
-		if k == "" {
-			k = "shared-prefix"
-		}
-		if w, err = workload.Generate(k, *seed); err == nil {
-			w = w.Select(*limit, *start, *window)
-		}
-	}
+	w, err := f.workload()
 	if err != nil {
 		return err
 	}
-	if *sample > 0 {
-		n := len(w.Requests)
-		w = w.SampleSessions(*sample, 2, *seed)
-		if len(w.Requests) == 0 {
-			return fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *sample, n)
-		}
-	}
-	if err := w.Validate(); err != nil {
-		return err
-	}
-	rpaths, err := replayPaths(*paths)
+	rpaths, err := replayPaths(*f.paths)
 	if err != nil {
 		return err
 	}
 	cfg := replay.Config{
-		Workload: w, Policies: pols, Paths: rpaths, Runs: *runs,
-		Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: mode, Seed: *seed,
-		KVBlocks: *kvBlocks, BlockSize: *blockSize, LoadScale: *load, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
-		MaxOutputTokens: *maxOut, QueueThreshold: *queueTh,
-		RouteDeadline: *deadline, Title: *title,
+		Workload: w, Policies: pols, Paths: rpaths, Runs: *f.runs,
+		Workers: *f.workers, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
+		KVBlocks: *f.kvBlocks, BlockSize: *f.blockSize, LoadScale: *f.load, MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs,
+		MaxOutputTokens: *f.maxOut, QueueThreshold: *f.queueTh,
+		RouteDeadline: *f.deadline, Title: *f.title,
 		Logf: func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) },
 	}
-	if !*quiet {
+	if !*f.quiet {
 		cfg.Progress = stderr
 		cfg.ProgressLines = !benchIsTerminal(stderr)
 	}
 	st := w.Stats()
 	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
-		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *load, *speedup, replay.PolicyNames(pols), *paths)
+		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, replay.PolicyNames(pols), *f.paths)
 	began := time.Now()
 	rep, err := replay.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	rep.Setup.Machine = micro.ThisMachine("").CPU
-	files, err := rep.WriteAll(*out)
+	files, err := rep.WriteAll(*f.out)
 	if err != nil {
 		return err
 	}
 	if err := rep.Table(stdout); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s (%.1f s)\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), *out, time.Since(began).Seconds())
+	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s (%.1f s)\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), *f.out, time.Since(began).Seconds())
 	return nil
+}
+
+// benchReplayFlags are the flags of bench replay: the replay flags it
+// shares with demo, and its own.
+type benchReplayFlags struct {
+	*replayFlags
+	kind, out, title, paths                              *string
+	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
+	start, window, deadline                              *time.Duration
+	queueTh                                              *float64
+	quiet                                                *bool
+}
+
+func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
+	return &benchReplayFlags{
+		replayFlags: addReplayFlags(c, replayDefaults{
+			limit: 0, workers: 8, replicas: 1, speedup: 10, seed: 1, sessionMode: "none",
+			policies:      strings.Join(replay.DefaultPolicies, ","),
+			limitUsage:    "replay at most this many requests (0 = all)",
+			speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
+			kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
+			sessionUsage:  "session ids and binding mode: none, hard or soft",
+			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
+		}),
+		kind:       c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)"),
+		sample:     c.integer("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions"),
+		start:      c.duration("start", 0, "skip requests arriving before this offset into the workload"),
+		window:     c.duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)"),
+		blockSize:  c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)"),
+		maxBatched: c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)"),
+		maxSeqs:    c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)"),
+		queueTh:    c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue)"),
+		maxOut:     c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)"),
+		deadline:   c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)"),
+		out:        c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts"),
+		title:      c.str("title", "", "report title"),
+		quiet:      c.boolean("quiet", false, "no progress bar"),
+		runs:       c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread"),
+		paths:      c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)"),
+	}
+}
+
+// workload reads the trace or generates the synthetic workload, cut to
+// --limit, --start and --window and sampled by session with
+// --sample-sessions.
+func (f *benchReplayFlags) workload() (*workload.Workload, error) {
+	var w *workload.Workload
+	var err error
+	switch {
+	case *f.trace != "" && *f.kind != "":
+		return nil, fmt.Errorf("bench replay: give --trace or --workload, not both")
+	case *f.trace != "":
+		w, err = workload.ReadMooncake(*f.trace, workload.ReadOptions{Limit: *f.limit, Start: *f.start, Window: *f.window, Sessions: true})
+	default:
+		k := *f.kind
+		if k == "" {
+			k = "shared-prefix"
+		}
+		if w, err = workload.Generate(k, *f.seed); err == nil {
+			w = w.Select(*f.limit, *f.start, *f.window)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if *f.sample > 0 {
+		n := len(w.Requests)
+		w = w.SampleSessions(*f.sample, 2, *f.seed)
+		if len(w.Requests) == 0 {
+			return nil, fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *f.sample, n)
+		}
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // replayPaths resolves --path: nats, gateway or both, comma separated.
@@ -285,51 +312,20 @@ then writes a Markdown file with each figure (the median of the N runs, as
 benchstat computes it) next to its target from the issues, and the machine it
 ran on. Run it from the repository (task bench does).`
 
+// benchMicro runs (or reads) the Go benchmarks, writes the Markdown report
+// of their figures against the targets and prints how many were met.
 func benchMicro(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := benchFlags("kvrouter bench micro", benchMicroAbout, stdout, stderr)
-	var (
-		out       = c.str("out", "docs/benchmarks.md", "Markdown file to write (- = stdout)")
-		count     = c.integer("count", 5, "runs of each benchmark (-count); the median is reported")
-		benchtime = c.str("benchtime", "", "go test -benchtime (empty = go's default, 1s)")
-		bench     = c.str("bench", ".", "go test -bench regexp")
-		pkgs      = c.str("pkg", "./...", "packages, comma separated")
-		in        = c.str("in", "", "read `go test -bench` output from this file instead of running it")
-		raw       = c.str("raw", "", "also save the raw go test output to this file")
-		note      = c.str("note", "", "note on the machine (e.g. '2-core shared VM, other jobs running')")
-		timeout   = c.str("timeout", "60m", "go test -timeout")
-		verbose   = c.boolean("v", false, "echo go test output while it runs")
-	)
+	f := addBenchMicroFlags(c)
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	opt := micro.RunOptions{Bench: *bench, Count: *count, Benchtime: *benchtime, Timeout: *timeout, Packages: strings.Split(*pkgs, ",")}
-	var output []byte
-	var runErr error
-	command := "go " + strings.Join(opt.Args(), " ")
-	if *in != "" {
-		b, err := os.ReadFile(*in)
-		if err != nil {
-			return fmt.Errorf("bench micro: %w", err)
-		}
-		output, command = b, "(parsed from "+*in+")"
-	} else {
-		dir, err := benchModuleRoot()
-		if err != nil {
-			return err
-		}
-		opt.Dir = dir
-		var echo io.Writer
-		if *verbose {
-			echo = stderr
-		}
-		fmt.Fprintf(stderr, "running %s in %s\n", command, dir)
-		output, runErr = micro.Run(ctx, opt, echo)
-		if runErr != nil {
-			fmt.Fprintf(stderr, "warning: %v (reporting what ran)\n", runErr)
-		}
+	output, command, runErr, err := f.benchOutput(ctx, stderr)
+	if err != nil {
+		return err
 	}
-	if *raw != "" {
-		if err := os.WriteFile(*raw, output, 0o644); err != nil {
+	if *f.raw != "" {
+		if err := os.WriteFile(*f.raw, output, 0o644); err != nil {
 			return fmt.Errorf("bench micro: %w", err)
 		}
 	}
@@ -341,37 +337,14 @@ func benchMicro(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("bench micro: no benchmark results (%v)", runErr)
 	}
 	m := micro.ThisMachine(res.CPU)
-	m.Note = *note
-	doc := micro.Doc{Machine: m, Command: command, Count: *count, Results: res, Targets: micro.Targets}
-	if *out != "-" {
-		// The analyses beside the generated file (how each figure was
-		// reached, what was tried, why a target is missed) outlive a re-run.
-		areas, _ := filepath.Glob(filepath.Join(filepath.Dir(*out), "benchmarks", "*.md"))
-		var links []string
-		for _, a := range areas {
-			rel := filepath.ToSlash(filepath.Join("benchmarks", filepath.Base(a)))
-			links = append(links, fmt.Sprintf("[%s](%s)", strings.TrimSuffix(filepath.Base(a), ".md"), rel))
-		}
-		if len(links) > 0 {
-			doc.Notes = append(doc.Notes, "Analysis per area (setups, profiles, misses explained): "+strings.Join(links, ", "))
-		}
-	}
-	if *out == "-" {
+	m.Note = *f.note
+	doc := micro.Doc{Machine: m, Command: command, Count: *f.count, Results: res, Targets: micro.Targets}
+	if *f.out == "-" {
 		return micro.Markdown(stdout, doc)
 	}
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		return fmt.Errorf("bench micro: %w", err)
-	}
-	f, err := os.Create(*out)
-	if err != nil {
-		return fmt.Errorf("bench micro: %w", err)
-	}
-	if err := micro.Markdown(f, doc); err != nil {
-		f.Close()
+	doc.Notes = append(doc.Notes, analysisNotes(*f.out)...)
+	if err := writeMicroDoc(*f.out, doc); err != nil {
 		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("bench micro: %w", err)
 	}
 	met, missed, none := 0, 0, 0
 	for _, r := range micro.Evaluate(res, micro.Targets) {
@@ -384,8 +357,96 @@ func benchMicro(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			missed++
 		}
 	}
-	fmt.Fprintf(stdout, "wrote %s: %d benchmarks; targets met %d, missed %d, not measured %d\n", *out, len(res.Benches), met, missed, none)
+	fmt.Fprintf(stdout, "wrote %s: %d benchmarks; targets met %d, missed %d, not measured %d\n", *f.out, len(res.Benches), met, missed, none)
 	return runErr
+}
+
+// benchMicroFlags are the flags of bench micro.
+type benchMicroFlags struct {
+	out, benchtime, bench, pkgs, in, raw, note, timeout *string
+	count                                               *int
+	verbose                                             *bool
+}
+
+func addBenchMicroFlags(c *cmdFlags) *benchMicroFlags {
+	return &benchMicroFlags{
+		out:       c.str("out", "docs/benchmarks.md", "Markdown file to write (- = stdout)"),
+		count:     c.integer("count", 5, "runs of each benchmark (-count); the median is reported"),
+		benchtime: c.str("benchtime", "", "go test -benchtime (empty = go's default, 1s)"),
+		bench:     c.str("bench", ".", "go test -bench regexp"),
+		pkgs:      c.str("pkg", "./...", "packages, comma separated"),
+		in:        c.str("in", "", "read `go test -bench` output from this file instead of running it"),
+		raw:       c.str("raw", "", "also save the raw go test output to this file"),
+		note:      c.str("note", "", "note on the machine (e.g. '2-core shared VM, other jobs running')"),
+		timeout:   c.str("timeout", "60m", "go test -timeout"),
+		verbose:   c.boolean("v", false, "echo go test output while it runs"),
+	}
+}
+
+// benchOutput is the `go test -bench` output: read from --in, or from
+// running the benchmarks in the module root. command says which; runErr
+// is a failed run, reported with what ran; err is a failure to get any.
+func (f *benchMicroFlags) benchOutput(ctx context.Context, stderr io.Writer) (output []byte, command string, runErr, err error) {
+	opt := micro.RunOptions{Bench: *f.bench, Count: *f.count, Benchtime: *f.benchtime, Timeout: *f.timeout, Packages: strings.Split(*f.pkgs, ",")}
+	command = "go " + strings.Join(opt.Args(), " ")
+	if *f.in != "" {
+		b, err := os.ReadFile(*f.in)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("bench micro: %w", err)
+		}
+		return b, "(parsed from " + *f.in + ")", nil, nil
+	}
+	dir, err := benchModuleRoot()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	opt.Dir = dir
+	var echo io.Writer
+	if *f.verbose {
+		echo = stderr
+	}
+	fmt.Fprintf(stderr, "running %s in %s\n", command, dir)
+	output, runErr = micro.Run(ctx, opt, echo)
+	if runErr != nil {
+		fmt.Fprintf(stderr, "warning: %v (reporting what ran)\n", runErr)
+	}
+	return output, command, runErr, nil
+}
+
+// analysisNotes links the analyses beside the generated file (how each
+// figure was reached, what was tried, why a target is missed): they
+// outlive a re-run.
+func analysisNotes(out string) []string {
+	areas, _ := filepath.Glob(filepath.Join(filepath.Dir(out), "benchmarks", "*.md"))
+	var links []string
+	for _, a := range areas {
+		rel := filepath.ToSlash(filepath.Join("benchmarks", filepath.Base(a)))
+		links = append(links, fmt.Sprintf("[%s](%s)", strings.TrimSuffix(filepath.Base(a), ".md"), rel))
+	}
+	if len(links) == 0 {
+		return nil
+	}
+	return []string{"Analysis per area (setups, profiles, misses explained): " + strings.Join(links, ", ")}
+}
+
+// writeMicroDoc writes doc as Markdown to the file out, creating its
+// directory.
+func writeMicroDoc(out string, doc micro.Doc) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("bench micro: %w", err)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return fmt.Errorf("bench micro: %w", err)
+	}
+	if err := micro.Markdown(f, doc); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench micro: %w", err)
+	}
+	return nil
 }
 
 // benchModuleRoot finds the directory holding go.mod, from the working

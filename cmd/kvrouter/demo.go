@@ -58,128 +58,199 @@ func demoWorkload(seed uint64, scale float64) *workload.Workload {
 	)
 }
 
+// runDemo parses the flags and runs the path they name: the real path
+// (runRealDemo) or the NATS-native replay comparison (runNATSDemo).
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := newFlags("kvrouter demo", demoAbout)
 	c.SetOutput(stderr)
 	c.helpOut = stdout
-	rf := addReplayFlags(c, replayDefaults{
-		limit: 600, workers: 4, replicas: 2, speedup: 0, seed: 7, sessionMode: "hard", policies: "kvrouter,round-robin",
-		limitUsage:    "with --trace: replay at most this many requests (0 = all)",
-		speedupUsage:  "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)",
-		kvBlocksUsage: "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)",
-		sessionUsage:  "session bindings: hard, soft or none (no session ids sent)",
-		policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)",
-	})
-	var (
-		scale     = c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents")
-		out       = c.str("out", "", "also write report.md, report.json and PNG charts to this directory (\"\" = table only)")
-		quiet     = c.boolean("quiet", false, "no live progress")
-		showNotes = c.boolean("verbose", false, "print the full bench table and notes after the summary")
-		baseSess  = c.boolean("baseline-sessions", false, "send session ids to the baseline policies too (by default they run without affinity, as deployed elsewhere)")
-		path      = c.str("path", "real", "real: vLLM-faced engines with ZMQ events, bridges, replicas, a gateway and an OpenAI-compatible client; nats: NATS-native simulated workers and the replay harness (--trace, --policies, --out need nats)")
-		turns     = c.integer("turns", 4, "with --path real: turns per chat session")
-	)
-	trace, limit, nworkers, replicas, speedup, load, kvBlocks := rf.trace, rf.limit, rf.workers, rf.replicas, rf.speedup, rf.load, rf.kvBlocks
-	sessMode, policies, seed := rf.sessionMode, rf.policies, rf.seed
+	f := addDemoFlags(c)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
 		}
 		return usageError{err}
 	}
-	if *speedup < 0 {
-		return usageError{fmt.Errorf("--speedup %g: want > 0", *speedup)}
+	if *f.speedup < 0 {
+		return usageError{fmt.Errorf("--speedup %g: want > 0", *f.speedup)}
 	}
-	mode, err := replay.ParseSessionMode(*sessMode)
+	mode, err := replay.ParseSessionMode(*f.sessionMode)
 	if err != nil {
 		return usageError{err}
 	}
-	pols, err := replay.LookupPolicies([]string{*policies})
+	pols, err := replay.LookupPolicies([]string{*f.policies})
 	if err != nil {
 		return usageError{err}
 	}
-	switch *path {
+	switch *f.path {
 	case "real":
-		if *trace != "" || *out != "" || *policies != "kvrouter,round-robin" {
-			return usageError{fmt.Errorf("--trace, --out and --policies need --path nats (the real path compares kvrouter with round-robin)")}
+		rc, err := f.realConfig(mode)
+		if err != nil {
+			return usageError{err}
 		}
-		if *speedup < 0 || *nworkers < 1 || *replicas < 1 || *turns < 1 || *scale <= 0 {
-			return usageError{fmt.Errorf("--path real: want --speedup >= 0, --workers, --replicas, --turns >= 1 and --scale > 0")}
-		}
-		log := slog.New(slog.DiscardHandler)
-		rc := realDemoConfig{engines: *nworkers, replicas: *replicas, kvBlocks: *kvBlocks, sessions: max(1, int(32**scale)),
-			turns: *turns, speedup: *speedup, seed: *seed, sessionMode: mode, baseSessions: *baseSess, log: log}
-		if rc.kvBlocks == 0 {
-			rc.kvBlocks = 640
-		}
-		if rc.speedup == 0 {
-			rc.speedup = 1
-		}
-		if *quiet {
+		if *f.quiet {
 			stderr = io.Discard
 		}
 		return runRealDemo(ctx, rc, stdout, stderr)
 	case "nats":
+		return runNATSDemo(ctx, f, mode, pols, stdout, stderr)
 	default:
-		return usageError{fmt.Errorf("--path %q: want real or nats", *path)}
+		return usageError{fmt.Errorf("--path %q: want real or nats", *f.path)}
 	}
-	var w *workload.Workload
-	blockSize, kv := 16, *kvBlocks
-	if *trace != "" {
-		w, err = workload.ReadMooncake(*trace, workload.ReadOptions{Limit: *limit, Sessions: true})
+}
+
+// demoFlags are the flags of kvrouter demo: the replay flags it shares
+// with bench replay, and its own.
+type demoFlags struct {
+	*replayFlags
+	scale                      *float64
+	out, path                  *string
+	quiet, showNotes, baseSess *bool
+	turns                      *int
+}
+
+func addDemoFlags(c *cmdFlags) *demoFlags {
+	return &demoFlags{
+		replayFlags: addReplayFlags(c, replayDefaults{
+			limit: 600, workers: 4, replicas: 2, speedup: 0, seed: 7, sessionMode: "hard", policies: "kvrouter,round-robin",
+			limitUsage:    "with --trace: replay at most this many requests (0 = all)",
+			speedupUsage:  "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)",
+			kvBlocksUsage: "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)",
+			sessionUsage:  "session bindings: hard, soft or none (no session ids sent)",
+			policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)",
+		}),
+		scale:     c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents"),
+		out:       c.str("out", "", "also write report.md, report.json and PNG charts to this directory (\"\" = table only)"),
+		quiet:     c.boolean("quiet", false, "no live progress"),
+		showNotes: c.boolean("verbose", false, "print the full bench table and notes after the summary"),
+		baseSess:  c.boolean("baseline-sessions", false, "send session ids to the baseline policies too (by default they run without affinity, as deployed elsewhere)"),
+		path:      c.str("path", "real", "real: vLLM-faced engines with ZMQ events, bridges, replicas, a gateway and an OpenAI-compatible client; nats: NATS-native simulated workers and the replay harness (--trace, --policies, --out need nats)"),
+		turns:     c.integer("turns", 4, "with --path real: turns per chat session"),
+	}
+}
+
+// realConfig checks the flags of --path real and makes its configuration.
+func (f *demoFlags) realConfig(mode replay.SessionMode) (realDemoConfig, error) {
+	if *f.trace != "" || *f.out != "" || *f.policies != "kvrouter,round-robin" {
+		return realDemoConfig{}, fmt.Errorf("--trace, --out and --policies need --path nats (the real path compares kvrouter with round-robin)")
+	}
+	if *f.speedup < 0 || *f.workers < 1 || *f.replicas < 1 || *f.turns < 1 || *f.scale <= 0 {
+		return realDemoConfig{}, fmt.Errorf("--path real: want --speedup >= 0, --workers, --replicas, --turns >= 1 and --scale > 0")
+	}
+	rc := realDemoConfig{engines: *f.workers, replicas: *f.replicas, kvBlocks: *f.kvBlocks, sessions: max(1, int(32**f.scale)),
+		turns: *f.turns, speedup: *f.speedup, seed: *f.seed, sessionMode: mode, baseSessions: *f.baseSess, log: slog.New(slog.DiscardHandler)}
+	if rc.kvBlocks == 0 {
+		rc.kvBlocks = 640
+	}
+	if rc.speedup == 0 {
+		rc.speedup = 1
+	}
+	return rc, nil
+}
+
+// demoInput is the workload of --path nats and the engine geometry it is
+// sized for.
+type demoInput struct {
+	w         *workload.Workload
+	blockSize int
+	kvBlocks  int
+}
+
+// input loads the trace (512-token blocks) or builds the synthetic
+// workload, and fills the defaults that depend on which: KV blocks and
+// the speed-up.
+func (f *demoFlags) input() (demoInput, error) {
+	in := demoInput{blockSize: 16, kvBlocks: *f.kvBlocks}
+	if *f.trace != "" {
+		w, err := workload.ReadMooncake(*f.trace, workload.ReadOptions{Limit: *f.limit, Sessions: true})
 		if err != nil {
-			return err
+			return in, err
 		}
-		blockSize = 512
-		if kv == 0 {
-			kv = 1024
+		in.w, in.blockSize = w, 512
+		if in.kvBlocks == 0 {
+			in.kvBlocks = 1024
 		}
-		if *speedup == 0 {
-			*speedup = 10
+		if *f.speedup == 0 {
+			*f.speedup = 10
 		}
 	} else {
-		w = demoWorkload(*seed, *scale)
-		if kv == 0 {
-			kv = 2048
+		in.w = demoWorkload(*f.seed, *f.scale)
+		if in.kvBlocks == 0 {
+			in.kvBlocks = 2048
 		}
-		if *speedup == 0 {
-			*speedup = 1.5
+		if *f.speedup == 0 {
+			*f.speedup = 1.5
 		}
 	}
-	if err := w.Validate(); err != nil {
+	return in, in.w.Validate()
+}
+
+// runNATSDemo replays the workload once per policy, each on a fresh
+// stack, then prints the comparison (and writes the report with --out).
+func runNATSDemo(ctx context.Context, f *demoFlags, mode replay.SessionMode, pols []replay.Policy, stdout, stderr io.Writer) error {
+	in, err := f.input()
+	if err != nil {
 		return err
 	}
-	st := w.Stats()
+	st := in.w.Stats()
 	fmt.Fprintf(stdout, "kvrouter demo: %s\n  %d requests, %d sessions, %.0f s of workload at %gx speed-up (about %.0f s per policy)\n"+
 		"  %d simulated workers (%d KV blocks of %d tokens each), %d router replicas, embedded NATS, %s session bindings for kvrouter\n"+
 		"  policies: %s\n\n",
-		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *load, *speedup, st.SpanSeconds / *load / *speedup,
-		*nworkers, kv, blockSize, *replicas, mode, replay.PolicyNames(pols))
-	// kvrouter runs with session bindings (its own feature); the baselines
-	// run as they are deployed elsewhere, without affinity, unless
-	// --baseline-sessions is set. Each policy gets a fresh stack.
+		in.w.Name, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.speedup, st.SpanSeconds / *f.load / *f.speedup,
+		*f.workers, in.kvBlocks, in.blockSize, *f.replicas, mode, replay.PolicyNames(pols))
 	began := time.Now()
+	rep, err := f.replayEach(ctx, in, mode, pols, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	printDemoTable(stdout, rep.Policies)
+	fmt.Fprintf(stdout, "\nhit ratio = prompt blocks found in the chosen worker's KV cache; infinite-cache bound of this workload %.1f%%.\n",
+		100*rep.Workload.UpperBound.Ratio)
+	fmt.Fprintf(stdout, "TTFT is model time (the simulated engines' clock, Dynamo's mocker timing) plus routing time. Took %.0f s.\n",
+		time.Since(began).Seconds())
+	if *f.showNotes {
+		fmt.Fprintln(stdout)
+		if err := rep.Table(stdout); err != nil {
+			return err
+		}
+	}
+	if *f.out != "" {
+		files, err := rep.WriteAll(*f.out)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s, %s and %d charts\n", files.Markdown, files.JSON, len(files.Charts))
+	}
+	return nil
+}
+
+// replayEach runs the workload through each policy on a fresh stack and
+// merges the runs into one report. kvrouter runs with session bindings
+// (its own feature); the baselines run as they are deployed elsewhere,
+// without affinity, unless --baseline-sessions is set.
+func (f *demoFlags) replayEach(ctx context.Context, in demoInput, mode replay.SessionMode, pols []replay.Policy, stderr io.Writer) (*report.Report, error) {
 	rep := &report.Report{}
 	for i, pol := range pols {
 		m := mode
 		if !pol.Events || pol.RouterPolicy != "default" || pol.Oracle {
-			if !*baseSess {
+			if !*f.baseSess {
 				m = replay.SessionNone
 			}
 		}
 		cfg := replay.Config{
-			Workload: w, Policies: []replay.Policy{pol}, NewStack: stack.Factory(stack.Options{}),
-			Model: "demo", Workers: *nworkers, Replicas: *replicas, Speedup: *speedup, SessionMode: m, Seed: *seed,
-			KVBlocks: kv, BlockSize: blockSize, LoadScale: *load, Title: "kvrouter demo",
+			Workload: in.w, Policies: []replay.Policy{pol}, NewStack: stack.Factory(stack.Options{}),
+			Model: "demo", Workers: *f.workers, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: m, Seed: *f.seed,
+			KVBlocks: in.kvBlocks, BlockSize: in.blockSize, LoadScale: *f.load, Title: "kvrouter demo",
 			Logf: func(format string, a ...any) { fmt.Fprintf(stderr, "  "+format+"\n", a...) },
 		}
-		if !*quiet {
+		if !*f.quiet {
 			cfg.Progress = stderr
 			cfg.ProgressLines = !isTerminal(stderr)
 		}
 		r, err := replay.Run(ctx, cfg)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if i == 0 {
 			*rep = *r
@@ -194,26 +265,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	rep.Setup.SessionMode = "per policy"
 	rep.Checks = replay.Checks(rep)
-	fmt.Fprintln(stdout)
-	printDemoTable(stdout, rep.Policies)
-	fmt.Fprintf(stdout, "\nhit ratio = prompt blocks found in the chosen worker's KV cache; infinite-cache bound of this workload %.1f%%.\n",
-		100*rep.Workload.UpperBound.Ratio)
-	fmt.Fprintf(stdout, "TTFT is model time (the simulated engines' clock, Dynamo's mocker timing) plus routing time. Took %.0f s.\n",
-		time.Since(began).Seconds())
-	if *showNotes {
-		fmt.Fprintln(stdout)
-		if err := rep.Table(stdout); err != nil {
-			return err
-		}
-	}
-	if *out != "" {
-		files, err := rep.WriteAll(*out)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s, %s and %d charts\n", files.Markdown, files.JSON, len(files.Charts))
-	}
-	return nil
+	return rep, nil
 }
 
 // printDemoTable prints the side-by-side comparison the demo is about.

@@ -44,127 +44,35 @@ type policyFile struct {
 	Scheduler yaml.Node              `yaml:"scheduler"`
 }
 
+// runServe reads as its outline: parse the flags into a replica
+// configuration, set up telemetry, connect to NATS, build the replica,
+// then serve until ctx ends (serveUntilDone: start, optional in-process
+// gateway, wait, graceful stop).
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := newFlags("kvrouter serve", serveAbout)
 	c.SetOutput(stderr)
 	c.helpOut = stdout
-	nf := addNATSFlags(c, false)
-	lf := addLogFlags(c)
-	var (
-		replicaID   = c.str("replica-id", "", "name of this replica in bindings, booking sync and logs (\"\" = random)")
-		prefix      = c.str("prefix", api.DefaultPrefix, "first token of every NATS subject")
-		models      = c.str("models", "default", "models this replica routes, comma separated")
-		blockSize   = c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')")
-		httpAddr    = c.str("http-addr", "127.0.0.1:8080", "HTTP API listen address (\"\" = no HTTP); loopback by default: give :8080 or a host address to open it, with --http-token")
-		openaiAddr  = c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)")
-		openaiTok   = addTokenizerFlag(c, "openai-tokenizer")
-		queueGroup  = c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment")
-		stream      = c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing, else verified)")
-		maxAge      = c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events")
-		replicas    = c.integer("stream-replicas", 1, "replicas of the streams and buckets this replica creates and verifies (3 in a production cluster)")
-		policy      = c.str("policy", host.DefaultPolicy, "selection policy: default, round-robin, random, least-loaded, power-of-two, two-tier")
-		policyFileF = c.str("policy-file", "", "YAML file with the policy, its parameters and the scheduler's queue and thresholds (overrides --policy)")
-		sessionMode = c.str("session-mode", "hard", "mode of new session bindings: hard (a session stays on its worker while it lives) or soft (preferred)")
-		sessionTTL  = c.duration("session-ttl", bindings.DefaultIdleTTL, "how long a session binding lives at least after the session's last request (it is stored for 1.5x this, so it goes between 1x and 1.5x after)")
-		strict      = c.boolean("strict-reads", false, "read every session binding from the stream leader (no local cache); without it Hard bindings are read from the leader anyway and Soft ones lag at most --bindings-max-staleness")
-		bindStale   = c.duration("bindings-max-staleness", bindings.DefaultMaxStaleness, "how far a Soft session binding read from the local cache may lag the bucket (40ms..1s); Hard bindings are always read from the stream leader")
-		maxSessions = c.integer("max-sessions", bindings.DefaultMaxSessions, "most session bindings stored (with the markers of ended or expired ones, for a minute); new sessions past it get 529 overloaded (negative = unbounded)")
-		bindBucket  = c.str("bindings-bucket", bindings.DefaultBucket, "KV bucket of session bindings")
-		regBucket   = c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry")
-		snapBucket  = c.str("snapshot-bucket", host.DefaultSnapshotBucket, "object store bucket of index snapshots")
-		snapEvery   = c.duration("snapshot-interval", 5*time.Minute, "how often to write an index snapshot (0 = never)")
-		loadSnap    = c.boolean("load-snapshot", true, "start from the newest index snapshot and replay events from there")
-		predicted   = c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers routing decisions, this replica's and its peers' (negative = off)")
-		approximate = c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)")
-		approxTTL   = c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker")
-		deadline    = c.duration("queue-deadline", host.DefaultDeadline, "longest a route may take when the request gives no deadline_ms: the queue wait, and a session's binding read and commit (then 503 bindings_unavailable)")
-		inflight    = c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS and HTTP together; beyond, 529 at once")
-		syncEvery   = c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas")
-		traceFile   = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
-		traceRatio  = c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)")
-	)
-	// The bounded index and the events it takes (host.IndexLimits).
-	var (
-		idxBytes     = c.integer("index-max-bytes", 0, "memory budget of the prefix index, all models together, in bytes (0 = a quarter of the memory limit: cgroup, GOMEMLIMIT or physical memory; -1 = no cap)")
-		idxEntries   = c.integer("index-max-entries", 0, "cap on (block, worker) entries of each model's index, instead of one derived from --index-max-bytes (0 = derived; -1 = no cap)")
-		idxPerWorker = c.integer("index-max-entries-per-worker", 0, "cap on one worker rank's index entries (0 = 1/8 of the model's cap; -1 = none); each rank is also capped at twice the kv_blocks it registered")
-		holdGrace    = c.duration("event-hold-grace", host.DefaultEventHoldGrace, "how long events of a worker not yet in the registry wait for its registration before they are dropped (negative = drop at once)")
-	)
-	hf := addServeHTTPFlags(c)
-	sl := addStreamLimitFlags(c)
-	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
-	departureGrace := c.duration("departure-grace", workers.DefaultDepartureGrace,
-		"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)")
+	f := addServeFlags(c)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
 			return err
 		}
 		return usageError{err}
 	}
-	log, err := lf.logger(stderr)
+	log, err := f.log.logger(stderr)
 	if err != nil {
 		return usageError{err}
 	}
-	if err := gateway.CheckTokenizer(*openaiTok); err != nil {
-		return usageError{fmt.Errorf("--openai-tokenizer: %w", err)}
-	}
-	mode, err := bindings.ParseMode(*sessionMode)
+	cfg, err := f.config(log)
 	if err != nil {
-		return usageError{fmt.Errorf("--session-mode: %w", err)}
-	}
-	cfg := host.Config{
-		ReplicaID: *replicaID, Prefix: *prefix, Models: splitList(*models), BlockSize: *blockSize,
-		QueueGroup: *queueGroup, EventStream: *stream, EventMaxAge: *maxAge, StreamReplicas: *replicas,
-		Registry: workers.RegistryConfig{Bucket: *regBucket},
-		Bindings: bindings.Config{Bucket: *bindBucket, DefaultMode: mode, IdleTTL: *sessionTTL, StrictReads: *strict,
-			MaxStaleness: *bindStale, MaxSessions: int64(*maxSessions)},
-		Policy:           scheduler.PolicyConfig{Name: *policy},
-		SnapshotBucket:   *snapBucket,
-		SnapshotInterval: *snapEvery,
-		LoadSnapshot:     *loadSnap,
-		PredictedTTL:     *predicted,
-		Approximate:      *approximate,
-		ApproxTTL:        *approxTTL,
-		DefaultDeadline:  *deadline,
-		MaxInFlight:      *inflight,
-		HTTPAddr:         *httpAddr,
-		Logger:           log,
-	}
-	cfg.BookingSyncInterval = *syncEvery
-	cfg.IndexLimits = host.IndexLimits{MaxBytes: int64(*idxBytes), MaxEntries: int64(*idxEntries),
-		MaxEntriesPerWorker: int64(*idxPerWorker), EventHoldGrace: *holdGrace}
-	if err := hf.apply(&cfg); err != nil {
 		return usageError{err}
 	}
-	sl.apply(&cfg)
-	cfg.Registry.DepartureGrace = *departureGrace
-	if cfg.Approximate {
-		// Snapshots hold event-fed indexes; approximate mode has none.
-		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
-	}
-	if *policyFileF != "" {
-		if err := applyPolicyFile(&cfg, *policyFileF); err != nil {
-			return usageError{err}
-		}
-	}
-
-	prom, err := telemetry.NewPrometheus(true)
+	stopTelemetry, err := serveTelemetry(&cfg, *f.traceFile, *f.traceRatio)
 	if err != nil {
 		return err
 	}
-	defer prom.Shutdown(context.Background())
-	cfg.MetricsHandler = prom.Handler
-	cfg.Telemetry.MeterProvider = prom.Provider
-	if *traceFile != "" {
-		tf, err := telemetry.OpenTraceFile(*traceFile, *traceRatio, "kvrouter")
-		if err != nil {
-			return err
-		}
-		defer tf.Shutdown(context.Background())
-		cfg.Telemetry.TracerProvider = tf.Provider
-	}
-
-	nc, err := natsconn.Open(ctx, nf.config("kvrouter-serve"), log)
+	defer stopTelemetry()
+	nc, err := natsconn.Open(ctx, f.nats.config("kvrouter-serve"), log)
 	if err != nil {
 		return err
 	}
@@ -173,10 +81,160 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return usageError{err}
 	}
+	return serveUntilDone(ctx, f, cfg, r, nc, stdout, log)
+}
+
+// serveFlags are the flags of kvrouter serve.
+type serveFlags struct {
+	nats *natsFlags
+	log  *logFlags
+
+	replicaID, prefix, models, httpAddr, openaiAddr, openaiTok, queueGroup, stream *string
+	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket, traceFile  *string
+	blockSize, replicas, maxSessions, inflight                                     *int
+	maxAge, sessionTTL, bindStale, snapEvery, predicted, approxTTL, deadline       *time.Duration
+	syncEvery                                                                      *time.Duration
+	strict, loadSnap, approximate                                                  *bool
+	traceRatio                                                                     *float64
+
+	// The bounded index and the events it takes (host.IndexLimits).
+	idxBytes, idxEntries, idxPerWorker *int
+	holdGrace                          *time.Duration
+
+	http   *serveHTTPFlags
+	limits streamLimitFlags
+	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
+	departureGrace *time.Duration
+}
+
+func addServeFlags(c *cmdFlags) *serveFlags {
+	return &serveFlags{
+		nats:        addNATSFlags(c, false),
+		log:         addLogFlags(c),
+		replicaID:   c.str("replica-id", "", "name of this replica in bindings, booking sync and logs (\"\" = random)"),
+		prefix:      c.str("prefix", api.DefaultPrefix, "first token of every NATS subject"),
+		models:      c.str("models", "default", "models this replica routes, comma separated"),
+		blockSize:   c.integer("block-size", host.DefaultBlockSize, "KV block size in tokens (must match the workers')"),
+		httpAddr:    c.str("http-addr", "127.0.0.1:8080", "HTTP API listen address (\"\" = no HTTP); loopback by default: give :8080 or a host address to open it, with --http-token"),
+		openaiAddr:  c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)"),
+		openaiTok:   addTokenizerFlag(c, "openai-tokenizer"),
+		queueGroup:  c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment"),
+		stream:      c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing, else verified)"),
+		maxAge:      c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events"),
+		replicas:    c.integer("stream-replicas", 1, "replicas of the streams and buckets this replica creates and verifies (3 in a production cluster)"),
+		policy:      c.str("policy", host.DefaultPolicy, "selection policy: default, round-robin, random, least-loaded, power-of-two, two-tier"),
+		policyFile:  c.str("policy-file", "", "YAML file with the policy, its parameters and the scheduler's queue and thresholds (overrides --policy)"),
+		sessionMode: c.str("session-mode", "hard", "mode of new session bindings: hard (a session stays on its worker while it lives) or soft (preferred)"),
+		sessionTTL:  c.duration("session-ttl", bindings.DefaultIdleTTL, "how long a session binding lives at least after the session's last request (it is stored for 1.5x this, so it goes between 1x and 1.5x after)"),
+		strict:      c.boolean("strict-reads", false, "read every session binding from the stream leader (no local cache); without it Hard bindings are read from the leader anyway and Soft ones lag at most --bindings-max-staleness"),
+		bindStale:   c.duration("bindings-max-staleness", bindings.DefaultMaxStaleness, "how far a Soft session binding read from the local cache may lag the bucket (40ms..1s); Hard bindings are always read from the stream leader"),
+		maxSessions: c.integer("max-sessions", bindings.DefaultMaxSessions, "most session bindings stored (with the markers of ended or expired ones, for a minute); new sessions past it get 529 overloaded (negative = unbounded)"),
+		bindBucket:  c.str("bindings-bucket", bindings.DefaultBucket, "KV bucket of session bindings"),
+		regBucket:   c.str("registry-bucket", workers.DefaultBucket, "KV bucket of the worker registry"),
+		snapBucket:  c.str("snapshot-bucket", host.DefaultSnapshotBucket, "object store bucket of index snapshots"),
+		snapEvery:   c.duration("snapshot-interval", 5*time.Minute, "how often to write an index snapshot (0 = never)"),
+		loadSnap:    c.boolean("load-snapshot", true, "start from the newest index snapshot and replay events from there"),
+		predicted:   c.duration("predicted-ttl", host.DefaultPredictedTTL, "how long the predicted index remembers routing decisions, this replica's and its peers' (negative = off)"),
+		approximate: c.boolean("approximate", false, "approximate mode, for engines that publish no KV events: no event subscription, the index holds this deployment's own routing decisions for --approx-ttl (snapshot flags are ignored)"),
+		approxTTL:   c.duration("approx-ttl", host.DefaultApproxTTL, "how long approximate mode counts a routed prefix as cached on its worker"),
+		deadline:    c.duration("queue-deadline", host.DefaultDeadline, "longest a route may take when the request gives no deadline_ms: the queue wait, and a session's binding read and commit (then 503 bindings_unavailable)"),
+		inflight:    c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS and HTTP together; beyond, 529 at once"),
+		syncEvery:   c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas"),
+		traceFile:   c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)"),
+		traceRatio:  c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)"),
+
+		idxBytes:     c.integer("index-max-bytes", 0, "memory budget of the prefix index, all models together, in bytes (0 = a quarter of the memory limit: cgroup, GOMEMLIMIT or physical memory; -1 = no cap)"),
+		idxEntries:   c.integer("index-max-entries", 0, "cap on (block, worker) entries of each model's index, instead of one derived from --index-max-bytes (0 = derived; -1 = no cap)"),
+		idxPerWorker: c.integer("index-max-entries-per-worker", 0, "cap on one worker rank's index entries (0 = 1/8 of the model's cap; -1 = none); each rank is also capped at twice the kv_blocks it registered"),
+		holdGrace:    c.duration("event-hold-grace", host.DefaultEventHoldGrace, "how long events of a worker not yet in the registry wait for its registration before they are dropped (negative = drop at once)"),
+
+		http:   addServeHTTPFlags(c),
+		limits: addStreamLimitFlags(c),
+		departureGrace: c.duration("departure-grace", workers.DefaultDepartureGrace,
+			"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)"),
+	}
+}
+
+// config is the replica configuration the flags give (errors are usage
+// errors: they name the flag).
+func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
+	if err := gateway.CheckTokenizer(*f.openaiTok); err != nil {
+		return host.Config{}, fmt.Errorf("--openai-tokenizer: %w", err)
+	}
+	mode, err := bindings.ParseMode(*f.sessionMode)
+	if err != nil {
+		return host.Config{}, fmt.Errorf("--session-mode: %w", err)
+	}
+	cfg := host.Config{
+		ReplicaID: *f.replicaID, Prefix: *f.prefix, Models: splitList(*f.models), BlockSize: *f.blockSize,
+		QueueGroup: *f.queueGroup, EventStream: *f.stream, EventMaxAge: *f.maxAge, StreamReplicas: *f.replicas,
+		Registry: workers.RegistryConfig{Bucket: *f.regBucket},
+		Bindings: bindings.Config{Bucket: *f.bindBucket, DefaultMode: mode, IdleTTL: *f.sessionTTL, StrictReads: *f.strict,
+			MaxStaleness: *f.bindStale, MaxSessions: int64(*f.maxSessions)},
+		Policy:           scheduler.PolicyConfig{Name: *f.policy},
+		SnapshotBucket:   *f.snapBucket,
+		SnapshotInterval: *f.snapEvery,
+		LoadSnapshot:     *f.loadSnap,
+		PredictedTTL:     *f.predicted,
+		Approximate:      *f.approximate,
+		ApproxTTL:        *f.approxTTL,
+		DefaultDeadline:  *f.deadline,
+		MaxInFlight:      *f.inflight,
+		HTTPAddr:         *f.httpAddr,
+		Logger:           log,
+	}
+	cfg.BookingSyncInterval = *f.syncEvery
+	cfg.IndexLimits = host.IndexLimits{MaxBytes: int64(*f.idxBytes), MaxEntries: int64(*f.idxEntries),
+		MaxEntriesPerWorker: int64(*f.idxPerWorker), EventHoldGrace: *f.holdGrace}
+	if err := f.http.apply(&cfg); err != nil {
+		return host.Config{}, err
+	}
+	f.limits.apply(&cfg)
+	cfg.Registry.DepartureGrace = *f.departureGrace
+	if cfg.Approximate {
+		// Snapshots hold event-fed indexes; approximate mode has none.
+		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
+	}
+	if *f.policyFile != "" {
+		if err := applyPolicyFile(&cfg, *f.policyFile); err != nil {
+			return host.Config{}, err
+		}
+	}
+	return cfg, nil
+}
+
+// serveTelemetry sets up the Prometheus exporter behind /metrics and, with
+// a trace file, the span exporter; stop shuts them down.
+func serveTelemetry(cfg *host.Config, traceFile string, traceRatio float64) (stop func(), err error) {
+	prom, err := telemetry.NewPrometheus(true)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MetricsHandler = prom.Handler
+	cfg.Telemetry.MeterProvider = prom.Provider
+	if traceFile == "" {
+		return func() { prom.Shutdown(context.Background()) }, nil
+	}
+	tf, err := telemetry.OpenTraceFile(traceFile, traceRatio, "kvrouter")
+	if err != nil {
+		prom.Shutdown(context.Background())
+		return nil, err
+	}
+	cfg.Telemetry.TracerProvider = tf.Provider
+	return func() {
+		tf.Shutdown(context.Background())
+		prom.Shutdown(context.Background())
+	}, nil
+}
+
+// serveUntilDone starts r (and the in-process gateway with
+// --openai-addr), serves until ctx ends, then stops both gracefully. A
+// start error wins over a stop error.
+func serveUntilDone(ctx context.Context, f *serveFlags, cfg host.Config, r *host.Replica, nc *natsconn.Conn, stdout io.Writer, log *slog.Logger) error {
 	startErr := r.Start(ctx)
 	var gw *gatewayServer
-	if startErr == nil && *openaiAddr != "" {
-		gw, startErr = startOpenAI(r, *openaiAddr, *openaiTok, cfg.HTTPToken, cfg.Telemetry, log)
+	if startErr == nil && *f.openaiAddr != "" {
+		gw, startErr = startOpenAI(r, *f.openaiAddr, *f.openaiTok, cfg.HTTPToken, cfg.Telemetry, log)
 	}
 	if startErr == nil {
 		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()), orNone(gw.where()))

@@ -6,8 +6,9 @@
 // lifecycle, workers, session and health messages), the error envelope with
 // its codes and their HTTP statuses (errors.go), the NATS subjects and
 // header names (subjects.go), the codecs (jsondec.go, jsonenc.go), the
-// trace-context carrier for NATS headers (carrier.go) and the NATS client
-// (client.go). The worker target on the wire, WorkerRef, is
+// binary decision sync format replicas share their routing decisions in
+// ("KVRD", decisions.go), the trace-context carrier for NATS headers
+// (carrier.go) and the NATS client (client.go). The worker target on the wire, WorkerRef, is
 // workerref.Target with a JSON form.
 //
 // Codecs: the route request has a hand-written decoder and encoder and the

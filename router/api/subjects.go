@@ -46,7 +46,7 @@ func SessionEndSubject(prefix, model string) string { return subj(prefix, "sessi
 func BookingsSubject(prefix, model string) string { return subj(prefix, "bookings", model) }
 
 // DecisionsSubject carries a model's shared routing decisions (replica
-// decision sync, a binary format; see router/host/decisions.go).
+// decision sync, a binary format: decisions.go).
 func DecisionsSubject(prefix, model string) string { return subj(prefix, "decisions", model) }
 
 func subj(prefix, kind, model string) string {

@@ -248,7 +248,34 @@ const (
 	DefaultForwardTimeout        = 5 * time.Second
 )
 
+// normalize fills the defaults and checks the values, section by section
+// in the order of the Config fields; the first unusable value is the
+// error.
 func (c *Config) normalize() error {
+	if err := c.normalizeIdentity(); err != nil {
+		return err
+	}
+	c.normalizeStreams()
+	if err := c.normalizeIndexes(); err != nil {
+		return err
+	}
+	if err := c.normalizeRouting(); err != nil {
+		return err
+	}
+	c.IndexLimits.normalize(len(c.Models), MemoryLimit)
+	if err := c.normalizeHTTP(); err != nil {
+		return err
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Telemetry = c.Telemetry.WithDefaults()
+	return nil
+}
+
+// normalizeIdentity fills and checks who the replica is and what it
+// routes: its id, the subject prefix, the models and their block size.
+func (c *Config) normalizeIdentity() error {
 	if c.ReplicaID == "" {
 		c.ReplicaID = "r-" + strings.ToLower(nuid.Next()[12:])
 	}
@@ -275,6 +302,12 @@ func (c *Config) normalize() error {
 	if c.BlockSize < 1 || c.BlockSize > api.MaxBlockSize {
 		return fmt.Errorf("%w: block size %d (want 1..%d)", ErrConfig, c.BlockSize, api.MaxBlockSize)
 	}
+	return nil
+}
+
+// normalizeStreams fills the defaults of the queue group and the event
+// stream.
+func (c *Config) normalizeStreams() {
 	if c.QueueGroup == "" {
 		c.QueueGroup = api.DefaultQueueGroup
 	}
@@ -287,12 +320,11 @@ func (c *Config) normalize() error {
 	if c.StreamReplicas == 0 {
 		c.StreamReplicas = 1
 	}
-	if c.Policy.Name == "" {
-		c.Policy.Name = DefaultPolicy
-	}
-	if c.PolicyRegistry == nil {
-		c.PolicyRegistry = scheduler.NewRegistry()
-	}
+}
+
+// normalizeIndexes fills and checks the snapshots, the predicted index and
+// approximate mode (which has no event-fed index to snapshot).
+func (c *Config) normalizeIndexes() error {
 	if c.SnapshotBucket == "" {
 		c.SnapshotBucket = DefaultSnapshotBucket
 	}
@@ -316,6 +348,18 @@ func (c *Config) normalize() error {
 			return fmt.Errorf("%w: index snapshots (load %v, interval %v) hold event-fed indexes; approximate mode has none", ErrConfig, c.LoadSnapshot, c.SnapshotInterval)
 		}
 	}
+	return nil
+}
+
+// normalizeRouting fills and checks the policy, the route deadline, the
+// in-flight cap and replica sync's interval and buffers.
+func (c *Config) normalizeRouting() error {
+	if c.Policy.Name == "" {
+		c.Policy.Name = DefaultPolicy
+	}
+	if c.PolicyRegistry == nil {
+		c.PolicyRegistry = scheduler.NewRegistry()
+	}
 	if c.DefaultDeadline == 0 {
 		c.DefaultDeadline = DefaultDeadline
 	}
@@ -337,14 +381,6 @@ func (c *Config) normalize() error {
 	if c.DecisionSyncBuffer == 0 {
 		c.DecisionSyncBuffer = DefaultDecisionSyncBuffer
 	}
-	c.IndexLimits.normalize(len(c.Models), MemoryLimit)
-	if err := c.normalizeHTTP(); err != nil {
-		return err
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	c.Telemetry = c.Telemetry.WithDefaults()
 	return nil
 }
 

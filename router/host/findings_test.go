@@ -125,9 +125,9 @@ func TestEventsLagAndRejectedWithBadLastMessage(t *testing.T) {
 		})
 	// The lag loop runs every second: wait for a measurement after the
 	// message was skipped.
-	testutil.Eventually(t, 10*time.Second, func() bool { return r.streamLast.Load() >= 1 && r.eventLag.Load() == 0 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.intake.streamLast.Load() >= 1 && r.intake.lag.Load() == 0 },
 		func() string {
-			return "kvr_events_lag " + strconv.FormatUint(r.eventLag.Load(), 10) + " with stream last seq " + strconv.FormatUint(r.streamLast.Load(), 10)
+			return "kvr_events_lag " + strconv.FormatUint(r.intake.lag.Load(), 10) + " with stream last seq " + strconv.FormatUint(r.intake.streamLast.Load(), 10)
 		})
 	if v := metricValue(t, r, "kvr_events_lag"); v != 0 {
 		t.Fatalf("kvr_events_lag %v, want 0", v)

@@ -283,7 +283,7 @@ func (r *Replica) httpReady(w http.ResponseWriter, _ *http.Request) {
 		r.writeJSON(w, http.StatusOK, api.HealthResponse{Status: "ok", Replica: r.id})
 	case stateNew, stateStarting:
 		r.writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "not_ready", Replica: r.id,
-			Reason: "catching up with the event stream (applied seq " + strconv.FormatUint(r.eventSink.lastSeq.Load(), 10) + ")"})
+			Reason: "catching up with the event stream (applied seq " + strconv.FormatUint(r.intake.lastSeq.Load(), 10) + ")"})
 	default:
 		r.writeJSON(w, http.StatusServiceUnavailable, api.HealthResponse{Status: "shutting_down", Replica: r.id})
 	}

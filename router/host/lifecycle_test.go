@@ -35,7 +35,7 @@ func TestSnapshotRestoreOnNewReplica(t *testing.T) {
 	first := st.replicas[0]
 	testutil.Eventually(t, 10*time.Second, func() bool { return first.models[testModel].index.Stats().Entries >= 48 },
 		func() string { return "events not indexed" })
-	first.writeSnapshots()
+	first.intake.writeSnapshots()
 	snapSeq := first.models[testModel].index.StreamSeq()
 	// More events after the snapshot.
 	toks := tokens(800, 256)

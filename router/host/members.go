@@ -9,8 +9,6 @@ import (
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 )
 
 // startMembership watches the worker registry and the load reports and
@@ -41,60 +39,6 @@ func (r *Replica) startMembership(ctx context.Context) error {
 	return nil
 }
 
-// registerMembershipObservers registers what the membership view and the
-// load subscription count: suspect workers (issue 15: a key that vanished
-// is not a departure until the grace passes) and the registry entries and
-// load reports rejected as bad input or as naming another worker than
-// their key or subject (issue 16).
-func (r *Replica) registerMembershipObservers(m metric.Meter) error {
-	suspect, err := m.Int64ObservableGauge("kvr.workers.suspect",
-		metric.WithDescription("Workers whose registry key vanished without a deregistration, waiting (at most the departure grace) for it to come back."))
-	if err != nil {
-		return err
-	}
-	suspected, err := m.Int64ObservableCounter("kvr.workers.suspected",
-		metric.WithDescription("Times a worker's registry key vanished without a deregistration (each then came back or departed)."))
-	if err != nil {
-		return err
-	}
-	returned, err := m.Int64ObservableCounter("kvr.workers.returned",
-		metric.WithDescription("Suspect workers whose registry key came back within the departure grace: not departed."))
-	if err != nil {
-		return err
-	}
-	regRejected, err := m.Int64ObservableCounter("kvr.registry.rejected",
-		metric.WithDescription("Registry entries ignored, by cause (malformed; mismatched: the worker id does not name the key)."))
-	if err != nil {
-		return err
-	}
-	loadRejected, err := m.Int64ObservableCounter("kvr.load_reports.rejected",
-		metric.WithDescription("Load reports skipped, by cause (invalid; mismatched: the subject names another worker or model)."))
-	if err != nil {
-		return err
-	}
-	cause := func(c string) metric.ObserveOption {
-		return metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", c)))
-	}
-	malformed, mismatched, invalid := cause("malformed"), cause("mismatched"), cause("invalid")
-	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if mem := r.mem.Load(); mem != nil {
-			st := mem.Stats()
-			o.ObserveInt64(suspect, int64(st.Suspect))
-			o.ObserveInt64(suspected, int64(st.Suspected))
-			o.ObserveInt64(returned, int64(st.Returned))
-			o.ObserveInt64(regRejected, int64(st.Malformed), malformed)
-			o.ObserveInt64(regRejected, int64(st.Mismatched), mismatched)
-		}
-		if ls := r.loadStats.Load(); ls != nil {
-			_, bad := ls.Stats()
-			o.ObserveInt64(loadRejected, int64(bad), invalid)
-			o.ObserveInt64(loadRejected, int64(ls.Mismatched()), mismatched)
-		}
-		return nil
-	}, suspect, suspected, returned, regRejected, loadRejected)
-	return err
-}
-
 func (r *Replica) onJoin(i workers.Info) {
 	ms, ok := r.models[i.Model]
 	if !ok {
@@ -108,7 +52,7 @@ func (r *Replica) onJoin(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, &i)
-	r.admitWorker(ms, i)
+	r.gate.admit(ms, i)
 	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	r.log.Info("worker joined", "worker", i.ID, "model", i.Model, "ranks", len(i.Ranks), "endpoint", i.Endpoint,
 		"kv_blocks", i.KVBlocks, "epoch", i.Epoch)
@@ -123,7 +67,7 @@ func (r *Replica) onUpdate(i workers.Info) {
 		return // ignored at join (block size)
 	}
 	ms.setWorker(i.ID, &i)
-	r.admitWorker(ms, i)
+	r.gate.admit(ms, i)
 	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	r.log.Info("worker updated", "worker", i.ID, "model", i.Model, "state", i.State)
 }
@@ -169,7 +113,7 @@ func (r *Replica) onDepart(i workers.Info) {
 		return
 	}
 	ms.setWorker(i.ID, nil)
-	r.eventSink.forget(ms, i.ID)
+	r.gate.forget(ms, i.ID)
 	ms.forgetLoad(i.ID)
 	ms.sched.RemoveWorker(i.ID)
 	// A re-incarnation (same id, new epoch) departs the old one after the

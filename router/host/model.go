@@ -33,14 +33,9 @@ type modelState struct {
 	// booked, so lifecycle calls need only the request id.
 	fences fenceMap
 
-	predCh   chan predRecord             // decisions waiting to be recorded in pred
-	bookings chan scheduler.BookingEvent // local booking changes to publish
-	dropped  atomic.Uint64               // booking changes dropped (buffer full)
+	predCh chan predRecord // decisions waiting to be recorded in pred
 
-	decisions  chan decisionOut // local decisions to share with the peers; nil when off
-	decDropped atomic.Uint64    // decisions not shared (buffer full)
-	decBad     atomic.Uint64    // undecodable decision messages received
-	decApplied atomic.Uint64    // peers' decisions recorded
+	peers modelSync // replica sync's buffers and counters (peersync.go)
 
 	snapRejected atomic.Uint64 // snapshot versions refused by verifySnapshot
 
@@ -83,7 +78,6 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	ms := &modelState{
 		name:      name,
 		blockSize: r.cfg.BlockSize,
-		bookings:  make(chan scheduler.BookingEvent, r.cfg.BookingSyncBuffer),
 	}
 	ms.fences.init()
 	empty := map[string]workers.Info{}
@@ -98,9 +92,7 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 		ms.pred = index.NewApprox(index.ApproxConfig{TTL: r.cfg.PredictedTTL})
 		ms.predCh = make(chan predRecord, predQueue)
 	}
-	if ms.pred != nil && r.cfg.DecisionSyncBuffer > 0 {
-		ms.decisions = make(chan decisionOut, r.cfg.DecisionSyncBuffer)
-	}
+	ms.peers.init(r.cfg.BookingSyncBuffer, r.cfg.DecisionSyncBuffer, ms.pred != nil)
 	pol, err := r.cfg.PolicyRegistry.Build(r.cfg.Policy)
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %w", ErrConfig, name, err)
@@ -142,6 +134,17 @@ func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) [
 }
 
 func (ms *modelState) close() { ms.sched.Close() }
+
+// onBookingChange is the scheduler's hook: it must not block (it runs in
+// the scheduler's actor). A freed booking of this replica loses its fence;
+// every change goes to the peers.
+func (r *Replica) onBookingChange(ms *modelState, ev scheduler.BookingEvent) {
+	if ev.Kind == scheduler.BookingFree && ev.Replica == r.id {
+		// Expired or rolled back: the request id no longer has a booking.
+		ms.fences.del(scheduler.Fence{RequestID: ev.RequestID, Worker: workerKeyOf(ev.Worker, ev.Rank), Attempt: ev.Attempt})
+	}
+	r.share.shareBooking(ms, ev)
+}
 
 // endpoint returns the registered endpoint of a worker.
 func (ms *modelState) endpoint(worker string) string {

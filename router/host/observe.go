@@ -7,145 +7,153 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// registerObservers registers the gauges read at collection time: queue
-// depth, index size, event lag, per-worker predicted load, membership and
-// readiness. Index.Stats locks each shard briefly, which is fine at scrape
-// frequency and never on the request path.
+// registerObservers registers the gauges and counters read at collection
+// time, one callback per area: scheduling (queue depth, bookings,
+// per-worker predicted load), membership, readiness, and the two parts'
+// own: event intake (index size, event lag and rejects: intake.go) and
+// replica sync (dropped changes: peersync.go). Index.Stats locks each
+// shard briefly, which is fine at scrape frequency and never on the
+// request path.
 func (r *Replica) registerObservers(m metric.Meter) error {
-	queueDepth, err := m.Int64ObservableGauge("kvr.queue.depth",
-		metric.WithDescription("Requests waiting in the scheduler queue, per model."))
-	if err != nil {
-		return err
+	for _, register := range []func(metric.Meter) error{
+		r.observeScheduling, r.observeMembership, r.observeReady, r.intake.observe, r.peers.observe,
+	} {
+		if err := register(m); err != nil {
+			return err
+		}
 	}
-	indexBlocks, err := m.Int64ObservableGauge("kvr.index.blocks",
-		metric.WithDescription("Distinct blocks (sequence hashes) in the prefix index, per model."))
+	return nil
+}
+
+// observables creates the instruments of one callback and registers it
+// over them; the first error is kept and returned by register.
+type observables struct {
+	m   metric.Meter
+	err error
+	all []metric.Observable
+}
+
+func (o *observables) gauge(name, desc string, opts ...metric.Int64ObservableGaugeOption) metric.Int64ObservableGauge {
+	g, err := o.m.Int64ObservableGauge(name, append(opts, metric.WithDescription(desc))...)
+	o.add(g, err)
+	return g
+}
+
+func (o *observables) counter(name, desc string) metric.Int64ObservableCounter {
+	c, err := o.m.Int64ObservableCounter(name, metric.WithDescription(desc))
+	o.add(c, err)
+	return c
+}
+
+func (o *observables) add(i metric.Observable, err error) {
 	if err != nil {
-		return err
+		if o.err == nil {
+			o.err = err
+		}
+		return
 	}
-	indexEntries, err := m.Int64ObservableGauge("kvr.index.entries",
-		metric.WithDescription("(block, worker) entries in the prefix index, per model."))
-	if err != nil {
-		return err
+	o.all = append(o.all, i)
+}
+
+func (o *observables) register(f metric.Callback) error {
+	if o.err != nil {
+		return o.err
 	}
-	indexBytes, err := m.Int64ObservableGauge("kvr.index.bytes", metric.WithUnit("By"),
-		metric.WithDescription("Estimated memory held by the prefix index, per model."))
-	if err != nil {
-		return err
-	}
-	eventLag, err := m.Int64ObservableGauge("kvr.events.lag",
-		metric.WithDescription("KV event stream messages not yet applied to the index (measured every second)."))
-	if err != nil {
-		return err
-	}
-	eventGaps, err := m.Int64ObservableCounter("kvr.events.gaps",
-		metric.WithDescription("Per-worker event id gaps detected by the subscriber."))
-	if err != nil {
-		return err
-	}
-	streamSeq, err := m.Int64ObservableGauge("kvr.events.applied_seq",
-		metric.WithDescription("Last KV event stream sequence handed to the index."))
-	if err != nil {
-		return err
-	}
-	workersG, err := m.Int64ObservableGauge("kvr.workers",
-		metric.WithDescription("Workers in the registry, per model and state."))
-	if err != nil {
-		return err
-	}
-	loadActive, err := m.Int64ObservableGauge("kvr.worker.predicted.active_requests",
-		metric.WithDescription("Active requests this replica predicts on each worker rank (own and synced bookings)."))
-	if err != nil {
-		return err
-	}
-	loadPrefill, err := m.Int64ObservableGauge("kvr.worker.predicted.prefill_tokens",
-		metric.WithDescription("Prefill tokens this replica predicts in flight on each worker rank."))
-	if err != nil {
-		return err
-	}
-	loadDecode, err := m.Int64ObservableGauge("kvr.worker.predicted.decode_blocks",
-		metric.WithDescription("Decode KV blocks this replica predicts booked on each worker rank."))
-	if err != nil {
-		return err
-	}
-	bookingsG, err := m.Int64ObservableGauge("kvr.bookings",
-		metric.WithDescription("Requests this replica has booked and not yet freed, per model."))
-	if err != nil {
-		return err
-	}
-	ready, err := m.Int64ObservableGauge("kvr.ready",
-		metric.WithDescription("1 when the replica serves requests (caught up with the event stream), else 0."))
-	if err != nil {
-		return err
-	}
-	syncDropped, err := m.Int64ObservableCounter("kvr.booking_sync.dropped",
-		metric.WithDescription("Booking changes not published because the sync buffer was full."))
-	if err != nil {
-		return err
-	}
-	decDropped, err := m.Int64ObservableCounter("kvr.decision_sync.dropped",
-		metric.WithDescription("Routing decisions not shared with the other replicas because the outgoing buffer was full."))
-	if err != nil {
-		return err
-	}
-	rejected, err := m.Int64ObservableCounter("kvr.events.rejected",
-		metric.WithDescription("KV event messages skipped as bad input, by cause (truncated, malformed, oversized, mismatched, id_jump)."))
-	if err != nil {
-		return err
-	}
-	refused, err := m.Int64ObservableCounter("kvr.index.refused_stores",
-		metric.WithDescription("Stored blocks not indexed because the index or the worker rank was at its cap, per model."))
-	if err != nil {
-		return err
-	}
-	causes := rejectCauses()
-	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	_, err := o.m.RegisterCallback(f, o.all...)
+	return err
+}
+
+// modelAttr is the attribute set of one model's series.
+func modelAttr(name string) metric.ObserveOption {
+	return metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name)))
+}
+
+// observeScheduling registers, per model, the scheduler queue, this
+// replica's bookings and the load it predicts on each worker rank (its
+// own and its peers' bookings).
+func (r *Replica) observeScheduling(m metric.Meter) error {
+	o := observables{m: m}
+	queueDepth := o.gauge("kvr.queue.depth", "Requests waiting in the scheduler queue, per model.")
+	bookings := o.gauge("kvr.bookings", "Requests this replica has booked and not yet freed, per model.")
+	loadActive := o.gauge("kvr.worker.predicted.active_requests", "Active requests this replica predicts on each worker rank (own and synced bookings).")
+	loadPrefill := o.gauge("kvr.worker.predicted.prefill_tokens", "Prefill tokens this replica predicts in flight on each worker rank.")
+	loadDecode := o.gauge("kvr.worker.predicted.decode_blocks", "Decode KV blocks this replica predicts booked on each worker rank.")
+	return o.register(func(ctx context.Context, ob metric.Observer) error {
 		for _, name := range r.modelList {
 			ms := r.models[name]
-			mo := metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name)))
-			st := ms.index.Stats()
-			o.ObserveInt64(indexBlocks, int64(st.Blocks), mo)
-			o.ObserveInt64(indexEntries, st.Entries, mo)
-			o.ObserveInt64(indexBytes, st.Bytes, mo)
-			o.ObserveInt64(refused, int64(st.RefusedStores), mo)
-			ss := ms.sched.Stats()
-			o.ObserveInt64(queueDepth, ss.Waiting, mo)
-			o.ObserveInt64(bookingsG, int64(ms.fences.len()), mo)
-			o.ObserveInt64(syncDropped, int64(ms.dropped.Load()), mo)
-			o.ObserveInt64(decDropped, int64(ms.decDropped.Load()), mo)
+			mo := modelAttr(name)
+			ob.ObserveInt64(queueDepth, ms.sched.Stats().Waiting, mo)
+			ob.ObserveInt64(bookings, int64(ms.fences.len()), mo)
 			loads, _ := ms.sched.Loads(ctx)
 			for _, l := range loads {
 				wo := metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name),
 					attribute.String("worker", l.Key.Worker), attribute.Int64("rank", int64(l.Key.Rank))))
-				o.ObserveInt64(loadActive, int64(l.ActiveRequests), wo)
-				o.ObserveInt64(loadPrefill, int64(l.PrefillTokens), wo)
-				o.ObserveInt64(loadDecode, int64(l.DecodeBlocks), wo)
+				ob.ObserveInt64(loadActive, int64(l.ActiveRequests), wo)
+				ob.ObserveInt64(loadPrefill, int64(l.PrefillTokens), wo)
+				ob.ObserveInt64(loadDecode, int64(l.DecodeBlocks), wo)
 			}
+		}
+		return nil
+	})
+}
+
+// observeMembership registers the workers per model and state and what
+// the membership view and the load subscription count: suspect workers
+// (issue 15: a key that vanished is not a departure until the grace
+// passes) and the registry entries and load reports rejected as bad input
+// or as naming another worker than their key or subject (issue 16).
+func (r *Replica) observeMembership(m metric.Meter) error {
+	o := observables{m: m}
+	workersG := o.gauge("kvr.workers", "Workers in the registry, per model and state.")
+	suspect := o.gauge("kvr.workers.suspect", "Workers whose registry key vanished without a deregistration, waiting (at most the departure grace) for it to come back.")
+	suspected := o.counter("kvr.workers.suspected", "Times a worker's registry key vanished without a deregistration (each then came back or departed).")
+	returned := o.counter("kvr.workers.returned", "Suspect workers whose registry key came back within the departure grace: not departed.")
+	regRejected := o.counter("kvr.registry.rejected", "Registry entries ignored, by cause (malformed; mismatched: the worker id does not name the key).")
+	loadRejected := o.counter("kvr.load_reports.rejected", "Load reports skipped, by cause (invalid; mismatched: the subject names another worker or model).")
+	malformed, mismatched, invalid := causeAttr("malformed"), causeAttr("mismatched"), causeAttr("invalid")
+	return o.register(func(_ context.Context, ob metric.Observer) error {
+		for _, name := range r.modelList {
 			counts := map[string]int64{}
-			for _, w := range ms.workerList() {
+			for _, w := range r.models[name].workerList() {
 				counts[string(w.State)]++
 			}
 			for state, n := range counts {
-				o.ObserveInt64(workersG, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name), attribute.String("state", state))))
+				ob.ObserveInt64(workersG, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name), attribute.String("state", state))))
 			}
 		}
-		if sub := r.subStats.Load(); sub != nil {
-			st := sub.Stats()
-			for i, n := range [...]uint64{st.Truncated, st.Malformed, st.Oversized, st.Mismatched, st.IDJumps} {
-				o.ObserveInt64(rejected, int64(n), causes[i])
-			}
+		if mem := r.mem.Load(); mem != nil {
+			st := mem.Stats()
+			ob.ObserveInt64(suspect, int64(st.Suspect))
+			ob.ObserveInt64(suspected, int64(st.Suspected))
+			ob.ObserveInt64(returned, int64(st.Returned))
+			ob.ObserveInt64(regRejected, int64(st.Malformed), malformed)
+			ob.ObserveInt64(regRejected, int64(st.Mismatched), mismatched)
 		}
-		o.ObserveInt64(eventLag, int64(r.eventLag.Load()))
-		o.ObserveInt64(eventGaps, int64(r.eventSink.gaps.Load()))
-		o.ObserveInt64(streamSeq, int64(r.eventSink.lastSeq.Load()))
+		if ls := r.loadStats.Load(); ls != nil {
+			_, bad := ls.Stats()
+			ob.ObserveInt64(loadRejected, int64(bad), invalid)
+			ob.ObserveInt64(loadRejected, int64(ls.Mismatched()), mismatched)
+		}
+		return nil
+	})
+}
+
+// observeReady registers kvr.ready.
+func (r *Replica) observeReady(m metric.Meter) error {
+	o := observables{m: m}
+	ready := o.gauge("kvr.ready", "1 when the replica serves requests (caught up with the event stream), else 0.")
+	return o.register(func(_ context.Context, ob metric.Observer) error {
 		v := int64(0)
 		if r.IsReady() {
 			v = 1
 		}
-		o.ObserveInt64(ready, v)
+		ob.ObserveInt64(ready, v)
 		return nil
-	}, queueDepth, indexBlocks, indexEntries, indexBytes, eventLag, eventGaps, streamSeq, workersG,
-		loadActive, loadPrefill, loadDecode, bookingsG, ready, syncDropped, decDropped, rejected, refused)
-	return err
+	})
+}
+
+func causeAttr(c string) metric.ObserveOption {
+	return metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", c)))
 }
 
 // rejectCauses are the cause attributes of kvr.events.rejected, in the order
@@ -154,7 +162,7 @@ func (r *Replica) registerObservers(m metric.Meter) error {
 func rejectCauses() [5]metric.ObserveOption {
 	var out [5]metric.ObserveOption
 	for i, c := range [...]string{"truncated", "malformed", "oversized", "mismatched", "id_jump"} {
-		out[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("cause", c)))
+		out[i] = causeAttr(c)
 	}
 	return out
 }

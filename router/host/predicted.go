@@ -41,9 +41,8 @@ func (ms *modelState) recordPredicted(k workerref.Target, hashes []kvevents.SeqH
 	}
 }
 
-// predLoop applies queued decisions until the replica stops.
-func (r *Replica) predLoop(ms *modelState) {
-	defer r.bg.Done()
+// predLoop applies queued decisions until stop closes.
+func (ms *modelState) predLoop(stop <-chan struct{}) {
 	for {
 		select {
 		case rec := <-ms.predCh:
@@ -51,7 +50,7 @@ func (r *Replica) predLoop(ms *modelState) {
 			if cap(*rec.hashes) <= 1<<16 {
 				hashPool.Put(rec.hashes)
 			}
-		case <-r.stop:
+		case <-stop:
 			return
 		}
 	}

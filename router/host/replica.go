@@ -14,6 +14,8 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,38 +51,36 @@ type Replica struct {
 	models    map[string]*modelState // read-only after New
 	modelList []string
 
-	table      *bindings.Table
-	mem        atomic.Pointer[workers.Membership]
-	loadSub    *workers.LoadSubscription
-	loadStats  atomic.Pointer[workers.LoadSubscription] // loadSub, for metric callbacks that may run during Start
-	subscriber *kvevents.Subscriber
-	subStats   atomic.Pointer[kvevents.Subscriber] // the subscriber, for metric callbacks that may run during Start
-	subCancel  context.CancelFunc
-	subDone    chan struct{}
-	eventSink  *sink
+	table     *bindings.Table
+	mem       atomic.Pointer[workers.Membership]
+	loadSub   *workers.LoadSubscription
+	loadStats atomic.Pointer[workers.LoadSubscription] // loadSub, for metric callbacks that may run during Start
 
-	apiSubs  []*nats.Subscription // queue-group API, joined once ready
-	syncSubs []*nats.Subscription // booking sync, replica-addressed lifecycle
-	httpSrv  *http.Server
-	httpLn   net.Listener
-	handler  http.Handler
+	// The two parts beside the request path (doc.go): event intake and
+	// replica sync. Start and Close run them; the request path and
+	// membership reach them only through share and gate.
+	intake *eventIntake
+	peers  *peerSync
+	share  peerSharer // peers
+	gate   workerGate // intake
+
+	apiSubs []*nats.Subscription // queue-group API, joined once ready
+	httpSrv *http.Server
+	httpLn  net.Listener
+	handler http.Handler
 
 	state    atomic.Int32
 	ready    chan struct{}
 	readyErr error
-	sem      chan struct{}  // bounds route requests in flight (NATS and HTTP)
-	fwd      chan struct{}  // bounds lifecycle calls forwarded to other replicas
-	bodyMax  bodyLimit      // the route body limit, derived from the workers (httpapi.go)
-	inflight inflightGate   // every API call in progress
-	bg       sync.WaitGroup // background loops
-	stop     chan struct{}  // closed by Close: background loops end
-	scratch  sync.Pool      // *routeScratch
+	sem      chan struct{} // bounds route requests in flight (NATS and HTTP)
+	fwd      chan struct{} // bounds lifecycle calls forwarded to other replicas
+	bodyMax  bodyLimit     // the route body limit, derived from the workers (httpapi.go)
+	inflight inflightGate  // every API call in progress
+	bg       loops         // background loops: Close stops them and waits
+	scratch  sync.Pool     // *routeScratch
 
 	tracing bool         // a real TracerProvider was configured
 	signer  *fenceSigner // makes and checks booking fences (fence.go)
-
-	eventLag   atomic.Uint64 // stream messages not yet applied, measured every second
-	streamLast atomic.Uint64 // last stream sequence seen by the lag loop
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,7 +112,7 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 		ready:   make(chan struct{}),
 		sem:     make(chan struct{}, cfg.MaxInFlight),
 		fwd:     make(chan struct{}, cfg.ForwardConcurrency),
-		stop:    make(chan struct{}),
+		bg:      loops{stop: make(chan struct{})},
 		signer:  newFenceSigner(),
 	}
 	r.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName))
@@ -127,12 +127,14 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 		r.models[name] = ms
 		r.modelList = append(r.modelList, name)
 	}
-	r.eventSink = &sink{r: r}
+	r.intake = &eventIntake{cfg: &r.cfg, log: r.log, js: js, m: r.m, models: r.models, modelList: r.modelList}
+	r.peers = &peerSync{nc: nc, id: r.id, prefix: cfg.Prefix, every: cfg.BookingSyncInterval, log: r.log, m: r.m, bg: &r.bg}
+	for _, name := range r.modelList {
+		r.peers.models = append(r.peers.models, r.models[name])
+	}
+	r.share, r.gate = r.peers, r.intake
 	r.handler = r.newHTTPHandler()
 	if err := r.registerObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
-		return nil, fmt.Errorf("host: metrics: %w", err)
-	}
-	if err := r.registerMembershipObservers(cfg.Telemetry.MeterProvider.Meter(instrumentationName)); err != nil {
 		return nil, fmt.Errorf("host: metrics: %w", err)
 	}
 	return r, nil
@@ -168,10 +170,10 @@ func (r *Replica) IsReady() bool { return r.state.Load() == stateReady }
 // with an error. ctx bounds the start-up only. On error, call Close.
 //
 // In order: set up (create or verify) the event stream and the buckets,
-// open the bindings table, start the schedulers, watch worker membership
-// and load reports and wait for the registry, load the newest index
-// snapshot that passes verification (when enabled) and replay the stream
-// from there, wait until caught up, then join the route queue group.
+// open the bindings table, start the schedulers and replica sync, watch
+// worker membership and load reports and wait for the registry, catch the
+// indexes up (the newest index snapshot that passes verification, when
+// enabled, then the stream from there), then join the route queue group.
 func (r *Replica) Start(ctx context.Context) error {
 	if !r.state.CompareAndSwap(stateNew, stateStarting) {
 		return fmt.Errorf("host: Start called in state %s", stateNames[r.state.Load()])
@@ -185,6 +187,32 @@ func (r *Replica) Start(ctx context.Context) error {
 	if err := r.setUpStreams(ctx); err != nil {
 		return err
 	}
+	if err := r.startBindings(ctx); err != nil {
+		return err
+	}
+	if err := r.startModels(ctx); err != nil {
+		return err
+	}
+	if err := r.startMembership(ctx); err != nil {
+		return err
+	}
+	startSeq, err := r.catchUp(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.subscribeAPI(); err != nil {
+		return err
+	}
+	if r.cfg.SnapshotInterval > 0 {
+		r.bg.every(r.cfg.SnapshotInterval, r.intake.writeSnapshots)
+	}
+	r.bg.every(time.Second, r.upkeep)
+	return r.becomeReady(t0, startSeq)
+}
+
+// startBindings opens the bindings table with the replica's id, logger,
+// replicas and liveness.
+func (r *Replica) startBindings(ctx context.Context) error {
 	bcfg := r.cfg.Bindings
 	bcfg.ReplicaID = r.id
 	bcfg.Logger = r.log.With("component", "bindings")
@@ -197,70 +225,73 @@ func (r *Replica) Start(ctx context.Context) error {
 		return err
 	}
 	r.table = table
+	return nil
+}
 
+// startModels starts every model's scheduler, replica sync (the peers'
+// bookings and decisions in, this replica's out) and the loops that record
+// decisions into the predicted indexes.
+func (r *Replica) startModels(ctx context.Context) error {
 	for _, name := range r.modelList {
-		ms := r.models[name]
-		if err := ms.sched.Start(context.WithoutCancel(ctx)); err != nil {
+		if err := r.models[name].sched.Start(context.WithoutCancel(ctx)); err != nil {
 			return fmt.Errorf("host: scheduler of model %q: %w", name, err)
 		}
 	}
-	if err := r.startBookingSync(); err != nil {
-		return err
-	}
-	if err := r.startDecisionSync(); err != nil {
+	if err := r.peers.start(); err != nil {
 		return err
 	}
 	for _, ms := range r.models {
 		if ms.pred != nil {
-			r.bg.Add(1)
-			go r.predLoop(ms)
+			r.bg.run(ms.predLoop)
 		}
 	}
-	if err := r.startMembership(ctx); err != nil {
-		return err
-	}
+	return nil
+}
 
+// catchUp waits for the worker registry, then (unless approximate) for the
+// event intake to catch the indexes up with the stream. It returns the
+// stream sequence the intake started at.
+func (r *Replica) catchUp(ctx context.Context) (uint64, error) {
 	// The registry first: only registered workers' events and snapshot
 	// entries are let into the index.
 	if err := r.mem.Load().WaitReady(ctx); err != nil {
-		return fmt.Errorf("host: loading worker registry: %w", err)
+		return 0, fmt.Errorf("host: loading worker registry: %w", err)
 	}
 	// Approximate mode has no event stream to catch up with: the index
 	// starts empty and fills with this replica's (and its peers')
 	// decisions.
-	startSeq := uint64(0)
-	if !r.cfg.Approximate {
-		if r.cfg.LoadSnapshot {
-			startSeq = r.loadSnapshots(ctx)
-		}
-		if err := r.startSubscriber(ctx, startSeq); err != nil {
-			return err
-		}
-		if err := r.subscriber.WaitCaughtUp(ctx); err != nil {
-			return fmt.Errorf("host: catching up with event stream %s: %w", r.cfg.EventStream, err)
-		}
+	if r.cfg.Approximate {
+		return 0, nil
 	}
-	if err := r.subscribeAPI(); err != nil {
-		return err
-	}
-	if r.cfg.SnapshotInterval > 0 {
-		r.bg.Add(1)
-		go r.snapshotLoop()
-	}
-	r.bg.Add(1)
-	go r.lagLoop()
+	return r.intake.catchUp(ctx)
+}
+
+// becomeReady marks the replica ready (unless Close came first) and logs
+// how it started.
+func (r *Replica) becomeReady(t0 time.Time, startSeq uint64) error {
 	if !r.state.CompareAndSwap(stateStarting, stateReady) {
 		return fmt.Errorf("%w: closed while starting", api.ErrShuttingDown)
 	}
 	close(r.ready)
-	eventSeq := uint64(0)
-	if r.subscriber != nil {
-		eventSeq = r.subscriber.LastSeq()
-	}
 	r.log.Info("router replica ready", "models", r.modelList, "workers", r.mem.Load().Len(), "approximate", r.cfg.Approximate,
-		"event_seq", eventSeq, "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond),
+		"event_seq", r.intake.subscribedSeq(), "start_seq", startSeq, "took", time.Since(t0).Round(time.Millisecond),
 		"index_max_entries", r.cfg.IndexLimits.MaxEntries, "index_max_entries_per_worker", r.cfg.IndexLimits.MaxEntriesPerWorker)
 	return nil
+}
+
+// upkeep is the once-a-second upkeep: the held event batches' grace, the
+// predicted indexes' TTL and (with an event stream) the event lag gauge.
+func (r *Replica) upkeep() {
+	now := time.Now()
+	r.intake.expire(now)
+	for _, ms := range r.models {
+		if ms.pred != nil {
+			ms.pred.Prune(now)
+		}
+	}
+	if !r.cfg.Approximate {
+		r.intake.measureLag()
+	}
 }
 
 func (r *Replica) startHTTP() error {
@@ -279,13 +310,11 @@ func (r *Replica) startHTTP() error {
 		MaxHeaderBytes:    r.cfg.HTTPMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
-	r.bg.Add(1)
-	go func() {
-		defer r.bg.Done()
+	r.bg.run(func(<-chan struct{}) {
 		if err := r.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			r.log.Error("HTTP server stopped", "err", err)
 		}
-	}()
+	})
 	r.log.Info("HTTP API listening", "addr", ln.Addr().String())
 	return nil
 }
@@ -331,14 +360,9 @@ func (r *Replica) close(ctx context.Context) error {
 	}
 	// 3. Background: snapshots, booking sync (flushes what is buffered),
 	// event subscriber, membership, load reports, schedulers.
-	close(r.stop)
-	for _, s := range r.syncSubs {
-		_ = s.Unsubscribe()
-	}
-	if r.subCancel != nil {
-		r.subCancel()
-		<-r.subDone
-	}
+	close(r.bg.stop)
+	r.peers.unsubscribe()
+	r.intake.stop()
 	if m := r.mem.Load(); m != nil {
 		m.Stop()
 	}
@@ -346,7 +370,7 @@ func (r *Replica) close(ctx context.Context) error {
 		_ = r.loadSub.Stop()
 	}
 	bgDone := make(chan struct{})
-	go func() { r.bg.Wait(); close(bgDone) }()
+	go func() { r.bg.wg.Wait(); close(bgDone) }()
 	select {
 	case <-bgDone:
 	case <-ctx.Done():
@@ -481,4 +505,50 @@ func (r *Replica) defaultModel(name string) string {
 	return name
 }
 
-var _ kvevents.Sink = (*sink)(nil)
+// loops are the replica's background loops: each runs until stop closes,
+// and Close waits for them all.
+type loops struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// run starts f as one of the loops.
+func (l *loops) run(f func(stop <-chan struct{})) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f(l.stop)
+	}()
+}
+
+// every starts a loop that calls f every d, the first time after d.
+func (l *loops) every(d time.Duration, f func()) {
+	l.run(func(stop <-chan struct{}) {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			f()
+		}
+	})
+}
+
+// peerSharer is what the request path needs of replica sync (peerSync):
+// queue a booking change or a routing decision for the peers, never
+// blocking.
+type peerSharer interface {
+	shareBooking(ms *modelState, ev scheduler.BookingEvent)
+	shareDecision(ms *modelState, k workerref.Target, hashes []kvevents.SeqHash)
+}
+
+// workerGate is what membership needs of event intake (eventIntake): let
+// a registered worker's events into its model's index (and apply what was
+// held for it), or drop what is held for a departed one.
+type workerGate interface {
+	admit(ms *modelState, i workers.Info)
+	forget(ms *modelState, worker string)
+}

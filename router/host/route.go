@@ -217,7 +217,7 @@ func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, s *r
 func (r *Replica) commit(ms *modelState, dec *scheduler.Decision, hashes []kvevents.SeqHash, t0 time.Time) {
 	ms.fences.put(dec.Fence)
 	ms.recordPredicted(dec.Worker, hashes, t0)
-	r.shareDecision(ms, dec.Worker, hashes)
+	r.share.shareDecision(ms, dec.Worker, hashes)
 }
 
 // reply fills resp with the decision (and the binding outcome of a

@@ -2,7 +2,6 @@ package host
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -11,16 +10,16 @@ import (
 
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/internal/natstest"
-	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
 
-// Tests of the bounded index and what may enter it: the memory budget,
-// events only from registered workers, departed workers, and snapshots
-// verified before they are trusted (issue 16).
+// Tests of the bounded index (issue 16): the memory budget and the caps.
+// What may enter it (events only from registered workers, departed
+// workers, snapshots verified before they are trusted) is tested in
+// intake_test.go, with the helpers here.
 
 // register puts a worker of testModel with one rank into the registry
 // until the test ends (or it is deregistered).
@@ -60,7 +59,7 @@ func (st *stack) publishStored(worker string, first uint64, from, n int) {
 // caughtUp waits until r's subscriber has handled every event message.
 func (st *stack) caughtUp(r *Replica) {
 	st.t.Helper()
-	if err := r.subscriber.WaitCaughtUp(ctxT(st.t)); err != nil {
+	if err := r.intake.subscriber.WaitCaughtUp(ctxT(st.t)); err != nil {
 		st.t.Fatal(err)
 	}
 }
@@ -84,7 +83,7 @@ func indexedWorkers(r *Replica) []string {
 // newest stored one, sorted.
 func (st *stack) snapshotWorkers(r *Replica) []string {
 	st.t.Helper()
-	r.writeSnapshots()
+	r.intake.writeSnapshots()
 	x := index.New(index.Config{Model: testModel})
 	if _, err := index.LoadSnapshot(ctxT(st.t), st.js, "", x); err != nil {
 		st.t.Fatal(err)
@@ -232,172 +231,5 @@ func TestMemoryLimit(t *testing.T) {
 				t.Fatalf("memoryLimit = %d, want %d", got, c.want)
 			}
 		})
-	}
-}
-
-// Events of a worker that is not in the registry never reach the index
-// or a snapshot: held for the grace, then dropped and counted.
-func TestEventsOfUnregisteredWorkerNotIndexed(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
-		c.IndexLimits.EventHoldGrace = 200 * time.Millisecond
-	}})
-	r := st.replicas[0]
-	st.register("live", 4096)
-	st.waitWorkers(1)
-	st.publishStored("ghost", 1, 0, 10)
-	st.publishStored("live", 1, 100, 10)
-	st.caughtUp(r)
-	if got := indexedWorkers(r); !slices.Equal(got, []string{"live"}) {
-		t.Fatalf("index holds workers %v, want [live]", got)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return r.eventSink.hold.dropped.Load() == 1 },
-		func() string {
-			return fmt.Sprintf("held batches of ghost: %d held, %d dropped, want dropped after the grace",
-				r.eventSink.hold.held.Load(), r.eventSink.hold.dropped.Load())
-		})
-	if got := indexedWorkers(r); !slices.Equal(got, []string{"live"}) {
-		t.Fatalf("index holds workers %v after the grace, want [live]", got)
-	}
-	for res, want := range map[string]float64{"held": 1, "dropped": 1, "released": 0} {
-		if v := metricValue(t, r, `kvr_events_unregistered_total{result="`+res+`"}`); v != want {
-			t.Errorf("kvr_events_unregistered_total{result=%q} %v, want %v", res, v, want)
-		}
-	}
-	if got := st.snapshotWorkers(r); !slices.Equal(got, []string{"live"}) {
-		t.Fatalf("snapshot carries workers %v, want [live]", got)
-	}
-}
-
-// A worker's first batches may arrive before its registration: they are
-// held and applied, in order, when it arrives.
-func TestEventsHeldUntilRegistration(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 1})
-	r := st.replicas[0]
-	st.publishStored("late", 1, 0, 10)
-	st.publishStored("late", 2, 10, 10)
-	st.caughtUp(r)
-	if n := r.eventSink.hold.held.Load(); n != 2 || blocksOf(r, "late") != 0 {
-		t.Fatalf("%d batches held, %d blocks indexed before the registration, want 2 and 0", n, blocksOf(r, "late"))
-	}
-	st.register("late", 4096)
-	testutil.Eventually(t, 10*time.Second, func() bool { return blocksOf(r, "late") == 20 },
-		func() string {
-			return fmt.Sprintf("late holds %d blocks after registering, want 20", blocksOf(r, "late"))
-		})
-	st.publishStored("late", 3, 20, 10)
-	st.caughtUp(r)
-	if got := blocksOf(r, "late"); got != 30 {
-		t.Fatalf("late holds %d blocks, want 30", got)
-	}
-	if rel, drop := r.eventSink.hold.released.Load(), r.eventSink.hold.dropped.Load(); rel != 2 || drop != 0 {
-		t.Fatalf("released %d dropped %d, want 2 and 0", rel, drop)
-	}
-}
-
-// A worker that leaves the registry leaves the index and the next
-// snapshot.
-func TestDepartedWorkerLeavesIndexAndSnapshot(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 1})
-	r := st.replicas[0]
-	gone := st.register("gone", 4096)
-	st.register("stays", 4096)
-	st.waitWorkers(2)
-	st.publishStored("gone", 1, 0, 10)
-	st.publishStored("stays", 1, 100, 10)
-	st.caughtUp(r)
-	if got := st.snapshotWorkers(r); !slices.Equal(got, []string{"gone", "stays"}) {
-		t.Fatalf("snapshot carries %v, want both workers", got)
-	}
-	if err := gone.Deregister(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(indexedWorkers(r), []string{"stays"}) },
-		func() string { return fmt.Sprintf("index holds %v after gone departed", indexedWorkers(r)) })
-	st.publishStored("stays", 2, 110, 1) // a newer stream sequence, so a new snapshot is written
-	st.caughtUp(r)
-	if got := st.snapshotWorkers(r); !slices.Equal(got, []string{"stays"}) {
-		t.Fatalf("next snapshot carries %v, want [stays]", got)
-	}
-}
-
-// A snapshot claiming a stream sequence past the stream's end (anyone who
-// can write the bucket can store one) is skipped, logged and counted, and
-// the replica loads the previous one and really follows the stream; a
-// snapshot's workers that are not registered are left out. Before, the new
-// replica reported ready and never applied another event.
-func TestForgedSnapshotSkipped(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 1})
-	st.register("w", 4096)
-	st.waitWorkers(1)
-	st.publishStored("w", 1, 0, 10)
-	st.caughtUp(st.replicas[0])
-	st.replicas[0].writeSnapshots() // the real snapshot, at sequence 1
-	forged := index.New(index.Config{Model: testModel})
-	for _, w := range []string{"w", "ghost"} {
-		forged.ApplyBatch(1<<40, &kvevents.Batch{Model: testModel, Worker: w, Events: []kvevents.Event{{
-			Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 7, Seq: 7}}}}})
-	}
-	if _, err := index.SaveSnapshot(ctxT(t), st.js, "", forged); err != nil {
-		t.Fatal(err)
-	}
-	r := st.startReplica("fresh", func(c *Config) { c.LoadSnapshot = true })
-	ms := r.models[testModel]
-	if n := ms.snapRejected.Load(); n != 1 {
-		t.Fatalf("%d snapshots rejected, want the forged one", n)
-	}
-	if got := indexedWorkers(r); !slices.Equal(got, []string{"w"}) || blocksOf(r, "w") != 10 {
-		t.Fatalf("restored workers %v (w: %d blocks), want w's 10 blocks from the real snapshot", got, blocksOf(r, "w"))
-	}
-	st.publishStored("w", 2, 10, 5)
-	testutil.Eventually(t, 10*time.Second, func() bool { return blocksOf(r, "w") == 15 },
-		func() string {
-			return fmt.Sprintf("new replica holds %d blocks of w, want 15: it does not follow the stream", blocksOf(r, "w"))
-		})
-}
-
-// Workers a (valid) snapshot holds that are not in the registry are left
-// out when it is restored.
-func TestSnapshotWorkersNotRegisteredLeftOut(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 0})
-	ctx := ctxT(t)
-	if _, err := kvevents.EnsureStream(ctx, st.js, kvevents.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	st.register("w", 4096)
-	st.publishStored("w", 1, 0, 10)
-	x := index.New(index.Config{Model: testModel})
-	for _, w := range []string{"w", "ghost"} {
-		x.ApplyBatch(1, &kvevents.Batch{Model: testModel, Worker: w, Events: []kvevents.Event{{
-			Kind: kvevents.KindStored, Blocks: []kvevents.StoredBlock{{Engine: 7, Seq: 7}}}}})
-	}
-	if _, err := index.SaveSnapshot(ctx, st.js, "", x); err != nil {
-		t.Fatal(err)
-	}
-	r := st.startReplica("fresh", func(c *Config) { c.LoadSnapshot = true })
-	if got := indexedWorkers(r); !slices.Equal(got, []string{"w"}) {
-		t.Fatalf("restored workers %v, want [w]", got)
-	}
-	if n := r.models[testModel].snapRejected.Load(); n != 0 {
-		t.Fatalf("%d snapshots rejected, want 0", n)
-	}
-}
-
-// The hold is bounded: past EventHoldMax batches, more batches of
-// unregistered workers are dropped at once, not queued.
-func TestEventHoldBounded(t *testing.T) {
-	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
-		c.IndexLimits.EventHoldMax = 2
-	}})
-	r := st.replicas[0]
-	for i := 0; i < 5; i++ {
-		st.publishStored(fmt.Sprintf("ghost-%d", i), 1, 0, 10)
-	}
-	st.caughtUp(r)
-	h := &r.eventSink.hold
-	if held, dropped := h.held.Load(), h.dropped.Load(); held != 2 || dropped != 3 || h.n.Load() != 2 {
-		t.Fatalf("held %d dropped %d (queue %d), want 2 held and 3 dropped", held, dropped, h.n.Load())
-	}
-	if got := indexedWorkers(r); len(got) != 0 {
-		t.Fatalf("index holds %v", got)
 	}
 }

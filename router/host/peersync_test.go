@@ -5,7 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Booking sync is encoding/json both ways: what a replica publishes is what
@@ -72,5 +77,50 @@ func BenchmarkBookingBatchEncodingJSON(b *testing.B) {
 		if _, err := json.Marshal(&benchBookings); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Two replicas: a decision routed through replica A reaches replica B's
+// predicted index, so B's lookup sees the overlap before any event and B
+// routes the prefix to the same worker.
+func TestDecisionsSharedBetweenReplicas(t *testing.T) {
+	st := startStack(t, stackOpts{workers: 4, replicas: 2})
+	st.waitWorkers(4)
+	ctx := ctxT(t)
+	a, b := st.replicas[0], st.replicas[1]
+
+	prefix := tokens(42, 512)
+	var first api.RouteResponse
+	if err := a.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: prefix, ExpectedOutputTokens: 4}, &first); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing ran on the worker, so no Stored event exists: only the
+	// shared decision can tell B.
+	hashes := kvevents.SeqHashes(nil, prefix, DefaultBlockSize, kvevents.HashSeed)
+	want := workerref.Target{Worker: first.Worker, Rank: first.Rank}
+	bm := b.models[testModel]
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		var ov index.Overlaps
+		bm.pred.Lookup(hashes, index.LookupOptions{}, &ov)
+		return len(ov.Workers) == 1 && ov.Workers[0].Key == want && ov.Workers[0].Blocks == len(hashes)
+	}, func() string { return "replica B's predicted index does not hold A's decision" })
+	if bm.peers.decApplied.Load() == 0 || a.models[testModel].peers.decApplied.Load() != 0 {
+		t.Fatalf("applied: B %d (want > 0), A %d (want 0: own echo)", bm.peers.decApplied.Load(), a.models[testModel].peers.decApplied.Load())
+	}
+	if err := st.client.Free(ctx, testModel, &first); err != nil {
+		t.Fatal(err)
+	}
+	st.waitWorker(first.Worker, idle)
+
+	var got api.RouteResponse
+	req := &api.RouteRequest{Model: testModel, TokenIDs: append(append([]uint32(nil), prefix...), tokens(43, 64)...), ExpectedOutputTokens: 4}
+	if err := b.Route(ctx, req, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Worker != first.Worker || got.OverlapBlocks != 32 {
+		t.Fatalf("B routed to %s with overlap %d, want %s with 32", got.Worker, got.OverlapBlocks, first.Worker)
+	}
+	if err := st.client.Free(ctx, testModel, &got); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,14 +25,14 @@ import (
 // are dropped. Everything is counted in kvr.events.unregistered by result
 // (held, released, dropped).
 
-// admitWorker lets a registered worker's events into ms's index: each of
-// its ranks is capped at IndexKVBlocksSlack times the kv_blocks it
-// registered, and what was held for it is applied.
-func (r *Replica) admitWorker(ms *modelState, i workers.Info) {
+// admit lets a registered worker's events into ms's index: each of its
+// ranks is capped at IndexKVBlocksSlack times the kv_blocks it registered,
+// and what was held for it is applied.
+func (in *eventIntake) admit(ms *modelState, i workers.Info) {
 	if i.KVBlocks > 0 {
 		ms.index.SetWorkerLimit(i.ID, min(i.KVBlocks, math.MaxInt/IndexKVBlocksSlack)*IndexKVBlocksSlack)
 	}
-	r.eventSink.release(ms, i.ID)
+	in.release(ms, i.ID)
 }
 
 // maxHeldBlocks bounds the blocks and removed hashes held in all, so that
@@ -67,10 +67,10 @@ type holdQueue struct {
 // unregisteredResults are the result attributes of kvr.events.unregistered.
 var unregisteredResults = [...]string{"held", "released", "dropped"}
 
-func (h *holdQueue) count(r *Replica, result int, n uint64) {
+func (h *holdQueue) count(m *metrics, result int, n uint64) {
 	c := [...]*atomic.Uint64{&h.held, &h.released, &h.dropped}[result]
 	c.Add(n)
-	r.m.unregistered.Add(context.Background(), int64(n), r.m.unregisteredOpts[result]...)
+	m.unregistered.Add(context.Background(), int64(n), m.unregisteredOpts[result]...)
 }
 
 const (
@@ -88,52 +88,52 @@ func (ms *modelState) registered(worker string) bool {
 // apply hands b to ms's index if its worker is registered, first applying
 // what was held for it; otherwise b is held or dropped. It runs on the
 // subscriber's goroutine.
-func (s *sink) apply(ms *modelState, seq uint64, b *kvevents.Batch) bool {
-	h := &s.hold
+func (in *eventIntake) apply(ms *modelState, seq uint64, b *kvevents.Batch) bool {
+	h := &in.hold
 	if ms.registered(b.Worker) {
 		if h.n.Load() == 0 {
 			ms.index.ApplyBatch(seq, b)
 			return true
 		}
 		h.mu.Lock()
-		s.releaseLocked(ms, b.Worker)
+		in.releaseLocked(ms, b.Worker)
 		ms.index.ApplyBatch(seq, b)
 		h.mu.Unlock()
 		return true
 	}
-	cfg := &s.r.cfg
+	cfg := in.cfg
 	blocks := batchBlocks(b)
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s.expireLocked(now)
+	in.expireLocked(now)
 	if cfg.IndexLimits.EventHoldGrace <= 0 || len(h.q) >= cfg.IndexLimits.EventHoldMax || h.blocks+blocks > maxHeldBlocks {
-		h.count(s.r, resDropped, 1)
+		h.count(in.m, resDropped, 1)
 		h.unlogged++
 		return false
 	}
 	h.q = append(h.q, heldBatch{seq: seq, at: now, ms: ms, batch: copyBatch(b), blocks: blocks})
 	h.blocks += blocks
 	h.n.Store(int64(len(h.q)))
-	h.count(s.r, resHeld, 1)
+	h.count(in.m, resHeld, 1)
 	return false
 }
 
 // release applies what is held for worker of ms (it just registered).
-func (s *sink) release(ms *modelState, worker string) {
-	if s.hold.n.Load() == 0 {
+func (in *eventIntake) release(ms *modelState, worker string) {
+	if in.hold.n.Load() == 0 {
 		return
 	}
-	s.hold.mu.Lock()
-	s.releaseLocked(ms, worker)
-	s.hold.mu.Unlock()
+	in.hold.mu.Lock()
+	in.releaseLocked(ms, worker)
+	in.hold.mu.Unlock()
 }
 
 // releaseLocked applies, in stream order, worker's held batches whose
 // grace has not run out, and keeps the others' (hold.mu held).
-func (s *sink) releaseLocked(ms *modelState, worker string) {
-	h := &s.hold
-	s.expireLocked(time.Now())
+func (in *eventIntake) releaseLocked(ms *modelState, worker string) {
+	h := &in.hold
+	in.expireLocked(time.Now())
 	kept := h.q[:0]
 	for i := range h.q {
 		hb := &h.q[i]
@@ -143,7 +143,7 @@ func (s *sink) releaseLocked(ms *modelState, worker string) {
 		}
 		ms.index.ApplyBatch(hb.seq, &hb.batch)
 		h.blocks -= hb.blocks
-		h.count(s.r, resReleased, 1)
+		h.count(in.m, resReleased, 1)
 	}
 	clear(h.q[len(kept):])
 	h.q = kept
@@ -151,8 +151,8 @@ func (s *sink) releaseLocked(ms *modelState, worker string) {
 }
 
 // forget drops what is held for worker of ms (it departed).
-func (s *sink) forget(ms *modelState, worker string) {
-	h := &s.hold
+func (in *eventIntake) forget(ms *modelState, worker string) {
+	h := &in.hold
 	if h.n.Load() == 0 {
 		return
 	}
@@ -162,7 +162,7 @@ func (s *sink) forget(ms *modelState, worker string) {
 	for i := range h.q {
 		if hb := &h.q[i]; hb.ms == ms && hb.batch.Worker == worker {
 			h.blocks -= hb.blocks
-			h.count(s.r, resDropped, 1)
+			h.count(in.m, resDropped, 1)
 			h.unlogged++
 			continue
 		}
@@ -177,30 +177,30 @@ func (s *sink) forget(ms *modelState, worker string) {
 // dropped since its last call (the lag loop calls it every second, so held
 // batches do not wait for the next batch and the log for a flood is one
 // line a second).
-func (s *sink) expire(now time.Time) {
-	h := &s.hold
+func (in *eventIntake) expire(now time.Time) {
+	h := &in.hold
 	h.mu.Lock()
-	s.expireLocked(now)
+	in.expireLocked(now)
 	n := h.unlogged
 	h.unlogged = 0
 	h.mu.Unlock()
 	if n > 0 {
-		s.r.log.Warn("event batches of workers not in the registry dropped (no registration within the grace, or the hold was full)",
-			"batches", n, "grace", s.r.cfg.IndexLimits.EventHoldGrace, "max_held", s.r.cfg.IndexLimits.EventHoldMax)
+		in.log.Warn("event batches of workers not in the registry dropped (no registration within the grace, or the hold was full)",
+			"batches", n, "grace", in.cfg.IndexLimits.EventHoldGrace, "max_held", in.cfg.IndexLimits.EventHoldMax)
 	}
 }
 
-func (s *sink) expireLocked(now time.Time) {
-	h := &s.hold
+func (in *eventIntake) expireLocked(now time.Time) {
+	h := &in.hold
 	i := 0
-	for i < len(h.q) && now.Sub(h.q[i].at) > s.r.cfg.IndexLimits.EventHoldGrace {
+	for i < len(h.q) && now.Sub(h.q[i].at) > in.cfg.IndexLimits.EventHoldGrace {
 		h.blocks -= h.q[i].blocks
 		i++
 	}
 	if i == 0 {
 		return
 	}
-	h.count(s.r, resDropped, uint64(i))
+	h.count(in.m, resDropped, uint64(i))
 	h.unlogged += uint64(i)
 	n := copy(h.q, h.q[i:])
 	clear(h.q[n:])
