@@ -70,6 +70,11 @@ type fleet struct {
 	xActive  []int32
 	xAt      []time.Time
 	lastRep  []time.Time
+	// waiting is the engine's own queue (requests admitted, not yet
+	// running) from its last load report, expiring with the correction:
+	// what a router that scrapes engine metrics scores (llm-d's queue
+	// scorer). Bookings never change it.
+	waiting []int32
 
 	freeSlots []int32
 	order     []int32 // live slots sorted by (worker, rank): deterministic candidate order
@@ -237,6 +242,7 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 			f.xActive = append(f.xActive, 0)
 			f.xAt = append(f.xAt, time.Time{})
 			f.lastRep = append(f.lastRep, time.Time{})
+			f.waiting = append(f.waiting, 0)
 		}
 		w, ok := f.byName[info.Key.Worker]
 		if !ok {
@@ -261,6 +267,7 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 		f.rPrefill[s], f.rDecode[s], f.rActive[s] = 0, 0, 0
 		f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
 		f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
+		f.waiting[s] = 0
 	}
 	f.flags[s] &^= fAvail | fDraining
 	switch {
