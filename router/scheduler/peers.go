@@ -373,8 +373,9 @@ func firstMin(c *Candidates, key func(s int32) int64) int {
 // (overlap blocks / prompt blocks) is > CacheThreshold, the least-loaded
 // worker among those with that best overlap; (3) otherwise the least-loaded
 // worker. Least loaded is fewest active requests, then least booked
-// prefill, ties at random (leastLoaded); SGLang itself takes the first
-// worker on a tie and, in step 3, the most free cache. With
+// prefill, ties at random (leastLoaded); sgl-router itself takes the first
+// worker on a tie, the tree's holder in step 2 and the smallest tree in
+// step 3. With
 // RespectSoftAffinity a Soft target that is a candidate is kept unless
 // step 1 fires.
 type TwoTier struct {
