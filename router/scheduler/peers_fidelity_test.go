@@ -200,24 +200,6 @@ func TestDynamoBooksNoOutputBlocks(t *testing.T) {
 	}
 }
 
-// Dynamo's picker breaks ties uniformly at random (reservoir sampling in
-// lib/router-plugins default/picker.rs), not by tree size or order.
-func TestDynamoTiesAtRandom(t *testing.T) {
-	seen := map[string]bool{}
-	rows := []CandidateRow{{Key: wk("a", 0)}, {Key: wk("b", 0)}, {Key: wk("c", 0)}}
-	for seed := range uint64(64) {
-		x, c := NewCandidates(peerReq("r", 0, 4), 16, 4, seed, nil, rows)
-		i, err := NewDynamoPolicy(0).Select(x, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen[c.Key(i).Worker] = true
-	}
-	if len(seen) != 3 {
-		t.Fatalf("64 seeds picked only %v", seen)
-	}
-}
-
 // Each peer's own admission and session affinity: none of them queues in
 // the router by default; llm-d's affinity is a scorer (Soft), Dynamo's
 // binding Hard by default, SGLang's cache_aware and KubeAI's PrefixHash

@@ -98,21 +98,24 @@ func TestLLMDDecisions(t *testing.T) {
 	}
 }
 
-// llm-d's max-score picker breaks ties at random: identical workers are
-// both picked over many seeds.
-func TestLLMDTieIsRandom(t *testing.T) {
-	seen := map[string]bool{}
+// llm-d's max-score picker breaks ties at random, and so does Dynamo's
+// picker (reservoir sampling in lib/router-plugins default/picker.rs, not
+// tree size nor order): identical workers are both picked over many seeds.
+func TestPeerTiesAreRandom(t *testing.T) {
 	rows := []CandidateRow{{Key: wk("a", 0), KVBlocks: 10}, {Key: wk("b", 0), KVBlocks: 10}}
-	for seed := range uint64(64) {
-		x, c := NewCandidates(peerReq("r", 0, 4), 16, 4, seed, nil, rows)
-		i, err := NewLLMD().Select(x, c)
-		if err != nil {
-			t.Fatal(err)
+	for _, p := range []Policy{NewLLMD(), NewDynamoPolicy(0)} {
+		seen := map[string]bool{}
+		for seed := range uint64(64) {
+			x, c := NewCandidates(peerReq("r", 0, 4), 16, 4, seed, nil, rows)
+			i, err := p.Select(x, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[c.Key(i).Worker] = true
 		}
-		seen[c.Key(i).Worker] = true
-	}
-	if len(seen) != 2 {
-		t.Fatalf("64 seeds picked only %v", seen)
+		if len(seen) != 2 {
+			t.Fatalf("%T: 64 seeds picked only %v", p, seen)
+		}
 	}
 }
 
