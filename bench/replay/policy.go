@@ -46,7 +46,7 @@ var Catalog = []Policy{
 	// The peers' algorithms (router/scheduler/peers.go), on the same
 	// event-fed index and load view as kvrouter.
 	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue (the engines' waiting requests) + 2 x KV utilisation, plus 1 x its session-affinity scorer with sessions, max score"},
-	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware (sgl-router): shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix's holder above a 0.3 match rate, else the smallest tree (blocks indexed)"},
+	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware (sgl-router): shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix's holder above a 0.3 match rate, else the smallest tree (blocks routed there)"},
 	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1), no output blocks booked, ties at random"},
 	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
 	// a cached block credited twice, for the prefill it saves and for the

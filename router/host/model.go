@@ -114,9 +114,6 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 	if scfg.Refresh == nil {
 		scfg.Refresh = ms.refresh
 	}
-	if scfg.IndexedBlocks == nil && !ms.approx {
-		scfg.IndexedBlocks = ms.index.WorkerBlocks // sglang's tree size
-	}
 	ms.sched, err = scheduler.New(scfg, pol)
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q scheduler: %w", ErrConfig, name, err)

@@ -175,6 +175,7 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 	fl.lDecode[slot] += b.private
 	fl.lPrefill[slot] += b.prefill
 	fl.lActive[slot]++
+	fl.routed[slot] += max(0, hashed-int64(overlap))
 	fl.refresh(slot, &c.th)
 	c.bookings[b.id] = b
 	c.stats.bookings.Add(1)

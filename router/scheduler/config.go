@@ -173,12 +173,6 @@ type Config struct {
 	Refresh         RefreshFunc        `yaml:"-"`
 	Classifier      Classifier         `yaml:"-"`
 	OnBookingChange func(BookingEvent) `yaml:"-"`
-	// IndexedBlocks returns how many blocks the prefix index holds for a
-	// (worker, rank): its cached content as the router sees it, which a
-	// policy weighing a worker's cache as a whole reads (sglang: SGLang's
-	// smallest tree). nil = unknown, 0 for every worker. Called from the
-	// actor: no I/O, be quick.
-	IndexedBlocks func(workerref.Target) int `yaml:"-"`
 	// Now is the clock (default time.Now); tests inject a fake one.
 	Now    func() time.Time `yaml:"-"`
 	Logger *slog.Logger     `yaml:"-"`

@@ -288,8 +288,11 @@ func (LLMDSessionAffinityScorer) Score(_ *Context, c *Candidates, cost []float64
 // Inputs here: in-flight = the requests booked on the worker; the prefix
 // match is the event-fed index's overlap in blocks over the prompt's full
 // blocks (SGLang counts characters or tokens of its approximate tree); the
-// tree size is the blocks the index holds for the worker
-// (Candidates.IndexedBlocks, Config.IndexedBlocks). The Model Gateway's
+// tree size is the routing history SGLang's tree is made of: the blocks
+// routed to the worker less their cached overlap when routed
+// (Candidates.RoutedBlocks). Not the blocks the index holds: a full cache
+// holds as many as any other, so every miss would tie and go to the first
+// worker, while SGLang's tree keeps growing. The Model Gateway's
 // code (lightseekorg/smg, as of 2026-08) has since moved step 3 to the
 // least-loaded worker and breaks step 1 and 3 ties at random, and its
 // event-driven mode routes on the indexer's overlap; this policy keeps
@@ -322,7 +325,7 @@ func (p *SGLang) Select(x *Context, c *Candidates) (int, error) {
 			}
 		}
 	}
-	return firstMin(c, func(s int32) int64 { return int64(c.indexedAt(s)) }), nil
+	return firstMin(c, func(s int32) int64 { return c.f.routed[s] }), nil
 }
 
 // cacheAwareTier is the step of SGLang's decision a request falls in.

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // conversation is turn t of conversation conv in the shape of the Mooncake
@@ -151,18 +150,41 @@ func TestLLMDSessionAffinity(t *testing.T) {
 	}
 }
 
-// sglang's smallest tree is the blocks the index holds for the worker,
-// which the host hands the scheduler as Config.IndexedBlocks.
-func TestSGLangSmallestTreeFromTheIndex(t *testing.T) {
-	tree := map[string]int{"a": 40, "b": 5, "c": 90}
-	cfg := Config{IndexedBlocks: func(k workerref.Target) int { return tree[k.Worker] }}
-	h := newHarness(t, cfg, NewSGLang(), wi("a", 0), wi("b", 0), wi("c", 0))
-	if d := h.admitted(h.submit(&Request{ID: "r1", Tokens: 10})); d.Worker.Worker != "b" {
-		t.Fatalf("cache miss went to %s, want b (smallest tree)", d.Worker.Worker)
+// sglang's smallest tree is its routing history, as SGLang's approximate
+// tree is: each request routed to a worker grows its tree by the blocks it
+// brings that the worker did not hold (prompt blocks less the overlap), and
+// a finished request does not shrink it (the most free KV would).
+func TestSGLangSmallestTreeIsRoutingHistory(t *testing.T) {
+	h := newHarness(t, Config{}, NewSGLang(), wi("a", 0), wi("b", 0), wi("c", 0))
+	route := func(id string, salt uint64, blocks int, ov []Overlap) Decision {
+		t.Helper()
+		r := &Request{ID: id, Tokens: 16 * blocks, SeqHashes: hashes(blocks, salt), Overlaps: ov}
+		d := h.admitted(h.submit(r))
+		if err := h.s.PrefillDone(d.Fence); err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
-	tree["b"] = 100
-	if d := h.admitted(h.submit(&Request{ID: "r2", Tokens: 10})); d.Worker.Worker != "a" {
-		t.Fatalf("cache miss went to %s, want a (smallest tree now)", d.Worker.Worker)
+	var got []string
+	// Misses on empty trees: a (first), then b and c as trees grow.
+	first := route("r1", 1, 20, nil)
+	got = append(got, first.Worker.Worker, route("r2", 2, 10, nil).Worker.Worker, route("r3", 3, 10, nil).Worker.Worker)
+	// r1 ends: a's KV is free again, its tree (20) is not: the next miss
+	// goes to b (10), not a.
+	if err := h.s.Free(first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, route("r4", 4, 5, nil).Worker.Worker)
+	// Trees 20, 15, 10. 10 blocks with 3 cached on c (match 0.3, not
+	// above: a miss): c, whose tree grows by 7 → 17; then b (15).
+	got = append(got, route("r5", 5, 10, []Overlap{{Key: wk("c", 0), Blocks: 3}}).Worker.Worker)
+	got = append(got, route("r6", 6, 5, nil).Worker.Worker)
+	if fmt.Sprint(got) != "[a b c b c b]" {
+		t.Fatalf("misses went to %v, want [a b c b c b]", got)
+	}
+	_, c := NewCandidates(peerReq("r", 0, 1), 16, 1, 1, nil, []CandidateRow{{Key: wk("a", 0), RoutedBlocks: 3}})
+	if c.RoutedBlocks(0) != 3 {
+		t.Fatalf("RoutedBlocks %d, want 3", c.RoutedBlocks(0))
 	}
 }
 

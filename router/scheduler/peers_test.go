@@ -202,9 +202,9 @@ func TestSGLangDecisions(t *testing.T) {
 			// blocks), not the most free KV (b) nor the shortest queue (b).
 			name: "match rate at the threshold: smallest tree",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), OverlapBlocks: 3, ActiveRequests: 1, ActiveDecodeBlocks: 50, KVBlocks: 100, IndexedBlocks: 60},
-				{Key: wk("b", 0), ActiveRequests: 0, ActiveDecodeBlocks: 5, KVBlocks: 100, IndexedBlocks: 30},
-				{Key: wk("c", 0), ActiveRequests: 4, ActiveDecodeBlocks: 50, KVBlocks: 100, IndexedBlocks: 10},
+				{Key: wk("a", 0), OverlapBlocks: 3, ActiveRequests: 1, ActiveDecodeBlocks: 50, KVBlocks: 100, RoutedBlocks: 60},
+				{Key: wk("b", 0), ActiveRequests: 0, ActiveDecodeBlocks: 5, KVBlocks: 100, RoutedBlocks: 30},
+				{Key: wk("c", 0), ActiveRequests: 4, ActiveDecodeBlocks: 50, KVBlocks: 100, RoutedBlocks: 10},
 			},
 			want: "c",
 		},
@@ -222,8 +222,8 @@ func TestSGLangDecisions(t *testing.T) {
 			// Trees of equal size: the first worker, not the lower load.
 			name: "smallest-tree tie: first worker",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), ActiveRequests: 9, IndexedBlocks: 7},
-				{Key: wk("b", 0), ActiveRequests: 1, IndexedBlocks: 7},
+				{Key: wk("a", 0), ActiveRequests: 9, RoutedBlocks: 7},
+				{Key: wk("b", 0), ActiveRequests: 1, RoutedBlocks: 7},
 			},
 			want: "a",
 		},

@@ -139,7 +139,6 @@ type Candidates struct {
 	newBlks   int64    // request decode blocks if nothing were shared
 	aff       resolvedTarget
 	hasAff    bool
-	indexed   func(workerref.Target) int // Config.IndexedBlocks; nil = unknown
 }
 
 // ovAt is the overlap of slot s for the current request.
@@ -181,16 +180,9 @@ func (c *Candidates) ActiveRequests(i int) int { return int(c.active[c.slots[i]]
 // bookings do not change.
 func (c *Candidates) WaitingRequests(i int) int { return int(c.f.waiting[c.slots[i]]) }
 
-// IndexedBlocks is how many blocks the prefix index holds for candidate i
-// (Config.IndexedBlocks; 0 when unknown).
-func (c *Candidates) IndexedBlocks(i int) int { return c.indexedAt(c.slots[i]) }
-
-func (c *Candidates) indexedAt(s int32) int {
-	if c.indexed == nil {
-		return 0
-	}
-	return c.indexed(c.f.key[s])
-}
+// RoutedBlocks is how many blocks this scheduler has routed to candidate
+// i that its cache did not hold then (see fleet.routed).
+func (c *Candidates) RoutedBlocks(i int) int { return int(c.f.routed[c.slots[i]]) }
 
 // KVBlocks is candidate i's KV capacity in blocks (0 = unknown).
 func (c *Candidates) KVBlocks(i int) int { return int(c.f.kvBlocks[c.slots[i]]) }
@@ -259,7 +251,7 @@ type CandidateRow struct {
 	MaxBatchedTokens    int
 	SharedBlocks        int // request blocks already active there
 	WaitingRequests     int // the engine's queue, as a load report gives it
-	IndexedBlocks       int // blocks the prefix index holds for the worker
+	RoutedBlocks        int // blocks routed there that its cache did not hold
 }
 
 // NewCandidates builds a standalone candidate set and context for testing a
@@ -275,6 +267,7 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 		f.decode[s] = int64(row.ActiveDecodeBlocks)
 		f.active[s] = int32(row.ActiveRequests)
 		f.waiting[s] = int32(row.WaitingRequests)
+		f.routed[s] = int64(row.RoutedBlocks)
 		for len(c.shared) <= int(s) {
 			c.shared = append(c.shared, 0)
 			c.ov = append(c.ov, 0)
@@ -289,11 +282,6 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 	}
 	c.prefill, c.decode, c.active = f.prefill, f.decode, f.active
 	c.prefillF, c.decodeF = f.prefillF, f.decodeF
-	indexed := map[workerref.Target]int{}
-	for _, row := range rows {
-		indexed[row.Key] = row.IndexedBlocks
-	}
-	c.indexed = func(k workerref.Target) int { return indexed[k] }
 	if r == nil {
 		r = &Request{}
 	}

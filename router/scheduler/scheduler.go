@@ -67,7 +67,6 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 		onChange: func() func(BookingEvent) { return nil },
 	}
 	c.defaultPolicy, _ = p.(*DefaultPolicy)
-	c.cands.indexed = cfg.IndexedBlocks
 	if t, ok := p.(OutputBlockTracker); ok {
 		c.noOutput = !t.TracksOutputBlocks()
 	}
