@@ -94,7 +94,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		limitUsage:    "replay at most this many requests (0 = all)",
 		speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
 		kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
-		sessionUsage:  "session ids and binding mode: none, hard or soft",
+		sessionUsage:  "session ids and binding mode: none, hard or soft (the peers bind with their own affinity)",
 		policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
 	})
 	var (
@@ -105,7 +105,7 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		blockSize  = c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)")
 		maxBatched = c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)")
 		maxSeqs    = c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)")
-		queueTh    = c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue)")
+		queueTh    = c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue); the peers run with their own admission")
 		maxOut     = c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)")
 		deadline   = c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)")
 		out        = c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts")
