@@ -16,7 +16,9 @@
 // the true cached prefix plus the default cost's load term and pins its
 // choice through the same route API, and the peers' algorithms
 // (PeerPolicies: llmd, sglang, dynamo, chwbl; router/scheduler/peers.go) on
-// the same index and load view.
+// the same index and load view, each with its own admission and session
+// affinity (scheduler.Registry.Operation, applied by stackConfig) instead of
+// kvrouter's queue threshold and the run's binding mode.
 //
 // Paths (Config.Paths, PathConfig): PathNATS is the flow below; on
 // PathGateway a FrontendStack's Frontend sends each request as one OpenAI

@@ -28,6 +28,7 @@ type fakeStack struct {
 	// accounting checked by tests
 	routes, prefills, frees atomic.Int64
 	sessions, pins          atomic.Int64
+	routingKeys             atomic.Int64 // routes whose routing key is their session id
 	rejectEvery             int
 }
 
@@ -81,6 +82,9 @@ func (r *fakeRouter) Route(ctx context.Context, req *RouteRequest) (*Routed, err
 	n := s.routes.Add(1)
 	if req.SessionID != "" {
 		s.sessions.Add(1)
+	}
+	if req.RoutingKey != "" {
+		s.routingKeys.Add(1)
 	}
 	if s.rejectEvery > 0 && n%int64(s.rejectEvery) == 0 {
 		return nil, &RouteError{Code: "overloaded", Rejected: true, Err: errors.New("full")}

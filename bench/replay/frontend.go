@@ -78,8 +78,8 @@ func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
 	if len(r.BlockIDs) > 0 {
 		req.Tokens = sim.ExpandBlockIDs(nil, r.BlockIDs, cfg.Workload.BlockTokens, r.InputLength)
 	}
-	if cfg.SessionMode != SessionNone && r.Session != "" {
-		req.SessionID, req.SessionMode = r.Session, cfg.SessionMode
+	if d.sessions != SessionNone && r.Session != "" {
+		req.SessionID, req.SessionMode = r.Session, d.sessions
 	}
 	t0 := time.Now()
 	reply, err := d.front.Complete(ctx, &req)

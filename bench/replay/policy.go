@@ -45,9 +45,9 @@ var Catalog = []Policy{
 	{Name: "oracle", RouterPolicy: "default", Events: true, Oracle: true, About: "true cached prefix read from the simulated workers + default cost load term, sent as a Soft preference"},
 	// The peers' algorithms (router/scheduler/peers.go), on the same
 	// event-fed index and load view as kvrouter.
-	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue + 2 x KV utilisation, max score"},
-	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware: shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix above a 0.3 match rate, else the most free cache"},
-	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1)"},
+	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue (the engines' waiting requests) + 2 x KV utilisation, plus 1 x its session-affinity scorer with sessions, max score"},
+	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware (sgl-router): shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix's holder above a 0.3 match rate, else the smallest tree (blocks routed there)"},
+	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1), no output blocks booked, ties at random"},
 	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
 	// a cached block credited twice, for the prefill it saves and for the
 	// new KV allocation it does not need.
@@ -64,7 +64,7 @@ var Catalog = []Policy{
 	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 0.1), Events: true, About: "decode_block_weight 0.1 and overlap_credit 4: the default cost's weights since the experiment (as a pipeline)"},
 	{Name: "kvrouter-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 1), Events: true, About: "Dynamo's weights with overlap_credit 4 (experiment)"},
 	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0), Events: true, About: "Dynamo's weights without the decode-blocks term (experiment)"},
-	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the prompt prefix, no cache index"},
+	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the first user message (the conversation's id stands in) or the prompt's opening, no cache index"},
 }
 
 // PeerPolicies is the peers' algorithms, in the order of a comparison.

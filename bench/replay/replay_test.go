@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/bench/metrics"
@@ -78,6 +79,69 @@ func TestRunSessionsAndRejections(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no session check")
+	}
+}
+
+// The peers run as their authors run them: their own admission (none
+// queues in the router, whatever the run's threshold) and, when the run
+// sends session ids, their own affinity (llm-d soft, Dynamo hard, SGLang's
+// cache_aware and KubeAI's PrefixHash none); kvrouter keeps the run's.
+// Every route carries its conversation's id as the routing key (chwbl's
+// first user message).
+func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
+	var stacks []*fakeStack
+	w := workload.Chat(workload.ChatConfig{Seed: 3, Sessions: 4, Turns: 2, SystemTokens: 256, UserTokens: 32, OutputTokens: 8, SessionRate: 100})
+	pols, err := LookupPolicies([]string{"kvrouter,peers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 0), Policies: pols,
+		Workers: 2, Speedup: 1e5, SessionMode: SessionSoft, QueueThreshold: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		threshold float64
+		sessions  SessionMode
+	}{
+		"kvrouter": {8, SessionSoft}, "llmd": {-1, SessionSoft}, "dynamo": {-1, SessionHard},
+		"sglang": {-1, SessionNone}, "chwbl": {-1, SessionNone},
+	}
+	n := int64(len(w.Requests))
+	for _, s := range stacks {
+		name := s.cfg.Policy.Name
+		wt, ok := want[name]
+		if !ok {
+			t.Fatalf("unexpected policy %s", name)
+		}
+		if s.cfg.QueueThreshold != wt.threshold || s.cfg.SessionMode != wt.sessions {
+			t.Errorf("%s: threshold %g, sessions %s; want %g, %s", name, s.cfg.QueueThreshold, s.cfg.SessionMode, wt.threshold, wt.sessions)
+		}
+		if sent := s.sessions.Load(); (wt.sessions == SessionNone) != (sent == 0) || (sent != 0 && sent != n) {
+			t.Errorf("%s: %d of %d routes carried a session id", name, sent, n)
+		}
+		if s.routingKeys.Load() != n {
+			t.Errorf("%s: %d of %d routes carried a routing key", name, s.routingKeys.Load(), n)
+		}
+	}
+	notes := 0
+	for _, note := range rep.Notes {
+		if strings.Contains(note, "ran as its authors run it") {
+			notes++
+		}
+	}
+	if notes != 4 {
+		t.Fatalf("%d peer notes, want 4: %q", notes, rep.Notes)
+	}
+	// Without sessions in the run, no peer gets any.
+	stacks = nil
+	if _, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 0), Policies: pols, Workers: 2, Speedup: 1e5}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		if s.sessions.Load() != 0 || s.cfg.SessionMode != SessionNone {
+			t.Errorf("%s: sessions sent in mode none", s.cfg.Policy.Name)
+		}
 	}
 }
 

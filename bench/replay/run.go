@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/bench/progress"
 	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
@@ -231,14 +232,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Every figure is the median of %d runs (seeds %d..%d); the charts show the run with the median TTFT p99.", cfg.Runs, seed, seed+uint64(cfg.Runs)-1))
 	}
 	rep.Checks = Checks(rep)
-	for _, p := range cfg.Policies {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s.", p.Name, p.About))
-	}
+	rep.Notes = append(rep.Notes, policyNotes(&cfg)...)
 	switch {
 	case cfg.QueueThreshold < 0:
 		rep.Notes = append(rep.Notes, "Router-side queueing was off: every request went to a worker at once and waited there.")
 	case cfg.QueueThreshold > 0:
-		rep.Notes = append(rep.Notes, fmt.Sprintf("Router queue threshold %g: a worker counts as busy from %g x its max batched tokens of booked prefill (or that fraction of its KV blocks).", cfg.QueueThreshold, cfg.QueueThreshold))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Router queue threshold %g: a worker counts as busy from %g x its max batched tokens of booked prefill (or that fraction of its KV blocks); the peers run with their own admission instead.", cfg.QueueThreshold, cfg.QueueThreshold))
 	}
 	if cfg.MaxOutputTokens > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Output lengths were capped at %d tokens.", cfg.MaxOutputTokens))
@@ -246,19 +245,78 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if cfg.SessionMode == SessionNone {
 		rep.Notes = append(rep.Notes, "Session ids were not sent (session mode none).")
 	} else {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("Session ids were sent with %s bindings; the oracle sends none (it names its own worker as a Soft preference).", cfg.SessionMode))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Session ids were sent with %s bindings; the oracle sends none (it names its own worker as a Soft preference), and each peer uses its own session affinity (above).", cfg.SessionMode))
 	}
 	return rep, nil
 }
 
-// runPolicy replays every request against a fresh stack.
-func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, reqs []prepared, bound float64) (metrics.Summary, error) {
-	stack, err := path.NewStack(ctx, StackConfig{
+// policyNotes says what each policy is and how each peer ran.
+func policyNotes(cfg *Config) []string {
+	var notes []string
+	for _, p := range cfg.Policies {
+		notes = append(notes, fmt.Sprintf("%s: %s.", p.Name, p.About))
+		if op, ok := peerOperation(p); ok {
+			sc, _ := stackConfig(cfg, p)
+			admission := "no router queue"
+			if sc.QueueThreshold > 0 {
+				admission = fmt.Sprintf("router queue threshold %g", sc.QueueThreshold)
+			}
+			notes = append(notes, fmt.Sprintf("%s ran as its authors run it: %s, sessions %s (%s).", p.Name, admission, sc.SessionMode, op.Source))
+		}
+	}
+	return notes
+}
+
+// peerOperation is the peer's own admission and session affinity
+// (scheduler.Registry.Operation); false for kvrouter's policies.
+func peerOperation(pol Policy) (scheduler.Operation, bool) {
+	if !pol.Peer {
+		return scheduler.Operation{}, false
+	}
+	return scheduler.NewRegistry().Operation(pol.RouterPolicy)
+}
+
+// stackConfig is the stack pol runs on. kvrouter's policies run with the
+// run's queue threshold and session mode; a peer runs as its authors run
+// it (peerOperation): its default admission instead of the run's threshold
+// (none of the peers queues in the router: −1), and, when the run sends
+// session ids, its own session affinity in place of the run's binding mode
+// (none: its requests carry no session id).
+func stackConfig(cfg *Config, pol Policy) (StackConfig, error) {
+	sc := StackConfig{
 		Policy: pol, Model: cfg.Model, Workers: cfg.Workers, KVBlocks: cfg.KVBlocks, BlockSize: cfg.BlockSize,
 		Replicas: cfg.Replicas, Speedup: cfg.Speedup, SessionMode: cfg.SessionMode, Seed: cfg.Seed, Probe: pol.Oracle,
 		MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, RouteDeadline: cfg.RouteDeadline,
 		QueueThreshold: cfg.QueueThreshold,
-	})
+	}
+	op, ok := peerOperation(pol)
+	if !ok {
+		return sc, nil
+	}
+	switch t := op.Thresholds; {
+	case t == (scheduler.Thresholds{}):
+		sc.QueueThreshold = -1
+	case t.OverloadPrefillFrac == 0 && t.OverloadDecodeFrac == 0 && t.QueuePrefillFrac == t.QueueDecodeFrac:
+		sc.QueueThreshold = t.QueuePrefillFrac
+	default:
+		return sc, fmt.Errorf("%w: %s's admission %+v is not one queue threshold", ErrConfig, pol.Name, t)
+	}
+	if cfg.SessionMode == SessionNone || op.SessionMode == "" {
+		sc.SessionMode = SessionNone
+		return sc, nil
+	}
+	m, err := ParseSessionMode(op.SessionMode)
+	sc.SessionMode = m
+	return sc, err
+}
+
+// runPolicy replays every request against a fresh stack.
+func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, reqs []prepared, bound float64) (metrics.Summary, error) {
+	sc, err := stackConfig(cfg, pol)
+	if err != nil {
+		return metrics.Summary{}, err
+	}
+	stack, err := path.NewStack(ctx, sc)
 	if err != nil {
 		return metrics.Summary{}, fmt.Errorf("build stack: %w", err)
 	}
@@ -269,7 +327,7 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 			cfg.Logf("%s: closing stack: %v", pol.Name, err)
 		}
 	}()
-	d := &driver{cfg: cfg, pol: pol, router: stack.Router(), gen: stack.Generator(), rec: metrics.NewRecorder(len(reqs))}
+	d := &driver{cfg: cfg, pol: pol, sessions: sc.SessionMode, router: stack.Router(), gen: stack.Generator(), rec: metrics.NewRecorder(len(reqs))}
 	if fs, ok := stack.(FrontendStack); ok {
 		d.front = fs.Frontend()
 	}
@@ -354,14 +412,15 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 }
 
 type driver struct {
-	cfg    *Config
-	pol    Policy
-	router Router
-	gen    Generator
-	front  Frontend // the gateway path: route, serve and book in one call
-	oracle *oracle
-	rec    *metrics.Recorder
-	bar    *progress.Bar
+	cfg      *Config
+	pol      Policy
+	sessions SessionMode // the run's, or a peer's own (stackConfig)
+	router   Router
+	gen      Generator
+	front    Frontend // the gateway path: route, serve and book in one call
+	oracle   *oracle
+	rec      *metrics.Recorder
+	bar      *progress.Bar
 }
 
 // one is one request's life: route, generate, prefill_done, free.
@@ -369,11 +428,17 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	cfg := d.cfg
 	r := p.req
 	rec := metrics.Record{ID: r.ID, Session: r.Session, Arrival: r.Arrival, PromptTokens: r.InputLength, PromptBlocks: p.promptBlocks}
+	// The routing key stands for the first user message, which KubeAI's
+	// prefix hash keys a chat request on: the same for every turn of a
+	// conversation, different between conversations. The workloads carry
+	// no text, so the conversation's id stands in for it, sent whatever
+	// the session mode (it is content, not a session header); a request of
+	// no conversation has none, and chwbl keys its prompt's opening.
 	rr := RouteRequest{
 		ID: r.ID, Model: cfg.Model, BlockHashes: p.blockHashes, BlockSize: cfg.BlockSize,
-		InputTokens: r.InputLength, ExpectedOutput: p.outputTokens,
+		InputTokens: r.InputLength, ExpectedOutput: p.outputTokens, RoutingKey: r.Session,
 	}
-	if cfg.SessionMode != SessionNone && r.Session != "" && !d.pol.Oracle {
+	if d.sessions != SessionNone && r.Session != "" && !d.pol.Oracle {
 		rr.SessionID = r.Session
 	}
 	var bk *booking

@@ -20,6 +20,7 @@ type RouteRequest struct {
 	InputTokens    int
 	ExpectedOutput int
 	SessionID      string // empty = no session
+	RoutingKey     string // what prefix-hashing policies key on (chwbl); empty = the prompt's opening
 	Pin            string // exact worker, empty = let the router choose
 	Prefer         string // Soft preference: taken while the worker is a candidate
 }

@@ -376,6 +376,7 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 	hr := api.RouteRequest{
 		V: api.APIVersion, RequestID: req.ID, Model: req.Model, BlockHashes: req.BlockHashes, BlockSize: req.BlockSize,
 		InputTokens: req.InputTokens, SessionID: req.SessionID, ExpectedOutputTokens: req.ExpectedOutput,
+		RoutingKey: req.RoutingKey,
 	}
 	if req.Pin != "" {
 		hr.Pin = &api.WorkerRef{Worker: req.Pin}

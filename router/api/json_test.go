@@ -10,7 +10,7 @@ import (
 
 func TestDecodeRouteRequest(t *testing.T) {
 	body := `{"v":1,"request_id":"r-1","model":"llama","token_ids":[1,2,3,4294967295],
-	"block_size":16,"lora_name":"l","cache_salt":"s\u00e9","session_id":"sess\"1",
+	"block_size":16,"lora_name":"l","cache_salt":"s\u00e9","session_id":"sess\"1","routing_key":"hi there",
 	"pin":{"worker":"w1","rank":2},"prefer":{"worker":"w2"},"allowed_workers":["w1","w2"],
 	"priority":-3,"expected_output_tokens":256,"deadline_ms":100,"unknown":{"a":[1,2.5e3,true,null,"x"]}}`
 	var r RouteRequest
@@ -18,7 +18,7 @@ func TestDecodeRouteRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := RouteRequest{V: 1, RequestID: "r-1", Model: "llama", TokenIDs: []uint32{1, 2, 3, 4294967295},
-		BlockSize: 16, LoraName: "l", CacheSalt: "sé", SessionID: `sess"1`,
+		BlockSize: 16, LoraName: "l", CacheSalt: "sé", SessionID: `sess"1`, RoutingKey: "hi there",
 		Pin: &WorkerRef{Worker: "w1", Rank: 2, HasRank: true}, Prefer: &WorkerRef{Worker: "w2"},
 		AllowedWorkers: []string{"w1", "w2"}, Priority: -3, ExpectedOutputTokens: 256, DeadlineMS: 100}
 	if !reflect.DeepEqual(r, want) {
@@ -49,6 +49,7 @@ func TestDecodeRouteRequestErrors(t *testing.T) {
 		{"fraction", `{"model":"m","token_ids":[1.5]}`, "token_ids"},
 		{"hash overflow", `{"model":"m","block_hashes":[18446744073709551616]}`, "block_hashes"},
 		{"long session", `{"model":"m","session_id":"` + long + `"}`, "session_id"},
+		{"long routing key", `{"model":"m","routing_key":"` + strings.Repeat("k", MaxRoutingKeyLen+1) + `"}`, "routing_key"},
 		{"pin without worker", `{"model":"m","pin":{"rank":1}}`, "pin.worker"},
 		{"pin rank negative", `{"model":"m","pin":{"worker":"w","rank":-1}}`, "pin.rank"},
 		{"model not string", `{"model":5}`, "model"},
@@ -97,7 +98,7 @@ func TestRouteRequestRoundTrip(t *testing.T) {
 	in := RouteRequest{V: 1, RequestID: "r", Model: "m", TokenIDs: []uint32{1, 2}, BlockSize: 16,
 		SessionID: "s", Pin: &WorkerRef{Worker: "w", Rank: 1, HasRank: true}, Prefer: &WorkerRef{Worker: "p"},
 		AllowedWorkers: []string{"w"}, Priority: 2, ExpectedOutputTokens: 5, DeadlineMS: 9, InputTokens: 40,
-		BlockHashes: []uint64{1 << 63}, LoraName: "l", CacheSalt: "c"}
+		BlockHashes: []uint64{1 << 63}, LoraName: "l", CacheSalt: "c", RoutingKey: "k"}
 	for _, enc := range []func() []byte{
 		func() []byte { return AppendRouteRequest(nil, &in) },
 		func() []byte { b, _ := json.Marshal(&in); return b },

@@ -582,6 +582,8 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 			r.SessionID, e = d.str("session_id", MaxSessionIDLen)
 		case "session_mode":
 			r.SessionMode, e = d.str("session_mode", MaxSessionMode)
+		case "routing_key":
+			r.RoutingKey, e = d.str("routing_key", MaxRoutingKeyLen)
 		case "pin":
 			r.Pin = new(WorkerRef)
 			e = d.workerRef("pin", r.Pin)

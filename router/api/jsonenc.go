@@ -161,7 +161,7 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 			dst = strconv.AppendInt(dst, int64(kv.v), 10)
 		}
 	}
-	strs := []struct{ k, v string }{{"lora_name", r.LoraName}, {"cache_salt", r.CacheSalt}, {"session_id", r.SessionID}, {"session_mode", r.SessionMode}}
+	strs := []struct{ k, v string }{{"lora_name", r.LoraName}, {"cache_salt", r.CacheSalt}, {"session_id", r.SessionID}, {"session_mode", r.SessionMode}, {"routing_key", r.RoutingKey}}
 	for _, kv := range strs {
 		if kv.v != "" {
 			key(kv.k)

@@ -15,6 +15,7 @@ const APIVersion = 1
 // bad_request error naming the field, before any work is done.
 const (
 	MaxSessionIDLen  = 256     // bytes, the bindings table's key limit
+	MaxRoutingKeyLen = 1024    // bytes; chwbl reads only the first prefix_chars characters
 	MaxRequestIDLen  = 256     // bytes
 	MaxModelLen      = 256     // bytes
 	MaxWorkerIDLen   = 256     // bytes
@@ -72,6 +73,7 @@ type RouteRequest struct {
 	Pin            *WorkerRef `json:"pin,omitempty"`    // exact worker: own queue lane, never another worker
 	Prefer         *WorkerRef `json:"prefer,omitempty"` // Soft routing preference
 	AllowedWorkers []string   `json:"allowed_workers,omitempty"`
+	RoutingKey     string     `json:"routing_key,omitempty"` // chat: the first user message; prefix-hashing policies (chwbl) key on it
 
 	Priority             int `json:"priority,omitempty"`               // higher first
 	ExpectedOutputTokens int `json:"expected_output_tokens,omitempty"` // for load prediction

@@ -161,7 +161,7 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 	sr := scheduler.Request{
 		ID: req.RequestID, Model: req.Model, SeqHashes: hashes, Tokens: tokens,
 		ExpectedOutput: req.ExpectedOutputTokens, Priority: req.Priority, Allowed: allowed,
-		SessionID: req.SessionID, Deadline: t0.Add(deadline), Overlaps: s.sov,
+		SessionID: req.SessionID, RoutingKey: req.RoutingKey, Deadline: t0.Add(deadline), Overlaps: s.sov,
 	}
 	if req.Pin != nil {
 		s.sel.pin = req.Pin.Target()

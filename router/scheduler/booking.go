@@ -59,6 +59,15 @@ func (c *core) checkCapacity(r *Request) error {
 		Blocks: need, MaxBlocks: largest}
 }
 
+// bookedOutput is the output tokens a booking of r counts as decode
+// blocks: its expected output, unless the policy books prompt blocks only.
+func (c *core) bookedOutput(r *Request) int64 {
+	if c.noOutput {
+		return 0
+	}
+	return int64(r.ExpectedOutput)
+}
+
 // booking is the load one admitted request holds on one worker.
 type booking struct {
 	id          string
@@ -146,7 +155,7 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 	bs := int64(c.cfg.BlockSize)
 	tokens := int64(r.Tokens)
 	uncached := max(0, tokens-int64(overlap)*bs)
-	total := (tokens + int64(r.ExpectedOutput) + bs - 1) / bs
+	total := (tokens + c.bookedOutput(r) + bs - 1) / bs
 	hashed := int64(len(r.SeqHashes))
 	b := &booking{
 		id: r.ID, slot: slot, key: c.fl.key[slot], attempt: c.attempt,
@@ -166,6 +175,7 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 	fl.lDecode[slot] += b.private
 	fl.lPrefill[slot] += b.prefill
 	fl.lActive[slot]++
+	fl.routed[slot] += max(0, hashed-int64(overlap))
 	fl.refresh(slot, &c.th)
 	c.bookings[b.id] = b
 	c.stats.bookings.Add(1)
@@ -360,6 +370,7 @@ func (c *core) observeLoad(rep LoadReport) {
 	fl.xPrefill[s] = max(int64(rep.PrefillTokens)-fl.lPrefill[s]-fl.rPrefill[s], -fl.rPrefill[s])
 	fl.xDecode[s] = max(int64(rep.KVUsedBlocks)-fl.lDecode[s]-fl.rDecode[s], -fl.rDecode[s])
 	fl.xActive[s] = max(int32(rep.ActiveRequests+rep.WaitingRequests)-fl.lActive[s]-fl.rActive[s], -fl.rActive[s])
+	fl.waiting[s] = int32(rep.WaitingRequests)
 	fl.xAt[s] = now
 	fl.refresh(s, &c.th)
 	c.pump()
@@ -387,6 +398,7 @@ func (c *core) guard(now time.Time) {
 		if !fl.xAt[s].IsZero() && now.Sub(fl.xAt[s]) >= c.cfg.LoadReportTTL {
 			fl.xPrefill[s], fl.xDecode[s], fl.xActive[s] = 0, 0, 0
 			fl.xAt[s] = time.Time{}
+			fl.waiting[s] = 0
 			fl.refresh(int32(s), &c.th)
 		}
 	}

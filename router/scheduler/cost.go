@@ -60,6 +60,9 @@ type DefaultPolicy struct {
 	Temperature float64
 	SeedValue   uint64
 	HasSeed     bool
+	// NoOutputBlocks books a request's prompt blocks only, not its expected
+	// output (OutputBlockTracker): Dynamo's accounting by default.
+	NoOutputBlocks bool
 }
 
 // NewDefaultPolicy returns the default policy at temperature t.
@@ -68,9 +71,11 @@ func NewDefaultPolicy(t float64) *DefaultPolicy {
 }
 
 // NewDynamoPolicy returns Dynamo's current default cost at temperature t:
-// the default policy with DynamoCostParams.
+// the default policy with DynamoCostParams, booking no output blocks
+// (Dynamo's --router-track-output-blocks is off by default), ties at
+// random (Dynamo's picker: reservoir sampling over the tied rows).
 func NewDynamoPolicy(t float64) *DefaultPolicy {
-	return &DefaultPolicy{Cost: DynamoCostParams(), Temperature: t}
+	return &DefaultPolicy{Cost: DynamoCostParams(), Temperature: t, NoOutputBlocks: true}
 }
 
 // Name implements Policy.
@@ -78,6 +83,9 @@ func (p *DefaultPolicy) Name() string { return "default" }
 
 // Seed implements Seeded.
 func (p *DefaultPolicy) Seed() (uint64, bool) { return p.SeedValue, p.HasSeed }
+
+// TracksOutputBlocks implements OutputBlockTracker.
+func (p *DefaultPolicy) TracksOutputBlocks() bool { return !p.NoOutputBlocks }
 
 // Select implements Policy.
 func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {

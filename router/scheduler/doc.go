@@ -37,10 +37,12 @@
 //     (sampling.go); the llm-d style Pipeline of Filters, weighted Scorers
 //     and a Picker, with the builtin parts (pipeline.go); round-robin,
 //     random, least-loaded and power-of-two (simple.go); the peers'
-//     algorithms llmd, sglang, dynamo and chwbl, and two-tier, SGLang's
+//     algorithms llmd, sglang, dynamo and chwbl, with each peer's own
+//     admission and session affinity (Operation), and two-tier, SGLang's
 //     decision with least-loaded picks (peers.go); and a Registry that
 //     builds them by name from YAML (registry.go). Policies are pure; only
-//     the queue books.
+//     the queue books (a policy may say whether output blocks are booked:
+//     OutputBlockTracker).
 //   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
 //     blocks shared with other active requests on a worker counted once,
 //     via per-hash refcounts) and active requests; PrefillDone, Free and

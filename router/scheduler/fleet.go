@@ -70,6 +70,18 @@ type fleet struct {
 	xActive  []int32
 	xAt      []time.Time
 	lastRep  []time.Time
+	// waiting is the engine's own queue (requests admitted, not yet
+	// running) from its last load report, expiring with the correction:
+	// what a router that scrapes engine metrics scores (llm-d's queue
+	// scorer). Bookings never change it.
+	waiting []int32
+	// routed is the prompt blocks this scheduler has routed to the slot
+	// less each request's cached overlap there when routed: how SGLang's
+	// per-worker approximate tree grows (by the text a request brings that
+	// the worker does not hold; its eviction, past 67 M nodes, does not
+	// happen at these scales). Never decreases; other replicas' routing is
+	// not in it, as each SGLang gateway keeps its own tree.
+	routed []int64
 
 	freeSlots []int32
 	order     []int32 // live slots sorted by (worker, rank): deterministic candidate order
@@ -237,6 +249,8 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 			f.xActive = append(f.xActive, 0)
 			f.xAt = append(f.xAt, time.Time{})
 			f.lastRep = append(f.lastRep, time.Time{})
+			f.waiting = append(f.waiting, 0)
+			f.routed = append(f.routed, 0)
 		}
 		w, ok := f.byName[info.Key.Worker]
 		if !ok {
@@ -261,6 +275,8 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 		f.rPrefill[s], f.rDecode[s], f.rActive[s] = 0, 0, 0
 		f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
 		f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
+		f.waiting[s] = 0
+		f.routed[s] = 0
 	}
 	f.flags[s] &^= fAvail | fDraining
 	switch {

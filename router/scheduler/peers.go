@@ -4,9 +4,12 @@ package scheduler
 // compare kvrouter's default policy with what the other routers do, on the
 // same fleet, the same index and the same load view. Each type names the
 // source it follows. Where a peer reads an input the scheduler's view does
-// not have, the doc comment says which input stands in for it. TwoTier,
-// kvrouter's own variant of SGLang's decision, stands beside SGLang because
-// it decides with it (SGLang.tier) and only picks differently.
+// not have, the doc comment says which input stands in for it. Beyond the
+// selection, each peer's own admission and session affinity are recorded
+// as its Operation (issue 24), for a comparison to run the peer as its
+// authors run it. TwoTier, kvrouter's own variant of SGLang's decision,
+// stands beside SGLang because it decides with it (SGLang.tier) and only
+// picks differently.
 
 import (
 	"encoding/binary"
@@ -20,23 +23,52 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// registerPeers adds the peer policies (llmd, sglang, dynamo, chwbl) and
-// llm-d's three scorers (llmd-prefix, llmd-queue, llmd-kv-utilization) to r.
+// Operation is how a policy's authors run their router around its
+// selection by default: the admission in front of the workers and the
+// session affinity. A comparison that runs a peer as its authors run it
+// applies these instead of kvrouter's own (bench/replay does).
+type Operation struct {
+	// Thresholds are the router-side queue and overload thresholds; the
+	// zero value is none: every request goes to a worker at once and
+	// queues in the engine.
+	Thresholds Thresholds
+	// SessionMode is the binding mode ("hard" or "soft") of the router's
+	// own session affinity for requests that carry a session id, or ""
+	// when the algorithm has none: its requests are routed without one.
+	// Soft hands the bound worker to the policy as the Soft target (llmd
+	// scores it); Hard confines selection to it (the pin rule).
+	SessionMode string
+	// Source says where the defaults are documented.
+	Source string
+}
+
+// Operation returns the admission and session affinity the named policy's
+// authors run it with by default; false for a policy without such a record
+// (kvrouter's own: they run with the scheduler's Config).
+func (r *Registry) Operation(name string) (Operation, bool) {
+	op, ok := r.ops[name]
+	return op, ok
+}
+
+// registerPeers adds the peer policies (llmd, sglang, dynamo, chwbl), their
+// Operations and llm-d's scorers (llmd-prefix, llmd-queue,
+// llmd-kv-utilization, llmd-session-affinity) to r.
 func registerPeers(r *Registry) {
 	r.policies["llmd"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
 		var o struct {
-			PrefixWeight float64 `yaml:"prefix_weight"`
-			QueueWeight  float64 `yaml:"queue_weight"`
-			KVWeight     float64 `yaml:"kv_utilization_weight"`
+			PrefixWeight  float64 `yaml:"prefix_weight"`
+			QueueWeight   float64 `yaml:"queue_weight"`
+			KVWeight      float64 `yaml:"kv_utilization_weight"`
+			SessionWeight float64 `yaml:"session_affinity_weight"`
 		}
-		o.PrefixWeight, o.QueueWeight, o.KVWeight = 3, 2, 2
+		o.PrefixWeight, o.QueueWeight, o.KVWeight, o.SessionWeight = 3, 2, 2, 1
 		if err := decodeParams(n, &o); err != nil {
 			return nil, err
 		}
-		if o.PrefixWeight < 0 || o.QueueWeight < 0 || o.KVWeight < 0 {
+		if o.PrefixWeight < 0 || o.QueueWeight < 0 || o.KVWeight < 0 || o.SessionWeight < 0 {
 			return nil, fmt.Errorf("%w: llmd weights must be >= 0: %+v", ErrInvalidConfig, o)
 		}
-		return newLLMD(o.PrefixWeight, o.QueueWeight, o.KVWeight), nil
+		return newLLMD(o.PrefixWeight, o.QueueWeight, o.KVWeight, o.SessionWeight), nil
 	}
 	r.policies["sglang"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
 		p := NewSGLang()
@@ -50,13 +82,16 @@ func registerPeers(r *Registry) {
 	}
 	// Dynamo's current default cost: the default policy with Dynamo's
 	// weights (DynamoCostParams), which are no longer kvrouter's defaults
-	// (docs/benchmarks.md, "Default policy experiments"). Temperature and
-	// seed are its only parameters: other weights are not Dynamo's cost, and
-	// `default` takes them.
+	// (docs/benchmarks.md, "Default policy experiments"), and Dynamo's
+	// accounting: output blocks are not booked unless track_output_blocks
+	// (--router-track-output-blocks, default false). Temperature, seed and
+	// that switch are its only parameters: other weights are not Dynamo's
+	// cost, and `default` takes them.
 	r.policies["dynamo"] = func(_ *Registry, n *yaml.Node) (Policy, error) {
 		var o struct {
-			Temperature float64 `yaml:"temperature"`
-			Seed        *uint64 `yaml:"seed"`
+			Temperature       float64 `yaml:"temperature"`
+			Seed              *uint64 `yaml:"seed"`
+			TrackOutputBlocks bool    `yaml:"track_output_blocks"`
 		}
 		if err := decodeParams(n, &o); err != nil {
 			return nil, err
@@ -65,6 +100,7 @@ func registerPeers(r *Registry) {
 			return nil, fmt.Errorf("%w: dynamo temperature must be >= 0, got %v", ErrInvalidConfig, o.Temperature)
 		}
 		p := NewDynamoPolicy(o.Temperature)
+		p.NoOutputBlocks = !o.TrackOutputBlocks
 		if o.Seed != nil {
 			p.SeedValue, p.HasSeed = *o.Seed, true
 		}
@@ -82,17 +118,39 @@ func registerPeers(r *Registry) {
 		return p, nil
 	}
 	for name, s := range map[string]Scorer{
-		"llmd-prefix":         LLMDPrefixScorer{},
-		"llmd-queue":          LLMDQueueScorer{},
-		"llmd-kv-utilization": LLMDKVUtilizationScorer{},
+		"llmd-prefix":           LLMDPrefixScorer{},
+		"llmd-queue":            LLMDQueueScorer{},
+		"llmd-kv-utilization":   LLMDKVUtilizationScorer{},
+		"llmd-session-affinity": LLMDSessionAffinityScorer{},
 	} {
 		r.scorers[name] = func(n *yaml.Node) (Scorer, error) { return s, decodeParams(n, &struct{}{}) }
 	}
+	for name, op := range peerOperations {
+		r.ops[name] = op
+	}
+}
+
+// peerOperations are the peers' default admission and session affinity,
+// from the sources named (checked against their upstream defaults for
+// issue 24). None of the four queues requests in the router by default.
+var peerOperations = map[string]Operation{
+	"llmd": {SessionMode: "soft", Source: "llm-d Router / GIE EPP: flow control, the only router-side queue, is off by default " +
+		"(feature gate flowControl), and without it the saturation detector only sheds requests of negative priority; " +
+		"session affinity is the session-affinity-scorer (strategy session_id, header x-session-id): 1 for the endpoint " +
+		"the session last went to, at the weight a profile gives a scorer listed without one (1)"},
+	"sglang": {Source: "SGLang Model Gateway (sgl-router): the rate limiter is off by default (--max-concurrent-requests -1); " +
+		"cache_aware has no session affinity (the sticky X-SMG-Routing-Key belongs to the manual policy, header hashing " +
+		"to consistent_hashing)"},
+	"dynamo": {SessionMode: "hard", Source: "Dynamo frontend: --router-queue-threshold unset (no router queue), busy " +
+		"thresholds unset (no overload filter); session affinity, on once --router-session-affinity-ttl-secs is set, " +
+		"defaults to --router-session-affinity-mode hard"},
+	"chwbl": {Source: "KubeAI: the proxy queues nothing in front of the endpoints; PrefixHash has no session affinity " +
+		"(routing on a header is the separate RoutingKey strategy)"},
 }
 
 // NewLLMD returns llm-d's default scheduling profile as a Pipeline:
 //
-//	score = 3·prefix + 2·queue + 2·kv_utilization, max-score picker
+//	score = 3·prefix + 2·queue + 2·kv_utilization + 1·session_affinity, max-score picker
 //
 // with each scorer normalised to [0, 1] as llm-d defines it (the scorers
 // below), and ties broken uniformly at random, as llm-d's max-score-picker
@@ -102,17 +160,22 @@ func registerPeers(r *Registry) {
 // max-score-picker), kubernetes-sigs/gateway-api-inference-extension
 // pkg/epp/scheduling/framework/plugins (scorer/queue.go,
 // scorer/kvcache_utilization.go, multi/prefix), as of 2026-08-18; llm-d
-// Router of 2026-08-22 keeps the same profile. A pipeline minimises cost,
-// so every scorer here writes −score.
-func NewLLMD() *Pipeline { return newLLMD(3, 2, 2) }
+// Router of 2026-08-22 keeps the same profile. The session-affinity-scorer
+// is llm-d's own affinity, which a deployment with sessions adds to the
+// profile at the default weight of a scorer listed without one (1); it
+// scores 0 everywhere for a request without a Soft target, so the profile
+// is unchanged for them. A pipeline minimises cost, so every scorer here
+// writes −score.
+func NewLLMD() *Pipeline { return newLLMD(3, 2, 2, 1) }
 
-func newLLMD(prefix, queue, kv float64) *Pipeline {
+func newLLMD(prefix, queue, kv, session float64) *Pipeline {
 	return &Pipeline{
 		PolicyName: "llmd",
 		Scorers: []WeightedScorer{
 			{Scorer: LLMDPrefixScorer{}, Weight: prefix},
 			{Scorer: LLMDQueueScorer{}, Weight: queue},
 			{Scorer: LLMDKVUtilizationScorer{}, Weight: kv},
+			{Scorer: LLMDSessionAffinityScorer{}, Weight: session},
 		},
 		Picker: MinPicker{}, // on −score: llm-d's max-score-picker, random tie-break
 	}
@@ -139,25 +202,28 @@ func (LLMDPrefixScorer) Score(x *Context, c *Candidates, cost []float64) {
 
 // LLMDQueueScorer is llm-d's queue-scorer: score = (maxQ − q)/(maxQ − minQ)
 // over the candidates, 1 for every candidate when all queues are equal.
-// llm-d's q is the engine's scraped num_requests_waiting; the scheduler's
-// view has no waiting count, so q is the requests the routers booked on the
-// worker (running plus waiting, current to the last booking rather than to
-// the last 50 ms scrape). Cost = −score.
+// q is the engine's waiting queue as the worker's last load report gave it
+// (Candidates.WaitingRequests), as llm-d's q is the engine's scraped
+// num_requests_waiting: running requests and the routers' own bookings do
+// not count. The report is as old as the worker's report interval (the
+// replay's workers report every second of model time; llm-d scrapes every
+// 50 ms); a worker without a live report counts 0. Cost = −score.
 type LLMDQueueScorer struct{}
 
 // Score implements Scorer.
 func (LLMDQueueScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	waiting := c.f.waiting
 	lo, hi := int32(math.MaxInt32), int32(math.MinInt32)
 	for _, s := range c.slots {
-		a := c.active[s]
-		lo, hi = min(lo, a), max(hi, a)
+		q := waiting[s]
+		lo, hi = min(lo, q), max(hi, q)
 	}
 	for i, s := range c.slots {
 		if hi == lo {
 			cost[i] = -1
 			continue
 		}
-		cost[i] = -float64(hi-c.active[s]) / float64(hi-lo)
+		cost[i] = -float64(hi-waiting[s]) / float64(hi-lo)
 	}
 }
 
@@ -179,30 +245,58 @@ func (LLMDKVUtilizationScorer) Score(_ *Context, c *Candidates, cost []float64) 
 	}
 }
 
-// SGLang is SGLang's cache-aware load balancing (sgl-router, now the SGLang
-// Model Gateway, lightseekorg/smg model_gateway/src/policies/cache_aware.rs
-// as of 2026-08-07, and the SGLang v0.4 router it descends from), with the
-// router's command-line defaults cache_threshold 0.3,
-// balance_abs_threshold 64, balance_rel_threshold 1.5:
+// LLMDSessionAffinityScorer is llm-d's session-affinity-scorer: score 1
+// for the endpoint the request's session is bound to, 0 for the others.
+// llm-d keeps the binding (strategy session_id: the pod the session last
+// went to, rebound wherever a request lands, 300 s idle TTL); here it is
+// the host's Soft session binding, handed to the policy as the Soft target
+// (Context.Affinity), which a Soft binding also rebinds wherever the
+// request lands. Without a Soft target every row scores 0. Cost = −score.
+type LLMDSessionAffinityScorer struct{}
+
+// Score implements Scorer.
+func (LLMDSessionAffinityScorer) Score(_ *Context, c *Candidates, cost []float64) {
+	for i := range c.slots {
+		cost[i] = 0
+		if c.IsAffinityTarget(i) {
+			cost[i] = -1
+		}
+	}
+}
+
+// SGLang is SGLang's cache-aware load balancing as sgl-router's
+// cache_aware policy decides (sgl-project/sglang
+// sgl-router/src/policies/cache_aware.rs, the SGLang v0.4 router's design,
+// which the SGLang Model Gateway's docs still describe), with the router's
+// command-line defaults cache_threshold 0.3, balance_abs_threshold 64,
+// balance_rel_threshold 1.5:
 //
 //  1. load = in-flight requests per worker. If max − min > BalanceAbs and
 //     max > BalanceRel × min, the system is imbalanced: take the worker
 //     with the smallest load (shortest queue).
 //  2. Otherwise, match rate = the longest cached prefix among the workers
 //     over the prompt's length. If it is > CacheThreshold, take the worker
-//     holding that prefix.
-//  3. Otherwise take the worker with the most free cache (SGLang: the
-//     smallest tree, the tenant with the least cached text).
+//     the tree names for that prefix, whatever its load.
+//  3. Otherwise take the worker with the smallest tree (the tenant with
+//     the least cached text: the most free cache).
 //
-// Ties go to the lower load, then to the first worker in (worker, rank)
-// order, as SGLang's min_by_key does (which is why a cold fleet at low load
-// sends its misses to one worker, sglang #32983). Inputs here: in-flight =
-// the requests booked on the worker; the prefix match is the event-fed
-// index's overlap in blocks over the prompt's full blocks (SGLang counts
-// characters or tokens of its approximate tree); free cache = KV blocks −
-// booked decode blocks (the view has no per-worker tree size). SMG's newer
-// event-driven mode drops the threshold and takes the best overlap whenever
-// there is one; that variant is not this policy (it is closer to two-tier).
+// Ties go to the first worker in (worker, rank) order: min_by_key keeps
+// the first minimum in step 1 (which is why a cold fleet at low load sends
+// its misses to one worker, sglang #32983), and in steps 2 and 3 SGLang
+// takes whichever tenant its map yields first (tree.rs iter().next()): a
+// fixed order unrelated to load, which candidate order stands in for.
+// Inputs here: in-flight = the requests booked on the worker; the prefix
+// match is the event-fed index's overlap in blocks over the prompt's full
+// blocks (SGLang counts characters or tokens of its approximate tree); the
+// tree size is the routing history SGLang's tree is made of: the blocks
+// routed to the worker less their cached overlap when routed
+// (Candidates.RoutedBlocks). Not the blocks the index holds: a full cache
+// holds as many as any other, so every miss would tie and go to the first
+// worker, while SGLang's tree keeps growing. The Model Gateway's
+// code (lightseekorg/smg, as of 2026-08) has since moved step 3 to the
+// least-loaded worker and breaks step 1 and 3 ties at random, and its
+// event-driven mode routes on the indexer's overlap; this policy keeps
+// sgl-router's decision.
 type SGLang struct {
 	CacheThreshold float64 `yaml:"cache_threshold"`
 	BalanceAbs     float64 `yaml:"balance_abs_threshold"`
@@ -222,20 +316,16 @@ func (p *SGLang) Select(x *Context, c *Candidates) (int, error) {
 	}
 	switch tier, bestOv := p.tier(x, c); tier {
 	case tierImbalanced:
-		return firstMin(c, func(s int32) (int64, int64) { return int64(c.active[s]), 0 }), nil
+		return firstMin(c, func(s int32) int64 { return int64(c.active[s]) }), nil
 	case tierCache:
-		// Among the holders of the best prefix, the lower load first.
-		return firstMin(c, func(s int32) (int64, int64) {
-			if c.ovAt(s) != bestOv {
-				return math.MaxInt64, 0
+		// The first holder of the best prefix, whatever its load.
+		for i, s := range c.slots {
+			if c.ovAt(s) == bestOv {
+				return i, nil
 			}
-			return int64(c.active[s]), 0
-		}), nil
+		}
 	}
-	return firstMin(c, func(s int32) (int64, int64) {
-		free := c.f.kvBlocks[s] - c.decode[s]
-		return -free, int64(c.active[s])
-	}), nil
+	return firstMin(c, func(s int32) int64 { return c.f.routed[s] }), nil
 }
 
 // cacheAwareTier is the step of SGLang's decision a request falls in.
@@ -267,15 +357,13 @@ func (p SGLang) tier(x *Context, c *Candidates) (cacheAwareTier, int32) {
 	return tierRest, bestOv
 }
 
-// firstMin returns the candidate with the smallest key (primary, then
-// secondary), the first one in candidate order on a tie.
-func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
-	bi := 0
-	b1, b2 := key(c.slots[0])
+// firstMin returns the candidate with the smallest key, the first one in
+// candidate order on a tie (SGLang's ties).
+func firstMin(c *Candidates, key func(s int32) int64) int {
+	bi, best := 0, key(c.slots[0])
 	for i, s := range c.slots[1:] {
-		k1, k2 := key(s)
-		if k1 < b1 || (k1 == b1 && k2 < b2) {
-			bi, b1, b2 = i+1, k1, k2
+		if k := key(s); k < best {
+			bi, best = i+1, k
 		}
 	}
 	return bi
@@ -288,8 +376,9 @@ func firstMin(c *Candidates, key func(s int32) (int64, int64)) int {
 // (overlap blocks / prompt blocks) is > CacheThreshold, the least-loaded
 // worker among those with that best overlap; (3) otherwise the least-loaded
 // worker. Least loaded is fewest active requests, then least booked
-// prefill, ties at random (leastLoaded); SGLang itself takes the first
-// worker on a tie and, in step 3, the most free cache. With
+// prefill, ties at random (leastLoaded); sgl-router itself takes the first
+// worker on a tie, the tree's holder in step 2 and the smallest tree in
+// step 3. With
 // RespectSoftAffinity a Soft target that is a candidate is kept unless
 // step 1 fires.
 type TwoTier struct {
@@ -337,15 +426,22 @@ func (p *TwoTier) Select(x *Context, c *Candidates) (int, error) {
 //
 // (any worker passes while the total is 0); when none passes, the first
 // worker on the walk. Load is in-flight requests (here: the requests booked
-// on the worker), over the candidates. The prefix: KubeAI hashes the first
-// PrefixChars characters of the prompt; the scheduler sees block hashes,
-// not text, so the key is the sequence hash of the block that covers
-// PrefixChars characters at 4 characters per token (llm-d's estimate) —
-// at a 16-token block the second block, from 25 tokens on the first.
-// A prompt without a full block is keyed by its request id (spread, as
-// distinct short prompts would be). Hashes are XXH3 (KubeAI: xxhash64);
-// only their spread matters. It reads no cache state at all: the
-// index-free baseline.
+// on the worker), over the candidates. The key: KubeAI hashes the first
+// PrefixChars characters of the first user message of a chat request
+// (apiutils ChatCompletionRequest.Prefix), which keys a conversation's
+// turns together and different conversations apart however long a
+// system prompt they share, and the first PrefixChars characters of the
+// prompt of a completion. The scheduler sees no text: a chat request's key
+// arrives as Request.RoutingKey (its first PrefixChars characters are
+// hashed; the replay sends the conversation's id, which names its first
+// user turn), and without one the prompt's opening stands in, as the
+// sequence hash of the block that covers PrefixChars characters at 4
+// characters per token (llm-d's estimate): at a 16-token block the second
+// block, from 25 tokens on the first; at 512-token blocks the first, which
+// a shared system prompt makes one key for every request. A prompt without
+// a full block is keyed by its request id (spread, as distinct short
+// prompts would be). Hashes are XXH3 (KubeAI: xxhash64); only their spread
+// matters. It reads no cache state at all: the index-free baseline.
 type CHWBL struct {
 	LoadFactor  float64 `yaml:"load_factor"`
 	Replication int     `yaml:"replication"`
@@ -374,6 +470,9 @@ const chwblCharsPerToken = 4
 
 // key is the ring position of the request's prefix.
 func (p *CHWBL) key(x *Context) uint64 {
+	if k := x.Request.RoutingKey; k != "" {
+		return xxh3.HashString(firstRunes(k, p.PrefixChars))
+	}
 	hs := x.Request.SeqHashes
 	if len(hs) == 0 {
 		return xxh3.HashString(x.Request.ID)
@@ -385,6 +484,17 @@ func (p *CHWBL) key(x *Context) uint64 {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], uint64(hs[min(len(hs), max(1, blocks))-1]))
 	return xxh3.Hash(b[:])
+}
+
+// firstRunes is the first n characters of s (KubeAI's firstNChars).
+func firstRunes(s string, n int) string {
+	for i := range s {
+		if n == 0 {
+			return s[:i]
+		}
+		n--
+	}
+	return s
 }
 
 // ring returns the worker's points (hashes of "w#r" and the point's

@@ -31,7 +31,8 @@ func pick(t *testing.T, p Policy, r *Request, rows []CandidateRow) string {
 }
 
 // llm-d's default profile: 3·prefix + 2·queue + 2·kv, each normalised as
-// llm-d's scorers do. Hand-computed scores are in each case's comment.
+// llm-d's scorers do, the queue being the engines' reported waiting count.
+// Hand-computed scores are in each case's comment.
 func TestLLMDDecisions(t *testing.T) {
 	cases := []struct {
 		name string
@@ -42,8 +43,8 @@ func TestLLMDDecisions(t *testing.T) {
 			// a: 3·1 + 2·1 + 2·1 = 7; b: 0 + 2 + 2 = 4.
 			name: "equal load: the prefix holder",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), OverlapBlocks: 10, ActiveRequests: 3, KVBlocks: 1000},
-				{Key: wk("b", 0), ActiveRequests: 3, KVBlocks: 1000},
+				{Key: wk("a", 0), OverlapBlocks: 10, WaitingRequests: 3, KVBlocks: 1000},
+				{Key: wk("b", 0), WaitingRequests: 3, KVBlocks: 1000},
 			},
 			want: "a",
 		},
@@ -52,8 +53,8 @@ func TestLLMDDecisions(t *testing.T) {
 			// match does not outweigh the longest queue.
 			name: "half match on the longest queue loses",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), OverlapBlocks: 5, ActiveRequests: 9, KVBlocks: 1000},
-				{Key: wk("b", 0), ActiveRequests: 1, KVBlocks: 1000},
+				{Key: wk("a", 0), OverlapBlocks: 5, WaitingRequests: 9, KVBlocks: 1000},
+				{Key: wk("b", 0), WaitingRequests: 1, KVBlocks: 1000},
 			},
 			want: "b",
 		},
@@ -62,9 +63,9 @@ func TestLLMDDecisions(t *testing.T) {
 			// c: 3·0.8 + 2·(9−5)/8 + 2·(1−0.9) = 3.6.
 			name: "full match beats an empty worker when its KV is not full",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), OverlapBlocks: 10, ActiveRequests: 9, ActiveDecodeBlocks: 400, KVBlocks: 1000},
-				{Key: wk("b", 0), ActiveRequests: 1, KVBlocks: 1000},
-				{Key: wk("c", 0), OverlapBlocks: 8, ActiveRequests: 5, ActiveDecodeBlocks: 900, KVBlocks: 1000},
+				{Key: wk("a", 0), OverlapBlocks: 10, WaitingRequests: 9, ActiveDecodeBlocks: 400, KVBlocks: 1000},
+				{Key: wk("b", 0), WaitingRequests: 1, KVBlocks: 1000},
+				{Key: wk("c", 0), OverlapBlocks: 8, WaitingRequests: 5, ActiveDecodeBlocks: 900, KVBlocks: 1000},
 			},
 			want: "a",
 		},
@@ -72,8 +73,8 @@ func TestLLMDDecisions(t *testing.T) {
 			// KV usage alone: queues equal (1), no match; b is emptier.
 			name: "kv utilisation breaks an equal queue",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), ActiveRequests: 2, ActiveDecodeBlocks: 800, KVBlocks: 1000},
-				{Key: wk("b", 0), ActiveRequests: 2, ActiveDecodeBlocks: 100, KVBlocks: 1000},
+				{Key: wk("a", 0), WaitingRequests: 2, ActiveDecodeBlocks: 800, KVBlocks: 1000},
+				{Key: wk("b", 0), WaitingRequests: 2, ActiveDecodeBlocks: 100, KVBlocks: 1000},
 			},
 			want: "b",
 		},
@@ -82,8 +83,8 @@ func TestLLMDDecisions(t *testing.T) {
 			// unknown: b (unknown) scores 2·1, a scores 0.
 			name: "unknown capacity counts as empty",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), ActiveRequests: 2, ActiveDecodeBlocks: 5000, KVBlocks: 1000},
-				{Key: wk("b", 0), ActiveRequests: 2, ActiveDecodeBlocks: 5000},
+				{Key: wk("a", 0), WaitingRequests: 2, ActiveDecodeBlocks: 5000, KVBlocks: 1000},
+				{Key: wk("b", 0), WaitingRequests: 2, ActiveDecodeBlocks: 5000},
 			},
 			want: "b",
 		},
@@ -97,30 +98,33 @@ func TestLLMDDecisions(t *testing.T) {
 	}
 }
 
-// llm-d's max-score picker breaks ties at random: identical workers are
-// both picked over many seeds.
-func TestLLMDTieIsRandom(t *testing.T) {
-	seen := map[string]bool{}
+// llm-d's max-score picker breaks ties at random, and so does Dynamo's
+// picker (reservoir sampling in lib/router-plugins default/picker.rs, not
+// tree size nor order): identical workers are both picked over many seeds.
+func TestPeerTiesAreRandom(t *testing.T) {
 	rows := []CandidateRow{{Key: wk("a", 0), KVBlocks: 10}, {Key: wk("b", 0), KVBlocks: 10}}
-	for seed := range uint64(64) {
-		x, c := NewCandidates(peerReq("r", 0, 4), 16, 4, seed, nil, rows)
-		i, err := NewLLMD().Select(x, c)
-		if err != nil {
-			t.Fatal(err)
+	for _, p := range []Policy{NewLLMD(), NewDynamoPolicy(0)} {
+		seen := map[string]bool{}
+		for seed := range uint64(64) {
+			x, c := NewCandidates(peerReq("r", 0, 4), 16, 4, seed, nil, rows)
+			i, err := p.Select(x, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[c.Key(i).Worker] = true
 		}
-		seen[c.Key(i).Worker] = true
-	}
-	if len(seen) != 2 {
-		t.Fatalf("64 seeds picked only %v", seen)
+		if len(seen) != 2 {
+			t.Fatalf("%T: 64 seeds picked only %v", p, seen)
+		}
 	}
 }
 
 // The scorers' normalisations, row by row.
 func TestLLMDScorers(t *testing.T) {
 	rows := []CandidateRow{
-		{Key: wk("a", 0), OverlapBlocks: 4, ActiveRequests: 2, ActiveDecodeBlocks: 250, KVBlocks: 1000},
-		{Key: wk("b", 0), OverlapBlocks: 0, ActiveRequests: 6, ActiveDecodeBlocks: 0, KVBlocks: 1000},
-		{Key: wk("c", 0), OverlapBlocks: 8, ActiveRequests: 4, ActiveDecodeBlocks: 1000, KVBlocks: 1000},
+		{Key: wk("a", 0), OverlapBlocks: 4, WaitingRequests: 2, ActiveDecodeBlocks: 250, KVBlocks: 1000},
+		{Key: wk("b", 0), OverlapBlocks: 0, WaitingRequests: 6, ActiveDecodeBlocks: 0, KVBlocks: 1000},
+		{Key: wk("c", 0), OverlapBlocks: 8, WaitingRequests: 4, ActiveDecodeBlocks: 1000, KVBlocks: 1000},
 	}
 	x, c := NewCandidates(peerReq("r", 0, 8), 16, 8, 1, nil, rows)
 	for _, tc := range []struct {
@@ -139,7 +143,7 @@ func TestLLMDScorers(t *testing.T) {
 			}
 		}
 	}
-	equal := []CandidateRow{{Key: wk("a", 0), ActiveRequests: 3}, {Key: wk("b", 0), ActiveRequests: 3}}
+	equal := []CandidateRow{{Key: wk("a", 0), WaitingRequests: 3}, {Key: wk("b", 0), WaitingRequests: 3}}
 	x, c = NewCandidates(peerReq("r", 0, 8), 16, 8, 1, nil, equal)
 	cost := make([]float64, 2)
 	LLMDQueueScorer{}.Score(x, c, cost)
@@ -194,23 +198,34 @@ func TestSGLangDecisions(t *testing.T) {
 			want: "b",
 		},
 		{
-			// 3/10 = 0.3 is not > 0.3: the most free cache (c: 90 free).
-			name: "match rate at the threshold: most free cache",
+			// 3/10 = 0.3 is not > 0.3: the smallest tree (c holds 10
+			// blocks), not the most free KV (b) nor the shortest queue (b).
+			name: "match rate at the threshold: smallest tree",
 			rows: []CandidateRow{
-				{Key: wk("a", 0), OverlapBlocks: 3, ActiveRequests: 1, ActiveDecodeBlocks: 50, KVBlocks: 100},
-				{Key: wk("b", 0), ActiveRequests: 0, ActiveDecodeBlocks: 30, KVBlocks: 100},
-				{Key: wk("c", 0), ActiveRequests: 4, ActiveDecodeBlocks: 10, KVBlocks: 100},
+				{Key: wk("a", 0), OverlapBlocks: 3, ActiveRequests: 1, ActiveDecodeBlocks: 50, KVBlocks: 100, RoutedBlocks: 60},
+				{Key: wk("b", 0), ActiveRequests: 0, ActiveDecodeBlocks: 5, KVBlocks: 100, RoutedBlocks: 30},
+				{Key: wk("c", 0), ActiveRequests: 4, ActiveDecodeBlocks: 50, KVBlocks: 100, RoutedBlocks: 10},
 			},
 			want: "c",
 		},
 		{
-			// Two holders of the best prefix: the lower load.
-			name: "best-match tie: lower load",
+			// Two holders of the best prefix: the one the tree names (the
+			// first), whatever its load.
+			name: "best-match tie: first holder, not the lower load",
 			rows: []CandidateRow{
 				{Key: wk("a", 0), OverlapBlocks: 6, ActiveRequests: 5, KVBlocks: 100},
 				{Key: wk("b", 0), OverlapBlocks: 6, ActiveRequests: 2, KVBlocks: 100},
 			},
-			want: "b",
+			want: "a",
+		},
+		{
+			// Trees of equal size: the first worker, not the lower load.
+			name: "smallest-tree tie: first worker",
+			rows: []CandidateRow{
+				{Key: wk("a", 0), ActiveRequests: 9, RoutedBlocks: 7},
+				{Key: wk("b", 0), ActiveRequests: 1, RoutedBlocks: 7},
+			},
+			want: "a",
 		},
 		{
 			// Everything equal: the first worker, as min_by_key.

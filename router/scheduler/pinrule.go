@@ -279,7 +279,7 @@ func (c *core) prepare(w *waiter) {
 			}
 		}
 	}
-	total := c.blocks(int64(r.Tokens) + int64(r.ExpectedOutput) + int64(c.cfg.BlockSize) - 1)
+	total := c.blocks(int64(r.Tokens) + c.bookedOutput(r) + int64(c.cfg.BlockSize) - 1)
 	cs.anyShared = len(c.shTouched) > 0
 	cs.newBlks = max(total, int64(len(r.SeqHashes)))
 }

@@ -28,6 +28,16 @@ type Seeded interface {
 	Seed() (uint64, bool)
 }
 
+// OutputBlockTracker is implemented by a policy that says whether the load
+// view books a request's expected output as decode blocks (kvrouter's
+// accounting, and the answer for a policy that does not implement it) or
+// only its prompt blocks, as Dynamo's router does unless told to track
+// output blocks. The scheduler asks once, at New, and books every request
+// it places accordingly.
+type OutputBlockTracker interface {
+	TracksOutputBlocks() bool
+}
+
 // Filter drops candidates: keep[i] starts true for every candidate and the
 // filter sets it false for those it rejects.
 type Filter interface {
@@ -165,6 +175,15 @@ func (c *Candidates) PotentialDecodeBlocks(i int) int {
 // ActiveRequests is the number of requests booked on candidate i.
 func (c *Candidates) ActiveRequests(i int) int { return int(c.active[c.slots[i]]) }
 
+// WaitingRequests is candidate i's engine queue as its last load report
+// gave it (0 without a live report): the engine's own count, which
+// bookings do not change.
+func (c *Candidates) WaitingRequests(i int) int { return int(c.f.waiting[c.slots[i]]) }
+
+// RoutedBlocks is how many blocks this scheduler has routed to candidate
+// i that its cache did not hold then (see fleet.routed).
+func (c *Candidates) RoutedBlocks(i int) int { return int(c.f.routed[c.slots[i]]) }
+
 // KVBlocks is candidate i's KV capacity in blocks (0 = unknown).
 func (c *Candidates) KVBlocks(i int) int { return int(c.f.kvBlocks[c.slots[i]]) }
 
@@ -231,6 +250,8 @@ type CandidateRow struct {
 	KVBlocks            int
 	MaxBatchedTokens    int
 	SharedBlocks        int // request blocks already active there
+	WaitingRequests     int // the engine's queue, as a load report gives it
+	RoutedBlocks        int // blocks routed there that its cache did not hold
 }
 
 // NewCandidates builds a standalone candidate set and context for testing a
@@ -245,6 +266,8 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 		f.prefill[s] = int64(row.ActivePrefillTokens)
 		f.decode[s] = int64(row.ActiveDecodeBlocks)
 		f.active[s] = int32(row.ActiveRequests)
+		f.waiting[s] = int32(row.WaitingRequests)
+		f.routed[s] = int64(row.RoutedBlocks)
 		for len(c.shared) <= int(s) {
 			c.shared = append(c.shared, 0)
 			c.ov = append(c.ov, 0)

@@ -51,21 +51,24 @@ type Registry struct {
 	filters  map[string]FilterFactory
 	scorers  map[string]ScorerFactory
 	pickers  map[string]PickerFactory
+	ops      map[string]Operation // the peers' own admission and affinity (peers.go)
 }
 
 // NewRegistry returns a registry holding the builtins:
 // policies default, round-robin, random, least-loaded, power-of-two,
-// two-tier, pipeline, and the peers' algorithms llmd, sglang, dynamo (an
-// alias of default) and chwbl (peers.go); filters soft-affinity, not-busy;
+// two-tier, pipeline, and the peers' algorithms llmd, sglang, dynamo (the
+// default policy with Dynamo's weights and accounting) and chwbl (peers.go); filters soft-affinity, not-busy;
 // scorers default-cost, active-requests, prefill-tokens, decode-blocks,
-// overlap, kv-usage, llmd-prefix, llmd-queue, llmd-kv-utilization; pickers
-// min, softmax, random.
+// overlap, kv-usage, llmd-prefix, llmd-queue, llmd-kv-utilization,
+// llmd-session-affinity; pickers min, softmax, random. Operation gives the
+// peers' own admission and session affinity.
 func NewRegistry() *Registry {
 	r := &Registry{
 		policies: map[string]PolicyFactory{},
 		filters:  map[string]FilterFactory{},
 		scorers:  map[string]ScorerFactory{},
 		pickers:  map[string]PickerFactory{},
+		ops:      map[string]Operation{},
 	}
 	r.policies["default"] = buildDefault
 	r.policies["pipeline"] = buildPipeline

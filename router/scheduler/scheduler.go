@@ -40,6 +40,8 @@ type core struct {
 	shared    []int32
 	shTouched []int32
 
+	noOutput bool // the policy books prompt blocks only (OutputBlockTracker)
+
 	invBS   float64 // 1 / BlockSize
 	bsShift int     // log2(BlockSize) when a power of two, else −1
 
@@ -65,6 +67,9 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 		onChange: func() func(BookingEvent) { return nil },
 	}
 	c.defaultPolicy, _ = p.(*DefaultPolicy)
+	if t, ok := p.(OutputBlockTracker); ok {
+		c.noOutput = !t.TracksOutputBlocks()
+	}
 	c.invBS = 1 / float64(cfg.BlockSize)
 	c.bsShift = -1
 	if bs := cfg.BlockSize; bs&(bs-1) == 0 {

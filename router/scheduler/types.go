@@ -63,6 +63,7 @@ type Request struct {
 	Allowed        []string           // worker names the caller allows; nil = every worker
 	Pinned         *workerref.Target  // explicit exact target with its own queue lane (narrowed to an agreeing affinity's rank)
 	SessionID      string             // informational for policies
+	RoutingKey     string             // what prefix-hashing policies key on (chwbl: the first user message); "" = the prompt's first blocks
 	Affinity       *Affinity          // session binding or wire preference
 	Deadline       time.Time          // zero = wait as long as ctx allows
 	Overlaps       []Overlap          // per-worker cached prefix blocks
