@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/workerref"
@@ -447,17 +445,4 @@ func sameRequirement(a, b *readState) bool {
 		return false
 	}
 	return ra.Rank == nil || *ra.Rank == *rb.Rank
-}
-
-// nonceIndex returns the write index of a nonce made by makeNonce(base, i).
-func nonceIndex(nonce string, base uint64) (int, bool) {
-	prefix := strconv.FormatUint(base, 16) + "-"
-	if !strings.HasPrefix(nonce, prefix) {
-		return 0, false
-	}
-	i, err := strconv.Atoi(nonce[len(prefix):])
-	if err != nil || i < 0 || i >= maxAttemptsLimit {
-		return 0, false
-	}
-	return i, true
 }
