@@ -21,10 +21,10 @@ import (
 // no binding expires less than idle after a route that relied on it, and
 // every unanswered write is resolved. What the checks at the end cover does
 // not depend on how fast the machine routes: besides the traffic, the test
-// drives two sets of sessions itself, one routed once before the kills, all
-// of which must expire (the test waits for that), and one routed before the
-// last kill and again at the end, each read right after, which must be
-// bound.
+// routes two sets of sessions once before the kills, one with the test's
+// idle TTL, all of which must expire (the test waits for that), and one
+// through a third replica whose idle TTL outlasts the test, all of which
+// must still be bound at the end.
 func TestClusterLeaderKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3-node cluster with leader kills takes ~15 s")
@@ -42,6 +42,12 @@ func TestClusterLeaderKill(t *testing.T) {
 		cc.ReplicaID = id
 		tables = append(tables, openOn(t, js, nc, cc))
 	}
+	// keeper writes the kept sessions: a TTL no check of the test comes
+	// near.
+	kc := cfg
+	kc.ReplicaID, kc.IdleTTL = "k", time.Minute
+	knc, kjs := c.ConnectFrom(t, 2)
+	keeper := openOn(t, kjs, knc, kc)
 	stream := "KV_" + DefaultBucket
 	testutil.Eventually(t, 10*time.Second, func() bool { return c.StreamLeader(stream) >= 0 },
 		func() string { return "still waiting for a stream leader" })
@@ -99,17 +105,12 @@ func TestClusterLeaderKill(t *testing.T) {
 		return errors.Is(err, ErrAmbiguous) || errors.Is(err, ErrTooManyConflicts) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "leader read")
 	}
-	// drive routes session <set><i>, one of the driven sessions of a set,
-	// until a Route succeeds, and returns when that Route was called. It
-	// routes through tables[i%2] to worker w<i%2>, the same worker every
-	// time, so that an expiry between two routes cannot move the session.
-	const driven = 50
-	drive := func(set string, i int) time.Time {
-		session := fmt.Sprintf("%s%d", set, i)
-		var start time.Time
+	// drive routes session through tb to worker until a Route succeeds.
+	const driven = 50 // sessions per driven set
+	drive := func(tb *Table, session, worker string) {
 		testutil.Eventually(t, time.Minute, func() bool {
-			start = time.Now()
-			res, err := tables[i%2].Route(ctxT(t, 20*time.Second), model, session, always(fmt.Sprintf("w%d", i%2)))
+			start := time.Now()
+			res, err := tb.Route(ctxT(t, 20*time.Second), model, session, always(worker))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && !tolerated(err) {
@@ -122,14 +123,15 @@ func TestClusterLeaderKill(t *testing.T) {
 			note(session, start, res)
 			return true
 		}, func() string { return fmt.Sprintf("no Route of %s succeeded", session) })
-		return start
 	}
 
-	// The expiring sessions: each routed once, here, and never again, so each
-	// must expire StoredTTL(idle) after its create (through the leader kills
-	// below), whatever the traffic.
+	// The driven sessions, each routed once, here, and never again: the
+	// expiring ones (x) must expire StoredTTL(idle) after their create,
+	// through the leader kills below; the kept ones (y) must outlive the
+	// kills and the test.
 	for i := 0; i < driven; i++ {
-		drive("x", i)
+		drive(tables[i%2], fmt.Sprintf("x%d", i), fmt.Sprintf("w%d", i%2))
+		drive(keeper, fmt.Sprintf("y%d", i), "w0")
 	}
 	expiredBy := time.Now().Add(StoredTTL(idle))
 
@@ -180,13 +182,6 @@ func TestClusterLeaderKill(t *testing.T) {
 		if leader < 0 {
 			t.Fatalf("round %d: no stream leader", round)
 		}
-		if round == 1 {
-			// The kept sessions: bound before the last kill, routed again
-			// and read at the end.
-			for i := 0; i < driven; i++ {
-				drive("y", i)
-			}
-		}
 		mu.Lock()
 		before := routes
 		mu.Unlock()
@@ -220,6 +215,9 @@ func TestClusterLeaderKill(t *testing.T) {
 			if rev < before && lostBy.Sub(start) < idle {
 				t.Errorf("session %s: binding %s at most %v after the start of a route that returned revision %d",
 					session, what, lostBy.Sub(start), rev)
+				for _, h := range hist[session] {
+					t.Log("  " + h)
+				}
 			}
 		}
 	}
@@ -245,26 +243,19 @@ func TestClusterLeaderKill(t *testing.T) {
 			}
 		}
 	}
-	// The kept sessions first: each is routed again (a renewal, or a create
-	// should the kills have outlasted its TTL) and read right after, so it
-	// must be bound, however slowly the machine routes; only a read idle or
-	// more after the route's start proves nothing, and is counted apart.
-	keptLive, late := 0, 0
+	// Every kept session must be bound, as the keeper left it.
+	liveBefore := live
 	for i := 0; i < driven; i++ {
 		session := fmt.Sprintf("y%d", i)
-		start := drive("y", i)
 		st := leaderGet(t, tables[0], model, session)
-		readAt := time.Now()
-		judge(session, seen[session], st, readAt)
-		switch {
-		case st.present:
-			keptLive++
-		case readAt.Sub(start) >= idle:
-			late++
+		judge(session, seen[session], st, time.Now())
+		if _, ok := relied[session][st.rev]; !ok {
+			t.Errorf("kept session %s: revision %d at the end is not the one routed (%v)", session, st.rev, hist[session])
 		}
 	}
-	if keptLive+late != driven {
-		t.Errorf("%d of %d kept sessions bound when read right after a route (%d read too late to tell)", keptLive, driven, late)
+	keptLive := live - liveBefore
+	if keptLive != driven {
+		t.Errorf("%d of %d kept sessions bound at the end", keptLive, driven)
 	}
 	for session, workers := range seen {
 		if len(workers) != 1 {
@@ -308,7 +299,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		t.Errorf("%d of %d expiring sessions expired (with a marker)", n, driven)
 	}
 	var sum Stats
-	for _, tb := range tables {
+	for _, tb := range append(tables, keeper) {
 		s := tb.Stats()
 		sum.Created += s.Created
 		sum.Renewed += s.Renewed
