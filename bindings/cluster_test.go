@@ -24,7 +24,7 @@ import (
 // routes two sets of sessions once before the kills, one with the test's
 // idle TTL, all of which must expire (the test waits for that), and one
 // through a third replica whose idle TTL outlasts the test, all of which
-// must still be bound at the end.
+// must still be bound at the end; and it times one renewal itself.
 func TestClusterLeaderKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3-node cluster with leader kills takes ~15 s")
@@ -105,12 +105,15 @@ func TestClusterLeaderKill(t *testing.T) {
 		return errors.Is(err, ErrAmbiguous) || errors.Is(err, ErrTooManyConflicts) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "leader read")
 	}
-	// drive routes session through tb to worker until a Route succeeds.
+	// drive routes session through tb to worker until a Route succeeds,
+	// and returns that Route's result.
 	const driven = 50 // sessions per driven set
-	drive := func(tb *Table, session, worker string) {
+	drive := func(tb *Table, session, worker string) Result {
+		var res Result
 		testutil.Eventually(t, time.Minute, func() bool {
 			start := time.Now()
-			res, err := tb.Route(ctxT(t, 20*time.Second), model, session, always(worker))
+			var err error
+			res, err = tb.Route(ctxT(t, 20*time.Second), model, session, always(worker))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && !tolerated(err) {
@@ -123,6 +126,7 @@ func TestClusterLeaderKill(t *testing.T) {
 			note(session, start, res)
 			return true
 		}, func() string { return fmt.Sprintf("no Route of %s succeeded", session) })
+		return res
 	}
 
 	// The driven sessions, each routed once, here, and never again: the
@@ -134,6 +138,15 @@ func TestClusterLeaderKill(t *testing.T) {
 		drive(keeper, fmt.Sprintf("y%d", i), "w0")
 	}
 	expiredBy := time.Now().Add(StoredTTL(idle))
+	// One renewal the test times itself: a binding is renewed by the first
+	// route more than StoredTTL - idle after it was stored, and lives
+	// StoredTTL.
+	drive(tables[0], "r0", "w0")
+	renewFrom := time.Now().Add(StoredTTL(idle) - idle + 100*time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, func() bool { return time.Now().After(renewFrom) }, nil)
+	if res := drive(tables[0], "r0", "w0"); res.Outcome != Renewed {
+		t.Errorf("route of r0 %v after its create: %v, want %v", StoredTTL(idle)-idle, res.Outcome, Renewed)
+	}
 
 	t0 := time.Now()
 	stop := make(chan struct{})
