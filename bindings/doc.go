@@ -2,28 +2,31 @@
 // KV bucket and commits them by compare-and-swap, so that every router
 // replica agrees on where a session lives.
 //
-// Start reading at (*Table).Route in route.go: it is the whole commit
-// protocol (read, select, create / renew / re-bind / reject / keep the
-// other writer's), and the host calls it once per request that has a session
-// id. Then store.go (the raw JetStream operations: leader reads through
-// $JS.API.STREAM.MSG.GET, conditional writes that keep the per-key TTL, and
-// the mapping of codes 10071 and 10164 to ErrConflict, built on
-// internal/jskv, which workers share; bindings adds the ambiguous-outcome
-// classification and its own errors), firstRead in table.go (the read rule:
-// Hard bindings from the stream leader, Soft ones and absences from the cache
-// only while it is provably at most MaxStaleness behind), watch.go (the watch
-// that feeds the cache, the probe that proves its freshness, the restart of a
-// stalled watch), cache.go (the bounded, watch-fed read cache), limits.go
+// Start reading at (*Table).Route in route.go: it states the whole commit
+// protocol (read, select, create / renew / re-bind / reject / keep the other
+// writer's), and the host calls it once per request that has a session id.
+// Then the commit type in commit.go, the commit rule at work: run and round,
+// then one method per outcome (create, renew, reject, rebind, and ambiguous
+// and lost for writes that did not simply land). Then store.go (the raw
+// JetStream operations: leader reads through $JS.API.STREAM.MSG.GET,
+// conditional writes that keep the per-key TTL, and the mapping of codes
+// 10071 and 10164 to ErrConflict, built on internal/jskv, which workers
+// share; bindings adds the ambiguous-outcome classification and its own
+// errors), firstRead in table.go (the read rule: Hard bindings from the
+// stream leader, Soft ones and absences from the cache only while it is
+// provably at most MaxStaleness behind), watch.go (the watch that feeds the
+// cache, the probe that proves its freshness, the restart of a stalled
+// watch), cache.go (the bounded, watch-fed read cache), limits.go
 // (MaxSessions and MaxBytes on the bucket), value.go (the stored JSON) and
 // key.go (the key format, escaped by internal/escape's scheme with '_').
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
 // the key and value format (docs/protocol.md), its own Mode type (Hard,
-// Soft), the commit rule (a selection keeps a binding when their targets
-// agree: workerref.Target.Agrees, the rule the scheduler's pin rule applies
-// too), the read guarantee per mode, the idle TTL and its renewal (a binding
-// outlives its session's last request by at least IdleTTL), the session
-// cap, the single-flight of first requests
+// Soft), the commit rule (type commit in commit.go: a selection keeps a
+// binding when their targets agree, workerref.Target.Agrees, the rule the
+// scheduler's pin rule applies too), the read guarantee per mode, the idle
+// TTL and its renewal (a binding outlives its session's last request by at
+// least IdleTTL), the session cap, the single-flight of first requests
 // within a replica, the resolution of writes whose outcome is unknown
 // (leader read + nonce), and the counters (Stats). The target type itself is
 // the shared leaf workerref's.

@@ -2,7 +2,9 @@ package bindings
 
 import (
 	"errors"
+	"math/rand/v2"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -160,6 +162,35 @@ func TestRecordRoundTrip(t *testing.T) {
 		}
 		if _, ok := nonceIndex(got.Nonce, 0xabd); ok {
 			t.Fatalf("nonce %q matched another base", got.Nonce)
+		}
+	}
+}
+
+// A nonce is <16 hex>-<attempt> (docs/protocol.md) whatever the base: a
+// base from the random source whose top bits are zero keeps its leading
+// zeros, and nonceIndex finds the write index in exactly that form.
+func TestNonceForm(t *testing.T) {
+	form := regexp.MustCompile(`^[0-9a-f]{16}-(0|[1-9][0-9]*)$`)
+	src := rand.New(rand.NewPCG(1, 2))
+	for shift := 0; shift < 64; shift += 4 {
+		base := src.Uint64() >> shift // the top shift bits are zero
+		for _, attempt := range []int{0, 7, maxAttemptsLimit - 1} {
+			n := makeNonce(base, attempt)
+			if !form.MatchString(n) {
+				t.Fatalf("makeNonce(%#x, %d) = %q, not <16 hex>-<attempt>", base, attempt, n)
+			}
+			if i, ok := nonceIndex(n, base); !ok || i != attempt {
+				t.Fatalf("nonceIndex(%q, %#x) = %d, %v; want %d", n, base, i, ok, attempt)
+			}
+			if _, ok := nonceIndex(n, base^1); ok {
+				t.Fatalf("nonce %q matched base %#x", n, base^1)
+			}
+		}
+		// The unpadded form is not this call's nonce.
+		if short := strconv.FormatUint(base, 16) + "-0"; len(short) < 18 {
+			if _, ok := nonceIndex(short, base); ok {
+				t.Fatalf("unpadded nonce %q matched base %#x", short, base)
+			}
 		}
 	}
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/workerref"
@@ -96,190 +93,13 @@ func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode,
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
-		return t.commit(ctx, model, session, string(kb), mode, sel, cur, &tgt, 1)
+		c := t.newCommit(ctx, model, session, string(kb), mode, sel, cur)
+		c.ch.selections = 1
+		c.ch.carry(tgt) // the selection stands: decide on it without selecting again
+		return c.run()
 	}
-	return t.commit(ctx, model, session, string(kb), mode, sel, cur, nil, 0)
-}
-
-// commit runs steps 2 and 3 from the state cur; pre is a selection already
-// made under cur's requirement; mode is the mode of a binding it creates.
-func (t *Table) commit(ctx context.Context, model, session, key string, mode Mode, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
-	var (
-		fl      *flight
-		base    = rand.Uint64() // nonces of this call: base-<write index>
-		writes  int
-		intent  [maxAttemptsLimit]Outcome // what each write meant, if it lands late
-		unknown bool                      // a write of ours went unanswered and was not seen landed
-		ch      = choice{selections: selections}
-		// lostSoft is set when a Soft re-bind lost to a writer that moved
-		// the binding: keep theirs (KeptOther) unless the value turns out
-		// to be ours.
-		lostSoft bool
-		wanted   workerref.Target
-	)
-	if pre != nil {
-		ch.carry(*pre)
-	}
-	defer func() {
-		if fl != nil {
-			t.flights.finish(key, fl)
-		}
-	}()
-	for {
-		if cur.bad != nil {
-			t.st.malformed.Add(1)
-			return Result{Selections: ch.selections}, cur.bad
-		}
-		if cur.present && (cur.rec.Model != model || cur.rec.Session != session) {
-			t.st.malformed.Add(1)
-			return Result{Selections: ch.selections}, &MalformedValueError{Key: key, Revision: cur.rev,
-				Err: fmt.Errorf("value names model %q session %q", cur.rec.Model, cur.rec.Session)}
-		}
-		if unknown && cur.present {
-			if i, ok := nonceIndex(cur.rec.Nonce, base); ok {
-				// A write of ours whose outcome was unknown landed after
-				// all (a later write of ours then lost to it).
-				t.st.ambiguousLanded.Add(1)
-				b := cur.rec.binding(cur.rev)
-				return t.done(intent[i], b.Target, b, ch.selections), nil
-			}
-		}
-		if lostSoft {
-			lostSoft = false
-			if cur.present {
-				theirs := cur.rec.binding(cur.rev)
-				if theirs.Target.Agrees(wanted) {
-					// They moved it where we wanted it.
-					return t.done(Fresh, merge(theirs.Target, wanted), theirs, ch.selections), nil
-				}
-				return t.done(KeptOther, wanted, theirs, ch.selections), nil
-			}
-		}
-
-		if !cur.present {
-			// Step 4: one creator per session in this replica.
-			if fl == nil {
-				f, leader := t.flights.join(key)
-				if !leader {
-					t.st.waits.Add(1)
-					select {
-					case <-f.done:
-					case <-ctx.Done():
-						return Result{Selections: ch.selections}, unavailable(ctx, "wait for the creation", key, ctx.Err())
-					}
-					st, err := t.readKey(ctx, key)
-					if err != nil {
-						return Result{Selections: ch.selections}, err
-					}
-					cur, ch.hasCarried = st, false
-					continue
-				}
-				fl = f
-			}
-			if writes >= t.cfg.MaxAttempts {
-				return t.exhausted(model, session, ch.selections)
-			}
-			tgt, err := t.next(ctx, &ch, sel, nil, model, session)
-			if err != nil {
-				return Result{Selections: ch.selections}, err
-			}
-			now := time.Now()
-			rec := recordFor(model, session, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.msgTTL, makeNonce(base, writes))
-			intent[writes] = Created
-			st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
-			writes++
-			// The binding (ours or the winner's, from the leader) is in
-			// the cache now: let waiters read it.
-			t.flights.finish(key, fl)
-			fl = nil
-			if err != nil {
-				return Result{Selections: ch.selections}, err
-			}
-			if landed {
-				return t.done(Created, tgt, st.rec.binding(st.rev), ch.selections), nil
-			}
-			unknown = unknown || amb
-			// Still unbound (our create lost to a marker, or went
-			// unanswered and did not land): the selection stands.
-			// Bound by someone else: select again under their binding.
-			cur = st
-			if !st.present {
-				ch.carry(tgt)
-			}
-			continue
-		}
-
-		bound := cur.rec.binding(cur.rev)
-		tgt, err := t.next(ctx, &ch, sel, &cur.rec, model, session)
-		if err != nil {
-			return Result{Selections: ch.selections}, err
-		}
-		now := time.Now()
-		var rec record
-		var want Outcome
-		switch {
-		case bound.Target.Agrees(tgt):
-			if t.fresh(&cur, now) {
-				return t.done(Fresh, merge(bound.Target, tgt), bound, ch.selections), nil
-			}
-			rec = cur.rec
-			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.msgTTL/time.Second)
-			want, tgt = Renewed, merge(bound.Target, tgt)
-		case bound.Mode == Hard && t.live(bound.Worker):
-			if !cur.leader {
-				// Refuse a request only on the leader's word: the cache
-				// may lag a re-bind made by a replica that saw the worker
-				// depart.
-				st, err := t.leaderRead(ctx, key)
-				if err != nil {
-					return Result{Selections: ch.selections}, err
-				}
-				if st.rev != cur.rev {
-					if sameRequirement(&st, &cur) {
-						ch.carry(tgt)
-					}
-					cur = st
-					continue
-				}
-			}
-			t.st.outcome[Rejected].Add(1)
-			return Result{Outcome: Rejected, Binding: bound, Selections: ch.selections},
-				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}
-		default: // Soft, or Hard whose worker departed
-			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.msgTTL, "")
-			want = Rebound
-		}
-		if writes >= t.cfg.MaxAttempts {
-			return t.exhausted(model, session, ch.selections)
-		}
-		rec.Nonce = makeNonce(base, writes)
-		intent[writes] = want
-		st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
-		writes++
-		if err != nil {
-			if want == Renewed && errors.Is(err, ErrFull) {
-				// A full replicated bucket refuses renewals too (the
-				// server's pre-check counts every message as new): the
-				// binding stands until its TTL runs out, serve under it.
-				t.st.renewalsRefused.Add(1)
-				return t.done(Fresh, tgt, bound, ch.selections), nil
-			}
-			return Result{Selections: ch.selections}, err
-		}
-		if landed {
-			return t.done(want, tgt, st.rec.binding(st.rev), ch.selections), nil
-		}
-		unknown = unknown || amb
-		if sameRequirement(&st, &cur) {
-			// Only renewed (or our write did not land): the requirement is
-			// unchanged, so the selection stands; re-decide on the new
-			// revision without selecting again.
-			ch.carry(tgt)
-		} else if want == Rebound && bound.Mode == Soft {
-			lostSoft, wanted = true, tgt
-		}
-		cur = st
-	}
+	c := t.newCommit(ctx, model, session, string(kb), mode, sel, cur)
+	return c.run()
 }
 
 // tryWrite makes one conditional write of rec over revision expect. landed
@@ -388,33 +208,6 @@ func (t *Table) exhaustedErr(model, session string) error {
 		ErrTooManyConflicts, session, model, t.cfg.MaxAttempts, ErrConflict)
 }
 
-// choice is where one round of commit sends the request: a selection carried
-// over from the round before (the requirement did not change, so it
-// stands), or else a new call of the Selector; selections counts the calls
-// of the whole Route.
-type choice struct {
-	carried    workerref.Target
-	hasCarried bool
-	selections int
-}
-
-// carry keeps tgt as the next round's selection.
-func (c *choice) carry(tgt workerref.Target) { c.carried, c.hasCarried = tgt, true }
-
-// next returns the carried selection, or else selects under rec (nil:
-// unbound) while Route has made fewer than MaxAttempts selections.
-func (t *Table) next(ctx context.Context, c *choice, sel Selector, rec *record, model, session string) (workerref.Target, error) {
-	if c.hasCarried {
-		c.hasCarried = false
-		return c.carried, nil
-	}
-	if c.selections >= t.cfg.MaxAttempts {
-		return workerref.Target{}, t.exhaustedErr(model, session)
-	}
-	c.selections++
-	return t.selectUnder(ctx, sel, rec, model, session)
-}
-
 // fresh reports whether the entry needs no renewal yet: it will still be
 // stored IdleTTL from now, i.e. at most its TTL - IdleTTL has passed
 // since it was stored (StoredTTL). An entry written with a shorter TTL
@@ -447,17 +240,4 @@ func sameRequirement(a, b *readState) bool {
 		return false
 	}
 	return ra.Rank == nil || *ra.Rank == *rb.Rank
-}
-
-// nonceIndex returns the write index of a nonce made by makeNonce(base, i).
-func nonceIndex(nonce string, base uint64) (int, bool) {
-	prefix := strconv.FormatUint(base, 16) + "-"
-	if !strings.HasPrefix(nonce, prefix) {
-		return 0, false
-	}
-	i, err := strconv.Atoi(nonce[len(prefix):])
-	if err != nil || i < 0 || i >= maxAttemptsLimit {
-		return 0, false
-	}
-	return i, true
 }

@@ -103,10 +103,38 @@ func recordFor(model, session string, t workerref.Target, mode Mode, version uin
 	return r
 }
 
+// A nonce is <16 hex>-<attempt> (docs/protocol.md): base, the random part
+// of one Route call, in exactly 16 lower-case hex digits (leading zeros
+// kept, so that every nonce has one form), then the index of the write
+// within the call. makeNonce and nonceIndex share appendNoncePrefix, so the
+// prefix a write carries and the one it is recognised by cannot differ.
+const noncePrefixLen = 16 + 1
+
+func appendNoncePrefix(dst []byte, base uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		dst = append(dst, digits[base>>uint(shift)&0xf])
+	}
+	return append(dst, '-')
+}
+
 func makeNonce(base uint64, attempt int) string {
-	var b [32]byte
-	s := strconv.AppendUint(b[:0], base, 16)
-	s = append(s, '-')
+	var b [noncePrefixLen + 20]byte
+	s := appendNoncePrefix(b[:0], base)
 	s = strconv.AppendInt(s, int64(attempt), 10)
 	return string(s)
+}
+
+// nonceIndex returns the write index of a nonce made by makeNonce(base, i).
+func nonceIndex(nonce string, base uint64) (int, bool) {
+	var b [noncePrefixLen]byte
+	prefix := appendNoncePrefix(b[:0], base)
+	if len(nonce) <= len(prefix) || nonce[:len(prefix)] != string(prefix) {
+		return 0, false
+	}
+	i, err := strconv.Atoi(nonce[len(prefix):])
+	if err != nil || i < 0 || i >= maxAttemptsLimit {
+		return 0, false
+	}
+	return i, true
 }
