@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -52,8 +53,8 @@ import (
 //
 // A binding Route creates has Config.DefaultMode; RouteMode lets the request
 // choose.
-func (t *Table) Route(ctx context.Context, model, session string, sel Selector) (Result, error) {
-	return t.RouteMode(ctx, model, session, ModeUnset, sel)
+func (t *Table) Route(ctx context.Context, model, sessionID string, sel Selector) (Result, error) {
+	return t.RouteMode(ctx, model, sessionID, session.Unset, sel)
 }
 
 // RouteMode is Route where a binding the request creates gets mode
@@ -61,12 +62,12 @@ func (t *Table) Route(ctx context.Context, model, session string, sel Selector) 
 // the session has no binding yet; an existing binding keeps the mode stored
 // in its value (its strength, and the mode of its re-binds), whatever the
 // request asks for.
-func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode, sel Selector) (Result, error) {
-	if mode == ModeUnset {
+func (t *Table) RouteMode(ctx context.Context, model, sessionID string, mode session.Mode, sel Selector) (Result, error) {
+	if mode == session.Unset {
 		mode = t.cfg.DefaultMode
 	}
 	if !mode.Valid() {
-		return Result{}, fmt.Errorf("%w: %s", ErrUnknownMode, mode)
+		return Result{}, fmt.Errorf("%w: %s", session.ErrUnknownMode, mode)
 	}
 	if sel == nil {
 		return Result{}, ErrNilSelector
@@ -74,20 +75,20 @@ func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode,
 	if t.closed.Load() {
 		return Result{}, ErrClosed
 	}
-	if err := validate(model, session); err != nil {
+	if err := validate(model, sessionID); err != nil {
 		t.st.badInput.Add(1)
 		return Result{}, err
 	}
 	var kbuf [maxKeyLen]byte
-	kb := appendKey(kbuf[:0], model, session)
+	kb := appendKey(kbuf[:0], model, sessionID)
 	cur, err := t.firstRead(ctx, kb)
 	if err != nil {
 		return Result{}, err
 	}
 	// The hot path: a fresh binding that selection agrees with costs no
 	// write and no allocation.
-	if cur.present && cur.bad == nil && cur.rec.Model == model && cur.rec.Session == session && t.fresh(&cur, time.Now()) {
-		tgt, err := t.selectUnder(ctx, sel, &cur.rec, model, session)
+	if cur.present && cur.bad == nil && cur.rec.Model == model && cur.rec.Session == sessionID && t.fresh(&cur, time.Now()) {
+		tgt, err := t.selectUnder(ctx, sel, &cur.rec, model, sessionID)
 		if err != nil {
 			return Result{Selections: 1}, err
 		}
@@ -96,14 +97,14 @@ func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode,
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
-		return t.commit(ctx, model, session, string(kb), mode, sel, cur, &tgt, 1)
+		return t.commit(ctx, model, sessionID, string(kb), mode, sel, cur, &tgt, 1)
 	}
-	return t.commit(ctx, model, session, string(kb), mode, sel, cur, nil, 0)
+	return t.commit(ctx, model, sessionID, string(kb), mode, sel, cur, nil, 0)
 }
 
 // commit runs steps 2 and 3 from the state cur; pre is a selection already
 // made under cur's requirement; mode is the mode of a binding it creates.
-func (t *Table) commit(ctx context.Context, model, session, key string, mode Mode, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
+func (t *Table) commit(ctx context.Context, model, sessionID, key string, mode session.Mode, sel Selector, cur readState, pre *workerref.Target, selections int) (Result, error) {
 	var (
 		fl      *flight
 		base    = rand.Uint64() // nonces of this call: base-<write index>
@@ -130,7 +131,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 			t.st.malformed.Add(1)
 			return Result{Selections: ch.selections}, cur.bad
 		}
-		if cur.present && (cur.rec.Model != model || cur.rec.Session != session) {
+		if cur.present && (cur.rec.Model != model || cur.rec.Session != sessionID) {
 			t.st.malformed.Add(1)
 			return Result{Selections: ch.selections}, &MalformedValueError{Key: key, Revision: cur.rev,
 				Err: fmt.Errorf("value names model %q session %q", cur.rec.Model, cur.rec.Session)}
@@ -177,14 +178,14 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 				fl = f
 			}
 			if writes >= t.cfg.MaxAttempts {
-				return t.exhausted(model, session, ch.selections)
+				return t.exhausted(model, sessionID, ch.selections)
 			}
-			tgt, err := t.next(ctx, &ch, sel, nil, model, session)
+			tgt, err := t.next(ctx, &ch, sel, nil, model, sessionID)
 			if err != nil {
 				return Result{Selections: ch.selections}, err
 			}
 			now := time.Now()
-			rec := recordFor(model, session, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.msgTTL, makeNonce(base, writes))
+			rec := recordFor(model, sessionID, tgt, mode, 1, t.cfg.ReplicaID, now, now, t.msgTTL, makeNonce(base, writes))
 			intent[writes] = Created
 			st, landed, amb, err := t.tryWrite(ctx, key, &rec, cur.rev, now)
 			writes++
@@ -210,7 +211,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 		}
 
 		bound := cur.rec.binding(cur.rev)
-		tgt, err := t.next(ctx, &ch, sel, &cur.rec, model, session)
+		tgt, err := t.next(ctx, &ch, sel, &cur.rec, model, sessionID)
 		if err != nil {
 			return Result{Selections: ch.selections}, err
 		}
@@ -225,7 +226,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 			rec = cur.rec
 			rec.Writer, rec.Renewed, rec.TTLSeconds = t.cfg.ReplicaID, now.UTC(), int64(t.msgTTL/time.Second)
 			want, tgt = Renewed, merge(bound.Target, tgt)
-		case bound.Mode == Hard && t.live(bound.Worker):
+		case bound.Mode == session.Hard && t.live(bound.Worker):
 			if !cur.leader {
 				// Refuse a request only on the leader's word: the cache
 				// may lag a re-bind made by a replica that saw the worker
@@ -244,13 +245,13 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 			}
 			t.st.outcome[Rejected].Add(1)
 			return Result{Outcome: Rejected, Binding: bound, Selections: ch.selections},
-				&HardConflictError{Model: model, Session: session, Bound: bound.Target, Selected: tgt}
+				&HardConflictError{Model: model, Session: sessionID, Bound: bound.Target, Selected: tgt}
 		default: // Soft, or Hard whose worker departed
-			rec = recordFor(model, session, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.msgTTL, "")
+			rec = recordFor(model, sessionID, tgt, bound.Mode, bound.Version+1, t.cfg.ReplicaID, now, now, t.msgTTL, "")
 			want = Rebound
 		}
 		if writes >= t.cfg.MaxAttempts {
-			return t.exhausted(model, session, ch.selections)
+			return t.exhausted(model, sessionID, ch.selections)
 		}
 		rec.Nonce = makeNonce(base, writes)
 		intent[writes] = want
@@ -275,7 +276,7 @@ func (t *Table) commit(ctx context.Context, model, session, key string, mode Mod
 			// unchanged, so the selection stands; re-decide on the new
 			// revision without selecting again.
 			ch.carry(tgt)
-		} else if want == Rebound && bound.Mode == Soft {
+		} else if want == Rebound && bound.Mode == session.Soft {
 			lostSoft, wanted = true, tgt
 		}
 		cur = st

@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workers"
 	"go.yaml.in/yaml/v3"
 )
@@ -108,7 +109,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := gateway.CheckTokenizer(*openaiTok); err != nil {
 		return usageError{fmt.Errorf("--openai-tokenizer: %w", err)}
 	}
-	mode, err := bindings.ParseMode(*sessionMode)
+	mode, err := session.ParseMode(*sessionMode)
 	if err != nil {
 		return usageError{fmt.Errorf("--session-mode: %w", err)}
 	}

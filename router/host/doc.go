@@ -18,9 +18,9 @@
 // the policies live in router/scheduler, the commit rule (create, renew,
 // re-bind, reject) in bindings, event ordering in kvevents' subscriber and
 // the prefix index in router/index. The host calls each once per request;
-// the single place where a binding's mode becomes a scheduling strength is
-// strengthOf in route.go, and the single place where a dependency's error
-// becomes an API error is mapError in maperr.go.
+// a binding's mode (session.Mode) is the scheduling requirement's as it is,
+// and the single place where a dependency's error becomes an API error is
+// mapError in maperr.go.
 //
 // Where to start reading:
 //   - replica.go: New/Start/Close, what a replica sets up on start and how it

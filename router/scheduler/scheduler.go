@@ -452,8 +452,8 @@ func (s *Scheduler) validate(r *Request) error {
 		if a.Target.Worker == "" {
 			return bad("request %q: affinity target with empty worker", r.ID)
 		}
-		if a.Strength != Soft && a.Strength != Hard {
-			return bad("request %q: affinity strength %s", r.ID, a.Strength)
+		if !a.Mode.Valid() {
+			return bad("request %q: affinity mode %s", r.ID, a.Mode)
 		}
 	}
 	for _, o := range r.Overlaps {
