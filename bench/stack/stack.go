@@ -405,7 +405,7 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 }
 
 // Loads asks one replica (the queue group picks it) for its load view.
-func (r *router) Loads(ctx context.Context, out map[string]replay.WorkerLoad) error {
+func (r *router) Loads(ctx context.Context, out map[string]replay.LoadSample) error {
 	resp, err := r.c.Workers(ctx, r.model)
 	if err != nil {
 		return err

@@ -157,10 +157,10 @@ func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
 	}
 	for _, name := range names {
 		ms := r.models[name]
-		loads := map[[2]string]api.WorkerLoad{}
+		loads := map[[2]string]api.PredictedLoad{}
 		all, _ := ms.sched.Loads(context.Background())
 		for _, l := range all {
-			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = api.WorkerLoad{
+			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = api.PredictedLoad{
 				ActiveRequests: l.ActiveRequests, PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks}
 		}
 		for _, w := range ms.workerList() {
