@@ -58,7 +58,7 @@ func (t *Table) Route(ctx context.Context, model, sessionID string, sel Selector
 }
 
 // RouteMode is Route where a binding the request creates gets mode
-// (ModeUnset = Config.DefaultMode). The mode rule: mode applies only when
+// (session.Unset = Config.DefaultMode). The mode rule: mode applies only when
 // the session has no binding yet; an existing binding keeps the mode stored
 // in its value (its strength, and the mode of its re-binds), whatever the
 // request asks for.

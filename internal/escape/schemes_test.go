@@ -141,7 +141,7 @@ func byteRows() string {
 }
 
 // BenchmarkSubjectToken: the escaping every publish and every subscriber
-// check pays (tokenMatches runs per received message).
+// check pays (Matches runs per received message).
 func BenchmarkSubjectToken(b *testing.B) {
 	names := []string{"worker-00017", "meta-llama/Llama-3.1-8B"}
 	b.Run("escape", func(b *testing.B) {
