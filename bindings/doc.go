@@ -15,7 +15,7 @@
 // that feeds the cache, the probe that proves its freshness, the restart of a
 // stalled watch), cache.go (the bounded, watch-fed read cache), limits.go
 // (MaxSessions and MaxBytes on the bucket), value.go (the stored JSON) and
-// key.go (the key format, escaped by internal/escape's scheme with '_').
+// key.go (the key format, escaped by internal/escape's BindingKey).
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
 // the key and value format (docs/protocol.md), the commit rule (a selection
