@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -56,7 +57,7 @@ func benchCommit(b *testing.B, conn benchConn, replicas int) {
 	})
 	b.Run("rebind", func(b *testing.B) {
 		bucket := fmt.Sprintf("br%d", time.Now().UnixNano())
-		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas, DefaultMode: Soft})
+		tb := openOn(b, conn.js, conn.nc, Config{Bucket: bucket, Replicas: replicas, DefaultMode: session.Soft})
 		// Each request selects the worker it is not bound to: a Soft re-bind.
 		flip := func(_ context.Context, req *Requirement) (workerref.Target, error) {
 			if req == nil || req.Target.Worker == "w2" {
@@ -182,10 +183,10 @@ func BenchmarkRouteFresh(b *testing.B) {
 	}
 	reads := []struct {
 		name   string
-		mode   Mode
+		mode   session.Mode
 		strict bool
 	}{
-		{"soft", Soft, false}, {"hard", Hard, false}, {"strict", Soft, true},
+		{"soft", session.Soft, false}, {"hard", session.Hard, false}, {"strict", session.Soft, true},
 	}
 	for _, su := range setups {
 		b.Run(su.name, func(b *testing.B) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 )
 
 // Kill the stream leader of a 3-node cluster (R3 bucket) while two replicas
@@ -459,9 +460,9 @@ func TestClusterWatchNodeLoss(t *testing.T) {
 	b := openOn(t, jsB, ncB, cb)
 
 	const perMode = 20
-	sessions := map[string]Mode{}
+	sessions := map[string]session.Mode{}
 	for i := range perMode {
-		for _, m := range []Mode{Hard, Soft} {
+		for _, m := range []session.Mode{session.Hard, session.Soft} {
 			s := fmt.Sprintf("%s-%d", m, i)
 			sessions[s] = m
 			if _, err := a.RouteMode(ctxT(t, 10*time.Second), model, s, m, always("w1")); err != nil {
@@ -527,7 +528,7 @@ func TestClusterWatchNodeLoss(t *testing.T) {
 				failed++
 				done = false
 			case bd.Worker == "w2":
-			case m == Hard:
+			case m == session.Hard:
 				t.Fatalf("b served the replaced Hard binding of %s %v after the re-bind", s, asked.Sub(rebound[s]))
 			default:
 				stale++

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -24,11 +25,11 @@ import (
 //
 // It lives for one Route call only, which is why it holds ctx.
 type commit struct {
-	t                   *Table
-	ctx                 context.Context
-	model, session, key string
-	mode                Mode // of a binding it creates
-	sel                 Selector
+	t                     *Table
+	ctx                   context.Context
+	model, sessionID, key string
+	mode                  session.Mode // of a binding it creates
+	sel                   Selector
 
 	cur readState // the state this round decides on
 	ch  choice
@@ -53,8 +54,8 @@ var errAgain = errors.New("bindings: decide again on the new state")
 
 // newCommit starts a commit from the state cur that Route read; mode is the
 // mode of a binding it creates.
-func (t *Table) newCommit(ctx context.Context, model, session, key string, mode Mode, sel Selector, cur readState) commit {
-	return commit{t: t, ctx: ctx, model: model, session: session, key: key, mode: mode, sel: sel,
+func (t *Table) newCommit(ctx context.Context, model, sessionID, key string, mode session.Mode, sel Selector, cur readState) commit {
+	return commit{t: t, ctx: ctx, model: model, sessionID: sessionID, key: key, mode: mode, sel: sel,
 		cur: cur, base: rand.Uint64()}
 }
 
@@ -92,14 +93,14 @@ func (c *commit) round() (Result, error) {
 		return c.create()
 	}
 	bound := c.cur.rec.binding(c.cur.rev)
-	tgt, err := c.t.next(c.ctx, &c.ch, c.sel, &c.cur.rec, c.model, c.session)
+	tgt, err := c.t.next(c.ctx, &c.ch, c.sel, &c.cur.rec, c.model, c.sessionID)
 	if err != nil {
 		return c.fail(err)
 	}
 	switch {
 	case bound.Target.Agrees(tgt):
 		return c.renew(bound, merge(bound.Target, tgt))
-	case bound.Mode == Hard && c.t.live(bound.Worker):
+	case bound.Mode == session.Hard && c.t.live(bound.Worker):
 		return c.reject(bound, tgt)
 	default: // Soft, or Hard whose worker departed
 		return c.rebind(bound, tgt)
@@ -112,7 +113,7 @@ func (c *commit) check() error {
 	if c.cur.bad != nil {
 		return c.cur.bad
 	}
-	if c.cur.present && (c.cur.rec.Model != c.model || c.cur.rec.Session != c.session) {
+	if c.cur.present && (c.cur.rec.Model != c.model || c.cur.rec.Session != c.sessionID) {
 		return &MalformedValueError{Key: c.key, Revision: c.cur.rev,
 			Err: fmt.Errorf("value names model %q session %q", c.cur.rec.Model, c.cur.rec.Session)}
 	}
@@ -133,14 +134,14 @@ func (c *commit) create() (Result, error) {
 		c.fl = f
 	}
 	if c.writes >= c.t.cfg.MaxAttempts {
-		return c.t.exhausted(c.model, c.session, c.ch.selections)
+		return c.t.exhausted(c.model, c.sessionID, c.ch.selections)
 	}
-	tgt, err := c.t.next(c.ctx, &c.ch, c.sel, nil, c.model, c.session)
+	tgt, err := c.t.next(c.ctx, &c.ch, c.sel, nil, c.model, c.sessionID)
 	if err != nil {
 		return c.fail(err)
 	}
 	now := time.Now()
-	rec := recordFor(c.model, c.session, tgt, c.mode, 1, c.t.cfg.ReplicaID, now, now, c.t.msgTTL, "")
+	rec := recordFor(c.model, c.sessionID, tgt, c.mode, 1, c.t.cfg.ReplicaID, now, now, c.t.msgTTL, "")
 	st, landed, err := c.write(Created, &rec, now)
 	// The binding (ours or the winner's, from the leader) is in the cache
 	// now: let waiters read it.
@@ -207,13 +208,13 @@ func (c *commit) reject(bound Binding, tgt workerref.Target) (Result, error) {
 	}
 	c.t.st.outcome[Rejected].Add(1)
 	return Result{Outcome: Rejected, Binding: bound, Selections: c.ch.selections},
-		&HardConflictError{Model: c.model, Session: c.session, Bound: bound.Target, Selected: tgt}
+		&HardConflictError{Model: c.model, Session: c.sessionID, Bound: bound.Target, Selected: tgt}
 }
 
 // rebind moves a Soft binding, or a Hard one whose worker departed, to tgt.
 func (c *commit) rebind(bound Binding, tgt workerref.Target) (Result, error) {
 	now := time.Now()
-	rec := recordFor(c.model, c.session, tgt, bound.Mode, bound.Version+1, c.t.cfg.ReplicaID, now, now, c.t.msgTTL, "")
+	rec := recordFor(c.model, c.sessionID, tgt, bound.Mode, bound.Version+1, c.t.cfg.ReplicaID, now, now, c.t.msgTTL, "")
 	return c.replace(Rebound, &rec, tgt, bound, now)
 }
 
@@ -223,7 +224,7 @@ func (c *commit) rebind(bound Binding, tgt workerref.Target) (Result, error) {
 // lost to another writer's move is settled by lost.
 func (c *commit) replace(want Outcome, rec *record, tgt workerref.Target, bound Binding, now time.Time) (Result, error) {
 	if c.writes >= c.t.cfg.MaxAttempts {
-		return c.t.exhausted(c.model, c.session, c.ch.selections)
+		return c.t.exhausted(c.model, c.sessionID, c.ch.selections)
 	}
 	st, landed, err := c.write(want, rec, now)
 	if err != nil {
@@ -244,7 +245,7 @@ func (c *commit) replace(want Outcome, rec *record, tgt workerref.Target, bound 
 		// unchanged, so the selection stands; re-decide on the new
 		// revision without selecting again.
 		c.ch.carry(tgt)
-	} else if want == Rebound && bound.Mode == Soft {
+	} else if want == Rebound && bound.Mode == session.Soft {
 		c.lostSoft, c.wanted = true, tgt
 	}
 	c.cur = st

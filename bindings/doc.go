@@ -18,18 +18,18 @@
 // cache, the probe that proves its freshness, the restart of a stalled
 // watch), cache.go (the bounded, watch-fed read cache), limits.go
 // (MaxSessions and MaxBytes on the bucket), value.go (the stored JSON) and
-// key.go (the key format, escaped by internal/escape's scheme with '_').
+// key.go (the key format, escaped by internal/escape's BindingKey).
 //
 // What it owns: the bucket (default "kvr-bindings", History 1, per-key TTL),
-// the key and value format (docs/protocol.md), its own Mode type (Hard,
-// Soft), the commit rule (type commit in commit.go: a selection keeps a
-// binding when their targets agree, workerref.Target.Agrees, the rule the
-// scheduler's pin rule applies too), the read guarantee per mode, the idle
-// TTL and its renewal (a binding outlives its session's last request by at
-// least IdleTTL), the session cap, the single-flight of first requests
-// within a replica, the resolution of writes whose outcome is unknown
-// (leader read + nonce), and the counters (Stats). The target type itself is
-// the shared leaf workerref's.
+// the key and value format (docs/protocol.md), the commit rule (type commit
+// in commit.go: a selection keeps a binding when their targets agree,
+// workerref.Target.Agrees, the rule the scheduler's pin rule applies too),
+// the read guarantee per mode, the idle TTL and its renewal (a binding
+// outlives its session's last request by at least IdleTTL), the session cap,
+// the single-flight of first requests within a replica, the resolution of
+// writes whose outcome is unknown (leader read + nonce), and the counters
+// (Stats). The target type is the shared leaf workerref's and the mode type
+// (Hard, Soft, stored as "hard" or "soft") the shared leaf session's.
 //
 // What it does not own: choosing a worker (the Selector, i.e. the host's
 // call into the scheduler, which applies the pin rule to the Requirement it

@@ -14,9 +14,6 @@ var (
 	ErrInvalidSession = errors.New("bindings: invalid session id")
 	// ErrInvalidModel: model name longer than MaxModelLen bytes.
 	ErrInvalidModel = errors.New("bindings: invalid model name")
-	// ErrUnknownMode: a mode other than hard or soft (in Config, ParseMode or
-	// a stored value).
-	ErrUnknownMode = errors.New("bindings: unknown mode")
 	// ErrMalformedValue: the stored value cannot be decoded or is
 	// inconsistent with its key. Route never overwrites it; End removes it.
 	ErrMalformedValue = errors.New("bindings: malformed binding value")

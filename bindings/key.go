@@ -18,10 +18,10 @@ const (
 )
 
 // Key returns the KV key of (model, session): "<model>.<session>", each
-// escaped so that any bytes make a valid key token (keyTokens). Letters,
-// digits and '-' stay as they are; every other byte becomes '_' and two
-// upper-case hex digits; an empty model is "_" (which no non-empty name can
-// produce). Escaping is injective, so distinct (model, session) pairs never
+// escaped so that any bytes make a valid key token (escape.BindingKey).
+// Letters, digits and '-' stay as they are; every other byte becomes '_'
+// and two upper-case hex digits; an empty model is "_" (which no non-empty
+// name can produce). Escaping is injective, so distinct (model, session) pairs never
 // share a key. Use it to find a binding with `nats kv get kvr-bindings <key>`.
 func Key(model, session string) (string, error) {
 	if err := validate(model, session); err != nil {
@@ -45,10 +45,10 @@ func ParseKey(key string) (model, session string, err error) {
 	if dot < 0 {
 		return "", "", fmt.Errorf("bindings: key %q has no model token", key)
 	}
-	if model, err = keyTokens.Unescape(key[:dot]); err != nil {
+	if model, err = escape.BindingKey.Unescape(key[:dot]); err != nil {
 		return "", "", fmt.Errorf("bindings: key %q: model: %w", key, err)
 	}
-	if session, err = keyTokens.Unescape(key[dot+1:]); err != nil {
+	if session, err = escape.BindingKey.Unescape(key[dot+1:]); err != nil {
 		return "", "", fmt.Errorf("bindings: key %q: session: %w", key, err)
 	}
 	if err := validate(model, session); err != nil {
@@ -72,16 +72,7 @@ func validate(model, session string) error {
 
 // appendKey appends the escaped key to dst. Inputs must be validated.
 func appendKey(dst []byte, model, session string) []byte {
-	dst = keyTokens.Append(dst, model)
+	dst = escape.BindingKey.Append(dst, model)
 	dst = append(dst, '.')
-	return keyTokens.Append(dst, session)
-}
-
-// keyTokens escapes a model or session into one key token: internal/escape's
-// scheme with '_' as the escape byte, keeping letters, digits and '-'.
-// Read-only after package init.
-var keyTokens = escape.New('_', keepByte)
-
-func keepByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-'
+	return escape.BindingKey.Append(dst, session)
 }

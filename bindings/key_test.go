@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -91,25 +92,6 @@ func TestKeyBadInput(t *testing.T) {
 	}
 }
 
-func TestModeParse(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want Mode
-		err  bool
-	}{{"hard", Hard, false}, {"soft", Soft, false}, {"Hard", ModeUnset, true}, {"", ModeUnset, true}, {"sticky", ModeUnset, true}} {
-		m, err := ParseMode(c.in)
-		if (err != nil) != c.err || m != c.want {
-			t.Errorf("ParseMode(%q) = %v, %v", c.in, m, err)
-		}
-		if err != nil && !errors.Is(err, ErrUnknownMode) {
-			t.Errorf("ParseMode(%q) error %v does not wrap ErrUnknownMode", c.in, err)
-		}
-	}
-	if _, err := Mode(9).MarshalText(); !errors.Is(err, ErrUnknownMode) {
-		t.Errorf("MarshalText of mode 9: %v", err)
-	}
-}
-
 func TestDecodeRecord(t *testing.T) {
 	good := `{"model":"m","session":"s","worker":"w1","rank":2,"mode":"soft","version":3,"writer":"r1","created":"2026-01-02T03:04:05Z","renewed":"2026-01-02T03:04:06Z","ttl_s":600,"nonce":"ab-0","future":1}`
 	r, err := decodeRecord([]byte(good))
@@ -117,7 +99,7 @@ func TestDecodeRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := r.binding(7)
-	if b.Worker != "w1" || b.AnyRank || b.Rank != 2 || b.Mode != Soft || b.Version != 3 || b.Revision != 7 || r.ttl() != 10*time.Minute {
+	if b.Worker != "w1" || b.AnyRank || b.Rank != 2 || b.Mode != session.Soft || b.Version != 3 || b.Revision != 7 || r.ttl() != 10*time.Minute {
 		t.Fatalf("decoded %+v", b)
 	}
 	bad := map[string]string{
@@ -137,7 +119,7 @@ func TestDecodeRecord(t *testing.T) {
 			t.Errorf("%s: accepted %q", name, v)
 		}
 	}
-	if _, err := decodeRecord([]byte(`{"session":"s","worker":"w","mode":"sticky","version":1,"nonce":"n"}`)); !errors.Is(err, ErrUnknownMode) {
+	if _, err := decodeRecord([]byte(`{"session":"s","worker":"w","mode":"sticky","version":1,"nonce":"n"}`)); !errors.Is(err, session.ErrUnknownMode) {
 		t.Errorf("unknown mode: %v does not wrap ErrUnknownMode", err)
 	}
 }
@@ -145,7 +127,7 @@ func TestDecodeRecord(t *testing.T) {
 func TestRecordRoundTrip(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	for _, tgt := range []workerref.Target{workerref.Any("w"), workerref.Of("w", 0), workerref.Of("w", 7)} {
-		r := recordFor("m", "s", tgt, Hard, 1, "r", now, now, 10*time.Minute, makeNonce(0xabc, 2))
+		r := recordFor("m", "s", tgt, session.Hard, 1, "r", now, now, 10*time.Minute, makeNonce(0xabc, 2))
 		data, err := encodeRecord(&r)
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 )
 
 // stallWatches deletes every consumer of the bindings stream: the watches
@@ -52,10 +53,10 @@ const readStaleness = time.Second
 // its watch is stalled.)
 func TestStalledWatchReads(t *testing.T) {
 	tests := []struct {
-		mode Mode
+		mode session.Mode
 		read string
 	}{
-		{Hard, "route"}, {Hard, "get"}, {Soft, "route"}, {Soft, "get"},
+		{session.Hard, "route"}, {session.Hard, "get"}, {session.Soft, "route"}, {session.Soft, "get"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.mode.String()+"/"+tc.read, func(t *testing.T) {
@@ -93,7 +94,7 @@ func TestStalledWatchReads(t *testing.T) {
 				switch {
 				case w == "w2":
 					return true
-				case tc.mode == Hard:
+				case tc.mode == session.Hard:
 					t.Fatalf("b served the replaced Hard binding (%s) %v after the re-bind", w, asked.Sub(rebound))
 				case asked.Sub(rebound) > readStaleness:
 					t.Fatalf("b served the replaced Soft binding (%s) %v after the re-bind (bound %v)", w, asked.Sub(rebound), readStaleness)
@@ -109,8 +110,8 @@ func TestStalledWatchReads(t *testing.T) {
 // again and serves Soft reads without the leader.
 func TestStaleFallbackAndRecovery(t *testing.T) {
 	e := newEnv(t)
-	a := e.open(Config{ReplicaID: "a", DefaultMode: Soft})
-	b := e.open(Config{ReplicaID: "b", DefaultMode: Soft, MaxStaleness: 200 * time.Millisecond})
+	a := e.open(Config{ReplicaID: "a", DefaultMode: session.Soft})
+	b := e.open(Config{ReplicaID: "b", DefaultMode: session.Soft, MaxStaleness: 200 * time.Millisecond})
 	mustRoute(t, a, model, "s", always("w1"))
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		bd, err := b.Get(context.Background(), model, "s")
@@ -186,31 +187,31 @@ func TestTTLOutlivesLastRequest(t *testing.T) {
 func TestUnavailableWithinDeadline(t *testing.T) {
 	tests := []struct {
 		name  string
-		mode  Mode
+		mode  session.Mode
 		fault func(e *env, tb *Table)
 	}{
-		{"write never answered", Soft, func(_ *env, tb *Table) {
+		{"write never answered", session.Soft, func(_ *env, tb *Table) {
 			tb.publish = func(ctx context.Context, _ *nats.Msg, _ ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 				<-ctx.Done()
 				return nil, ctx.Err()
 			}
 		}},
-		{"server gone, hard read", Hard, func(e *env, _ *Table) { e.s.Shutdown() }},
+		{"server gone, hard read", session.Hard, func(e *env, _ *Table) { e.s.Shutdown() }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			tb := e.open(Config{DefaultMode: tc.mode, OpTimeout: time.Minute, ResolveTimeout: time.Minute})
-			session := "new"
-			if tc.mode == Hard {
+			id := "new"
+			if tc.mode == session.Hard {
 				mustRoute(t, tb, model, "bound", always("w1"))
-				session = "bound"
+				id = "bound"
 			}
 			tc.fault(e, tb)
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			start := time.Now()
-			_, err := tb.Route(ctx, model, session, always("w1"))
+			_, err := tb.Route(ctx, model, id, always("w1"))
 			took := time.Since(start)
 			t.Logf("Route returned after %v: %v", took, err)
 			var ue *UnavailableError
@@ -222,8 +223,8 @@ func TestUnavailableWithinDeadline(t *testing.T) {
 			if took > 30*time.Second {
 				t.Fatalf("Route took %v with a 300 ms deadline", took)
 			}
-			if tc.mode == Hard {
-				if _, err := tb.Get(ctxT(t, 300*time.Millisecond), model, session); !errors.Is(err, ErrUnavailable) {
+			if tc.mode == session.Hard {
+				if _, err := tb.Get(ctxT(t, 300*time.Millisecond), model, id); !errors.Is(err, ErrUnavailable) {
 					t.Fatalf("Get: %v, want ErrUnavailable", err)
 				}
 			}
@@ -250,7 +251,7 @@ func TestBucketFull(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			cfg.DefaultMode = Soft
+			cfg.DefaultMode = session.Soft
 			var tb *Table
 			if tc.cluster {
 				if testing.Short() {

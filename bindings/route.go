@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -49,21 +50,21 @@ import (
 //
 // A binding Route creates has Config.DefaultMode; RouteMode lets the request
 // choose.
-func (t *Table) Route(ctx context.Context, model, session string, sel Selector) (Result, error) {
-	return t.RouteMode(ctx, model, session, ModeUnset, sel)
+func (t *Table) Route(ctx context.Context, model, sessionID string, sel Selector) (Result, error) {
+	return t.RouteMode(ctx, model, sessionID, session.Unset, sel)
 }
 
 // RouteMode is Route where a binding the request creates gets mode
-// (ModeUnset = Config.DefaultMode). The mode rule: mode applies only when
+// (session.Unset = Config.DefaultMode). The mode rule: mode applies only when
 // the session has no binding yet; an existing binding keeps the mode stored
 // in its value (its strength, and the mode of its re-binds), whatever the
 // request asks for.
-func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode, sel Selector) (Result, error) {
-	if mode == ModeUnset {
+func (t *Table) RouteMode(ctx context.Context, model, sessionID string, mode session.Mode, sel Selector) (Result, error) {
+	if mode == session.Unset {
 		mode = t.cfg.DefaultMode
 	}
 	if !mode.Valid() {
-		return Result{}, fmt.Errorf("%w: %s", ErrUnknownMode, mode)
+		return Result{}, fmt.Errorf("%w: %s", session.ErrUnknownMode, mode)
 	}
 	if sel == nil {
 		return Result{}, ErrNilSelector
@@ -71,20 +72,20 @@ func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode,
 	if t.closed.Load() {
 		return Result{}, ErrClosed
 	}
-	if err := validate(model, session); err != nil {
+	if err := validate(model, sessionID); err != nil {
 		t.st.badInput.Add(1)
 		return Result{}, err
 	}
 	var kbuf [maxKeyLen]byte
-	kb := appendKey(kbuf[:0], model, session)
+	kb := appendKey(kbuf[:0], model, sessionID)
 	cur, err := t.firstRead(ctx, kb)
 	if err != nil {
 		return Result{}, err
 	}
 	// The hot path: a fresh binding that selection agrees with costs no
 	// write and no allocation.
-	if cur.present && cur.bad == nil && cur.rec.Model == model && cur.rec.Session == session && t.fresh(&cur, time.Now()) {
-		tgt, err := t.selectUnder(ctx, sel, &cur.rec, model, session)
+	if cur.present && cur.bad == nil && cur.rec.Model == model && cur.rec.Session == sessionID && t.fresh(&cur, time.Now()) {
+		tgt, err := t.selectUnder(ctx, sel, &cur.rec, model, sessionID)
 		if err != nil {
 			return Result{Selections: 1}, err
 		}
@@ -93,12 +94,12 @@ func (t *Table) RouteMode(ctx context.Context, model, session string, mode Mode,
 			t.st.outcome[Fresh].Add(1)
 			return Result{Outcome: Fresh, Target: merge(bound.Target, tgt), Binding: bound, Selections: 1}, nil
 		}
-		c := t.newCommit(ctx, model, session, string(kb), mode, sel, cur)
+		c := t.newCommit(ctx, model, sessionID, string(kb), mode, sel, cur)
 		c.ch.selections = 1
 		c.ch.carry(tgt) // the selection stands: decide on it without selecting again
 		return c.run()
 	}
-	c := t.newCommit(ctx, model, session, string(kb), mode, sel, cur)
+	c := t.newCommit(ctx, model, sessionID, string(kb), mode, sel, cur)
 	return c.run()
 }
 

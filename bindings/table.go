@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
+	"github.com/kvrouter/kvrouter/session"
 )
 
 // Defaults of Config.
@@ -46,7 +47,7 @@ type Config struct {
 	// Storage of a bucket this Table creates (default file).
 	Storage jetstream.StorageType
 	// DefaultMode is the mode of new bindings (default Hard).
-	DefaultMode Mode
+	DefaultMode session.Mode
 	// IdleTTL is how long a binding lives at least after the last request
 	// of its session (default 10 min; whole seconds, at least 2 s). Each
 	// revision is stored with the message TTL StoredTTL(IdleTTL) (1.5 x
@@ -122,11 +123,11 @@ func (c *Config) normalize() error {
 		c.Replicas = 1
 	}
 	switch c.DefaultMode {
-	case ModeUnset:
-		c.DefaultMode = Hard
-	case Hard, Soft:
+	case session.Unset:
+		c.DefaultMode = session.Hard
+	case session.Hard, session.Soft:
 	default:
-		return fmt.Errorf("%w: Config.DefaultMode %s", ErrUnknownMode, c.DefaultMode)
+		return fmt.Errorf("%w: Config.DefaultMode %s", session.ErrUnknownMode, c.DefaultMode)
 	}
 	if c.IdleTTL == 0 {
 		c.IdleTTL = DefaultIdleTTL
@@ -391,7 +392,7 @@ func (t *Table) firstRead(ctx context.Context, kb []byte) (readState, error) {
 	}
 	st, ok := t.cache.get(kb)
 	switch {
-	case ok && st.present && st.bad == nil && st.rec.Mode == Hard:
+	case ok && st.present && st.bad == nil && st.rec.Mode == session.Hard:
 		t.st.hardReads.Add(1)
 	case ok && !st.present && t.cache.dead(&st, now):
 		// The server has dropped the marker too: nothing is stored.

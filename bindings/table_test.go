@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -143,12 +144,12 @@ func TestSingleFlightFirstRequests(t *testing.T) {
 // stay put while the binding is fresh. A Soft one is read from the cache,
 // a Hard one from the leader on every request.
 func TestBusySessionDoesNotWrite(t *testing.T) {
-	for _, mode := range []Mode{Soft, Hard} {
+	for _, mode := range []session.Mode{session.Soft, session.Hard} {
 		t.Run(mode.String(), func(t *testing.T) { testBusySession(t, mode) })
 	}
 }
 
-func testBusySession(t *testing.T, mode Mode) {
+func testBusySession(t *testing.T, mode session.Mode) {
 	e := newEnv(t)
 	a := e.open(Config{ReplicaID: "a", DefaultMode: mode})
 	b := e.open(Config{ReplicaID: "b", DefaultMode: mode})
@@ -178,7 +179,7 @@ func testBusySession(t *testing.T, mode Mode) {
 		t.Fatalf("writes changed: a %d -> %d, b %d -> %d", wa, a.Stats().Writes, wb, b.Stats().Writes)
 	}
 	wantReads := lr // Soft: the cache answers
-	if mode == Hard {
+	if mode == session.Hard {
 		wantReads += 100 // b's requests
 	}
 	if got := b.Stats().LeaderReads; got != wantReads {
@@ -252,10 +253,10 @@ func TestHardDepartedWorkerRebinds(t *testing.T) {
 		return workerref.Of("w2", 1), nil
 	}
 	r := mustRoute(t, tb, model, "s", sel)
-	if seen == nil || seen.Target.Worker != "w1" || seen.Mode != Hard {
+	if seen == nil || seen.Target.Worker != "w1" || seen.Mode != session.Hard {
 		t.Fatalf("requirement %+v", seen)
 	}
-	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != Hard || r.Binding.AnyRank || r.Binding.Rank != 1 {
+	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != session.Hard || r.Binding.AnyRank || r.Binding.Rank != 1 {
 		t.Fatalf("rebind: %+v", r)
 	}
 	st := leaderGet(t, tb, model, "s")
@@ -324,13 +325,13 @@ func TestHardRejectConfirmsOnLeader(t *testing.T) {
 }
 
 func TestSoftRebind(t *testing.T) {
-	tb := newEnv(t).open(Config{DefaultMode: Soft})
+	tb := newEnv(t).open(Config{DefaultMode: session.Soft})
 	c := mustRoute(t, tb, model, "s", always("w1"))
-	if c.Binding.Mode != Soft {
+	if c.Binding.Mode != session.Soft {
 		t.Fatalf("mode %v", c.Binding.Mode)
 	}
 	r := mustRoute(t, tb, model, "s", always("w2"))
-	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != Soft {
+	if r.Outcome != Rebound || r.Target.Worker != "w2" || r.Binding.Version != 2 || r.Binding.Mode != session.Soft {
 		t.Fatalf("rebind %+v", r)
 	}
 	if st := leaderGet(t, tb, model, "s"); st.rec.Worker != "w2" {
@@ -342,8 +343,8 @@ func TestSoftRebind(t *testing.T) {
 // theirs and the request still goes to our selection.
 func TestSoftConflictKeepsOther(t *testing.T) {
 	e := newEnv(t)
-	a := e.open(Config{DefaultMode: Soft, ReplicaID: "a"})
-	b := e.open(Config{DefaultMode: Soft, ReplicaID: "b"})
+	a := e.open(Config{DefaultMode: session.Soft, ReplicaID: "a"})
+	b := e.open(Config{DefaultMode: session.Soft, ReplicaID: "b"})
 	mustRoute(t, a, model, "s", always("w1"))
 	sel := func(ctx context.Context, req *Requirement) (workerref.Target, error) {
 		if req == nil || req.Target.Worker != "w1" {
@@ -390,7 +391,7 @@ func TestCreateLostSelectsUnderWinner(t *testing.T) {
 	if r.Target.Worker != "wb" || r.Outcome != Fresh || r.Selections != 2 {
 		t.Fatalf("result %+v", r)
 	}
-	if len(reqs) != 2 || reqs[0] != nil || reqs[1].Target.Worker != "wb" || reqs[1].Mode != Hard {
+	if len(reqs) != 2 || reqs[0] != nil || reqs[1].Target.Worker != "wb" || reqs[1].Mode != session.Hard {
 		t.Fatalf("requirements %v", reqs)
 	}
 }
@@ -439,7 +440,7 @@ func TestBadInput(t *testing.T) {
 
 	t.Run("unknown mode", func(t *testing.T) {
 		nc, js := newEnvJS(e)
-		if _, err := Open(ctx, js, nc, Config{DefaultMode: Mode(7)}); !errors.Is(err, ErrUnknownMode) {
+		if _, err := Open(ctx, js, nc, Config{DefaultMode: session.Mode(7)}); !errors.Is(err, session.ErrUnknownMode) {
 			t.Fatalf("Open: %v", err)
 		}
 	})
@@ -479,9 +480,9 @@ func TestMalformedValue(t *testing.T) {
 		"unknown-mode": `{"model":"llama","session":"unknown-mode","worker":"w","mode":"sticky","version":1,"nonce":"n"}`,
 		"other-key":    `{"model":"llama","session":"someone-else","worker":"w","mode":"hard","version":1,"nonce":"n"}`,
 	}
-	for session, v := range values {
-		t.Run(session, func(t *testing.T) {
-			key, _ := Key(model, session)
+	for id, v := range values {
+		t.Run(id, func(t *testing.T) {
+			key, _ := Key(model, id)
 			rev, err := kv.Put(ctx, key, []byte(v))
 			if err != nil {
 				t.Fatal(err)
@@ -491,14 +492,14 @@ func TestMalformedValue(t *testing.T) {
 				return ok && st.rev == rev
 			}, func() string { return "still waiting for watch delivery" })
 			for i := 0; i < 2; i++ {
-				_, err := tb.Route(ctx, model, session, always("w2"))
+				_, err := tb.Route(ctx, model, id, always("w2"))
 				var mv *MalformedValueError
 				if !errors.Is(err, ErrMalformedValue) || !errors.As(err, &mv) || mv.Revision != rev || mv.Key != key {
 					t.Fatalf("Route: %v", err)
 				}
 			}
-			if session == "unknown-mode" {
-				if _, err := tb.Get(ctx, model, session); !errors.Is(err, ErrUnknownMode) {
+			if id == "unknown-mode" {
+				if _, err := tb.Get(ctx, model, id); !errors.Is(err, session.ErrUnknownMode) {
 					t.Fatalf("Get: %v does not wrap ErrUnknownMode", err)
 				}
 			}
@@ -506,10 +507,10 @@ func TestMalformedValue(t *testing.T) {
 			if err != nil || string(e.Value()) != v || e.Revision() != rev {
 				t.Fatalf("value was touched: %v %v", e, err)
 			}
-			if err := tb.End(ctx, model, session); err != nil {
+			if err := tb.End(ctx, model, id); err != nil {
 				t.Fatalf("End: %v", err)
 			}
-			if r := mustRoute(t, tb, model, session, always("w2")); r.Outcome != Created {
+			if r := mustRoute(t, tb, model, id, always("w2")); r.Outcome != Created {
 				t.Fatalf("after End: %+v", r)
 			}
 		})
@@ -547,8 +548,8 @@ func TestEnd(t *testing.T) {
 // watch; the other then serves it without reading the leader.
 func TestWatchFeedsOtherReplica(t *testing.T) {
 	e := newEnv(t)
-	a := e.open(Config{ReplicaID: "a", DefaultMode: Soft})
-	b := e.open(Config{ReplicaID: "b", DefaultMode: Soft})
+	a := e.open(Config{ReplicaID: "a", DefaultMode: session.Soft})
+	b := e.open(Config{ReplicaID: "b", DefaultMode: session.Soft})
 	mustRoute(t, a, model, "s", always("w1"))
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		bd, err := b.Get(context.Background(), model, "s")
@@ -730,18 +731,18 @@ func TestClassifyWrite(t *testing.T) {
 // creates; an existing binding keeps its stored mode whatever a later
 // request asks for.
 func TestRouteModeStoredModeWins(t *testing.T) {
-	tb := newEnv(t).open(Config{DefaultMode: Hard})
+	tb := newEnv(t).open(Config{DefaultMode: session.Hard})
 	ctx := ctxT(t, 10*time.Second)
 	cases := []struct {
 		name        string
 		session     string
-		first, next Mode
-		want        Mode
+		first, next session.Mode
+		want        session.Mode
 	}{
-		{"unset takes the default", "s-default", ModeUnset, ModeUnset, Hard},
-		{"request creates soft", "s-soft", Soft, ModeUnset, Soft},
-		{"stored soft wins over a hard request", "s-soft2", Soft, Hard, Soft},
-		{"stored hard wins over a soft request", "s-hard", Hard, Soft, Hard},
+		{"unset takes the default", "s-default", session.Unset, session.Unset, session.Hard},
+		{"request creates soft", "s-soft", session.Soft, session.Unset, session.Soft},
+		{"stored soft wins over a hard request", "s-soft2", session.Soft, session.Hard, session.Soft},
+		{"stored hard wins over a soft request", "s-hard", session.Hard, session.Soft, session.Hard},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -751,15 +752,15 @@ func TestRouteModeStoredModeWins(t *testing.T) {
 			}
 			// Soft re-binds to another worker; Hard (w1 live by default) rejects.
 			r, err = tb.RouteMode(ctx, model, c.session, c.next, always("w2"))
-			if c.want == Soft && (err != nil || r.Outcome != Rebound || r.Binding.Mode != Soft) {
+			if c.want == session.Soft && (err != nil || r.Outcome != Rebound || r.Binding.Mode != session.Soft) {
 				t.Fatalf("next: %+v, %v (want a Soft re-bind)", r, err)
 			}
-			if c.want == Hard && (err == nil || r.Outcome != Rejected || r.Binding.Mode != Hard) {
+			if c.want == session.Hard && (err == nil || r.Outcome != Rejected || r.Binding.Mode != session.Hard) {
 				t.Fatalf("next: %+v, %v (want a Hard rejection)", r, err)
 			}
 		})
 	}
-	if _, err := tb.RouteMode(ctx, model, "s-bad", Mode(9), always("w1")); !errors.Is(err, ErrUnknownMode) {
+	if _, err := tb.RouteMode(ctx, model, "s-bad", session.Mode(9), always("w1")); !errors.Is(err, session.ErrUnknownMode) {
 		t.Fatalf("mode 9: %v, want ErrUnknownMode", err)
 	}
 }

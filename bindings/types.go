@@ -5,72 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
-
-// Mode is a binding's strength. It is stored in the binding's value (KV
-// entries carry no headers) and becomes the strength of the requirement the
-// scheduler sees: Hard confines selection to the bound worker while it is
-// eligible, Soft is only a preference.
-type Mode uint8
-
-const (
-	// ModeUnset is the zero Mode. In Config it means "use the default"
-	// (Hard); it is never stored.
-	ModeUnset Mode = iota
-	// Hard: a request of the session must go to the bound worker while that
-	// worker is live; a selection elsewhere is rejected, unless the bound
-	// worker departed, in which case the session is re-bound.
-	Hard
-	// Soft: the bound worker is preferred; a selection elsewhere re-binds.
-	Soft
-)
-
-// ParseMode parses "hard" or "soft" (the spelling used in the stored value
-// and in configuration files).
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "hard":
-		return Hard, nil
-	case "soft":
-		return Soft, nil
-	}
-	return ModeUnset, fmt.Errorf("%w: %q (want \"hard\" or \"soft\")", ErrUnknownMode, s)
-}
-
-// String returns "hard", "soft", "unset" or "mode(N)".
-func (m Mode) String() string {
-	switch m {
-	case Hard:
-		return "hard"
-	case Soft:
-		return "soft"
-	case ModeUnset:
-		return "unset"
-	}
-	return fmt.Sprintf("mode(%d)", uint8(m))
-}
-
-// Valid reports whether m is Hard or Soft.
-func (m Mode) Valid() bool { return m == Hard || m == Soft }
-
-// MarshalText encodes a valid mode as "hard" or "soft".
-func (m Mode) MarshalText() ([]byte, error) {
-	if !m.Valid() {
-		return nil, fmt.Errorf("%w: %s", ErrUnknownMode, m)
-	}
-	return []byte(m.String()), nil
-}
-
-// UnmarshalText accepts "hard" or "soft".
-func (m *Mode) UnmarshalText(b []byte) error {
-	v, err := ParseMode(string(b))
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
 
 // Binding is one session's stored binding, as read from the bucket.
 type Binding struct {
@@ -79,7 +16,7 @@ type Binding struct {
 	// Target is where the session is bound: a worker and, for
 	// data-parallel workers, optionally one rank of it.
 	workerref.Target
-	Mode Mode
+	Mode session.Mode
 	// Version counts re-binds: 1 at creation, +1 per re-bind; a renewal
 	// keeps it.
 	Version uint64
@@ -99,7 +36,7 @@ type Binding struct {
 // nil to the Selector when the session is unbound.
 type Requirement struct {
 	Target workerref.Target
-	Mode   Mode
+	Mode   session.Mode
 }
 
 // Selector picks the worker for one request. It is the host's hook into the

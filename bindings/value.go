@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -14,15 +15,15 @@ import (
 // docs/protocol.md). Everything lives in the value because KV
 // entries carry no headers.
 type record struct {
-	Model   string    `json:"model"`
-	Session string    `json:"session"`
-	Worker  string    `json:"worker"`
-	Rank    *uint32   `json:"rank,omitempty"`
-	Mode    Mode      `json:"mode"`
-	Version uint64    `json:"version"`
-	Writer  string    `json:"writer"`
-	Created time.Time `json:"created"`
-	Renewed time.Time `json:"renewed"`
+	Model   string       `json:"model"`
+	Session string       `json:"session"`
+	Worker  string       `json:"worker"`
+	Rank    *uint32      `json:"rank,omitempty"`
+	Mode    session.Mode `json:"mode"`
+	Version uint64       `json:"version"`
+	Writer  string       `json:"writer"`
+	Created time.Time    `json:"created"`
+	Renewed time.Time    `json:"renewed"`
 	// TTLSeconds is the idle TTL the writer put on this revision; readers
 	// use it to expire cached entries whose expiry marker they missed.
 	TTLSeconds int64 `json:"ttl_s"`
@@ -58,7 +59,7 @@ func decodeRecord(data []byte) (record, error) {
 	case r.Session == "":
 		return record{}, errNoSession
 	case !r.Mode.Valid():
-		return record{}, fmt.Errorf("%w: %s", ErrUnknownMode, r.Mode)
+		return record{}, fmt.Errorf("%w: %s", session.ErrUnknownMode, r.Mode)
 	case r.Version == 0:
 		return record{}, errVersion
 	case r.Nonce == "":
@@ -90,7 +91,7 @@ func (r *record) binding(rev uint64) Binding {
 func (r *record) ttl() time.Duration { return time.Duration(r.TTLSeconds) * time.Second }
 
 // recordFor builds the value that binds (model, session) to t.
-func recordFor(model, session string, t workerref.Target, mode Mode, version uint64, writer string, created, now time.Time, ttl time.Duration, nonce string) record {
+func recordFor(model, session string, t workerref.Target, mode session.Mode, version uint64, writer string, created, now time.Time, ttl time.Duration, nonce string) record {
 	r := record{
 		Model: model, Session: session, Worker: t.Worker, Mode: mode, Version: version,
 		Writer: writer, Created: created.UTC(), Renewed: now.UTC(),

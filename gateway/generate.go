@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/router/api"
+	"github.com/kvrouter/kvrouter/session"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -29,9 +30,9 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	if rerr == nil && g.models[cr.Model] == nil {
 		rerr = notFound("model_not_found", "the model %q does not exist (served: %v)", cr.Model, g.cfg.Models)
 	}
-	session, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
+	sessionID, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
 	if rerr == nil {
-		rerr = checkSession(g.cfg.SessionHeader, session, mode)
+		rerr = checkSession(g.cfg.SessionHeader, sessionID, mode)
 	}
 	if rerr != nil {
 		g.fail(ctx, span, w, rerr)
@@ -39,7 +40,7 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	}
 	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 
-	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: session,
+	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		g.fail(ctx, span, w, rerr)
@@ -49,13 +50,18 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	x.run(ctx)
 }
 
-// checkSession validates the session headers.
-func checkSession(header, session, mode string) *RequestError {
-	switch {
-	case len(session) > api.MaxSessionIDLen:
-		return badRequest(header, "the %s header is %d bytes long, the limit is %d", header, len(session), api.MaxSessionIDLen)
-	case mode != "" && mode != "hard" && mode != "soft":
-		return badRequest(ModeHeader, "the %s header is %q: want hard or soft", ModeHeader, mode)
+// checkSession validates the session headers: the id's length, and the
+// mode, absent (the router's default) or what session.ParseMode accepts. The
+// mode is forwarded as the route API's session_mode string, unchanged.
+func checkSession(header, id, mode string) *RequestError {
+	if len(id) > api.MaxSessionIDLen {
+		return badRequest(header, "the %s header is %d bytes long, the limit is %d", header, len(id), api.MaxSessionIDLen)
+	}
+	if mode == "" {
+		return nil
+	}
+	if _, err := session.ParseMode(mode); err != nil {
+		return badRequest(ModeHeader, "the %s header: %v", ModeHeader, err)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
@@ -75,7 +76,7 @@ type testEngine struct {
 type fleetOpts struct {
 	replicas int
 	engines  int
-	mode     bindings.Mode // the replicas' default session mode (Hard when unset)
+	mode     session.Mode // the replicas' default session mode (Hard when unset)
 	// approximate runs the replicas in approximate mode and the engines
 	// without KV events.
 	approximate bool

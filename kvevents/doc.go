@@ -14,7 +14,7 @@
 //     events are rehashed the same way, so engine hashes are never compared
 //     across workers.
 //   - Subjects (subject.go): <prefix>.events.<model>.<worker>, names escaped
-//     one-to-one by SubjectToken.
+//     one-to-one by internal/escape's SubjectToken.
 //   - Our wire format (wire.go): a versioned positional msgpack Batch,
 //     encoded and decoded by hand over internal/msgpack's bounded byte
 //     reader (several times faster than vmihailenco/msgpack's Decoder on the

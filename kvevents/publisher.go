@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/escape"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -413,7 +414,7 @@ func (p *Publisher) appendHeader(dst []byte, firstID uint64, n int) []byte {
 // MsgID returns the Nats-Msg-Id of the batch of (model, worker, rank) in
 // epoch whose first event is firstID:
 // "<model token>.<worker token>.<rank>.<epoch>.<firstID>", numbers in
-// decimal, names escaped by SubjectToken. The stream deduplicates ids across
+// decimal, names escaped by escape.SubjectToken. The stream deduplicates ids across
 // all its subjects, so the id names everything that scopes an event id:
 // ranks of one worker process share its epoch, and two workers may be given
 // the same epoch.
@@ -422,7 +423,7 @@ func MsgID(model, worker string, rank uint32, epoch, firstID uint64) string {
 }
 
 func msgIDPrefix(model, worker string, rank uint32, epoch uint64) string {
-	return SubjectToken(model) + "." + SubjectToken(worker) + "." +
+	return escape.SubjectToken.Escape(model) + "." + escape.SubjectToken.Escape(worker) + "." +
 		strconv.FormatUint(uint64(rank), 10) + "." + strconv.FormatUint(epoch, 10) + "."
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouter/kvrouter/internal/escape"
 	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -481,7 +482,7 @@ func checkSubject(filter, subject string, b *Batch) error {
 	rest, ok := strings.CutPrefix(subject, root)
 	if ok {
 		mt, wt, ok2 := strings.Cut(rest, ".")
-		if ok2 && tokenMatches(mt, b.Model) && tokenMatches(wt, b.Worker) {
+		if ok2 && escape.SubjectToken.Matches(mt, b.Model) && escape.SubjectToken.Matches(wt, b.Worker) {
 			return nil
 		}
 	}

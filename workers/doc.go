@@ -29,8 +29,8 @@
 //
 // The value format is Info (info.go), validated on both encode and decode;
 // a malformed entry is counted and ignored by the view. Worker ids are
-// escaped into registry keys by keyTokens (escape.go: internal/escape's
-// scheme with '='); names in subjects use kvevents.SubjectToken.
+// escaped into registry keys by internal/escape's WorkerKey (KeyFor); names
+// in subjects by its SubjectToken.
 //
 // It does not own: the simulated engine (workers/sim), KV-cache events
 // (kvevents), what routers do on a departure (the router drops the worker

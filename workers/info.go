@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvrouter/kvrouter/internal/escape"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -115,11 +116,11 @@ func (i Info) Targets() []workerref.Target {
 func (i Info) Key() string { return KeyFor(i.ID) }
 
 // KeyFor returns the registry key for a worker id: the id escaped into the
-// KV key alphabet. The key is not scoped by model because the id alone is
+// KV key alphabet by escape.WorkerKey ('=' escapes, [A-Za-z0-9_-] kept). The key is not scoped by model because the id alone is
 // the worker's identity (workerref.Target and Live take no model); one
 // key per id lets Create's compare-and-set reject a duplicate id even when
 // the two processes claim different models.
-func KeyFor(id string) string { return keyTokens.Escape(id) }
+func KeyFor(id string) string { return escape.WorkerKey.Escape(id) }
 
 // ErrInvalidInfo is wrapped by every validation and decoding error of an
 // Info; the concrete error is an *InfoError.

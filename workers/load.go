@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/escape"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/nats-io/nats.go"
 )
@@ -70,13 +71,13 @@ func (r LoadReport) Validate() error {
 }
 
 // LoadSubject returns <prefix>.load.<model>.<worker>, model and worker
-// escaped by kvevents.SubjectToken (the same tokens as the worker's event
+// escaped by escape.SubjectToken (the same tokens as the worker's event
 // subject). An empty prefix means DefaultPrefix.
 func LoadSubject(prefix, model, worker string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return prefix + ".load." + kvevents.SubjectToken(model) + "." + kvevents.SubjectToken(worker)
+	return prefix + ".load." + escape.SubjectToken.Escape(model) + "." + escape.SubjectToken.Escape(worker)
 }
 
 // LoadFilter returns the subscription subject for one model's reports, or
@@ -88,7 +89,7 @@ func LoadFilter(prefix, model string) string {
 	if model == "" {
 		return prefix + ".load.*.*"
 	}
-	return prefix + ".load." + kvevents.SubjectToken(model) + ".*"
+	return prefix + ".load." + escape.SubjectToken.Escape(model) + ".*"
 }
 
 // EncodeLoad validates r and returns its JSON message.

@@ -310,30 +310,9 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) bool {
 		m.mu.Unlock()
 		return false
 	}
-	info, err := DecodeInfo(e.Value())
-	mismatch := err == nil && KeyFor(info.ID) != key
-	if mismatch {
-		err = &InfoError{ID: info.ID, Field: "id", Reason: fmt.Sprintf("stored under key %q, want %q", key, KeyFor(info.ID))}
-	}
+	info, mismatch, err := decodeEntry(key, e.Value())
 	if err != nil {
-		// Ignore the entry and keep what we had: the key still exists, so
-		// a known worker stays known until its key goes. One log line per
-		// episode: until the key holds a good value again.
-		if mismatch {
-			m.mismatched.Add(1)
-		} else {
-			m.malformed.Add(1)
-		}
-		first := !m.bad[key]
-		m.bad[key] = true
-		m.mu.Unlock()
-		switch {
-		case first && mismatch:
-			m.log.Warn("ignoring registry entry whose worker id does not match its key (further ones are only counted)",
-				"key", key, "worker", info.ID, "revision", e.Revision(), "err", err)
-		case first:
-			m.log.Warn("ignoring malformed registry entry", "key", key, "revision", e.Revision(), "err", err)
-		}
+		m.ignoreAndUnlock(key, info, e.Revision(), mismatch, err)
 		return false
 	}
 	delete(m.bad, key)
@@ -349,24 +328,75 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) bool {
 	}
 	cur := &member{info: info, raw: bytes.Clone(e.Value()), rev: e.Revision()}
 	if prev != nil && prev.ended {
-		if prev.info.Epoch == info.Epoch {
-			// A drained-out incarnation rewrote its value: its departure
-			// stays confirmed.
-			prev.raw, prev.rev = cur.raw, cur.rev
-			m.mu.Unlock()
-			return false
-		}
-		m.ended--
-		m.members[key] = cur
-		m.mu.Unlock()
-		m.restarts.Add(1)
-		m.joins.Add(1)
-		m.log.Info("worker restarted after its drain deadline", "worker", info.ID, "old_epoch", prev.info.Epoch, "epoch", info.Epoch)
-		call(m.cfg.OnJoin, info)
-		return true
+		return m.afterEndedAndUnlock(key, prev, cur)
 	}
 	m.members[key] = cur
 	m.mu.Unlock()
+	m.announce(prev, info)
+	return true
+}
+
+// decodeEntry decodes a registry value stored under key. An info whose id
+// does not escape to key is an error too (mismatch), so that one worker
+// can never appear under two keys.
+func decodeEntry(key string, value []byte) (info Info, mismatch bool, err error) {
+	info, err = DecodeInfo(value)
+	if err == nil && KeyFor(info.ID) != key {
+		return info, true, &InfoError{ID: info.ID, Field: "id", Reason: fmt.Sprintf("stored under key %q, want %q", key, KeyFor(info.ID))}
+	}
+	return info, false, err
+}
+
+// ignoreAndUnlock counts an entry that decodeEntry refused and releases
+// m.mu (held by the caller). The entry is ignored and the view keeps what
+// it had: the key still exists, so a known worker stays known until its
+// key goes. One log line per episode: until the key holds a good value
+// again.
+func (m *Membership) ignoreAndUnlock(key string, info Info, rev uint64, mismatch bool, err error) {
+	if mismatch {
+		m.mismatched.Add(1)
+	} else {
+		m.malformed.Add(1)
+	}
+	first := !m.bad[key]
+	m.bad[key] = true
+	m.mu.Unlock()
+	switch {
+	case first && mismatch:
+		m.log.Warn("ignoring registry entry whose worker id does not match its key (further ones are only counted)",
+			"key", key, "worker", info.ID, "revision", rev, "err", err)
+	case first:
+		m.log.Warn("ignoring malformed registry entry", "key", key, "revision", rev, "err", err)
+	}
+}
+
+// afterEndedAndUnlock applies cur, a good value of the same model, over
+// prev, an incarnation whose departure was confirmed at its drain
+// deadline, and releases m.mu (held by the caller): a rewrite by the same
+// epoch stays departed, a new epoch is a restart and joins.
+func (m *Membership) afterEndedAndUnlock(key string, prev, cur *member) bool {
+	if prev.info.Epoch == cur.info.Epoch {
+		// A drained-out incarnation rewrote its value: its departure
+		// stays confirmed.
+		prev.raw, prev.rev = cur.raw, cur.rev
+		m.mu.Unlock()
+		return false
+	}
+	m.ended--
+	m.members[key] = cur
+	m.mu.Unlock()
+	m.restarts.Add(1)
+	m.joins.Add(1)
+	m.log.Info("worker restarted after its drain deadline", "worker", cur.info.ID, "old_epoch", prev.info.Epoch, "epoch", cur.info.Epoch)
+	call(m.cfg.OnJoin, cur.info)
+	return true
+}
+
+// announce counts, logs and calls back what replacing prev (nil for a
+// new worker) by info means: a join, a restart (new epoch: the cache is
+// lost), a return within the departure grace, or an update; an info equal
+// to that of a prev that is not suspect calls nothing.
+func (m *Membership) announce(prev *member, info Info) {
 	switch {
 	case prev == nil:
 		m.joins.Add(1)
@@ -392,7 +422,6 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) bool {
 		}
 		call(m.cfg.OnUpdate, info)
 	}
-	return true
 }
 
 // vanishedAndUnlock handles a delete, purge or expiry marker for key

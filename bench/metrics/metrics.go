@@ -95,8 +95,9 @@ type Dist struct {
 // CDFPoints is the number of quantiles kept per distribution for charts.
 const CDFPoints = 101
 
-// WorkerLoad is what one worker served under one policy.
-type WorkerLoad struct {
+// WorkerTotals is what one worker served under one policy: a row of the
+// summary's per-worker table.
+type WorkerTotals struct {
 	Worker        string `json:"worker"`
 	Requests      int    `json:"requests"`
 	PrefillTokens int64  `json:"prefill_tokens"` // uncached prompt tokens it computed
@@ -145,9 +146,9 @@ type Summary struct {
 	OutputTokPerSec  float64 `json:"output_tokens_per_s"`
 	PrefillTokPerSec float64 `json:"prefill_tokens_per_s"`
 
-	Workers       []WorkerLoad `json:"workers"`
-	RequestSpread Spread       `json:"request_spread"`
-	PrefillSpread Spread       `json:"prefill_spread"`
+	Workers       []WorkerTotals `json:"workers"`
+	RequestSpread Spread         `json:"request_spread"`
+	PrefillSpread Spread         `json:"prefill_spread"`
 
 	Sessions      int `json:"sessions"`
 	SessionsMoved int `json:"sessions_moved"` // sessions served by more than one worker
@@ -204,9 +205,9 @@ type Options struct {
 func Summarize(recs []Record, opt Options) Summary {
 	s := Summary{Policy: opt.Policy, Requests: len(recs), UpperBound: opt.UpperBound, WallSeconds: opt.Wall.Seconds()}
 	var ttft, itl, e2e, route, queue []float64
-	loads := make(map[string]*WorkerLoad)
+	loads := make(map[string]*WorkerTotals)
 	for _, w := range opt.Workers {
-		loads[w] = &WorkerLoad{Worker: w}
+		loads[w] = &WorkerTotals{Worker: w}
 	}
 	var routerBlocks, outTok, prefillTok int64
 	var first, last time.Duration = -1, 0
@@ -257,7 +258,7 @@ func Summarize(recs []Record, opt Options) Summary {
 		if r.Worker != "" {
 			l := loads[r.Worker]
 			if l == nil {
-				l = &WorkerLoad{Worker: r.Worker}
+				l = &WorkerTotals{Worker: r.Worker}
 				loads[r.Worker] = l
 			}
 			l.Requests++

@@ -30,7 +30,7 @@ import (
 type oracle struct {
 	mu    sync.Mutex
 	loads LoadProbe // the router's load view; nil = own bookkeeping
-	view  map[string]WorkerLoad
+	view  map[string]LoadSample
 	// busyPrefill and busyDecode are the router's queue thresholds in
 	// tokens and blocks (0 = no queueing): with the router's load view the
 	// oracle, like the router, picks among workers that are not busy while
@@ -59,7 +59,7 @@ type booking struct {
 }
 
 func newOracle(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64, busyPrefill, busyDecode float64) *oracle {
-	o := &oracle{probe: probe, loads: loads, view: map[string]WorkerLoad{}, busyPrefill: busyPrefill, busyDecode: busyDecode, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+	o := &oracle{probe: probe, loads: loads, view: map[string]LoadSample{}, busyPrefill: busyPrefill, busyDecode: busyDecode, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
 		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
 	for _, w := range workers {
 		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}

@@ -16,9 +16,9 @@ func (m mapProbe) CachedPrefix(_ []kvevents.SeqHash, out map[string]int) {
 	}
 }
 
-type mapLoads map[string]WorkerLoad
+type mapLoads map[string]LoadSample
 
-func (m mapLoads) Loads(_ context.Context, out map[string]WorkerLoad) error {
+func (m mapLoads) Loads(_ context.Context, out map[string]LoadSample) error {
 	for w, l := range m {
 		out[w] = l
 	}

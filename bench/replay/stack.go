@@ -69,8 +69,9 @@ type CacheProbe interface {
 	CachedPrefix(hashes []kvevents.SeqHash, out map[string]int)
 }
 
-// WorkerLoad is a worker's load as a router replica predicts it.
-type WorkerLoad struct {
+// LoadSample is one worker's load as a router replica predicts it (summed
+// over its ranks), as read through a LoadProbe.
+type LoadSample struct {
 	PrefillTokens  int
 	DecodeBlocks   int
 	ActiveRequests int
@@ -78,7 +79,7 @@ type WorkerLoad struct {
 
 // LoadProbe reads the router's own load view (the default cost's inputs).
 type LoadProbe interface {
-	Loads(ctx context.Context, out map[string]WorkerLoad) error
+	Loads(ctx context.Context, out map[string]LoadSample) error
 }
 
 // Stack is one fleet with its routers, fresh for one policy.

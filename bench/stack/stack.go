@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/sim"
@@ -231,9 +232,9 @@ func registryConfig(log *slog.Logger) workers.RegistryConfig {
 
 func (s *Stack) replicaConfig(i int) host.Config {
 	cfg := s.cfg
-	mode := bindings.Hard
+	mode := session.Hard
 	if cfg.SessionMode == replay.SessionSoft {
-		mode = bindings.Soft
+		mode = session.Soft
 	}
 	hc := host.Config{
 		ReplicaID: "bench-r" + strconv.Itoa(i),
@@ -405,7 +406,7 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 }
 
 // Loads asks one replica (the queue group picks it) for its load view.
-func (r *router) Loads(ctx context.Context, out map[string]replay.WorkerLoad) error {
+func (r *router) Loads(ctx context.Context, out map[string]replay.LoadSample) error {
 	resp, err := r.c.Workers(ctx, r.model)
 	if err != nil {
 		return err

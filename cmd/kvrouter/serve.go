@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workers"
 	"go.yaml.in/yaml/v3"
 )
@@ -161,7 +162,7 @@ func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	if err := gateway.CheckTokenizer(*f.openaiTok); err != nil {
 		return host.Config{}, fmt.Errorf("--openai-tokenizer: %w", err)
 	}
-	mode, err := bindings.ParseMode(*f.sessionMode)
+	mode, err := session.ParseMode(*f.sessionMode)
 	if err != nil {
 		return host.Config{}, fmt.Errorf("--session-mode: %w", err)
 	}

@@ -1,7 +1,8 @@
 // Package natsauth holds what deploy/nats/auth.conf needs from Go: the
 // values of a worker user's subject variables, computed with the escapings
-// the components use (kvevents.SubjectToken, workers.KeyFor), so they can
-// never drift apart. The permission tests of auth.conf are in this
+// the components use (their subject builders, which escape with
+// internal/escape's SubjectToken, and workers.KeyFor), so they can never
+// drift apart. The permission tests of auth.conf are in this
 // directory too (auth_test.go); `go run ./deploy/nats/workerenv` prints the
 // variables for one worker.
 //

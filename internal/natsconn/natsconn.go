@@ -162,6 +162,24 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
+	opts := clientOptions(cfg, log)
+	if emb != nil && emb.Server != nil {
+		return nats.Connect("", append(opts, embeddedOptions(cfg, emb)...)...)
+	}
+	if cfg.URLs == "" {
+		return nil, fmt.Errorf("%w: no NATS URL given and no embedded server (use --nats-url or --embedded-nats)", ErrConfig)
+	}
+	remote, err := remoteOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return dialRetrying(ctx, cfg.URLs, append(opts, remote...), log)
+}
+
+// clientOptions are the options of every connection: its name, endless
+// reconnects, the logging of disconnects, reconnects and async errors, and
+// the inbox prefix.
+func clientOptions(cfg Config, log *slog.Logger) []nats.Option {
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -183,22 +201,29 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 	if cfg.InboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
 	}
-	if emb != nil && emb.Server != nil {
-		opts = append(opts, nats.InProcessServer(emb.Server))
-		if emb.Auth.On {
-			// The process's own connection authenticates like any other:
-			// in-process clients are not exempt.
-			user, pw := emb.Auth.User, emb.Auth.Password
-			if cfg.User != "" {
-				user, pw = cfg.User, cfg.Password
-			}
-			opts = append(opts, nats.UserInfo(user, pw))
+	return opts
+}
+
+// embeddedOptions connect in-process to emb's server, with its own user
+// (or cfg's, when given) when the server requires authentication.
+func embeddedOptions(cfg Config, emb *Embedded) []nats.Option {
+	opts := []nats.Option{nats.InProcessServer(emb.Server)}
+	if emb.Auth.On {
+		// The process's own connection authenticates like any other:
+		// in-process clients are not exempt.
+		user, pw := emb.Auth.User, emb.Auth.Password
+		if cfg.User != "" {
+			user, pw = cfg.User, cfg.Password
 		}
-		return nats.Connect("", opts...)
+		opts = append(opts, nats.UserInfo(user, pw))
 	}
-	if cfg.URLs == "" {
-		return nil, fmt.Errorf("%w: no NATS URL given and no embedded server (use --nats-url or --embedded-nats)", ErrConfig)
-	}
+	return opts
+}
+
+// remoteOptions are the credentials (creds file, NKey seed, user and
+// password) and TLS of a connection to a remote server.
+func remoteOptions(cfg Config) ([]nats.Option, error) {
+	var opts []nats.Option
 	if cfg.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}
@@ -219,21 +244,25 @@ func Connect(ctx context.Context, cfg Config, emb *Embedded, log *slog.Logger) (
 		}
 		opts = append(opts, nats.Secure(tc))
 	}
-	var nc *nats.Conn
-	// Retry the first connect until ctx ends: in a fresh deployment the
-	// router may start before the NATS cluster.
+	return opts, nil
+}
+
+// dialRetrying connects to urls, retrying the first connect every second
+// until ctx ends: in a fresh deployment the router may start before the
+// NATS cluster. An authorization or certificate error is not retried.
+func dialRetrying(ctx context.Context, urls string, opts []nats.Option, log *slog.Logger) (*nats.Conn, error) {
 	for {
-		nc, err = nats.Connect(cfg.URLs, opts...)
+		nc, err := nats.Connect(urls, opts...)
 		if err == nil {
 			return nc, nil
 		}
 		if errors.Is(err, nats.ErrAuthorization) || strings.Contains(err.Error(), "x509") {
-			return nil, fmt.Errorf("connect %s: %w", redactURLs(cfg.URLs), err)
+			return nil, fmt.Errorf("connect %s: %w", redactURLs(urls), err)
 		}
-		log.Warn("NATS connect failed, retrying", "urls", redactURLs(cfg.URLs), "err", err)
+		log.Warn("NATS connect failed, retrying", "urls", redactURLs(urls), "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connect %s: %w (last error: %v)", redactURLs(cfg.URLs), ctx.Err(), err)
+			return nil, fmt.Errorf("connect %s: %w (last error: %v)", redactURLs(urls), ctx.Err(), err)
 		case <-time.After(time.Second):
 		}
 	}

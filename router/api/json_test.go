@@ -149,6 +149,21 @@ func BenchmarkDecodeRouteRequest2048(b *testing.B) {
 		toks[i] = uint32(i*7919) % 128000
 	}
 	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
+	benchDecodeRouteRequest(b, body)
+}
+
+// BenchmarkDecodeRouteRequestStrings: a request made mostly of strings,
+// some plain (rawString's fast path) and some with escapes, \u escapes and
+// a surrogate pair (its unescaping path).
+func BenchmarkDecodeRouteRequestStrings(b *testing.B) {
+	body := []byte(`{"v":1,"request_id":"req-0123456789abcdef","model":"meta-llama/Llama-3.1-8B","token_ids":[1,2,3],` +
+		`"session_id":"chat \"7f3a9c\"\n\u00e9\ud83d\ude00 and a longer plain tail","cache_salt":"salt\\with\/slashes",` +
+		`"lora_name":"adapter-\u0041\t","allowed_workers":["worker-0001","worker-0002","worker-0003"],"expected_output_tokens":256}`)
+	benchDecodeRouteRequest(b, body)
+}
+
+// benchDecodeRouteRequest decodes body into one reused request.
+func benchDecodeRouteRequest(b *testing.B, body []byte) {
 	var r RouteRequest
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()

@@ -227,16 +227,19 @@ func (d *decoder) rawString(field string) ([]byte, *Error) {
 			return s, nil
 		}
 		if c == '\\' {
-			break
+			return d.unescapeString(field, start)
 		}
 		if c < 0x20 {
 			return nil, d.errf(field, "invalid JSON: control byte 0x%02x in string at offset %d", c, d.pos)
 		}
 		d.pos++
 	}
-	if d.pos >= len(d.buf) {
-		return nil, d.errf(field, "invalid JSON: unterminated string")
-	}
+	return nil, d.errf(field, "invalid JSON: unterminated string")
+}
+
+// unescapeString is rawString past the string's first escape, at d.pos:
+// it copies the string from start into d.scratch, unescaping as it goes.
+func (d *decoder) unescapeString(field string, start int) ([]byte, *Error) {
 	d.scratch = append(d.scratch[:0], d.buf[start:d.pos]...)
 	for d.pos < len(d.buf) {
 		c := d.buf[d.pos]
@@ -274,29 +277,9 @@ func (d *decoder) rawString(field string) ([]byte, *Error) {
 		case 't':
 			d.scratch = append(d.scratch, '\t')
 		case 'u':
-			r, ok := d.hex4()
+			r, ok := d.unicodeEscape()
 			if !ok {
 				return nil, d.errf(field, "invalid JSON: bad \\u escape at offset %d", d.pos)
-			}
-			if utf16.IsSurrogate(r) {
-				// A pair is \uD8xx\uDCxx; a lone surrogate becomes U+FFFD as in encoding/json.
-				save := d.pos
-				if d.pos+1 < len(d.buf) && d.buf[d.pos] == '\\' && d.buf[d.pos+1] == 'u' {
-					d.pos += 2
-					if r2, ok := d.hex4(); ok {
-						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-							r = dec
-						} else {
-							r = utf8.RuneError
-							d.pos = save
-						}
-					} else {
-						r = utf8.RuneError
-						d.pos = save
-					}
-				} else {
-					r = utf8.RuneError
-				}
 			}
 			d.scratch = utf8.AppendRune(d.scratch, r)
 		default:
@@ -304,6 +287,27 @@ func (d *decoder) rawString(field string) ([]byte, *Error) {
 		}
 	}
 	return nil, d.errf(field, "invalid JSON: unterminated string")
+}
+
+// unicodeEscape reads the four hex digits of a \u escape (d.pos is past
+// the 'u') and, for a high surrogate, the low one of its pair. A pair is
+// \uD8xx\uDCxx; a lone surrogate becomes U+FFFD as in encoding/json, and
+// what follows it is read as it is. ok is false for bad hex digits.
+func (d *decoder) unicodeEscape() (r rune, ok bool) {
+	if r, ok = d.hex4(); !ok || !utf16.IsSurrogate(r) {
+		return r, ok
+	}
+	save := d.pos
+	if d.pos+1 < len(d.buf) && d.buf[d.pos] == '\\' && d.buf[d.pos+1] == 'u' {
+		d.pos += 2
+		if r2, ok := d.hex4(); ok {
+			if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+				return dec, true
+			}
+		}
+		d.pos = save
+	}
+	return utf8.RuneError, true
 }
 
 func (d *decoder) hex4() (rune, bool) {

@@ -165,7 +165,7 @@ type WorkerStatus struct {
 	Epoch            uint64            `json:"epoch"`
 	Labels           map[string]string `json:"labels,omitempty"`
 	IndexedBlocks    int               `json:"indexed_blocks"`
-	Load             *WorkerLoad       `json:"load,omitempty"`
+	Load             *PredictedLoad    `json:"load,omitempty"`
 	// Reported is the last load report the worker rank published (the
 	// simulator's, or a bridge's scrape of its engine), absent before the
 	// first.
@@ -184,8 +184,9 @@ type ReportedLoad struct {
 	AgeMS int64 `json:"age_ms"`
 }
 
-// WorkerLoad is a worker rank's load as this replica predicts it.
-type WorkerLoad struct {
+// PredictedLoad is a worker rank's load as this replica predicts it (its
+// scheduler's bookings), beside the ReportedLoad the engine published.
+type PredictedLoad struct {
 	ActiveRequests int `json:"active_requests"`
 	PrefillTokens  int `json:"prefill_tokens"`
 	DecodeBlocks   int `json:"decode_blocks"`

@@ -1,6 +1,6 @@
 package api
 
-import "github.com/kvrouter/kvrouter/kvevents"
+import "github.com/kvrouter/kvrouter/internal/escape"
 
 // DefaultPrefix is the subject prefix of every kvrouter subject.
 const DefaultPrefix = "kvr"
@@ -10,7 +10,7 @@ const DefaultPrefix = "kvr"
 const DefaultQueueGroup = "kvr-router"
 
 // Subjects of the NATS API. Model and replica names are escaped with
-// kvevents.SubjectToken so that any name is one valid token.
+// internal/escape's SubjectToken so that any name is one valid token.
 //
 //	<prefix>.route.<model>            route request -> RouteResponse (queue group)
 //	<prefix>.prefill_done.<model>     LifecycleRequest -> LifecycleResponse (queue group)
@@ -30,7 +30,7 @@ func LifecycleSubject(prefix, op, model string) string { return subj(prefix, op,
 // ReplicaSubject is the subject of a lifecycle op addressed to one replica:
 // the replica that holds the request's booking (RouteResponse.Replica).
 func ReplicaSubject(prefix, replica, op string) string {
-	return PrefixOrDefault(prefix) + ".replica." + kvevents.SubjectToken(replica) + "." + op
+	return PrefixOrDefault(prefix) + ".replica." + escape.SubjectToken.Escape(replica) + "." + op
 }
 
 // WorkersSubject lists a model's workers as one replica sees them.
@@ -50,7 +50,7 @@ func BookingsSubject(prefix, model string) string { return subj(prefix, "booking
 func DecisionsSubject(prefix, model string) string { return subj(prefix, "decisions", model) }
 
 func subj(prefix, kind, model string) string {
-	return PrefixOrDefault(prefix) + "." + kind + "." + kvevents.SubjectToken(model)
+	return PrefixOrDefault(prefix) + "." + kind + "." + escape.SubjectToken.Escape(model)
 }
 
 // PrefixOrDefault is prefix, or DefaultPrefix when it is empty.

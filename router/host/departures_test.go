@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -67,13 +68,13 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 	}
 
 	// The sessions: one Hard binding each, three per worker.
-	type session struct {
+	type testSession struct {
 		name  string
 		bound string
 	}
-	var sessions []session
+	var sessions []testSession
 	for i := range 3 * len(ids) {
-		sessions = append(sessions, session{name: fmt.Sprint("s", i), bound: ids[i%len(ids)]})
+		sessions = append(sessions, testSession{name: fmt.Sprint("s", i), bound: ids[i%len(ids)]})
 	}
 	var (
 		m        *workers.Membership
@@ -112,7 +113,7 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 
 	// selectFor is the scheduler's pin rule in miniature: the bound worker
 	// while it is available, else another (HardFallback).
-	selectFor := func(s session) bindings.Selector {
+	selectFor := func(s testSession) bindings.Selector {
 		return func(_ context.Context, req *bindings.Requirement) (workerref.Target, error) {
 			if req == nil {
 				return workerref.Any(s.bound), nil
@@ -138,8 +139,8 @@ func TestRegistryFailoverDepartsNoWorker(t *testing.T) {
 		outcomes = map[bindings.Outcome]int{}
 		failed   int
 	)
-	route := func(ctx context.Context, s session) {
-		res, err := table.RouteMode(ctx, testModel, s.name, bindings.Hard, selectFor(s))
+	route := func(ctx context.Context, s testSession) {
+		res, err := table.RouteMode(ctx, testModel, s.name, session.Hard, selectFor(s))
 		mu.Lock()
 		defer mu.Unlock()
 		var hc *bindings.HardConflictError

@@ -27,14 +27,13 @@
 // scheduler's), NATS connection setup (internal/natsconn) or exporters
 // (internal/telemetry: the replica takes a MeterProvider and a
 // TracerProvider in Config.Telemetry and a /metrics handler in
-// Config.MetricsHandler). Nor does it own any routing rule: the pin rule
-// and the policies live in router/scheduler, the commit rule (create,
-// renew, re-bind, reject) in bindings, event ordering in kvevents'
-// subscriber and the prefix index in router/index. The host calls each
-// once per request; the single place where a binding's mode becomes a
-// scheduling strength is strengthOf in route.go, and the single place
-// where a dependency's error becomes an API error is mapError in
-// maperr.go.
+// Config.MetricsHandler). Nor does it own any routing rule: the pin rule and
+// the policies live in router/scheduler, the commit rule (create, renew,
+// re-bind, reject) in bindings, event ordering in kvevents' subscriber and
+// the prefix index in router/index. The host calls each once per request;
+// a binding's mode (session.Mode) is the scheduling requirement's as it is,
+// and the single place where a dependency's error becomes an API error is
+// mapError in maperr.go.
 //
 // Where to start reading:
 //   - replica.go: New/Start/Close, what a replica sets up on start (each

@@ -8,6 +8,7 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
@@ -157,10 +158,10 @@ func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
 	}
 	for _, name := range names {
 		ms := r.models[name]
-		loads := map[[2]string]api.WorkerLoad{}
+		loads := map[workerref.Target]api.PredictedLoad{}
 		all, _ := ms.sched.Loads(context.Background())
 		for _, l := range all {
-			loads[[2]string{l.Key.Worker, strconv.FormatUint(uint64(l.Key.Rank), 10)}] = api.WorkerLoad{
+			loads[workerKeyOf(l.Key.Worker, l.Key.Rank)] = api.PredictedLoad{
 				ActiveRequests: l.ActiveRequests, PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks}
 		}
 		for _, w := range ms.workerList() {
@@ -168,7 +169,7 @@ func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
 				ws := api.WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
 					BlockSize: w.BlockSize, KVBlocks: w.KVBlocks, MaxBatchedTokens: w.MaxBatchedTokens, MaxSeqs: w.MaxSeqs,
 					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: ms.index.WorkerBlocks(workerKeyOf(w.ID, rank))}
-				if l, ok := loads[[2]string{w.ID, strconv.FormatUint(uint64(rank), 10)}]; ok {
+				if l, ok := loads[workerKeyOf(w.ID, rank)]; ok {
 					ws.Load = &l
 				}
 				ws.Reported = ms.reportedStatus(workerKeyOf(w.ID, rank))

@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -49,15 +50,6 @@ func (r *Replica) putScratch(s *routeScratch) {
 		s.out = nil
 	}
 	r.scratch.Put(s)
-}
-
-// strengthOf is THE mapping from a session binding's mode to the strength
-// of the scheduling requirement (the architecture's "one line in the host").
-func strengthOf(m bindings.Mode) scheduler.Strength {
-	if m == bindings.Soft {
-		return scheduler.Soft
-	}
-	return scheduler.Hard
 }
 
 // Route decides where one request goes: validate, hash, look up the prefix
@@ -100,7 +92,7 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 	ctx = s.tel.start(ctx, r)
 	defer func() { err = s.tel.end(ctx, err) }()
 
-	ms, e := r.validate(req)
+	ms, mode, e := r.validate(req)
 	if e != nil {
 		return e
 	}
@@ -116,7 +108,7 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 
 	hashes, tokens := r.lookup(ms, req, s)
 	sel := s.sel.begin(r, ms, &s.tel, r.requirement(req, hashes, tokens, t0, s))
-	res, err := r.selectAndBind(ctx, req, s)
+	res, err := r.selectAndBind(ctx, req, mode, s)
 	if err != nil {
 		sel.release()
 		return err
@@ -168,7 +160,7 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 		sr.Pinned = &s.sel.pin
 	}
 	if req.Prefer != nil {
-		s.sel.prefer = scheduler.Affinity{Target: req.Prefer.Target(), Strength: scheduler.Soft}
+		s.sel.prefer = scheduler.Affinity{Target: req.Prefer.Target(), Mode: session.Soft}
 	}
 	return sr
 }
@@ -182,25 +174,32 @@ func (r *Replica) deadlineOf(req *api.RouteRequest) time.Duration {
 	return r.cfg.DefaultDeadline
 }
 
-// sessionMode is the binding mode a request asks for (validated): "" is
-// bindings.ModeUnset, the table's default (serve --session-mode). The
-// bindings table applies it only to a binding the request creates: the
-// mode stored in an existing binding wins (bindings.Table.RouteMode).
-func sessionMode(s string) bindings.Mode {
-	m, _ := bindings.ParseMode(s)
-	return m
+// requestMode is the binding mode a request asks for: "" (absent) is
+// session.Unset, the table's default (serve --session-mode); anything
+// session.ParseMode refuses is a bad session_mode. The bindings table
+// applies it only to a binding the request creates: the mode stored in an
+// existing binding wins (bindings.Table.RouteMode).
+func requestMode(s string) (session.Mode, *api.Error) {
+	if s == "" {
+		return session.Unset, nil
+	}
+	m, err := session.ParseMode(s)
+	if err != nil {
+		return session.Unset, api.BadField("session_mode", "%v", err)
+	}
+	return m, nil
 }
 
 // selectAndBind selects a worker: directly for a request without a
 // session, through the bindings table (which reads the binding, calls the
 // selection with it as the requirement and commits the outcome) for one
 // with a session.
-func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, s *routeScratch) (bindings.Result, error) {
+func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, mode session.Mode, s *routeScratch) (bindings.Result, error) {
 	if req.SessionID == "" {
 		_, err := s.choose(ctx, nil)
 		return bindings.Result{}, err
 	}
-	res, err := r.table.RouteMode(ctx, req.Model, req.SessionID, sessionMode(req.SessionMode), s.choose)
+	res, err := r.table.RouteMode(ctx, req.Model, req.SessionID, mode, s.choose)
 	s.tel.bound(&res)
 	if err != nil && s.sel.schedErr == nil && bindingsUnanswered(err) {
 		err = &bindingsUnavailableError{session: req.SessionID, err: err}
@@ -277,7 +276,7 @@ func (sel *selection) choose(ctx context.Context, q *bindings.Requirement) (work
 		sel.req.Affinity = &sel.prefer
 	}
 	if q != nil {
-		sel.bind = scheduler.Affinity{Target: q.Target, Strength: strengthOf(q.Mode)}
+		sel.bind = scheduler.Affinity{Target: q.Target, Mode: q.Mode}
 		sel.req.Affinity = &sel.bind
 	}
 	t0 := time.Now()
@@ -333,52 +332,55 @@ func (r *Replica) promptHashes(ms *modelState, req *api.RouteRequest, s *routeSc
 }
 
 // validate checks what the decoder cannot: presence, consistency, the
-// model's block size. Errors name the field.
-func (r *Replica) validate(req *api.RouteRequest) (*modelState, *api.Error) {
+// model's block size. Errors name the field. It returns the model and the
+// session mode the request asks for.
+func (r *Replica) validate(req *api.RouteRequest) (*modelState, session.Mode, *api.Error) {
 	if req.V != 0 && req.V != api.APIVersion {
-		return nil, api.BadField("v", "version %d is not supported (this replica speaks %d)", req.V, api.APIVersion)
+		return nil, session.Unset, api.BadField("v", "version %d is not supported (this replica speaks %d)", req.V, api.APIVersion)
 	}
 	ms, e := r.model(req.Model)
 	if e != nil {
-		return nil, e
+		return nil, session.Unset, e
 	}
 	switch {
 	case len(req.TokenIDs) > 0 && len(req.BlockHashes) > 0:
-		return nil, api.BadField("token_ids", "give either token_ids or block_hashes, not both")
+		return nil, session.Unset, api.BadField("token_ids", "give either token_ids or block_hashes, not both")
 	case len(req.TokenIDs) == 0 && len(req.BlockHashes) == 0 && req.InputTokens == 0:
-		return nil, api.BadField("token_ids", "the prompt is required: give token_ids, block_hashes or (to route on load alone) input_tokens")
+		return nil, session.Unset, api.BadField("token_ids", "the prompt is required: give token_ids, block_hashes or (to route on load alone) input_tokens")
 	case len(req.BlockHashes) > 0 && req.BlockSize == 0:
-		return nil, api.BadField("block_size", "is required with block_hashes (model %q uses %d)", req.Model, ms.blockSize)
+		return nil, session.Unset, api.BadField("block_size", "is required with block_hashes (model %q uses %d)", req.Model, ms.blockSize)
 	case req.BlockSize != 0 && req.BlockSize != ms.blockSize:
-		return nil, api.BadField("block_size", "%d does not match model %q's block size %d", req.BlockSize, req.Model, ms.blockSize)
+		return nil, session.Unset, api.BadField("block_size", "%d does not match model %q's block size %d", req.BlockSize, req.Model, ms.blockSize)
 	case req.InputTokens < 0:
-		return nil, api.BadField("input_tokens", "must not be negative")
+		return nil, session.Unset, api.BadField("input_tokens", "must not be negative")
 	case len(req.BlockHashes) > 0 && req.InputTokens > 0 && req.InputTokens < len(req.BlockHashes)*ms.blockSize:
-		return nil, api.BadField("input_tokens", "%d is less than %d blocks of %d tokens", req.InputTokens, len(req.BlockHashes), ms.blockSize)
+		return nil, session.Unset, api.BadField("input_tokens", "%d is less than %d blocks of %d tokens", req.InputTokens, len(req.BlockHashes), ms.blockSize)
 	case req.ExpectedOutputTokens < 0:
-		return nil, api.BadField("expected_output_tokens", "must not be negative")
+		return nil, session.Unset, api.BadField("expected_output_tokens", "must not be negative")
 	case req.DeadlineMS < 0:
-		return nil, api.BadField("deadline_ms", "must not be negative")
+		return nil, session.Unset, api.BadField("deadline_ms", "must not be negative")
 	case req.Pin != nil && req.Prefer != nil:
-		return nil, api.BadField("prefer", "pin and prefer are exclusive: a pin is already exact")
+		return nil, session.Unset, api.BadField("prefer", "pin and prefer are exclusive: a pin is already exact")
 	case len(req.SessionID) > api.MaxSessionIDLen:
-		return nil, api.BadField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), api.MaxSessionIDLen)
-	case req.SessionMode != "" && req.SessionMode != "hard" && req.SessionMode != "soft":
-		return nil, api.BadField("session_mode", "%q is not a mode (want \"hard\" or \"soft\")", req.SessionMode)
+		return nil, session.Unset, api.BadField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), api.MaxSessionIDLen)
+	}
+	mode, e := requestMode(req.SessionMode)
+	if e != nil {
+		return nil, session.Unset, e
 	}
 	if req.Pin != nil && req.Pin.Worker == "" {
-		return nil, api.BadField("pin.worker", "is required")
+		return nil, session.Unset, api.BadField("pin.worker", "is required")
 	}
 	if req.Prefer != nil && req.Prefer.Worker == "" {
-		return nil, api.BadField("prefer.worker", "is required")
+		return nil, session.Unset, api.BadField("prefer.worker", "is required")
 	}
 	for i, w := range req.AllowedWorkers {
 		if w == "" {
-			return nil, api.BadField("allowed_workers", "entry %d is empty", i)
+			return nil, session.Unset, api.BadField("allowed_workers", "entry %d is empty", i)
 		}
 	}
 	if len(req.RequestID) > api.MaxRequestIDLen {
-		return nil, api.BadField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), api.MaxRequestIDLen)
+		return nil, session.Unset, api.BadField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), api.MaxRequestIDLen)
 	}
-	return ms, nil
+	return ms, mode, nil
 }

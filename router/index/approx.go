@@ -167,97 +167,136 @@ func (a *Approx) Record(k workerref.Target, hashes []kvevents.SeqHash, now time.
 	deadline := now.Add(a.cfg.TTL).UnixNano()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	x := a.idx
-	x.wmu.Lock()
-	defer x.wmu.Unlock()
+	a.idx.wmu.Lock()
+	defer a.idx.wmu.Unlock()
 	id := a.workerID(k)
-	aw := &a.ws[id]
-	if aw.w == nil {
-		if aw.w = x.worker(k, true); aw.w == nil {
-			x.ctr.refused.Add(uint64(len(hashes))) // every slot taken
-			return
-		}
-		aw.w.engines.ident = true
+	w := a.recordingWorker(k, id, len(hashes))
+	if w == nil {
+		return
 	}
-	w := aw.w
-	r := a.newRec(deadline, id, aw.gen)
-	var c batchCounts
-	refreshed := 0
 	// Consecutive blocks usually share their previous owner (the last
-	// call that named the prefix): remember its deadline.
-	last, lastAt := ^uint64(0), int64(0)
+	// call that named the prefix): rc remembers its deadline.
+	rc := approxRecording{w: w, rec: a.newRec(deadline, id, a.ws[id].gen), deadline: deadline, last: ^uint64(0)}
 	for len(hashes) > 0 {
 		n := min(len(hashes), approxChunk)
-		var mh, sh [approxChunk]uint64
-		var fresh [approxChunk]kvevents.SeqHash
-		var sink uint64
-		for i, h := range hashes[:n] {
-			mh[i] = mix(uint64(h))
-			sink += w.engines.touch(mh[i])
-		}
-		nf := 0
-		for i, h := range hashes[:n] {
-			at, o, found := w.engines.probeWord(uint64(h), mh[i])
-			if !found {
-				if h == 0 {
-					w.engines.put(0, ownerWord(r, 0))
-				} else {
-					w.engines.insertProbed(at, uint64(h), mh[i], ownerWord(r, mh[i]))
-				}
-				fresh[nf], sh[nf] = h, mh[i]
-				nf++
-				continue
-			}
-			refreshed++
-			if o = uint64(uint32(o)); o != last {
-				last, lastAt = o, a.recs[o].deadline
-			}
-			if deadline > lastAt {
-				if h == 0 {
-					w.engines.put(0, ownerWord(r, 0))
-				} else {
-					w.engines.s[2*at+1] = ownerWord(r, mh[i])
-				}
-			}
-		}
-		if nf > 0 {
-			// A tight loop of independent loads overlaps their misses;
-			// inside the classifying loop above only a few would.
-			for i := range nf {
-				sink += x.shardOf(sh[i]).touch(sh[i])
-			}
-			for i, h := range fresh[:nf] {
-				if x.shardOf(sh[i]).add(uint64(h), sh[i], w.slot) {
-					w.entries++
-					c.delta++
-				}
-			}
-			c.stored += uint64(nf)
-			rec := &a.recs[r]
-			if rec.hashes == nil {
-				// Room for every block still to come, so later chunks
-				// never grow the list outside the pool.
-				rec.hashes = a.getList(nf + len(hashes) - n)
-			}
-			rec.hashes = append(rec.hashes, fresh[:nf]...)
-			a.entries += nf
-			a.queued += nf
-		}
-		w.sink += sink
+		a.recordChunk(&rc, hashes[:n], len(hashes)-n)
 		hashes = hashes[n:]
 	}
-	if refreshed > 0 {
-		a.refreshed.Add(uint64(refreshed))
+	if rc.refreshed > 0 {
+		a.refreshed.Add(uint64(rc.refreshed))
 	}
-	if c.stored > 0 {
-		a.recorded.Add(c.stored)
+	if rc.c.stored > 0 {
+		a.recorded.Add(rc.c.stored)
 	}
-	x.flush(&c)
+	a.idx.flush(&rc.c)
 	a.pruneLocked(now.UnixNano(), -1)
 	if a.entries > a.cfg.MaxBlocks {
 		a.evictLocked(int(float64(a.cfg.MaxBlocks) * a.cfg.PruneTarget))
 	}
 	a.publishFirst()
+}
+
+// approxRecording is the state of one Record call across its chunks.
+type approxRecording struct {
+	w         *worker
+	rec       uint32 // the call's record handle
+	deadline  int64
+	last      uint64 // the previous owner seen, and its deadline
+	lastAt    int64
+	refreshed int
+	c         batchCounts
+}
+
+// recordingWorker returns the index's worker of k (id), creating it in
+// identity mode on its first Record; nil when every worker slot is taken
+// (the n hashes are counted refused).
+func (a *Approx) recordingWorker(k workerref.Target, id uint32, n int) *worker {
+	aw := &a.ws[id]
+	if aw.w == nil {
+		if aw.w = a.idx.worker(k, true); aw.w == nil {
+			a.idx.ctr.refused.Add(uint64(n)) // every slot taken
+			return nil
+		}
+		aw.w.engines.ident = true
+	}
+	return aw.w
+}
+
+// recordChunk records one chunk of at most approxChunk hashes, rest more
+// following: a block the worker's table already holds gets the call as
+// its owner when that moves its deadline later, a new one is inserted in
+// the table and handed to addFresh.
+func (a *Approx) recordChunk(rc *approxRecording, chunk []kvevents.SeqHash, rest int) {
+	w := rc.w
+	var mh, sh [approxChunk]uint64
+	var fresh [approxChunk]kvevents.SeqHash
+	var sink uint64
+	for i, h := range chunk {
+		mh[i] = mix(uint64(h))
+		sink += w.engines.touch(mh[i])
+	}
+	// The loop's state in locals, written back after it.
+	r, deadline, last, lastAt, refreshed := rc.rec, rc.deadline, rc.last, rc.lastAt, 0
+	nf := 0
+	for i, h := range chunk {
+		at, o, found := w.engines.probeWord(uint64(h), mh[i])
+		if !found {
+			if h == 0 {
+				w.engines.put(0, ownerWord(r, 0))
+			} else {
+				w.engines.insertProbed(at, uint64(h), mh[i], ownerWord(r, mh[i]))
+			}
+			fresh[nf], sh[nf] = h, mh[i]
+			nf++
+			continue
+		}
+		refreshed++
+		if o = uint64(uint32(o)); o != last {
+			last, lastAt = o, a.recs[o].deadline
+		}
+		if deadline > lastAt {
+			if h == 0 {
+				w.engines.put(0, ownerWord(r, 0))
+			} else {
+				w.engines.s[2*at+1] = ownerWord(r, mh[i])
+			}
+		}
+	}
+	rc.last, rc.lastAt, rc.refreshed = last, lastAt, rc.refreshed+refreshed
+	if nf > 0 {
+		sink += a.addFresh(rc, fresh[:nf], sh[:nf], rest)
+	}
+	w.sink += sink
+}
+
+// addFresh adds the blocks new to the worker (fresh, their mixed hashes
+// sh) to the index's shards and to the call's record list, sized on the
+// first chunk for the rest still to come. It returns the touch sink.
+func (a *Approx) addFresh(rc *approxRecording, fresh []kvevents.SeqHash, sh []uint64, rest int) uint64 {
+	x, w := a.idx, rc.w
+	var sink uint64
+	// A tight loop of independent loads overlaps their misses; inside the
+	// classifying loop of recordChunk only a few would.
+	for i := range sh {
+		sink += x.shardOf(sh[i]).touch(sh[i])
+	}
+	for i, h := range fresh {
+		if x.shardOf(sh[i]).add(uint64(h), sh[i], w.slot) {
+			w.entries++
+			rc.c.delta++
+		}
+	}
+	rc.c.stored += uint64(len(fresh))
+	rec := &a.recs[rc.rec]
+	if rec.hashes == nil {
+		// Room for every block still to come, so later chunks never grow
+		// the list outside the pool.
+		rec.hashes = a.getList(len(fresh) + rest)
+	}
+	rec.hashes = append(rec.hashes, fresh...)
+	a.entries += len(fresh)
+	a.queued += len(fresh)
+	return sink
 }
 
 // Lookup is Index.Lookup over the recorded blocks (see Approx for the
@@ -361,12 +400,10 @@ func (a *Approx) evictLocked(target int) {
 // hashes (budget < 0: no limit) or once entries <= floor, frees the record
 // when its list is empty, and returns the budget left.
 func (a *Approx) drain(now int64, budget, floor int, ctr *atomic.Uint64) int {
-	x := a.idx
 	hd := a.heap[0].rec
 	r := &a.recs[hd]
 	aw := &a.ws[r.id]
-	w := aw.w
-	void := r.gen != aw.gen || w == nil
+	void := r.gen != aw.gen || aw.w == nil
 	list := r.hashes
 	var c batchCounts
 	for len(list) > 0 && budget != 0 && a.entries > floor {
@@ -381,60 +418,18 @@ func (a *Approx) drain(now int64, budget, floor int, ctr *atomic.Uint64) int {
 		if void {
 			continue
 		}
-		var mh, sh [approxChunk]uint64
-		var gone [approxChunk]kvevents.SeqHash
-		var sink uint64
-		for i, h := range chunk {
-			// Most entries of a record that surfaces are dropped: touch
-			// their block-table buckets too, while the loads can overlap.
-			mh[i] = mix(uint64(h))
-			sink += w.engines.touch(mh[i]) + x.shardOf(mh[i]).touch(mh[i])
-		}
-		ng := 0
-		for i := n - 1; i >= 0; i-- {
-			h := chunk[i]
-			if a.entries <= floor {
-				// Stop here: put back what is left of the chunk.
-				list = list[:len(list)+i+1]
-				a.queued += i + 1
-				if budget >= 0 {
-					budget += i + 1
-				}
-				break
-			}
-			at, o, ok := w.engines.probeWord(uint64(h), mh[i])
-			if !ok {
-				continue // a duplicate within one call, already dropped
-			}
-			o = uint64(uint32(o))
-			if o != uint64(hd) {
-				if or := &a.recs[o]; or.deadline > now && or.id == r.id && or.gen == r.gen {
-					or.hashes = a.appendList(or.hashes, h)
-					a.queued++
-					continue
-				}
-			}
-			if h == 0 {
-				w.engines.del(0)
-			} else {
-				w.engines.deleteAt(at)
-			}
-			a.entries--
-			gone[ng], sh[ng] = h, mh[i]
-			ng++
-		}
-		w.sink += sink
-		for i, h := range gone[:ng] {
-			if x.shardOf(sh[i]).remove(uint64(h), sh[i], w.slot) {
-				w.entries--
-				c.delta--
+		if back := a.drainChunk(hd, aw.w, chunk, now, floor, &c); back > 0 {
+			// Stopped at floor: put back what is left of the chunk.
+			list = list[:len(list)+back]
+			a.queued += back
+			if budget >= 0 {
+				budget += back
 			}
 		}
-		c.removed += uint64(ng)
 	}
 	if c.removed > 0 {
 		ctr.Add(c.removed)
-		x.flush(&c)
+		a.idx.flush(&c)
 	}
 	if len(list) > 0 {
 		r.hashes = list
@@ -445,6 +440,60 @@ func (a *Approx) drain(now int64, budget, floor int, ctr *atomic.Uint64) int {
 	*r = approxRec{}
 	a.freeRecs = append(a.freeRecs, hd)
 	return budget
+}
+
+// drainChunk drains one chunk of record hd's list (worker w's), last hash
+// first, as drain describes, counting removals in c. If entries fall to
+// floor first it stops and returns how many hashes, from the chunk's
+// start, it left untouched; else 0.
+func (a *Approx) drainChunk(hd uint32, w *worker, chunk []kvevents.SeqHash, now int64, floor int, c *batchCounts) (back int) {
+	x, r := a.idx, &a.recs[hd]
+	var mh, sh [approxChunk]uint64
+	var gone [approxChunk]kvevents.SeqHash
+	var sink uint64
+	for i, h := range chunk {
+		// Most entries of a record that surfaces are dropped: touch
+		// their block-table buckets too, while the loads can overlap.
+		mh[i] = mix(uint64(h))
+		sink += w.engines.touch(mh[i]) + x.shardOf(mh[i]).touch(mh[i])
+	}
+	ng := 0
+	for i := len(chunk) - 1; i >= 0; i-- {
+		h := chunk[i]
+		if a.entries <= floor {
+			back = i + 1
+			break
+		}
+		at, o, ok := w.engines.probeWord(uint64(h), mh[i])
+		if !ok {
+			continue // a duplicate within one call, already dropped
+		}
+		o = uint64(uint32(o))
+		if o != uint64(hd) {
+			if or := &a.recs[o]; or.deadline > now && or.id == r.id && or.gen == r.gen {
+				or.hashes = a.appendList(or.hashes, h)
+				a.queued++
+				continue
+			}
+		}
+		if h == 0 {
+			w.engines.del(0)
+		} else {
+			w.engines.deleteAt(at)
+		}
+		a.entries--
+		gone[ng], sh[ng] = h, mh[i]
+		ng++
+	}
+	w.sink += sink
+	for i, h := range gone[:ng] {
+		if x.shardOf(sh[i]).remove(uint64(h), sh[i], w.slot) {
+			w.entries--
+			c.delta--
+		}
+	}
+	c.removed += uint64(ng)
+	return back
 }
 
 // Record lists come from a pool of power-of-two capacities.

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/workerref"
 )
 
 // Snapshot format, version 1 (all integers little-endian; "uvarint" is
@@ -169,6 +170,45 @@ func (r *snapReader) str(what string, maxLen int) (string, error) {
 // it, so hostile input costs at most its own size. Errors wrap
 // ErrSnapshotCorrupt or ErrSnapshotVersion.
 func DecodeSnapshot(data []byte) (*Snapshot, error) {
+	body, err := snapshotBody(data)
+	if err != nil {
+		return nil, err
+	}
+	r := &snapReader{b: body, off: 8} // after magic, version and flags
+	s := &Snapshot{}
+	if err := r.header(s); err != nil {
+		return nil, err
+	}
+	nw, err := r.uvarint("worker count")
+	if err != nil {
+		return nil, err
+	}
+	if nw > uint64(r.left()/minWorkerLen) {
+		return nil, corrupt("worker count %d cannot fit in %d bytes", nw, r.left())
+	}
+	s.Workers = make([]WorkerDump, 0, nw)
+	for i := uint64(0); i < nw; i++ {
+		var w WorkerDump
+		if w.Key, err = r.workerKey(i); err != nil {
+			return nil, err
+		}
+		if i > 0 && cmpKey(s.Workers[i-1].Key, w.Key) >= 0 {
+			return nil, corrupt("worker %v out of order or repeated after %v", w.Key, s.Workers[i-1].Key)
+		}
+		if err := r.workerState(&w); err != nil {
+			return nil, err
+		}
+		s.Workers = append(s.Workers, w)
+	}
+	if r.left() != 0 {
+		return nil, corrupt("%d trailing bytes", r.left())
+	}
+	return s, nil
+}
+
+// snapshotBody checks the frame of data (magic, version, checksum, flags)
+// and returns it without its checksum.
+func snapshotBody(data []byte) ([]byte, error) {
 	if len(data) < snapshotHeaderLen+4 {
 		return nil, corrupt("%d bytes is shorter than header and checksum", len(data))
 	}
@@ -185,79 +225,78 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	if f := binary.LittleEndian.Uint16(data[6:]); f != 0 {
 		return nil, corrupt("unknown flags %#x", f)
 	}
-	r := &snapReader{b: body, off: 8}
-	s := &Snapshot{}
+	return body, nil
+}
+
+// header reads the snapshot's stream sequence, model and tier into s.
+func (r *snapReader) header(s *Snapshot) error {
 	var err error
 	if s.StreamSeq, err = r.u64("stream sequence"); err != nil {
-		return nil, err
+		return err
 	}
 	if s.Model, err = r.str("model", MaxModelNameLen); err != nil {
-		return nil, err
+		return err
 	}
 	if r.left() < 1 {
-		return nil, corrupt("tier at offset %d: missing", r.off)
+		return corrupt("tier at offset %d: missing", r.off)
 	}
 	s.Tier = kvevents.Tier(r.b[r.off])
 	r.off++
 	if s.Tier > kvevents.TierExternal {
-		return nil, corrupt("unknown tier %d", s.Tier)
+		return corrupt("unknown tier %d", s.Tier)
 	}
-	nw, err := r.uvarint("worker count")
+	return nil
+}
+
+// workerKey reads the name and rank of worker i.
+func (r *snapReader) workerKey(i uint64) (workerref.Target, error) {
+	var k workerref.Target
+	var err error
+	if k.Worker, err = r.str("worker name", MaxWorkerNameLen); err != nil {
+		return k, err
+	}
+	if k.Worker == "" {
+		return k, corrupt("worker %d has an empty name", i)
+	}
+	rank, err := r.uvarint("rank")
 	if err != nil {
-		return nil, err
+		return k, err
 	}
-	if nw > uint64(r.left()/minWorkerLen) {
-		return nil, corrupt("worker count %d cannot fit in %d bytes", nw, r.left())
+	if rank > 1<<32-1 {
+		return k, corrupt("worker %q: rank %d exceeds 32 bits", k.Worker, rank)
 	}
-	s.Workers = make([]WorkerDump, 0, nw)
-	for i := uint64(0); i < nw; i++ {
-		var w WorkerDump
-		if w.Key.Worker, err = r.str("worker name", MaxWorkerNameLen); err != nil {
-			return nil, err
-		}
-		if w.Key.Worker == "" {
-			return nil, corrupt("worker %d has an empty name", i)
-		}
-		rank, err := r.uvarint("rank")
-		if err != nil {
-			return nil, err
-		}
-		if rank > 1<<32-1 {
-			return nil, corrupt("worker %q: rank %d exceeds 32 bits", w.Key.Worker, rank)
-		}
-		w.Key.Rank = uint32(rank)
-		if i > 0 && cmpKey(s.Workers[i-1].Key, w.Key) >= 0 {
-			return nil, corrupt("worker %v out of order or repeated after %v", w.Key, s.Workers[i-1].Key)
-		}
-		if w.Cursor.Epoch, err = r.u64("epoch"); err != nil {
-			return nil, err
-		}
-		if w.Cursor.NextID, err = r.u64("next event id"); err != nil {
-			return nil, err
-		}
-		nb, err := r.uvarint("block count")
-		if err != nil {
-			return nil, err
-		}
-		if nb > uint64(r.left()/16) {
-			return nil, corrupt("worker %v: block count %d cannot fit in %d bytes", w.Key, nb, r.left())
-		}
-		w.Blocks = make([]kvevents.StoredBlock, nb)
-		for j := range w.Blocks {
-			e := binary.LittleEndian.Uint64(r.b[r.off:])
-			sq := binary.LittleEndian.Uint64(r.b[r.off+8:])
-			r.off += 16
-			if j > 0 && e <= uint64(w.Blocks[j-1].Engine) {
-				return nil, corrupt("worker %v: engine hash %x out of order", w.Key, e)
-			}
-			w.Blocks[j] = kvevents.StoredBlock{Engine: kvevents.EngineHash(e), Seq: kvevents.SeqHash(sq)}
-		}
-		s.Workers = append(s.Workers, w)
+	k.Rank = uint32(rank)
+	return k, nil
+}
+
+// workerState reads w's event cursor and its blocks, which must be in
+// strictly increasing engine-hash order.
+func (r *snapReader) workerState(w *WorkerDump) error {
+	var err error
+	if w.Cursor.Epoch, err = r.u64("epoch"); err != nil {
+		return err
 	}
-	if r.left() != 0 {
-		return nil, corrupt("%d trailing bytes", r.left())
+	if w.Cursor.NextID, err = r.u64("next event id"); err != nil {
+		return err
 	}
-	return s, nil
+	nb, err := r.uvarint("block count")
+	if err != nil {
+		return err
+	}
+	if nb > uint64(r.left()/16) {
+		return corrupt("worker %v: block count %d cannot fit in %d bytes", w.Key, nb, r.left())
+	}
+	w.Blocks = make([]kvevents.StoredBlock, nb)
+	for j := range w.Blocks {
+		e := binary.LittleEndian.Uint64(r.b[r.off:])
+		sq := binary.LittleEndian.Uint64(r.b[r.off+8:])
+		r.off += 16
+		if j > 0 && e <= uint64(w.Blocks[j-1].Engine) {
+			return corrupt("worker %v: engine hash %x out of order", w.Key, e)
+		}
+		w.Blocks[j] = kvevents.StoredBlock{Engine: kvevents.EngineHash(e), Seq: kvevents.SeqHash(sq)}
+	}
+	return nil
 }
 
 // Restore loads s into x, which must hold no workers (ErrNotEmpty), and

@@ -61,7 +61,7 @@ func TestBookingLoadAndSharedPrefix(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if l := h.loads()[wk("a", 0)]; l != (WorkerLoad{Key: wk("a", 0), Available: true}) {
+	if l := h.loads()[wk("a", 0)]; l != (TargetLoad{Key: wk("a", 0), Available: true}) {
 		t.Fatalf("after free: %+v", l)
 	}
 	if len(h.c.holders) != 0 || len(h.c.bookings) != 0 {

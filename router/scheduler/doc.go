@@ -54,8 +54,8 @@
 // # What it does not own
 //
 // No NATS, no bindings, no index: the host moves BookingEvents between
-// replicas, reads and commits session bindings (mapping a binding's mode to
-// Strength), asks the index for overlaps and passes them in Request.Overlaps
+// replicas, reads and commits session bindings (a binding's mode, the leaf
+// session's Mode, is its Affinity's as it is), asks the index for overlaps and passes them in Request.Overlaps
 // (this package's own Overlap type), feeds membership (UpsertWorker,
 // RemoveWorker) and load reports, and calls PrefillDone/Free/Rollback over a
 // request's life. The worker-and-rank target of pins, affinities and

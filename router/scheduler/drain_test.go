@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -39,7 +40,7 @@ func TestDrainingWorkerServesOnlyItsHardSessions(t *testing.T) {
 			if d.Worker != tc.want || d.HardFallback != tc.fallback {
 				t.Fatalf("got %v fallback=%v, want %v fallback=%v", d.Worker, d.HardFallback, tc.want, tc.fallback)
 			}
-			if tc.aff == nil || tc.aff.Strength != Hard {
+			if tc.aff == nil || tc.aff.Mode != session.Hard {
 				for _, seen := range p.seen {
 					if slices.ContainsFunc(seen, func(k workerref.Target) bool { return k.Worker == "a" }) {
 						t.Fatalf("the draining worker was a candidate for non-Hard work: %v", seen)
@@ -60,7 +61,7 @@ func TestDrainingWorkerDefaultPolicy(t *testing.T) {
 			r := &Request{ID: fmt.Sprint("r", i, aff), Tokens: 96, SeqHashes: hashes(6, 1), Overlaps: cached, Affinity: aff}
 			d := h.admitted(h.submit(r))
 			want := wk("b", 0)
-			if aff != nil && aff.Strength == Hard {
+			if aff != nil && aff.Mode == session.Hard {
 				want = wk("a", 0)
 			}
 			if d.Worker != want || d.HardFallback {

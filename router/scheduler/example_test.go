@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -35,7 +36,7 @@ func Example() {
 		Tokens: 512,
 		// gpu-2 has the whole prompt cached, but the session is bound Hard to gpu-1.
 		Overlaps: []scheduler.Overlap{{Key: workerref.Target{Worker: "gpu-2"}, Blocks: 32}},
-		Affinity: &scheduler.Affinity{Target: workerref.Any("gpu-1"), Strength: scheduler.Hard},
+		Affinity: &scheduler.Affinity{Target: workerref.Any("gpu-1"), Mode: session.Hard},
 	}
 	d, err := s.Schedule(context.Background(), req)
 	if err != nil {

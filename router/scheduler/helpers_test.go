@@ -129,12 +129,12 @@ func (h *harness) waiting(w *waiter) {
 	}
 }
 
-func (h *harness) loads() map[workerref.Target]WorkerLoad {
+func (h *harness) loads() map[workerref.Target]TargetLoad {
 	ls, err := h.s.Loads(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	m := map[workerref.Target]WorkerLoad{}
+	m := map[workerref.Target]TargetLoad{}
 	for _, l := range ls {
 		m[l.Key] = l
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -75,7 +76,7 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 		if aff != nil {
 			if !r.Pinned.Agrees(aff.Target) { // 6
 				return p, fmt.Errorf("%w: request %q pinned to %s but its %s affinity is %s",
-					ErrPinConflict, r.ID, r.Pinned, aff.Strength, aff.Target)
+					ErrPinConflict, r.ID, r.Pinned, aff.Mode, aff.Target)
 			}
 			if r.Pinned.AnyRank && !aff.Target.AnyRank {
 				// 6: the more specific of two agreeing targets. Pointing
@@ -86,7 +87,7 @@ func applyPinRule(r *Request, cls Classifier) (pinPlan, error) {
 		}
 		return p, nil
 	}
-	if aff != nil && aff.Strength == Hard {
+	if aff != nil && aff.Mode == session.Hard {
 		p.hard = &aff.Target // 1, 2
 		if cls != nil {
 			if t, ok := cls.Classify(r); ok {

@@ -6,11 +6,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-func hardTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Strength: Hard} }
-func softTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Strength: Soft} }
+func hardTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Mode: session.Hard} }
+func softTo(t workerref.Target) *Affinity { return &Affinity{Target: t, Mode: session.Soft} }
 
 // A custom policy that always prefers worker b is limited to the eligible
 // Hard target, and sees only the target's rows.
@@ -342,9 +343,9 @@ func TestPinAgreesWithAffinity(t *testing.T) {
 		{"ranked pin, ranked affinity, other rank", workerref.Of("a", 1), workerref.Of("a", 0), nil, nil},
 		{"ranked pin, ranked affinity, other worker", workerref.Of("a", 0), workerref.Of("b", 0), nil, nil},
 	} {
-		for _, strength := range []Strength{Hard, Soft} {
+		for _, strength := range []session.Mode{session.Hard, session.Soft} {
 			t.Run(tc.name+"/"+strength.String(), func(t *testing.T) {
-				pin, aff := tc.pin, &Affinity{Target: tc.aff, Strength: strength}
+				pin, aff := tc.pin, &Affinity{Target: tc.aff, Mode: strength}
 				// The plan: exact on the more specific target, nothing else.
 				plan, err := applyPinRule(&Request{ID: "r", Pinned: &pin, Affinity: aff}, nil)
 				if tc.exact == nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -260,7 +261,7 @@ func TestValidation(t *testing.T) {
 		{ID: "x", Model: "other"},
 		{ID: "x", Pinned: &workerref.Target{}},
 		{ID: "x", Affinity: &Affinity{Target: workerref.Any("a")}},
-		{ID: "x", Affinity: &Affinity{Strength: Hard}},
+		{ID: "x", Affinity: &Affinity{Mode: session.Hard}},
 		{ID: "x", Overlaps: []Overlap{{wk("a", 0), -1}}},
 	} {
 		if _, err := s.Schedule(context.Background(), r); !errors.Is(err, ErrInvalidRequest) {

@@ -135,7 +135,7 @@ type command struct {
 	ev    BookingEvent
 	fn    func(*core)
 	reply chan error
-	loads *[]WorkerLoad
+	loads *[]TargetLoad
 }
 
 // New checks cfg, applies defaults and returns a scheduler that is not yet
@@ -457,8 +457,8 @@ func (s *Scheduler) validate(r *Request) error {
 		if a.Target.Worker == "" {
 			return bad("request %q: affinity target with empty worker", r.ID)
 		}
-		if a.Strength != Soft && a.Strength != Hard {
-			return bad("request %q: affinity strength %s", r.ID, a.Strength)
+		if !a.Mode.Valid() {
+			return bad("request %q: affinity mode %s", r.ID, a.Mode)
 		}
 	}
 	for _, o := range r.Overlaps {
@@ -542,8 +542,9 @@ func (s *Scheduler) SetThresholds(t Thresholds) error {
 // Thresholds returns the thresholds in force.
 func (s *Scheduler) Thresholds() Thresholds { return *s.th.Load() }
 
-// WorkerLoad is one (worker, rank) as the scheduler sees it.
-type WorkerLoad struct {
+// TargetLoad is one entry of the scheduler's load view: the state and
+// predicted load of one (worker, rank) as the scheduler sees it.
+type TargetLoad struct {
 	Key            workerref.Target
 	Available      bool
 	Overloaded     bool
@@ -555,8 +556,8 @@ type WorkerLoad struct {
 }
 
 // Loads returns the load view, sorted by (worker, rank).
-func (s *Scheduler) Loads(ctx context.Context) ([]WorkerLoad, error) {
-	var out []WorkerLoad
+func (s *Scheduler) Loads(ctx context.Context) ([]TargetLoad, error) {
+	var out []TargetLoad
 	s.mu.Lock()
 	if !s.started && !s.closed {
 		out = s.c.snapshot()
@@ -580,15 +581,15 @@ func (s *Scheduler) Loads(ctx context.Context) ([]WorkerLoad, error) {
 	}
 }
 
-func (c *core) snapshot() []WorkerLoad {
+func (c *core) snapshot() []TargetLoad {
 	fl := c.fl
 	per := map[int32]int{}
 	for _, b := range c.bookings {
 		per[b.slot]++
 	}
-	out := make([]WorkerLoad, 0, len(fl.order))
+	out := make([]TargetLoad, 0, len(fl.order))
 	for _, s := range fl.order {
-		out = append(out, WorkerLoad{
+		out = append(out, TargetLoad{
 			Key: fl.key[s], Available: fl.flags[s]&fAvail != 0, Overloaded: fl.flags[s]&fOverloaded != 0,
 			Busy: fl.flags[s]&fBusy != 0, PrefillTokens: int(fl.prefill[s]), DecodeBlocks: int(fl.decode[s]),
 			ActiveRequests: int(fl.active[s]), LocalBookings: per[s],

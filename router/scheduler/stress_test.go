@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
@@ -51,7 +52,7 @@ func TestStress(t *testing.T) {
 				case 0:
 					r.Pinned = &workerref.Target{Worker: []string{"a", "b", "c", "d"}[rnd.IntN(4)], AnyRank: true}
 				case 1:
-					r.Affinity = &Affinity{Target: workerref.Of("a", uint32(rnd.IntN(3))), Strength: Strength(1 + rnd.IntN(2))}
+					r.Affinity = &Affinity{Target: workerref.Of("a", uint32(rnd.IntN(3))), Mode: session.Mode(1 + rnd.IntN(2))}
 				}
 				if rnd.IntN(4) == 0 {
 					r.Deadline = time.Now().Add(time.Duration(rnd.IntN(3)) * time.Millisecond)

@@ -7,38 +7,19 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/session"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// Strength says how strongly an affinity requirement binds selection.
-// The zero value is invalid so that a host that forgets to map a binding's
-// mode is told so instead of silently getting one or the other.
-type Strength uint8
-
-const (
-	// Soft: the target is a preference handed to the policy.
-	Soft Strength = iota + 1
-	// Hard: selection is limited to the target while it is eligible.
-	Hard
-)
-
-// String returns soft or hard.
-func (s Strength) String() string {
-	switch s {
-	case Soft:
-		return "soft"
-	case Hard:
-		return "hard"
-	}
-	return "strength(" + strconv.Itoa(int(s)) + ")"
-}
-
 // Affinity is a requirement to route to a target: a session binding (its
-// strength is the binding's mode, mapped by the host) or an explicit target
-// given on the wire as a routing preference (always Soft).
+// strength is the binding's mode, as stored) or an explicit target given on
+// the wire as a routing preference (always Soft). Hard limits selection to
+// the target while it is eligible; Soft hands the target to the policy as a
+// preference. Mode session.Unset is invalid, so a host that forgets to set
+// it is told so instead of silently getting one or the other.
 type Affinity struct {
-	Target   workerref.Target
-	Strength Strength
+	Target workerref.Target
+	Mode   session.Mode
 }
 
 // Overlap is how many leading prompt blocks a (worker, rank) already holds

@@ -21,6 +21,7 @@ var forbidden = map[string][]string{
 	"bindings":         {module + "router", module + "workers"},
 	"workers":          {module + "router/host", module + "router/scheduler", module + "bindings"},
 	"workerref":        {module},
+	"session":          {module},
 }
 
 // TestImportsPointDown lists every package's non-test imports with go list
@@ -80,6 +81,7 @@ func TestForbiddenImportRule(t *testing.T) {
 		{"bindings", module + "router/api", true},
 		{"cmd/kvrouter", module + "test/chaos", true},
 		{"workerref", module + "kvevents", true},
+		{"session", module + "bindings", true},
 	} {
 		if got := forbiddenImport(c.pkg, c.imp) != ""; got != c.bad {
 			t.Errorf("forbiddenImport(%s, %s) = %v, want %v", c.pkg, c.imp, got, c.bad)

@@ -249,15 +249,46 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 	if len(c.running) == 0 && len(c.waiting) == 0 {
 		return 0, c.gen, false
 	}
-	bs := c.cfg.BlockSize
-	budget := c.cfg.MaxBatchedTokens
-	prefill, decodes := 0, 0
-	preempted := false
+	st := stepPlan{budget: c.cfg.MaxBatchedTokens}
+	if preempted := c.planRunning(&st); !preempted {
+		c.admitWaiting(&st)
+	}
+	c.flushRemoved()
+	if len(c.plan) == 0 {
+		c.stats.Stalls++
+		return 0, c.gen, false
+	}
+	return c.stepTime(&st), c.gen, true
+}
 
-	for i := 0; i < len(c.running) && budget > 0; i++ {
+// stepPlan is what one step's plan has used so far.
+type stepPlan struct {
+	budget  int // tokens still schedulable (MaxBatchedTokens at the start)
+	prefill int // prompt tokens planned
+	decodes int // requests planned for one decode token
+}
+
+// addToPlan schedules n tokens of r in this step.
+func (c *core) addToPlan(r *request, n int, st *stepPlan) {
+	r.scheduled = n
+	c.plan = append(c.plan, r)
+	if r.decoding() {
+		st.decodes++
+	} else {
+		st.prefill += n
+	}
+	st.budget -= n
+}
+
+// planRunning plans the running requests in admission order, each as many
+// tokens as it has left and the budget allows, preempting the newest while
+// the cache cannot hold the blocks it needs. It reports whether it
+// preempted any.
+func (c *core) planRunning(st *stepPlan) (preempted bool) {
+	for i := 0; i < len(c.running) && st.budget > 0; i++ {
 		r := c.running[i]
 		r.scheduled = 0
-		n := min(len(r.tokens)-r.computed, budget)
+		n := min(len(r.tokens)-r.computed, st.budget)
 		need := c.blocksFor(r.computed+n) - len(r.blocks)
 		for need > c.cache.available() {
 			victim := c.running[len(c.running)-1]
@@ -271,77 +302,84 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 			break // r was the newest and preempted itself
 		}
 		c.grow(r, need)
-		r.scheduled = n
-		c.plan = append(c.plan, r)
-		if r.decoding() {
-			decodes++
-		} else {
-			prefill += n
-		}
-		budget -= n
+		c.addToPlan(r, n, st)
 	}
+	return preempted
+}
 
-	for !preempted && len(c.waiting) > 0 && budget > 0 && len(c.running) < c.cfg.MaxSeqs {
+// admitWaiting admits waiting requests in arrival order while the budget,
+// MaxSeqs and the cache (above the watermark) allow, each starting after
+// its cached prefix. The head of the line waits for memory rather than
+// being overtaken.
+func (c *core) admitWaiting(st *stepPlan) {
+	bs := c.cfg.BlockSize
+	for len(c.waiting) > 0 && st.budget > 0 && len(c.running) < c.cfg.MaxSeqs {
 		r := c.waiting[0]
-		c.ensureHashes(r, len(r.tokens))
-		// As vLLM: at least the last token is computed, to get its logits.
-		maxHit := (len(r.tokens) - 1) / bs
-		hit, inLRU := 0, 0
-		for hit < maxHit {
-			b, found := c.cache.lookup(r.hashes[hit])
-			if !found {
-				break
-			}
-			if c.cache.evictable(b) {
-				inLRU++
-			}
-			hit++
-		}
+		hit, inLRU := c.prefixHits(r)
 		computed := hit * bs
-		n := min(len(r.tokens)-computed, budget)
+		n := min(len(r.tokens)-computed, st.budget)
 		need := c.blocksFor(computed+n) - hit
 		if c.cache.available()-inLRU-need < c.wmark {
-			break // head of line waits for memory
+			return // head of line waits for memory
 		}
 		c.waiting[0] = nil
 		c.waiting = c.waiting[1:]
-		for k := 0; k < hit; k++ {
-			b, _ := c.cache.lookup(r.hashes[k])
-			c.cache.acquire(b)
-			r.blocks = append(r.blocks, b)
-		}
-		r.computed = computed
-		if !r.admitted {
-			r.admitted = true
-			r.cachedTokens = min(computed, r.promptLen)
-		}
+		c.admit(r, hit)
 		c.grow(r, need)
 		r.state = stateRunning
 		c.running = append(c.running, r)
-		r.scheduled = n
-		c.plan = append(c.plan, r)
-		if r.decoding() {
-			decodes++
-		} else {
-			prefill += n
-		}
-		budget -= n
+		c.addToPlan(r, n, st)
 	}
+}
 
-	c.flushRemoved()
-	if len(c.plan) == 0 {
-		c.stats.Stalls++
-		return 0, c.gen, false
+// prefixHits returns how many leading full blocks of r's prompt the cache
+// holds (hit) and how many of those sit in the LRU, unreferenced (inLRU:
+// admitting r takes them out of the evictable pool). As vLLM, the last
+// token is always computed, to get its logits, so its block never counts
+// as a hit.
+func (c *core) prefixHits(r *request) (hit, inLRU int) {
+	c.ensureHashes(r, len(r.tokens))
+	maxHit := (len(r.tokens) - 1) / c.cfg.BlockSize
+	for hit < maxHit {
+		b, found := c.cache.lookup(r.hashes[hit])
+		if !found {
+			break
+		}
+		if c.cache.evictable(b) {
+			inLRU++
+		}
+		hit++
 	}
+	return hit, inLRU
+}
+
+// admit takes the hit cached blocks of r's prefix and starts it after them;
+// the first admission also records how much of the prompt was cached.
+func (c *core) admit(r *request, hit int) {
+	for k := 0; k < hit; k++ {
+		b, _ := c.cache.lookup(r.hashes[k])
+		c.cache.acquire(b)
+		r.blocks = append(r.blocks, b)
+	}
+	r.computed = hit * c.cfg.BlockSize
+	if !r.admitted {
+		r.admitted = true
+		r.cachedTokens = min(r.computed, r.promptLen)
+	}
+}
+
+// stepTime is the planned step's clock duration (its model time from the
+// timing model, divided by the speed-up); it counts the step in the stats.
+func (c *core) stepTime(st *stepPlan) time.Duration {
 	p := float64(c.cache.active()) / float64(c.cache.total())
-	ms := c.timing.StepMs(prefill, decodes, p)
+	ms := c.timing.StepMs(st.prefill, st.decodes, p)
 	c.stats.Steps++
-	c.stats.PrefillTokens += uint64(prefill)
-	c.stats.DecodeTokens += uint64(decodes)
+	c.stats.PrefillTokens += uint64(st.prefill)
+	c.stats.DecodeTokens += uint64(st.decodes)
 	model := msToDuration(ms)
 	c.stats.ModelTime += model
 	c.planGen = c.gen
-	return time.Duration(float64(model) / c.speedup), c.gen, true
+	return time.Duration(float64(model) / c.speedup)
 }
 
 // flushRemoved emits one Removed event for the blocks evicted since the

@@ -52,17 +52,8 @@ func (c *core) load() workers.LoadReport {
 // the last token (as vLLM, the last token is always computed). The caller
 // holds c.mu.
 func (c *core) cachedPrefix(r *request) int {
-	bs := c.cfg.BlockSize
-	c.ensureHashes(r, len(r.tokens))
-	maxHit := (len(r.tokens) - 1) / bs
-	hit := 0
-	for hit < maxHit {
-		if _, found := c.cache.lookup(r.hashes[hit]); !found {
-			break
-		}
-		hit++
-	}
-	return max(hit*bs, r.computed)
+	hit, _ := c.prefixHits(r)
+	return max(hit*c.cfg.BlockSize, r.computed)
 }
 
 // InFlight is the number of requests queued or running on all ranks (for

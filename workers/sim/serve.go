@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/internal/escape"
 	"github.com/nats-io/nats.go"
 )
 
@@ -343,5 +343,5 @@ func Generate(ctx context.Context, nc *nats.Conn, subject string, req *GenerateR
 // GenerateSubject is a worker's endpoint: <prefix>.worker.<model>.<worker>.generate,
 // with model and worker escaped as kvevents escapes subject tokens.
 func GenerateSubject(prefix, model, worker string) string {
-	return prefix + ".worker." + kvevents.SubjectToken(model) + "." + kvevents.SubjectToken(worker) + ".generate"
+	return prefix + ".worker." + escape.SubjectToken.Escape(model) + "." + escape.SubjectToken.Escape(worker) + ".generate"
 }
