@@ -222,61 +222,8 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 	}
 	if s < 0 {
 		added = true
-		if n := len(f.freeSlots); n > 0 {
-			s = f.freeSlots[n-1]
-			f.freeSlots = f.freeSlots[:n-1]
-		} else {
-			s = int32(len(f.key))
-			f.key = append(f.key, workerref.Target{})
-			f.wid = append(f.wid, 0)
-			f.flags = append(f.flags, 0)
-			f.kvBlocks = append(f.kvBlocks, 0)
-			f.maxBatched = append(f.maxBatched, 0)
-			f.maxSeqs = append(f.maxSeqs, 0)
-			f.prefill = append(f.prefill, 0)
-			f.prefillF = append(f.prefillF, 0)
-			f.decodeF = append(f.decodeF, 0)
-			f.decode = append(f.decode, 0)
-			f.active = append(f.active, 0)
-			f.lPrefill = append(f.lPrefill, 0)
-			f.lDecode = append(f.lDecode, 0)
-			f.lActive = append(f.lActive, 0)
-			f.rPrefill = append(f.rPrefill, 0)
-			f.rDecode = append(f.rDecode, 0)
-			f.rActive = append(f.rActive, 0)
-			f.xPrefill = append(f.xPrefill, 0)
-			f.xDecode = append(f.xDecode, 0)
-			f.xActive = append(f.xActive, 0)
-			f.xAt = append(f.xAt, time.Time{})
-			f.lastRep = append(f.lastRep, time.Time{})
-			f.waiting = append(f.waiting, 0)
-			f.routed = append(f.routed, 0)
-		}
-		w, ok := f.byName[info.Key.Worker]
-		if !ok {
-			if n := len(f.freeWIDs); n > 0 {
-				w = f.freeWIDs[n-1]
-				f.freeWIDs = f.freeWIDs[:n-1]
-				f.workers[w] = worker{name: info.Key.Worker}
-			} else {
-				w = int32(len(f.workers))
-				f.workers = append(f.workers, worker{name: info.Key.Worker})
-			}
-			f.byName[info.Key.Worker] = w
-		}
-		ws := &f.workers[w]
-		ws.slots = append(ws.slots, s)
-		slices.SortFunc(ws.slots, func(a, b int32) int { return cmp.Compare(f.key[a].Rank, f.key[b].Rank) })
-		f.key[s] = info.Key
-		f.wid[s] = w
-		f.flags[s] = fLive
-		f.prefill[s], f.decode[s], f.active[s] = 0, 0, 0
-		f.lPrefill[s], f.lDecode[s], f.lActive[s] = 0, 0, 0
-		f.rPrefill[s], f.rDecode[s], f.rActive[s] = 0, 0, 0
-		f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
-		f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
-		f.waiting[s] = 0
-		f.routed[s] = 0
+		s = f.newSlot()
+		f.claimSlot(s, info.Key)
 	}
 	f.flags[s] &^= fAvail | fDraining
 	switch {
@@ -296,6 +243,72 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 	f.flags[s] |= fBusy // not counted as free until refresh says so
 	f.refresh(s, th)
 	return s, added
+}
+
+// newSlot returns a free slot, reusing a released one before growing every
+// column by one.
+func (f *fleet) newSlot() int32 {
+	if n := len(f.freeSlots); n > 0 {
+		s := f.freeSlots[n-1]
+		f.freeSlots = f.freeSlots[:n-1]
+		return s
+	}
+	s := int32(len(f.key))
+	f.key = append(f.key, workerref.Target{})
+	f.wid = append(f.wid, 0)
+	f.flags = append(f.flags, 0)
+	f.kvBlocks = append(f.kvBlocks, 0)
+	f.maxBatched = append(f.maxBatched, 0)
+	f.maxSeqs = append(f.maxSeqs, 0)
+	f.prefill = append(f.prefill, 0)
+	f.prefillF = append(f.prefillF, 0)
+	f.decodeF = append(f.decodeF, 0)
+	f.decode = append(f.decode, 0)
+	f.active = append(f.active, 0)
+	f.lPrefill = append(f.lPrefill, 0)
+	f.lDecode = append(f.lDecode, 0)
+	f.lActive = append(f.lActive, 0)
+	f.rPrefill = append(f.rPrefill, 0)
+	f.rDecode = append(f.rDecode, 0)
+	f.rActive = append(f.rActive, 0)
+	f.xPrefill = append(f.xPrefill, 0)
+	f.xDecode = append(f.xDecode, 0)
+	f.xActive = append(f.xActive, 0)
+	f.xAt = append(f.xAt, time.Time{})
+	f.lastRep = append(f.lastRep, time.Time{})
+	f.waiting = append(f.waiting, 0)
+	f.routed = append(f.routed, 0)
+	return s
+}
+
+// claimSlot gives slot s to key: its worker id (a new one for a worker not
+// seen before), its place among the worker's ranks, and zeroed load.
+func (f *fleet) claimSlot(s int32, key workerref.Target) {
+	w, ok := f.byName[key.Worker]
+	if !ok {
+		if n := len(f.freeWIDs); n > 0 {
+			w = f.freeWIDs[n-1]
+			f.freeWIDs = f.freeWIDs[:n-1]
+			f.workers[w] = worker{name: key.Worker}
+		} else {
+			w = int32(len(f.workers))
+			f.workers = append(f.workers, worker{name: key.Worker})
+		}
+		f.byName[key.Worker] = w
+	}
+	ws := &f.workers[w]
+	ws.slots = append(ws.slots, s)
+	f.key[s] = key // before sorting: the comparison reads the new slot's rank
+	slices.SortFunc(ws.slots, func(a, b int32) int { return cmp.Compare(f.key[a].Rank, f.key[b].Rank) })
+	f.wid[s] = w
+	f.flags[s] = fLive
+	f.prefill[s], f.decode[s], f.active[s] = 0, 0, 0
+	f.lPrefill[s], f.lDecode[s], f.lActive[s] = 0, 0, 0
+	f.rPrefill[s], f.rDecode[s], f.rActive[s] = 0, 0, 0
+	f.xPrefill[s], f.xDecode[s], f.xActive[s] = 0, 0, 0
+	f.xAt[s], f.lastRep[s] = time.Time{}, time.Time{}
+	f.waiting[s] = 0
+	f.routed[s] = 0
 }
 
 // remove drops every rank of a worker and returns the freed slots.

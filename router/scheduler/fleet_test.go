@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -112,4 +113,23 @@ func TestPositionalHints(t *testing.T) {
 		t.Fatalf("duplicate/clamp: %d", got)
 	}
 	h.c.unprepare()
+}
+
+// TestRanksKeptInOrder: a worker's slots stay sorted by rank whatever order
+// its ranks register in (the sort once read a new slot's rank before it was
+// set, so ranks registered high to low came out unsorted).
+func TestRanksKeptInOrder(t *testing.T) {
+	f := newFleet()
+	th := DefaultThresholds()
+	for _, r := range []uint32{5, 2, 9, 0, 7} {
+		f.upsert(WorkerInfo{Key: wk("w", r), Available: true}, &th)
+	}
+	w := f.widOf("w")
+	var got []uint32
+	for _, s := range f.workers[w].slots {
+		got = append(got, f.key[s].Rank)
+	}
+	if !slices.IsSorted(got) || len(got) != 5 {
+		t.Fatalf("ranks of w in slot order = %v, want sorted", got)
+	}
 }
