@@ -103,7 +103,14 @@ func (c *Converter) Tracked() int { return len(c.known) }
 // forgets every block. Events that cannot be converted are skipped and counted; the
 // returned error then describes the first of them (wrapping
 // ErrUnknownParent, ErrBlockSizeMismatch or ErrTokenCount), while the
-// returned events are still valid and should be published. The Blocks and
+// returned events are still valid and should be published. Only stored
+// events fail, so a failure under-counts and never leaves a block the
+// engine dropped: every removal and clear is returned, whatever its
+// hashes. Remote and non-full-attention events are skipped stores and
+// removals alike, so routers never held what such a removal drops. The
+// one skip that may hide a removal is an event of an unknown type (Kind
+// 0, counted as UnknownTag); a caller that must never keep a dropped
+// block clears the engine after it (the bridge resyncs). The Blocks and
 // Removed slices alias the converter's and vb's buffers: they are valid
 // until the next Convert or the next decode into vb.
 func (c *Converter) Convert(vb *Batch, dst []kvevents.Event) ([]kvevents.Event, error) {

@@ -72,6 +72,34 @@ func TestConverterUnknownParent(t *testing.T) {
 	}
 }
 
+// The converter never drops a removal or a clear it decoded: not after a
+// stored event it skipped (token count, block size, unknown parent), not
+// for hashes it never saw stored. Only the skipped stores are missing (an
+// under-count); an unknown event type is the one skip that may hide a
+// removal, which the bridge answers with a resync.
+func TestConverterKeepsRemovalsAfterSkippedStores(t *testing.T) {
+	c, _ := NewConverter(ConverterConfig{BlockSize: 4})
+	if _, err := convert(t, c, storedEv(nil, []uint64{1}, vecTokens[:4])); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := convert(t, c,
+		storedEv(nil, []uint64{2}, vecTokens), // 8 tokens for one block of 4
+		omap{{"type", "BlockStored"}, {"block_hashes", u64s(4)}, {"token_ids", toks(vecTokens...)}, {"block_size", 8}},
+		[]any{"BlockRemoved", u64s(2, 1, 4, 77)},
+		storedEv(uint64(99), []uint64{3}, vecTokens[:4]),
+		[]any{"AllBlocksCleared"},
+	)
+	if !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("error %v, want ErrTokenCount first", err)
+	}
+	if len(evs) != 2 || evs[0].Kind != kvevents.KindRemoved || len(evs[0].Removed) != 4 || evs[1].Kind != kvevents.KindCleared {
+		t.Fatalf("got %+v, want the removal of all 4 hashes and the clear", evs)
+	}
+	if st := c.Stats(); st.TokenCount != 1 || st.BlockSizeError != 1 || st.UnknownParent != 1 || c.Tracked() != 0 {
+		t.Fatalf("stats %+v, tracked %d", st, c.Tracked())
+	}
+}
+
 func TestConverterRejects(t *testing.T) {
 	c, _ := NewConverter(ConverterConfig{BlockSize: 16})
 	if _, err := convert(t, c, storedEv(nil, []uint64{1, 2}, vecTokens)); !errors.Is(err, ErrBlockSizeMismatch) {

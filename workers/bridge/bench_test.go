@@ -26,23 +26,23 @@ type benchEngine struct {
 	stop func()
 }
 
-func newBenchEngine(b *testing.B, f *fleet, worker string) *benchEngine {
-	b.Helper()
+func newBenchEngine(tb testing.TB, f *fleet, worker string) *benchEngine {
+	tb.Helper()
 	ec := vllmzmq.DefaultConfig()
 	ec.EnableKVCacheEvents, ec.Endpoint, ec.ReplayEndpoint = true, "tcp://*:0", "tcp://*:0"
 	zpub, err := vllmzmq.NewPublisher(ec, 0, nil)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	sub, err := vllmzmq.NewSubscriber(vllmzmq.SubscriberConfig{Endpoint: zpub.Endpoint(), Buffer: 8192})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	br := &Bridge{cfg: Config{ReplayTimeout: 5 * time.Second}, met: newMetrics(false), log: quiet}
 	pub, err := kvevents.NewPublisher(f.js, kvevents.PublisherConfig{Model: testModel, Worker: worker, MaxDelay: benchMaxDelay,
 		BufferEvents: 1 << 20})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	cc := vllm.ConverterConfig{BlockSize: testBlock}
 	conv, _ := vllm.NewConverter(cc)
@@ -61,9 +61,9 @@ func newBenchEngine(b *testing.B, f *fleet, worker string) *benchEngine {
 	// Wait for the SUB to be connected: publish until one arrives.
 	for i := 0; counter(br, "batches_total") == 0; i++ {
 		if i > 5000 {
-			b.Fatal("the subscriber never connected")
+			tb.Fatal("the subscriber never connected")
 		}
-		zpub.Publish(encode(b, []any{1.7e9, []any{[]any{"AllBlocksCleared"}}, 0}))
+		zpub.Publish(encode(tb, []any{1.7e9, []any{[]any{"AllBlocksCleared"}}, 0}))
 		time.Sleep(time.Millisecond)
 	}
 	return be

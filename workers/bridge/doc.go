@@ -11,8 +11,10 @@
 //     converted with a vllm.Converter and published with a
 //     kvevents.Publisher. Sequence tracking: replay from the engine's replay
 //     socket at start and on every gap; a resync (KindCleared, then what the
-//     engine still reports) when the replay is late, absent or fails; a seq
-//     that goes down is an engine restart (KindCleared, new converter).
+//     engine still reports) when the replay is late, absent or fails, and
+//     at each dropped event that may have removed blocks (one that does not
+//     decode and is not a BlockStored, or of an unknown type); a seq that
+//     goes down is an engine restart (KindCleared, new converter).
 //   - registration and eligibility (bridge.go): the worker registered in the
 //     registry with the engine's base URL as its endpoint, its ranks, block
 //     size and capacity, once the engine answers; state ready while /health

@@ -24,6 +24,12 @@ const (
 	reasonReplayFailed = "replay_failed"
 	reasonRestart      = "engine_restart"
 	reasonUnreadable   = "unreadable_batch"
+	// An event that did not decode, inside a readable batch, and does not
+	// read as a BlockStored: it may have removed blocks.
+	reasonBadEvent = "undecodable_event"
+	// An event of a type the converter does not know, which it skips: it
+	// too may have removed blocks.
+	reasonUnknownEvent = "unknown_event"
 )
 
 // rank follows one rank: the only goroutine that touches its converter.
@@ -179,7 +185,10 @@ func (r *rank) resync(reason string) {
 // apply decodes, converts and publishes one batch. A payload that does not
 // decode as a whole is re-read event by event (salvage); if even that
 // fails nothing of it can be trusted, and since a removal may be among the
-// lost events the rank is resynced.
+// lost events the rank is resynced. So it is at the place of each single
+// event that does not decode, unless it still reads as a BlockStored (its
+// loss only under-counts): routers then keep only what the events after
+// it store, never a block it may have removed.
 func (r *rank) apply(m vllmzmq.Message) {
 	r.b.met.batches.WithLabelValues(r.label).Inc()
 	err := vllm.DecodeBatch(m.Payload, &r.vb)
@@ -189,12 +198,16 @@ func (r *rank) apply(m vllmzmq.Message) {
 	}
 	r.b.met.decodeErrors.WithLabelValues(decodeCause(err)).Inc()
 	r.log.Warn("undecodable event batch", "seq", m.Seq, "err", err)
-	bad, serr := salvage(m.Payload, &r.one, func(single []byte) bool {
-		if vllm.DecodeBatch(single, &r.vb) != nil {
-			return false
+	bad, serr := salvage(m.Payload, &r.one, func(single, event []byte) bool {
+		if vllm.DecodeBatch(single, &r.vb) == nil {
+			r.convert()
+			return true
 		}
-		r.convert()
-		return true
+		if !onlyStores(event) {
+			r.log.Warn("undecodable event that may have removed blocks: resyncing the rank", "seq", m.Seq)
+			r.resync(reasonBadEvent)
+		}
+		return false
 	})
 	r.b.met.badEvents.Add(float64(bad))
 	if serr != nil {
@@ -203,8 +216,31 @@ func (r *rank) apply(m vllmzmq.Message) {
 	}
 }
 
-// convert converts r.vb and publishes its events.
+// convert converts r.vb and publishes its events. The converter skips an
+// event of a type it does not know (Kind 0), which may have removed
+// blocks: the batch is converted in runs that each end at such an event,
+// and the rank is resynced after each of them.
 func (r *rank) convert() {
+	all := r.vb.Events
+	from := 0
+	for i := range all {
+		if all[i].Kind != 0 {
+			continue
+		}
+		r.convertRun(all[from : i+1]) // with it, so that the converter counts it
+		r.log.Warn("unknown vLLM event type: resyncing the rank", "type", all[i].Tag)
+		r.resync(reasonUnknownEvent)
+		from = i + 1
+	}
+	if from < len(all) || from == 0 {
+		r.convertRun(all[from:])
+	}
+	r.vb.Events = all
+}
+
+// convertRun converts the events evs of r.vb and publishes them.
+func (r *rank) convertRun(evs []vllm.Event) {
+	r.vb.Events = evs
 	var err error
 	r.evs, err = r.conv.Convert(&r.vb, r.evs[:0])
 	if err != nil {

@@ -12,10 +12,10 @@ import (
 // envelope ([ts, events, dp_rank...] or {"ts", "events",
 // "data_parallel_rank"}) into raw values with internal/msgpack's Reader,
 // wraps each event in a batch of its own, [ts, [event], dp_rank], and hands
-// that to try (which decodes it with vllm.DecodeBatch). It returns how many
-// events try refused, and an error when the envelope itself cannot be read
-// (nothing of the batch is usable).
-func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int, err error) {
+// that and the raw event to try (which decodes the batch with
+// vllm.DecodeBatch). It returns how many events try refused, and an error
+// when the envelope itself cannot be read (nothing of the batch is usable).
+func salvage(payload []byte, buf *[]byte, try func(single, event []byte) bool) (bad int, err error) {
 	ts, events, rank, err := splitEnvelope(payload)
 	if err != nil {
 		return 0, err
@@ -28,7 +28,7 @@ func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int
 		b = append(b, ev...)
 		b = append(b, rank...)
 		*buf = b
-		if !try(b) {
+		if !try(b, ev) {
 			bad++
 		}
 	}
@@ -36,6 +36,48 @@ func salvage(payload []byte, buf *[]byte, try func(single []byte) bool) (bad int
 }
 
 var msgpackNil = []byte{0xc0}
+
+// onlyStores reports whether a raw event that did not decode still reads as
+// a BlockStored (its tag, first in an array or under "type" in a map):
+// losing it only under-counts. Anything else, a removal, a clear, an
+// unknown or unreadable tag, may have dropped blocks the routers still hold.
+func onlyStores(event []byte) bool {
+	r := msgpack.NewReader(event)
+	c, err := r.Peek()
+	if err != nil {
+		return false
+	}
+	if !msgpack.IsMap(c) {
+		if n, err := r.ArrayLen(); err != nil || n < 1 {
+			return false
+		}
+		tag, err := r.Str()
+		return err == nil && string(tag) == "BlockStored"
+	}
+	n, err := r.MapLen()
+	if err != nil {
+		return false
+	}
+	stored := false // every "type" key (the decoder keeps the last) says BlockStored
+	for range n {
+		k, err := r.Str()
+		if err != nil {
+			return false
+		}
+		if string(k) != "type" {
+			if r.Skip() != nil {
+				return false
+			}
+			continue
+		}
+		tag, err := r.Str()
+		if err != nil || string(tag) != "BlockStored" {
+			return false
+		}
+		stored = true
+	}
+	return stored
+}
 
 // splitEnvelope returns the raw ts, each raw event and the raw dp_rank
 // (msgpack nil when absent) of a batch. The Reader checks every declared
