@@ -330,14 +330,23 @@ func TestApproxSteadyStateZeroAlloc(t *testing.T) {
 			}
 			const calls = 2000
 			st0 := a.Stats()
-			var m0, m1 runtime.MemStats
-			runtime.ReadMemStats(&m0)
-			for range calls {
-				step()
+			// The race detector's runtime allocates on its own, the more
+			// the busier the machine (seen: 45 to 144 in 2000 calls at a
+			// load average of 17, none without -race): take the quietest of
+			// three windows and allow a quarter of the calls under -race.
+			// One allocation per call would still show as at least 2000 in
+			// every window; without -race the bound is zero.
+			got := uint64(math.MaxUint64)
+			for range 3 {
+				var m0, m1 runtime.MemStats
+				runtime.ReadMemStats(&m0)
+				for range calls {
+					step()
+				}
+				runtime.ReadMemStats(&m1)
+				got = min(got, m1.Mallocs-m0.Mallocs)
 			}
-			runtime.ReadMemStats(&m1)
-			// The race detector's runtime allocates a little on its own.
-			if got := m1.Mallocs - m0.Mallocs; got > 0 && !raceEnabled || got > calls/50 {
+			if got > 0 && !raceEnabled || got > calls/4 {
 				t.Errorf("%d allocations in %d Record calls", got, calls)
 			}
 			var out Overlaps
