@@ -7,7 +7,7 @@
 // The Markdown report's "Why each policy wins or loses" section (why.go) is
 // written from the figures alone, so it is true for whatever run produced
 // them: per path, each policy is compared with the best policy over the same
-// path (the oracle is quoted beside it, never counted as the best), and a
+// path (true-cache is quoted beside it, never counted as the best), and a
 // line is written only when a figure crosses one of the named thresholds at
 // the top of why.go: cache misses (hit ratio below the best, and whether the
 // router's predicted hit agreed, which puts the loss on the choices rather

@@ -205,7 +205,7 @@ func replayPaths(arg string) ([]replay.PathConfig, error) {
 		case replay.PathNATS:
 			out = append(out, replay.PathConfig{Name: n, NewStack: stack.Factory(stack.Options{})})
 		case replay.PathGateway:
-			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoOracle: true})
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoTrueCache: true})
 		default:
 			return nil, fmt.Errorf("bench replay: --path %q: want nats, gateway or nats,gateway", n)
 		}

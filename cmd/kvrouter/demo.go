@@ -68,7 +68,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		speedupUsage:  "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)",
 		kvBlocksUsage: "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)",
 		sessionUsage:  "session bindings: hard, soft or none (no session ids sent)",
-		policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)",
+		policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, true-cache)",
 	})
 	var (
 		scale     = c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents")
@@ -162,7 +162,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rep := &report.Report{}
 	for i, pol := range pols {
 		m := mode
-		if !pol.Events || pol.RouterPolicy != "default" || pol.Oracle {
+		if !pol.Events || pol.RouterPolicy != "default" || pol.TrueCache {
 			if !*baseSess {
 				m = replay.SessionNone
 			}
