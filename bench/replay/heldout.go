@@ -29,12 +29,13 @@ type Tuning struct {
 	Note string
 }
 
+// String says where on its workload the tuning ran and what it chose.
 func (t Tuning) String() string {
-	where := string(t.Part) + " part"
+	where := "its " + string(t.Part) + " part"
 	if t.Head > 0 {
-		where = fmt.Sprintf("first %d requests", t.Head)
+		where = fmt.Sprintf("its first %d requests", t.Head)
 	}
-	return fmt.Sprintf("%s, %s: %s", t.Workload, where, t.Note)
+	return fmt.Sprintf("%s: %s", where, t.Note)
 }
 
 // touches reports whether the tuning saw any request of part p.
@@ -119,7 +120,7 @@ func inSampleText(m map[string][]Tuning, p *workload.PartInfo) string {
 		for _, t := range m[n] {
 			ts = append(ts, t.String())
 		}
-		parts = append(parts, fmt.Sprintf("%s was tuned on the %s part of %s (%s)", n, p.Part, p.Workload, strings.Join(ts, "; ")))
+		parts = append(parts, fmt.Sprintf("%s was tuned on requests of this %s part of %s (%s)", n, p.Part, p.Workload, strings.Join(ts, "; ")))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -133,7 +134,7 @@ func (c *Config) partNote() string {
 	case p.Part == workload.PartTune:
 		return fmt.Sprintf("Held-out protocol: TUNING PART of %s (%s). These figures are for tuning; evaluation figures come from the evaluation part.", p.Workload, p.Rule)
 	case len(c.inSample) > 0:
-		return fmt.Sprintf("Held-out protocol: evaluation part of %s (%s). IN-SAMPLE, run with --allow-in-sample: %s.", p.Workload, p.Rule, inSampleText(c.inSample, p))
+		return fmt.Sprintf("Held-out protocol: evaluation part of %s (%s). IN-SAMPLE (runs only with --allow-in-sample): %s.", p.Workload, p.Rule, inSampleText(c.inSample, p))
 	}
 	return fmt.Sprintf("Held-out protocol: evaluation part of %s (%s); no policy here was tuned on it.", p.Workload, p.Rule)
 }

@@ -40,11 +40,11 @@ func TestHeldOutRefusal(t *testing.T) {
 		return &result{Notes: rep.Notes}, nil
 	}
 	_, err := run(evalPart, false)
-	if !errors.Is(err, ErrInSample) || !strings.Contains(err.Error(), "kvrouter was tuned on the eval part of mooncake:synthetic") || strings.Contains(err.Error(), "round-robin") {
+	if !errors.Is(err, ErrInSample) || !strings.Contains(err.Error(), "kvrouter was tuned on requests of this eval part of mooncake:synthetic") || strings.Contains(err.Error(), "round-robin") {
 		t.Fatalf("in-sample run not refused as it should be: %v", err)
 	}
 	cfg, err := run(evalPart, true)
-	if err != nil || !notesContain(cfg.Notes, "IN-SAMPLE, run with --allow-in-sample: kvrouter") {
+	if err != nil || !notesContain(cfg.Notes, "IN-SAMPLE (runs only with --allow-in-sample): kvrouter") {
 		t.Fatalf("allowed in-sample run: %v %q", err, cfg.Notes)
 	}
 	// The conversation trace's evaluation part starts past its head.

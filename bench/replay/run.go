@@ -217,6 +217,23 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	return rep, nil
 }
 
+// Describe returns the report's header for cfg without running anything:
+// the workload's shape, bounds, part, max_tokens and unloaded reference,
+// with the held-out note (a policy tuned on the part is named, not refused).
+func Describe(cfg Config) (*report.Report, error) {
+	cfg.AllowInSample = true
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	w, err := cfg.scaledWorkload()
+	if err != nil {
+		return nil, err
+	}
+	rep := cfg.newReport(w)
+	rep.Notes = append(rep.Notes, cfg.partNote())
+	return rep, nil
+}
+
 // scaledWorkload is the workload at LoadScale (a copy when scaled).
 func (c *Config) scaledWorkload() (*workload.Workload, error) {
 	w := c.Workload
