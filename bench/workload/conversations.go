@@ -70,6 +70,16 @@ func pickSkewed(r *rand.Rand, skew float64, n int) func() int {
 	return func() int { return r.IntN(n) }
 }
 
+// jitters draws n lengths around mean (see jitter): one per shared prefix,
+// fixed for the workload.
+func jitters(r *rand.Rand, n, mean int) []int {
+	out := make([]int, n)
+	for k := range out {
+		out[k] = jitter(r, mean)
+	}
+	return out
+}
+
 // uniformDur draws uniformly in [lo, hi].
 func uniformDur(r *rand.Rand, lo, hi time.Duration) time.Duration {
 	if hi <= lo {
@@ -189,10 +199,7 @@ func (c *TenantChatConfig) defaults() {
 func TenantChat(c TenantChatConfig) *Workload {
 	c.defaults()
 	r := rand.New(rand.NewPCG(c.Seed, 0x7e4a))
-	lengths := make([]int, c.Tenants)
-	for k := range lengths {
-		lengths[k] = jitter(r, c.SystemTokens)
-	}
+	lengths := jitters(r, c.Tenants, c.SystemTokens)
 	gen := conversations{
 		seed: c.Seed, session: "tchat", group: "tenant", sessions: c.Sessions, msgTag: 15,
 		startGap: func() time.Duration { return expDur(r, perSecond(c.SessionRate)) },

@@ -47,10 +47,7 @@ func (c *RAGConfig) defaults() {
 func RAG(c RAGConfig) *Workload {
 	c.defaults()
 	r := rand.New(rand.NewPCG(c.Seed, 0x4a6d))
-	lengths := make([]int, c.Documents)
-	for k := range lengths {
-		lengths[k] = jitter(r, c.DocTokens)
-	}
+	lengths := jitters(r, c.Documents, c.DocTokens)
 	pick := pickSkewed(r, c.DocSkew, c.Documents)
 	system := tokens(nil, c.Seed, 17<<56, c.SystemTokens)
 	reqs := make([]Request, 0, c.Requests)
