@@ -16,6 +16,11 @@
 // share of TTFT, TTFT against the best) and rejections by code. The rules
 // are the list in whyRules; add one there with its threshold constant.
 //
+// Every report states the held-out part it ran (Workload.Part, the Setup
+// table) and the max_tokens its clients sent; rows of policies run on an
+// evaluation part they were tuned on carry metrics.Summary.InSample and are
+// labelled IN-SAMPLE wherever they are named.
+//
 // Start at Report and WriteAll. It knows nothing about how the numbers were
 // measured (see bench/replay).
 package report
