@@ -4,15 +4,18 @@
 //
 // It owns:
 //   - workload: the request type, the Mooncake trace reader, synthetic
-//     generators and the infinite-cache upper bound (bench/workload);
+//     generators, the held-out parts and the infinite-cache upper bound
+//     (bench/workload);
 //   - metrics: per-request records aggregated into per-policy summaries
 //     (bench/metrics);
 //   - report: terminal table, Markdown, JSON and PNG charts (bench/report);
 //   - replay: the driver, its Router, Generator and CacheProbe interfaces,
-//     the policy catalog and the client-side oracle (bench/replay);
+//     the policy catalog with what each entry was tuned on, the held-out
+//     rule, the load-level search and the client-side true-cache policy
+//     (bench/replay);
 //   - stack: the real stack a replay runs against, in one process: embedded
 //     NATS, simulated workers, router replicas, an exact cache mirror for
-//     the oracle (bench/stack);
+//     the true-cache policy (bench/stack);
 //   - progress: the stderr progress bar (bench/progress);
 //   - micro: running every Go microbenchmark and writing docs/benchmarks.md
 //     next to the targets of the issues (bench/micro).

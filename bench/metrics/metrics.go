@@ -164,6 +164,10 @@ type Summary struct {
 	// Runs is set when the figures are medians over several runs.
 	Runs *RunSpread `json:"runs,omitempty"`
 
+	// InSample marks a policy run on an evaluation part it was tuned on
+	// (replay's --allow-in-sample): its figures are not held out.
+	InSample bool `json:"in_sample,omitempty"`
+
 	// Diagnostics are what the stack measured about itself during the
 	// run (for example how far two replicas' views drifted apart).
 	Diagnostics []string `json:"diagnostics,omitempty"`
@@ -182,13 +186,22 @@ type RunSpread struct {
 	E2EP50   [2]float64 `json:"e2e_p50_ms"`
 }
 
-// Label names the row in reports: the policy, with its path when several
-// paths are shown together.
-func (s *Summary) Label(withPath bool) string {
-	if withPath && s.Path != "" {
-		return s.Policy + " (" + s.Path + ")"
+// Name is the policy's name as reports show it: marked IN-SAMPLE when it
+// ran on an evaluation part it was tuned on.
+func (s *Summary) Name() string {
+	if s.InSample {
+		return s.Policy + " IN-SAMPLE"
 	}
 	return s.Policy
+}
+
+// Label names the row in reports: Name, with the path when several paths
+// are shown together.
+func (s *Summary) Label(withPath bool) string {
+	if withPath && s.Path != "" {
+		return s.Name() + " (" + s.Path + ")"
+	}
+	return s.Name()
 }
 
 // Options completes a Summary with what records do not carry.
@@ -204,100 +217,134 @@ type Options struct {
 // that were served (Done); counts cover all.
 func Summarize(recs []Record, opt Options) Summary {
 	s := Summary{Policy: opt.Policy, Requests: len(recs), UpperBound: opt.UpperBound, WallSeconds: opt.Wall.Seconds()}
-	var ttft, itl, e2e, route, queue []float64
-	loads := make(map[string]*WorkerTotals)
-	for _, w := range opt.Workers {
-		loads[w] = &WorkerTotals{Worker: w}
-	}
-	var routerBlocks, outTok, prefillTok int64
-	var first, last time.Duration = -1, 0
 	sorted := append([]Record(nil), recs...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Arrival < sorted[j].Arrival })
-	sessionWorkers := make(map[string]map[string]struct{})
-	sessionLast := make(map[string]string)
+	a := newAccumulator(opt)
 	for i := range sorted {
-		r := &sorted[i]
-		if r.Route > 0 {
-			route = append(route, ms(r.Route))
-			queue = append(queue, ms(r.QueueWait))
-		}
-		switch r.Outcome {
-		case Rejected:
-			s.Rejected++
-		case Failed:
-			s.Failed++
-		}
-		if r.Outcome != Done {
-			if s.Codes == nil {
-				s.Codes = make(map[string]int)
-			}
-			code := r.Code
-			if code == "" {
-				code = r.Outcome.String()
-			}
-			s.Codes[code]++
-			continue
-		}
-		s.Done++
-		s.PromptBlocks += int64(r.PromptBlocks)
-		s.CachedBlocks += int64(min(r.CachedBlocks, r.PromptBlocks))
-		routerBlocks += int64(min(r.RouterBlocks, r.PromptBlocks))
-		outTok += int64(r.OutputTokens)
-		prefill := int64(r.PromptTokens - r.CachedBlocks*opt.BlockSize)
-		prefill = max(prefill, 0)
-		prefillTok += prefill
-		ttft = append(ttft, ms(r.TTFT))
-		if r.OutputTokens > 1 {
-			itl = append(itl, ms(r.ITL))
-		}
-		e2e = append(e2e, ms(r.E2E))
-		if first < 0 || r.Arrival < first {
-			first = r.Arrival
-		}
-		last = max(last, r.Finish, r.Arrival+r.E2E)
-		if r.Worker != "" {
-			l := loads[r.Worker]
-			if l == nil {
-				l = &WorkerTotals{Worker: r.Worker}
-				loads[r.Worker] = l
-			}
-			l.Requests++
-			l.PrefillTokens += prefill
-			l.CachedBlocks += int64(r.CachedBlocks)
-		}
-		if r.Session != "" && r.Worker != "" {
-			ws := sessionWorkers[r.Session]
-			if ws == nil {
-				ws = make(map[string]struct{})
-				sessionWorkers[r.Session] = ws
-			}
-			ws[r.Worker] = struct{}{}
-			if prev, ok := sessionLast[r.Session]; ok && prev != r.Worker {
-				s.SessionMoves++
-			}
-			sessionLast[r.Session] = r.Worker
-		}
+		a.add(&s, &sorted[i])
 	}
+	a.finish(&s, sorted)
+	return s
+}
+
+// accumulator is what Summarize gathers in one pass over the records, in
+// arrival order.
+type accumulator struct {
+	opt                              Options
+	ttft, itl, e2e, route, queue     []float64
+	loads                            map[string]*WorkerTotals
+	routerBlocks, outTok, prefillTok int64
+	first, last                      time.Duration // served requests' first arrival (-1 = none) and last token
+	sessionWorkers                   map[string]map[string]struct{}
+	sessionLast                      map[string]string
+}
+
+func newAccumulator(opt Options) *accumulator {
+	a := &accumulator{opt: opt, loads: make(map[string]*WorkerTotals), first: -1,
+		sessionWorkers: make(map[string]map[string]struct{}), sessionLast: make(map[string]string)}
+	for _, w := range opt.Workers {
+		a.loads[w] = &WorkerTotals{Worker: w}
+	}
+	return a
+}
+
+// add counts one record: its routing call and outcome, and, when it was
+// served, its blocks, latencies, worker and session.
+func (a *accumulator) add(s *Summary, r *Record) {
+	if r.Route > 0 {
+		a.route = append(a.route, ms(r.Route))
+		a.queue = append(a.queue, ms(r.QueueWait))
+	}
+	switch r.Outcome {
+	case Rejected:
+		s.Rejected++
+	case Failed:
+		s.Failed++
+	}
+	if r.Outcome != Done {
+		if s.Codes == nil {
+			s.Codes = make(map[string]int)
+		}
+		code := r.Code
+		if code == "" {
+			code = r.Outcome.String()
+		}
+		s.Codes[code]++
+		return
+	}
+	s.Done++
+	s.PromptBlocks += int64(r.PromptBlocks)
+	s.CachedBlocks += int64(min(r.CachedBlocks, r.PromptBlocks))
+	a.routerBlocks += int64(min(r.RouterBlocks, r.PromptBlocks))
+	a.outTok += int64(r.OutputTokens)
+	prefill := max(int64(r.PromptTokens-r.CachedBlocks*a.opt.BlockSize), 0)
+	a.prefillTok += prefill
+	a.ttft = append(a.ttft, ms(r.TTFT))
+	if r.OutputTokens > 1 {
+		a.itl = append(a.itl, ms(r.ITL))
+	}
+	a.e2e = append(a.e2e, ms(r.E2E))
+	if a.first < 0 || r.Arrival < a.first {
+		a.first = r.Arrival
+	}
+	a.last = max(a.last, r.Finish, r.Arrival+r.E2E)
+	a.addWorker(r, prefill)
+	a.addSession(s, r)
+}
+
+func (a *accumulator) addWorker(r *Record, prefill int64) {
+	if r.Worker == "" {
+		return
+	}
+	l := a.loads[r.Worker]
+	if l == nil {
+		l = &WorkerTotals{Worker: r.Worker}
+		a.loads[r.Worker] = l
+	}
+	l.Requests++
+	l.PrefillTokens += prefill
+	l.CachedBlocks += int64(r.CachedBlocks)
+}
+
+func (a *accumulator) addSession(s *Summary, r *Record) {
+	if r.Session == "" || r.Worker == "" {
+		return
+	}
+	ws := a.sessionWorkers[r.Session]
+	if ws == nil {
+		ws = make(map[string]struct{})
+		a.sessionWorkers[r.Session] = ws
+	}
+	ws[r.Worker] = struct{}{}
+	if prev, ok := a.sessionLast[r.Session]; ok && prev != r.Worker {
+		s.SessionMoves++
+	}
+	a.sessionLast[r.Session] = r.Worker
+}
+
+// finish turns the sums into the summary's ratios, distributions, rates,
+// spreads and session counts.
+func (a *accumulator) finish(s *Summary, sorted []Record) {
 	if s.PromptBlocks > 0 {
 		s.HitRatio = float64(s.CachedBlocks) / float64(s.PromptBlocks)
-		s.RouterHit = float64(routerBlocks) / float64(s.PromptBlocks)
+		s.RouterHit = float64(a.routerBlocks) / float64(s.PromptBlocks)
 	}
 	if s.UpperBound > 0 {
 		s.OfUpperBound = s.HitRatio / s.UpperBound
 	}
-	s.TTFT, s.TTFTCDF = dist(ttft, true)
-	s.ITL, _ = dist(itl, false)
-	s.E2E, _ = dist(e2e, false)
-	s.Route, _ = dist(route, false)
-	s.Queue, _ = dist(queue, false)
-	if first >= 0 && last > first {
-		span := (last - first).Seconds()
+	s.TTFT, s.TTFTCDF = dist(a.ttft, true)
+	s.ITL, _ = dist(a.itl, false)
+	s.E2E, _ = dist(a.e2e, false)
+	s.Route, _ = dist(a.route, false)
+	s.Queue, _ = dist(a.queue, false)
+	if a.first >= 0 && a.last > a.first {
+		span := (a.last - a.first).Seconds()
 		s.MakespanSeconds = span
 		s.RequestsPerSec = float64(s.Done) / span
-		s.OutputTokPerSec = float64(outTok) / span
-		s.PrefillTokPerSec = float64(prefillTok) / span
+		s.OutputTokPerSec = float64(a.outTok) / span
+		s.PrefillTokPerSec = float64(a.prefillTok) / span
 	}
-	for _, l := range loads {
+	for _, l := range a.loads {
 		s.Workers = append(s.Workers, *l)
 	}
 	sort.Slice(s.Workers, func(i, j int) bool { return naturalLess(s.Workers[i].Worker, s.Workers[j].Worker) })
@@ -307,14 +354,13 @@ func Summarize(recs []Record, opt Options) Summary {
 		reqs[i], pre[i] = float64(l.Requests), float64(l.PrefillTokens)
 	}
 	s.RequestSpread, s.PrefillSpread = spread(reqs), spread(pre)
-	s.LoadOverTime = loadOverTime(sorted, opt.Workers, first, last)
-	s.Sessions = len(sessionWorkers)
-	for _, ws := range sessionWorkers {
+	s.LoadOverTime = loadOverTime(sorted, a.opt.Workers, a.first, a.last)
+	s.Sessions = len(a.sessionWorkers)
+	for _, ws := range a.sessionWorkers {
 		if len(ws) > 1 {
 			s.SessionsMoved++
 		}
 	}
-	return s
 }
 
 // loadOverTime samples max/mean of the workers' in-flight requests (from

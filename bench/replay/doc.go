@@ -5,20 +5,33 @@
 // driver only talks to it through three small interfaces, as a client would:
 // Router (route, prefill_done, free: api.Client over NATS), Generator (send
 // the request to the chosen worker's endpoint and stream the answer:
-// sim.Generate over NATS) and, for the oracle only, CacheProbe (the simulated
-// workers' exact cache contents). NewNATSStack builds the real one: an
+// sim.Generate over NATS) and, for the true-cache policy only, CacheProbe
+// (the simulated workers' exact cache contents). NewNATSStack builds the real one: an
 // embedded NATS server, simulated workers (workers/sim) publishing KV events,
 // and router replicas (router/host) in one process; tests use fakes.
 //
 // Policies compared (Catalog): kvrouter's default policy fed by events,
 // kvrouter in the host's approximate mode (no events: the routers index
-// their routing decisions, shared between replicas), round-robin, random, least-loaded, an oracle that picks by
-// the true cached prefix plus the default cost's load term and pins its
-// choice through the same route API, and the peers' algorithms
-// (PeerPolicies: llmd, sglang, dynamo, chwbl; router/scheduler/peers.go) on
-// the same index and load view, each with its own admission and session
-// affinity (scheduler.Registry.Operation, applied by stackConfig) instead of
-// kvrouter's queue threshold and the run's binding mode.
+// their routing decisions, shared between replicas), round-robin, random,
+// least-loaded, the peers' algorithms (PeerPolicies: llmd, sglang, dynamo,
+// chwbl; router/scheduler/peers.go) on the same index and load view, each
+// with its own admission and session affinity (scheduler.Registry.Operation,
+// applied by Config.stackConfig) instead of kvrouter's queue threshold and
+// the run's binding mode, and true-cache (truecache.go): the
+// default cost fed with the engines' true caches on the client, its choice
+// sent as a Soft preference through the same route API; it shows what the
+// index's lag costs the default and is no bound (the bound is the
+// workload's infinite-cache ratio, reported with every run).
+//
+// What routers may know (prepare.go): the prompt and the client's
+// max_tokens (Config.MaxTokens, the workload's cap by default), never a
+// request's output length, which only the engine is told.
+//
+// Held-out protocol (heldout.go): Config.Part names the part of the
+// workload replayed; TunedOn records what each catalog entry was tuned on;
+// Run refuses an evaluation part a policy was tuned on (ErrInSample) unless
+// AllowInSample, which marks its rows IN-SAMPLE. Calibrate (calibrate.go)
+// searches the load levels.
 //
 // Paths (Config.Paths, PathConfig): PathNATS is the flow below; on
 // PathGateway a FrontendStack's Frontend sends each request as one OpenAI

@@ -15,7 +15,7 @@ import (
 // fakeStack is an in-memory fleet: each worker has an unbounded prefix cache
 // keyed by block hash; "generate" answers at once with the cached tokens and
 // a TTFT from the timing model. Its router implements the policies crudely
-// (events/oracle: longest cached prefix; round-robin; anything else:
+// (events/true-cache: longest cached prefix; round-robin; anything else:
 // random) so that the driver's plumbing and orderings can be tested without
 // NATS.
 type fakeStack struct {
@@ -30,12 +30,16 @@ type fakeStack struct {
 	sessions, pins          atomic.Int64
 	routingKeys             atomic.Int64 // routes whose routing key is their session id
 	rejectEvery             int
+	// what the router was told of each reply's length (ExpectedOutput) and
+	// what the engine was asked to generate, by request id (under mu)
+	expected, generated map[string]int
 }
 
 func newFakeFactory(track *[]*fakeStack, rejectEvery int) StackFactory {
 	var mu sync.Mutex
 	return func(ctx context.Context, cfg StackConfig) (Stack, error) {
-		s := &fakeStack{cfg: cfg, caches: map[string]map[uint64]bool{}, rnd: rand.New(rand.NewPCG(1, 2)), rejectEvery: rejectEvery}
+		s := &fakeStack{cfg: cfg, caches: map[string]map[uint64]bool{}, rnd: rand.New(rand.NewPCG(1, 2)), rejectEvery: rejectEvery,
+			expected: map[string]int{}, generated: map[string]int{}}
 		for i := 0; i < cfg.Workers; i++ {
 			w := fmt.Sprintf("w%d", i)
 			s.workers = append(s.workers, w)
@@ -91,6 +95,7 @@ func (r *fakeRouter) Route(ctx context.Context, req *RouteRequest) (*Routed, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expected[req.ID] = req.ExpectedOutput
 	var w string
 	switch {
 	case req.Pin != "" || req.Prefer != "":
@@ -140,6 +145,7 @@ func (g *fakeGen) Generate(ctx context.Context, endpoint string, req *sim.Genera
 	}
 	hs := kvevents.SeqHashes(nil, toks, s.cfg.BlockSize, kvevents.SeedFor("", ""))
 	s.mu.Lock()
+	s.generated[req.RequestID] = req.MaxTokens
 	k := 0
 	for k < len(hs) && s.caches[w][uint64(hs[k])] {
 		k++

@@ -28,9 +28,9 @@ const (
 type PathConfig struct {
 	Name     string // PathNATS or PathGateway (the report's path field)
 	NewStack StackFactory
-	// NoOracle: the path cannot carry the oracle's choice (the gateway has
-	// no preference header); the oracle is skipped there, with a note.
-	NoOracle bool
+	// NoTrueCache: the path cannot carry the true-cache policy's choice (the
+	// gateway has no preference header); it is skipped there, with a note.
+	NoTrueCache bool
 }
 
 // Frontend is an OpenAI-compatible endpoint that routes, serves and books
@@ -48,12 +48,17 @@ type FrontendStack interface {
 
 // FrontendRequest is one completion: the prompt as token ids.
 type FrontendRequest struct {
-	ID          string
-	Model       string
-	Tokens      []uint32
-	MaxTokens   int
-	SessionID   string // empty = no session header
-	SessionMode SessionMode
+	ID     string
+	Model  string
+	Tokens []uint32
+	// MaxTokens is the client's max_tokens, what the gateway and routers see.
+	MaxTokens int
+	// OutputTokens is the reply's true length, sent only to the simulated
+	// engine (its sim_output_tokens extension: the model ends its reply
+	// there); the gateway passes the body through without reading it.
+	OutputTokens int
+	SessionID    string // empty = no session header
+	SessionMode  SessionMode
 }
 
 // FrontendReply is what the client saw. Rejected marks the refusals a
@@ -74,7 +79,7 @@ func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
 	cfg := d.cfg
 	r := p.req
 	rec := metrics.Record{ID: r.ID, Session: r.Session, Arrival: r.Arrival, PromptTokens: r.InputLength, PromptBlocks: p.promptBlocks}
-	req := FrontendRequest{ID: r.ID, Model: cfg.Model, Tokens: r.Tokens, MaxTokens: p.outputTokens}
+	req := FrontendRequest{ID: r.ID, Model: cfg.Model, Tokens: r.Tokens, MaxTokens: p.maxTokens, OutputTokens: p.outputTokens}
 	if len(r.BlockIDs) > 0 {
 		req.Tokens = sim.ExpandBlockIDs(nil, r.BlockIDs, cfg.Workload.BlockTokens, r.InputLength)
 	}

@@ -27,9 +27,9 @@ type Policy struct {
 	// PredictedTTL is how long a replica remembers its own decisions as
 	// cached blocks (0 = the replica's default).
 	PredictedTTL time.Duration
-	// Oracle: the client picks the worker by the true cached prefix plus the
-	// default cost's load term and sends it as a Soft preference.
-	Oracle bool
+	// TrueCache: the client picks the worker by the default cost fed with
+	// the engines' true caches and sends it as a Soft preference.
+	TrueCache bool
 	// Peer marks another router's algorithm (the report sets them apart).
 	Peer  bool
 	About string
@@ -42,7 +42,7 @@ var Catalog = []Policy{
 	{Name: "round-robin", RouterPolicy: "round-robin", Events: true, About: "cycle through the workers"},
 	{Name: "random", RouterPolicy: "random", Events: true, About: "uniformly random worker"},
 	{Name: "least-loaded", RouterPolicy: "least-loaded", Events: true, About: "fewest active requests"},
-	{Name: "oracle", RouterPolicy: "default", Events: true, Oracle: true, About: "true cached prefix read from the simulated workers + default cost load term, sent as a Soft preference"},
+	{Name: "true-cache", RouterPolicy: "default", Events: true, TrueCache: true, About: "the default cost fed with the engines' true caches (no event lag), chosen on the client and sent as a Soft preference: what the index's lag costs the default, not a bound"},
 	// The peers' algorithms (router/scheduler/peers.go), on the same
 	// event-fed index and load view as kvrouter.
 	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue (the engines' waiting requests) + 2 x KV utilisation, plus 1 x its session-affinity scorer with sessions, max score"},
@@ -71,7 +71,7 @@ var Catalog = []Policy{
 var PeerPolicies = []string{"llmd", "sglang", "dynamo", "chwbl"}
 
 // DefaultPolicies is the order of a full comparison.
-var DefaultPolicies = []string{"kvrouter", "kvrouter-approx", "round-robin", "random", "least-loaded", "oracle"}
+var DefaultPolicies = []string{"kvrouter", "kvrouter-approx", "round-robin", "random", "least-loaded"}
 
 // LookupPolicies resolves comma-separated or repeated names ("all" = every
 // policy of the catalog, "peers" = PeerPolicies).

@@ -13,13 +13,20 @@ type prepared struct {
 	hashes       []kvevents.SeqHash // full blocks at the engine block size
 	blockHashes  []uint64           // the same, as the route API wants them
 	promptBlocks int
+	// maxTokens is the max_tokens the client sends: all the route API and
+	// every booking learn of the reply's length.
+	maxTokens int
+	// outputTokens is the reply's true length: the workload's output, at
+	// most maxTokens (the engine stops there) and the replay's output cap.
+	// Only the engine is told it, as its model's end of sequence.
 	outputTokens int
 }
 
 // prepare hashes every prompt the way engine and router do: Mooncake block
 // ids expand to tokens with sim.ExpandBlockIDs, then kvevents.SeqHashes with
-// the default seed (no LoRA, no salt).
-func prepare(w *workload.Workload, blockSize, maxOutput int) []prepared {
+// the default seed (no LoRA, no salt). maxTokens is the client's max_tokens,
+// maxOutput the replay's output cap (0 = none).
+func prepare(w *workload.Workload, blockSize, maxOutput, maxTokens int) []prepared {
 	seed := kvevents.SeedFor("", "")
 	out := make([]prepared, len(w.Requests))
 	var buf []uint32
@@ -35,16 +42,18 @@ func prepare(w *workload.Workload, blockSize, maxOutput int) []prepared {
 		for j, h := range hs {
 			u[j] = uint64(h)
 		}
-		outTok := max(1, r.OutputLength)
+		outTok := min(max(1, r.OutputLength), maxTokens)
 		if maxOutput > 0 {
 			outTok = min(outTok, maxOutput)
 		}
-		out[i] = prepared{req: r, hashes: hs, blockHashes: u, promptBlocks: len(hs), outputTokens: outTok}
+		out[i] = prepared{req: r, hashes: hs, blockHashes: u, promptBlocks: len(hs), maxTokens: maxTokens, outputTokens: outTok}
 	}
 	return out
 }
 
-// generateRequest is what the worker receives.
+// generateRequest is what the worker receives on the NATS path: the
+// simulator's own generate call, whose MaxTokens is the reply's true length
+// (the model ending its reply). No router sees it.
 func (p *prepared) generateRequest(id string, blockTokens int) *sim.GenerateRequest {
 	g := &sim.GenerateRequest{RequestID: id, MaxTokens: p.outputTokens}
 	if len(p.req.BlockIDs) > 0 {

@@ -19,20 +19,21 @@ func smallWorkload() *workload.Workload {
 func TestRunWithFakeStack(t *testing.T) {
 	var stacks []*fakeStack
 	w := smallWorkload()
+	pols, _ := LookupPolicies(append(DefaultPolicies, "true-cache"))
 	rep, err := Run(context.Background(), Config{
-		Workload: w, NewStack: newFakeFactory(&stacks, 0), Workers: 4, Speedup: 1000, MaxInFlight: 1,
+		Workload: w, Policies: pols, NewStack: newFakeFactory(&stacks, 0), Workers: 4, Speedup: 1000, MaxInFlight: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Policies) != len(DefaultPolicies) || len(stacks) != len(DefaultPolicies) {
+	if len(rep.Policies) != len(pols) || len(stacks) != len(pols) {
 		t.Fatalf("%d policies, %d stacks", len(rep.Policies), len(stacks))
 	}
 	for _, s := range stacks {
 		if s.routes.Load() != int64(len(w.Requests)) || s.prefills.Load() != s.routes.Load() || s.frees.Load() != s.routes.Load() {
 			t.Fatalf("%s: routes %d prefills %d frees %d", s.cfg.Policy.Name, s.routes.Load(), s.prefills.Load(), s.frees.Load())
 		}
-		if s.cfg.Policy.Oracle != (s.pins.Load() == s.routes.Load()) || (!s.cfg.Policy.Oracle && s.pins.Load() != 0) {
+		if s.cfg.Policy.TrueCache != (s.pins.Load() == s.routes.Load()) || (!s.cfg.Policy.TrueCache && s.pins.Load() != 0) {
 			t.Fatalf("%s: %d pins", s.cfg.Policy.Name, s.pins.Load())
 		}
 		if s.sessions.Load() != 0 {
@@ -42,8 +43,8 @@ func TestRunWithFakeStack(t *testing.T) {
 			t.Fatalf("defaults: %+v", s.cfg)
 		}
 	}
-	kv, rr, or := rep.Policy("kvrouter"), rep.Policy("round-robin"), rep.Policy("oracle")
-	t.Logf("hit: kvrouter %.3f round-robin %.3f oracle %.3f bound %.3f", kv.HitRatio, rr.HitRatio, or.HitRatio, rep.Workload.UpperBound.Ratio)
+	kv, rr, or := rep.Policy("kvrouter"), rep.Policy("round-robin"), rep.Policy("true-cache")
+	t.Logf("hit: kvrouter %.3f round-robin %.3f true-cache %.3f bound %.3f", kv.HitRatio, rr.HitRatio, or.HitRatio, rep.Workload.UpperBound.Ratio)
 	if kv.Done != len(w.Requests) || kv.HitRatio <= rr.HitRatio+0.1 || or.HitRatio < kv.HitRatio-1e-9 || kv.HitRatio > rep.Workload.UpperBound.Ratio+1e-9 {
 		t.Fatal("ordering does not hold")
 	}
@@ -58,7 +59,7 @@ func TestRunWithFakeStack(t *testing.T) {
 func TestRunSessionsAndRejections(t *testing.T) {
 	var stacks []*fakeStack
 	w := workload.Chat(workload.ChatConfig{Seed: 2, Sessions: 6, Turns: 3, SystemTokens: 256, UserTokens: 32, OutputTokens: 8, SessionRate: 100})
-	pols, _ := LookupPolicies([]string{"kvrouter,oracle"})
+	pols, _ := LookupPolicies([]string{"kvrouter,true-cache"})
 	rep, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 5), Policies: pols, Workers: 2, Speedup: 1e5, SessionMode: SessionHard, LoadScale: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func TestRunSessionsAndRejections(t *testing.T) {
 		t.Fatalf("%+v", kv)
 	}
 	if stacks[0].sessions.Load() != int64(len(w.Requests)) || stacks[1].sessions.Load() != 0 {
-		t.Fatalf("sessions sent: %d, oracle %d", stacks[0].sessions.Load(), stacks[1].sessions.Load())
+		t.Fatalf("sessions sent: %d, true-cache %d", stacks[0].sessions.Load(), stacks[1].sessions.Load())
 	}
 	if rep.Workload.LoadScale != 2 || rep.Workload.Stats.SpanSeconds*2 > w.Span().Seconds()+0.01 {
 		t.Fatalf("load scale not applied: %+v vs %v", rep.Workload.Stats, w.Span())
@@ -164,7 +165,7 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := LookupPolicies([]string{"kvrouter,nope"}); !errors.Is(err, ErrConfig) {
 		t.Fatal(err)
 	}
-	if ps, err := LookupPolicies([]string{"all", "oracle"}); err != nil || len(ps) != len(Catalog) {
+	if ps, err := LookupPolicies([]string{"all", "true-cache"}); err != nil || len(ps) != len(Catalog) {
 		t.Fatal(ps, err)
 	}
 	if m, err := ParseSessionMode("HARD"); err != nil || m != SessionHard {
@@ -228,7 +229,7 @@ func TestMedianOfRuns(t *testing.T) {
 	}
 }
 
-// Issue 17's checks: kvrouter against every policy but the oracle (dynamo,
+// Issue 17's checks: kvrouter against every policy but true-cache (dynamo,
 // Dynamo's weights, is a peer like the others), on its path only.
 func TestPeerChecks(t *testing.T) {
 	row := func(name, path string, p50, p99 float64) metrics.Summary {
@@ -237,7 +238,7 @@ func TestPeerChecks(t *testing.T) {
 		return s
 	}
 	r := &report.Report{Policies: []metrics.Summary{
-		row("kvrouter", "nats", 100, 1000), row("oracle", "nats", 50, 500), row("dynamo", "nats", 130, 1500),
+		row("kvrouter", "nats", 100, 1000), row("true-cache", "nats", 50, 500), row("dynamo", "nats", 130, 1500),
 		row("llmd", "nats", 120, 1300), row("sglang", "nats", 110, 1100), row("kvrouter", "gateway", 10, 10),
 	}}
 	got := map[string]bool{}
@@ -245,13 +246,56 @@ func TestPeerChecks(t *testing.T) {
 		got[c.Name] = c.Pass
 	}
 	want := map[string]bool{
-		"kvrouter lowest TTFT p50 except the oracle":   true,
-		"kvrouter lowest TTFT p99 except the oracle":   true,
-		"kvrouter p99 TTFT lower than the best peer's": false, // 1100 / 1000 < 1.2
+		"kvrouter lowest TTFT p50 of the deployable policies": true,
+		"kvrouter lowest TTFT p99 of the deployable policies": true,
+		"kvrouter p99 TTFT lower than the best peer's":        false, // 1100 / 1000 < 1.2
 	}
 	for k, v := range want {
 		if g, ok := got[k]; !ok || g != v {
 			t.Errorf("%s: pass %v (present %v), want %v", k, g, ok, v)
 		}
+	}
+}
+
+// The route API and every booking see max_tokens as the client sends it,
+// never a request's own output length; the engine generates the output
+// length, stopping at max_tokens.
+func TestMaxTokensRule(t *testing.T) {
+	w := workload.Chat(workload.ChatConfig{Seed: 4, Sessions: 6, Turns: 3, SystemTokens: 64, UserTokens: 16, OutputTokens: 40, SessionRate: 100})
+	w.MaxTokens = 48 // outputs are 20..60: some stop at max_tokens
+	var stacks []*fakeStack
+	pols, _ := LookupPolicies([]string{"kvrouter,true-cache"})
+	rep, err := Run(context.Background(), Config{Workload: w, Policies: pols, NewStack: newFakeFactory(&stacks, 0), Workers: 2, Speedup: 1e4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	truncated := 0
+	for _, s := range stacks {
+		for _, r := range w.Requests {
+			if got := s.expected[r.ID]; got != 48 {
+				t.Fatalf("%s: %s routed with expected output %d, want max_tokens 48 (true length %d)", s.cfg.Policy.Name, r.ID, got, r.OutputLength)
+			}
+			if got, want := s.generated[r.ID], min(r.OutputLength, 48); got != want {
+				t.Fatalf("%s: %s generated %d tokens, want %d", s.cfg.Policy.Name, r.ID, got, want)
+			}
+			if s == stacks[0] && r.OutputLength > 48 {
+				truncated++
+			}
+		}
+	}
+	if truncated == 0 || rep.Workload.MaxTokens != 48 || rep.Workload.Truncated != truncated {
+		t.Fatalf("report: max_tokens %d, %d truncated; want 48 and %d (> 0)", rep.Workload.MaxTokens, rep.Workload.Truncated, truncated)
+	}
+	// Config.MaxTokens overrides the workload's; the default is the
+	// workload's client cap.
+	stacks = nil
+	if _, err := Run(context.Background(), Config{Workload: w, Policies: pols[:1], NewStack: newFakeFactory(&stacks, 0), Workers: 2, Speedup: 1e4, MaxTokens: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stacks[0].expected[w.Requests[0].ID]; got != 4096 {
+		t.Fatalf("MaxTokens 4096: routed with %d", got)
+	}
+	if w.MaxTokens = 0; w.ClientMaxTokens() != workload.DefaultMaxTokens {
+		t.Fatal("default client cap")
 	}
 }

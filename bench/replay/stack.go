@@ -91,7 +91,7 @@ type Stack interface {
 	// Probe is nil unless StackConfig.Probe was set.
 	Probe() CacheProbe
 	// Loads is the router's load view; nil when the stack has none (the
-	// oracle then uses its own bookkeeping).
+	// true-cache policy then uses its own bookkeeping).
 	Loads() LoadProbe
 	Close(ctx context.Context) error
 }
@@ -131,7 +131,7 @@ type StackConfig struct {
 	Speedup     float64
 	SessionMode SessionMode
 	Seed        uint64
-	// Probe asks for a CacheProbe (the oracle needs one).
+	// Probe asks for a CacheProbe (the true-cache policy needs one).
 	Probe bool
 	// MaxBatchedTokens and MaxSeqs of each simulated worker (0 = sim defaults).
 	MaxBatchedTokens int

@@ -7,7 +7,7 @@
 // The Markdown report's "Why each policy wins or loses" section (why.go) is
 // written from the figures alone, so it is true for whatever run produced
 // them: per path, each policy is compared with the best policy over the same
-// path (the oracle is quoted beside it, never counted as the best), and a
+// path (true-cache is quoted beside it, never counted as the best), and a
 // line is written only when a figure crosses one of the named thresholds at
 // the top of why.go: cache misses (hit ratio below the best, and whether the
 // router's predicted hit agreed, which puts the loss on the choices rather
@@ -15,6 +15,11 @@
 // prefill spread, busiest worker over time), queueing (router queue wait as a
 // share of TTFT, TTFT against the best) and rejections by code. The rules
 // are the list in whyRules; add one there with its threshold constant.
+//
+// Every report states the held-out part it ran (Workload.Part, the Setup
+// table) and the max_tokens its clients sent; rows of policies run on an
+// evaluation part they were tuned on carry metrics.Summary.InSample and are
+// labelled IN-SAMPLE wherever they are named.
 //
 // Start at Report and WriteAll. It knows nothing about how the numbers were
 // measured (see bench/replay).

@@ -16,7 +16,7 @@ import (
 
 func sample() *Report {
 	var pols []metrics.Summary
-	for i, name := range []string{"kvrouter", "round-robin", "oracle"} {
+	for i, name := range []string{"kvrouter", "round-robin", "true-cache"} {
 		var recs []metrics.Record
 		for j := 0; j < 50; j++ {
 			recs = append(recs, metrics.Record{
@@ -54,7 +54,7 @@ func TestWriteAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Policies) != 3 || back.Policy("oracle") == nil || back.Policy("oracle").TTFT != r.Policy("oracle").TTFT {
+	if len(back.Policies) != 3 || back.Policy("true-cache") == nil || back.Policy("true-cache").TTFT != r.Policy("true-cache").TTFT {
 		t.Fatalf("round trip: %+v", back.Policies)
 	}
 	if len(f.Charts) != 4 {

@@ -45,9 +45,10 @@ const (
 	whyTTFTRatio = 1.2
 )
 
-// oracleName is the policy with perfect cache knowledge: it is shown for
-// comparison but is not the "best" the others are measured against.
-const oracleName = "oracle"
+// trueCacheName is the policy that reads the engines' true caches on the
+// client: no router can deploy it, so it is shown for comparison but is not
+// the "best" the others are measured against.
+const trueCacheName = "true-cache"
 
 // finding is one line of a policy's "why".
 type finding struct {
@@ -57,8 +58,8 @@ type finding struct {
 
 // peers is what one policy is compared with: the rows of its path.
 type peers struct {
-	rows    []*metrics.Summary // served something; the oracle only when alone
-	oracle  *metrics.Summary   // nil when the oracle did not run on the path
+	rows    []*metrics.Summary // served something; true-cache only when alone
+	truth   *metrics.Summary   // nil when true-cache did not run on the path
 	speedup float64            // workload time per wall-clock second
 }
 
@@ -92,7 +93,7 @@ func (r *Report) whySection(b *strings.Builder) {
 	}
 	b.WriteString("\n## Why each policy wins or loses\n\n")
 	fmt.Fprintf(b, "Written from the figures above: each line is a figure that crosses a threshold, "+
-		"against the best policy over the same path (the oracle is shown, not counted as the best). "+
+		"against the best policy over the same path (true-cache is shown, not counted as the best). "+
 		"Thresholds: hit ratio %.0f pp below the best, router-predicted hit %.0f pp off the engines', sessions moved %.0f pp above the lowest, "+
 		"load or prefill max/mean ≥ %.2f or CV ≥ %.2f, busiest worker ≥ %.0fx the mean in-flight in ≥ %.0f %% of the run, "+
 		"router queue wait (times the speed-up) ≥ %.0f %% of TTFT, TTFT ≥ %.1fx the best.\n",
@@ -153,14 +154,14 @@ func (r *Report) peersOn(path string) *peers {
 		p := &r.Policies[i]
 		switch {
 		case pathOf(p) != path || p.Done == 0:
-		case p.Policy == oracleName:
-			pe.oracle = p
+		case p.Policy == trueCacheName:
+			pe.truth = p
 		default:
 			pe.rows = append(pe.rows, p)
 		}
 	}
-	if len(pe.rows) == 0 && pe.oracle != nil {
-		pe.rows = []*metrics.Summary{pe.oracle}
+	if len(pe.rows) == 0 && pe.truth != nil {
+		pe.rows = []*metrics.Summary{pe.truth}
 	}
 	return pe
 }
@@ -221,7 +222,7 @@ func wins(p *metrics.Summary, pe *peers) string {
 	if len(on) == 0 {
 		return ""
 	}
-	if p.Policy == oracleName {
+	if p.Policy == trueCacheName {
 		return "ahead of every policy on " + strings.Join(on, ", ")
 	}
 	return "best of the path on " + strings.Join(on, ", ")
@@ -304,8 +305,8 @@ func findCacheMisses(p *metrics.Summary, pe *peers) (string, bool) {
 	}
 	text := fmt.Sprintf("cache misses: hit ratio %.1f %% = %.0f %% of the bound, %.1f pp below the best (%s %.1f %%)",
 		100*p.HitRatio, 100*p.OfUpperBound, 100*(best.HitRatio-p.HitRatio), best.Policy, 100*best.HitRatio)
-	if o := pe.oracle; o != nil && o != p {
-		text += fmt.Sprintf(", oracle %.1f %%", 100*o.HitRatio)
+	if o := pe.truth; o != nil && o != p {
+		text += fmt.Sprintf(", true-cache %.1f %%", 100*o.HitRatio)
 	}
 	if math.Abs(p.RouterHit-p.HitRatio) < whyIndexGap {
 		text += fmt.Sprintf("; the router predicted %.1f %%, so the index was right and the loss is in the choices", 100*p.RouterHit)
@@ -399,8 +400,8 @@ func findTTFT(p *metrics.Summary, pe *peers) (string, bool) {
 			continue
 		}
 		part := fmt.Sprintf("%s %s ms = %.1fx the best (%s %s ms", q.name, num(q.figure(p)), share(q.figure(p), q.figure(best)), best.Policy, num(q.figure(best)))
-		if o := pe.oracle; o != nil && o != p {
-			part += ", oracle " + num(q.figure(o)) + " ms"
+		if o := pe.truth; o != nil && o != p {
+			part += ", true-cache " + num(q.figure(o)) + " ms"
 		}
 		parts = append(parts, part+")")
 	}

@@ -109,18 +109,18 @@ func TestWhyRules(t *testing.T) {
 	}
 }
 
-// The oracle is quoted beside the best but is not the best itself, and the
+// True-cache is quoted beside the best but is not the best itself, and the
 // best row is told what it wins on.
-func TestWhyOracleAndWins(t *testing.T) {
-	oracle := quiet("oracle", "nats")
-	oracle.HitRatio, oracle.RouterHit, oracle.TTFT.P50 = 0.40, 0.40, 50
+func TestWhyTrueCacheAndWins(t *testing.T) {
+	truth := quiet("true-cache", "nats")
+	truth.HitRatio, truth.RouterHit, truth.TTFT.P50 = 0.40, 0.40, 50
 	p := quiet("p", "nats")
 	p.HitRatio, p.RouterHit, p.TTFT.P50 = 0.20, 0.20, 200
-	r := whyReport(quiet("best", "nats"), p, oracle)
+	r := whyReport(quiet("best", "nats"), p, truth)
 
 	_, fs := rulesFired(r, "p", "nats")
 	text := strings.Join(texts(fs), "\n")
-	for _, want := range []string{"10.0 pp below the best (best 30.0 %), oracle 40.0 %", "TTFT p50 200 ms = 2.0x the best (best 100 ms, oracle 50.0 ms)"} {
+	for _, want := range []string{"10.0 pp below the best (best 30.0 %), true-cache 40.0 %", "TTFT p50 200 ms = 2.0x the best (best 100 ms, true-cache 50.0 ms)"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("p's lines lack %q:\n%s", want, text)
 		}
@@ -129,9 +129,9 @@ func TestWhyOracleAndWins(t *testing.T) {
 	if len(fs) != 2 || fs[0].text != "best of the path on hit ratio 30.0 %, TTFT p50 100 ms, TTFT p99 1000 ms" || fs[1].rule != "none" {
 		t.Errorf("best's lines: %+v", fs)
 	}
-	got, fs := rulesFired(r, "oracle", "nats")
+	got, fs := rulesFired(r, "true-cache", "nats")
 	if len(got) != 0 || !strings.HasPrefix(fs[0].text, "ahead of every policy on hit ratio 40.0 %, TTFT p50 50.0 ms") {
-		t.Errorf("oracle's lines: %+v", fs)
+		t.Errorf("true-cache's lines: %+v", fs)
 	}
 }
 

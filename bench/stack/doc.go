@@ -7,10 +7,10 @@
 // as a client would: api.Client for the route API and sim.Generate for the
 // workers' endpoints.
 //
-// For the oracle policy it also mirrors each simulated worker's cache
+// For the true-cache policy it also mirrors each simulated worker's cache
 // exactly: every event the engine emits is applied, synchronously and
-// before it is published, to an in-memory copy (Mirror), so the oracle reads
-// the engines' true contents without event lag.
+// before it is published, to an in-memory copy (Mirror), so that policy
+// reads the engines' true contents without event lag.
 //
 // The gateway path (GatewayFactory, gateway.go) runs Real (realpath.go)
 // instead: simulated engines with vLLM's HTTP face and ZMQ KV events, one

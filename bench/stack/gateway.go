@@ -38,7 +38,7 @@ var _ replay.FrontendStack = (*GatewayStack)(nil)
 // NewGateway starts the real path for one policy.
 func NewGateway(ctx context.Context, cfg replay.StackConfig, opt Options) (*GatewayStack, error) {
 	if cfg.Probe {
-		return nil, fmt.Errorf("%w: the gateway path has no cache probe (the oracle runs over the nats path)", replay.ErrConfig)
+		return nil, fmt.Errorf("%w: the gateway path has no cache probe (true-cache runs over the nats path)", replay.ErrConfig)
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -103,10 +103,16 @@ type frontend struct {
 }
 
 func (f *frontend) Complete(ctx context.Context, req *replay.FrontendRequest) (*replay.FrontendReply, error) {
-	body, err := json.Marshal(map[string]any{
+	fields := map[string]any{
 		"model": req.Model, "prompt": req.Tokens, "max_tokens": req.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "user": req.ID,
-	})
+	}
+	if req.OutputTokens > 0 {
+		// The simulated model's reply length: read by the engine only
+		// (docs/simulator.md), never by the gateway or the routers.
+		fields["sim_output_tokens"] = req.OutputTokens
+	}
+	body, err := json.Marshal(fields)
 	if err != nil {
 		return nil, fmt.Errorf("stack: encode %s: %w", req.ID, err)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // The same synthetic workload over both paths: every request is served
-// through the gateway too, every row carries its path, the oracle is
+// through the gateway too, every row carries its path, true-cache is
 // skipped on the gateway path with a note, and kvrouter's event-fed
 // routing (ZMQ → bridge → JetStream) still finds the shared prefixes
 // there, well above round-robin. At speed-up 1: the gateway path's
@@ -21,14 +21,14 @@ func TestReplayOverBothPaths(t *testing.T) {
 		t.Skip("starts two fleets per policy and path")
 	}
 	w := workload.SharedPrefix(workload.SharedPrefixConfig{Seed: 3, Groups: 16, PromptsPerGroup: 5, SystemTokens: 1024, QuestionTokens: 64, OutputTokens: 8, Rate: 10})
-	pols, _ := replay.LookupPolicies([]string{"kvrouter,round-robin,oracle"})
+	pols, _ := replay.LookupPolicies([]string{"kvrouter,round-robin,true-cache"})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := replay.Run(ctx, replay.Config{
 		Workload: w, Policies: pols, Workers: 4, Speedup: 1, KVBlocks: 4096,
 		Paths: []replay.PathConfig{
 			{Name: replay.PathNATS, NewStack: Factory(Options{})},
-			{Name: replay.PathGateway, NewStack: GatewayFactory(Options{}), NoOracle: true},
+			{Name: replay.PathGateway, NewStack: GatewayFactory(Options{}), NoTrueCache: true},
 		},
 	})
 	if err != nil {
@@ -46,8 +46,8 @@ func TestReplayOverBothPaths(t *testing.T) {
 		if p.Path != replay.PathGateway {
 			continue
 		}
-		if p.Policy == "oracle" {
-			t.Errorf("the oracle ran over the gateway")
+		if p.Policy == "true-cache" {
+			t.Errorf("true-cache ran over the gateway")
 		}
 		if p.Done < p.Requests*9/10 {
 			t.Errorf("%s over the gateway: %d of %d served (%v)", p.Policy, p.Done, p.Requests, p.Codes)

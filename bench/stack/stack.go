@@ -36,11 +36,11 @@ type Options struct {
 	// whole fleet (default 30 s).
 	ReadyTimeout time.Duration
 	Logger       *slog.Logger
-	// OracleRouterLoad makes the oracle take its load term from a replica's
-	// load view (one workers call per decision, made under the oracle's
-	// lock) instead of its own bookkeeping. Off by default: the extra call
-	// serialises the oracle's decisions behind the replica.
-	OracleRouterLoad bool
+	// TrueCacheRouterLoad makes the true-cache policy take its load term
+	// from a replica's load view (one workers call per decision, made under
+	// its lock) instead of its own bookkeeping. Off by default: the extra
+	// call serialises its decisions behind the replica.
+	TrueCacheRouterLoad bool
 }
 
 // Factory returns a replay.StackFactory building stacks with these options.
@@ -71,18 +71,7 @@ var _ replay.Stack = (*Stack)(nil)
 // New starts everything and returns once every replica is ready and sees the
 // whole fleet. On error what was started is stopped.
 func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, err error) {
-	if opt.Prefix == "" {
-		opt.Prefix = api.DefaultPrefix
-	}
-	if opt.GenConns <= 0 {
-		opt.GenConns = 4
-	}
-	if opt.ReadyTimeout <= 0 {
-		opt.ReadyTimeout = 30 * time.Second
-	}
-	if opt.Logger == nil {
-		opt.Logger = slog.New(slog.DiscardHandler)
-	}
+	opt.applyDefaults()
 	if cfg.Workers < 1 || cfg.Replicas < 1 || cfg.BlockSize < 1 || cfg.Model == "" {
 		return nil, fmt.Errorf("%w: stack needs workers, replicas, block size and model (%+v)", replay.ErrConfig, cfg)
 	}
@@ -94,62 +83,18 @@ func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, er
 			cancel()
 		}
 	}()
-	ncfg := natsconn.Config{Embedded: true}
-	if s.emb, err = natsconn.StartEmbedded(ncfg, nil); err != nil {
-		return nil, err
-	}
-	connect := func(name string) (*nats.Conn, error) {
-		c := ncfg
-		c.Name = name
-		nc, err := natsconn.Connect(ctx, c, s.emb, nil)
-		if err != nil {
-			return nil, err
-		}
-		s.conns = append(s.conns, nc)
-		return nc, nil
-	}
-	wnc, err := connect("bench-workers")
+	wnc, js, err := s.startServer(ctx)
 	if err != nil {
 		return nil, err
-	}
-	js, err := jetstream.New(wnc)
-	if err != nil {
-		return nil, fmt.Errorf("stack: jetstream: %w", err)
-	}
-	// The event stream must exist before the first publish.
-	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Prefix: opt.Prefix}); err != nil {
-		return nil, fmt.Errorf("stack: event stream: %w", err)
 	}
 	if err := s.startFleet(ctx, wnc, js); err != nil {
 		return nil, err
 	}
-	for i := 0; i < cfg.Replicas; i++ {
-		nc, err := connect("bench-replica-" + strconv.Itoa(i))
-		if err != nil {
-			return nil, err
-		}
-		r, err := host.New(nc, s.replicaConfig(i))
-		if err != nil {
-			return nil, fmt.Errorf("stack: replica %d: %w", i, err)
-		}
-		s.replicas = append(s.replicas, r)
-		if err := r.Start(ctx); err != nil {
-			return nil, fmt.Errorf("stack: start replica %d: %w", i, err)
-		}
-	}
-	cnc, err := connect("bench-client")
-	if err != nil {
+	if err := s.startReplicas(ctx); err != nil {
 		return nil, err
 	}
-	s.client = api.NewClient(cnc, opt.Prefix, nil)
-	s.router = &router{c: s.client, model: cfg.Model, deadline: cfg.RouteDeadline}
-	s.gen = &generator{}
-	for i := 0; i < opt.GenConns; i++ {
-		nc, err := connect("bench-gen-" + strconv.Itoa(i))
-		if err != nil {
-			return nil, err
-		}
-		s.gen.conns = append(s.gen.conns, nc)
+	if err := s.startClients(ctx); err != nil {
+		return nil, err
 	}
 	if err := s.waitReady(ctx); err != nil {
 		return nil, err
@@ -158,6 +103,94 @@ func New(ctx context.Context, cfg replay.StackConfig, opt Options) (_ *Stack, er
 		s.probe = startSyncProbe(s.replicas[0], s.replicas[1], cfg.Model, 20*time.Millisecond)
 	}
 	return s, nil
+}
+
+func (o *Options) applyDefaults() {
+	if o.Prefix == "" {
+		o.Prefix = api.DefaultPrefix
+	}
+	if o.GenConns <= 0 {
+		o.GenConns = 4
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// connect opens one in-process connection to the embedded server; Close
+// closes it.
+func (s *Stack) connect(ctx context.Context, name string) (*nats.Conn, error) {
+	c := natsconn.Config{Embedded: true, Name: name}
+	nc, err := natsconn.Connect(ctx, c, s.emb, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.conns = append(s.conns, nc)
+	return nc, nil
+}
+
+// startServer starts the embedded server and the event stream, and returns
+// the workers' connection.
+func (s *Stack) startServer(ctx context.Context) (*nats.Conn, jetstream.JetStream, error) {
+	var err error
+	if s.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, nil); err != nil {
+		return nil, nil, err
+	}
+	wnc, err := s.connect(ctx, "bench-workers")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(wnc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("stack: jetstream: %w", err)
+	}
+	// The event stream must exist before the first publish.
+	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{Prefix: s.opt.Prefix}); err != nil {
+		return nil, nil, fmt.Errorf("stack: event stream: %w", err)
+	}
+	return wnc, js, nil
+}
+
+// startReplicas starts the router replicas, one connection each.
+func (s *Stack) startReplicas(ctx context.Context) error {
+	for i := 0; i < s.cfg.Replicas; i++ {
+		nc, err := s.connect(ctx, "bench-replica-"+strconv.Itoa(i))
+		if err != nil {
+			return err
+		}
+		r, err := host.New(nc, s.replicaConfig(i))
+		if err != nil {
+			return fmt.Errorf("stack: replica %d: %w", i, err)
+		}
+		s.replicas = append(s.replicas, r)
+		if err := r.Start(ctx); err != nil {
+			return fmt.Errorf("stack: start replica %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// startClients opens the client side: the route API client and the
+// generate connections.
+func (s *Stack) startClients(ctx context.Context) error {
+	cnc, err := s.connect(ctx, "bench-client")
+	if err != nil {
+		return err
+	}
+	s.client = api.NewClient(cnc, s.opt.Prefix, nil)
+	s.router = &router{c: s.client, model: s.cfg.Model, deadline: s.cfg.RouteDeadline}
+	s.gen = &generator{}
+	for i := 0; i < s.opt.GenConns; i++ {
+		nc, err := s.connect(ctx, "bench-gen-"+strconv.Itoa(i))
+		if err != nil {
+			return err
+		}
+		s.gen.conns = append(s.gen.conns, nc)
+	}
+	return nil
 }
 
 // Diagnostics implements replay.Diagnoser: with two or more replicas, how
@@ -322,9 +355,10 @@ func (s *Stack) Probe() replay.CacheProbe {
 }
 
 // Loads returns the replicas' load view through the route API when
-// Options.OracleRouterLoad is set, else nil (the oracle keeps its own books).
+// Options.TrueCacheRouterLoad is set, else nil (true-cache keeps its own
+// books).
 func (s *Stack) Loads() replay.LoadProbe {
-	if !s.opt.OracleRouterLoad {
+	if !s.opt.TrueCacheRouterLoad {
 		return nil
 	}
 	return s.router

@@ -4,8 +4,10 @@
 // infinite-cache upper bound on prefix reuse, the ceiling any router's hit
 // ratio is compared with.
 //
-// Start with Request and Workload, then ReadMooncake (traces), Chat, SharedPrefix
-// and FanOut (generators) and Workload.UpperBound.
+// Start with Request and Workload, then ReadMooncake (traces), the generators
+// (Chat, SharedPrefix, FanOut, AgentLoop, RAG, TenantChat, Burst; Generate
+// picks one by name), Workload.UpperBound, and part.go: the held-out split
+// (Workload.TimePart for traces, GeneratePart by seed for generators).
 //
 // It owns no I/O besides reading a trace from a path or reader, and knows
 // nothing about NATS, routers or workers.

@@ -284,7 +284,7 @@ func DecodeMooncake(r io.Reader, name string, opt ReadOptions) (*Workload, error
 
 func readMooncake(r io.Reader, path, name string, opt ReadOptions) (*Workload, error) {
 	mr := NewMooncakeReader(r, path, opt.MooncakeOptions)
-	w := &Workload{Name: name, BlockTokens: MooncakeBlockTokens}
+	w := &Workload{Name: name, BlockTokens: MooncakeBlockTokens, MaxTokens: TraceMaxTokens}
 	var rec MooncakeRecord
 	first := int64(-1)
 	for opt.Limit <= 0 || len(w.Requests) < opt.Limit {

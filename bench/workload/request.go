@@ -29,7 +29,26 @@ type Request struct {
 type Workload struct {
 	Name        string // e.g. "mooncake:conversation", "synthetic:shared-prefix"
 	BlockTokens int    // tokens per BlockIDs entry; 0 when requests carry Tokens
-	Requests    []Request
+	// MaxTokens is the max_tokens a client sends with every request: what
+	// routers may know of the reply's length (0 = DefaultMaxTokens). A
+	// request's OutputLength is what the model then generates, at most this.
+	MaxTokens int
+	Requests  []Request
+}
+
+// DefaultMaxTokens is the client's max_tokens of a workload that sets none.
+const DefaultMaxTokens = 1024
+
+// TraceMaxTokens is the max_tokens of the Mooncake traces' clients: a fixed
+// budget above every output of both traces (the longest is 2,000 tokens).
+const TraceMaxTokens = 2048
+
+// ClientMaxTokens is the max_tokens sent with every request of w.
+func (w *Workload) ClientMaxTokens() int {
+	if w.MaxTokens > 0 {
+		return w.MaxTokens
+	}
+	return DefaultMaxTokens
 }
 
 // Span is the arrival time of the last request.

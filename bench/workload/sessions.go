@@ -129,7 +129,7 @@ func (w *Workload) SampleSessions(n, minRequests int, seed uint64) *Workload {
 			keep[r.s] = true
 		}
 	}
-	out := &Workload{Name: w.Name, BlockTokens: w.BlockTokens}
+	out := &Workload{Name: w.Name, BlockTokens: w.BlockTokens, MaxTokens: w.MaxTokens}
 	var base time.Duration = -1
 	for _, r := range w.Requests {
 		if !keep[r.Session] {

@@ -73,33 +73,24 @@ func (c *ChatConfig) defaults() {
 	}
 }
 
-// Chat generates multi-turn chat sessions with session ids "chat-<n>".
+// Chat generates multi-turn chat sessions with session ids "chat-<n>"; a
+// request's Group is its system prompt ("sys-<k>").
 func Chat(c ChatConfig) *Workload {
 	c.defaults()
 	r := rand.New(rand.NewPCG(c.Seed, 0xc4a7))
-	var reqs []Request
-	var start time.Duration
-	for s := 0; s < c.Sessions; s++ {
-		start += expDur(r, perSecond(c.SessionRate))
-		sys := r.IntN(c.SystemPrompts)
-		turns := jitter(r, c.Turns)
-		sess := "chat-" + strconv.Itoa(s)
-		// One backing array per session: turn t's prompt is a prefix of it.
-		conv := tokens(nil, c.Seed, uint64(sys)<<40|1<<56, c.SystemTokens)
-		at := start
-		for t := 0; t < turns; t++ {
-			conv = tokens(conv, c.Seed, uint64(s)<<40|uint64(t)<<8|2<<56, jitter(r, c.UserTokens))
-			out := jitter(r, c.OutputTokens)
-			reqs = append(reqs, Request{
-				ID: sess + "-t" + strconv.Itoa(t), Arrival: at, Session: sess, Group: "sys-" + strconv.Itoa(sys),
-				Tokens: conv[:len(conv):len(conv)], InputLength: len(conv), OutputLength: out,
-			})
-			// The answer becomes part of the next turn's prompt.
-			conv = tokens(conv, c.Seed, uint64(s)<<40|uint64(t)<<8|3<<56, out)
-			at += expDur(r, c.ThinkTime)
-		}
+	gen := conversations{
+		seed: c.Seed, session: "chat", group: "sys", sessions: c.Sessions, msgTag: 2,
+		startGap: func() time.Duration { return expDur(r, perSecond(c.SessionRate)) },
+		pick:     func() int { return r.IntN(c.SystemPrompts) },
+		prefix: func(dst []uint32, k int) []uint32 {
+			return tokens(dst, c.Seed, uint64(k)<<40|1<<56, c.SystemTokens)
+		},
+		turns:   func() int { return jitter(r, c.Turns) },
+		message: func() int { return jitter(r, c.UserTokens) },
+		reply:   func() int { return jitter(r, c.OutputTokens) },
+		think:   func() time.Duration { return expDur(r, c.ThinkTime) },
 	}
-	return finish("synthetic:chat", reqs)
+	return finish("synthetic:chat", gen.generate())
 }
 
 // SharedPrefixConfig shapes groups of prompts sharing a long system prompt,
@@ -227,7 +218,7 @@ func FanOut(c FanOutConfig) *Workload {
 }
 
 // Kinds lists the synthetic workload names Generate accepts.
-var Kinds = []string{"chat", "shared-prefix", "fanout", "mixed"}
+var Kinds = []string{"chat", "shared-prefix", "fanout", "mixed", "agent-loop", "rag", "tenant-chat", "burst"}
 
 // Generate builds a synthetic workload by name with default shapes, from seed.
 // "mixed" merges chat sessions and agent fan-out bursts on one timeline.
@@ -243,18 +234,31 @@ func Generate(kind string, seed uint64) (*Workload, error) {
 		return Merge("synthetic:mixed",
 			Chat(ChatConfig{Seed: seed, Sessions: 48}),
 			FanOut(FanOutConfig{Seed: seed + 1, Agents: 16})), nil
+	case "agent-loop", "agent_loop", "agentloop":
+		return AgentLoop(AgentLoopConfig{Seed: seed}), nil
+	case "rag":
+		return RAG(RAGConfig{Seed: seed}), nil
+	case "tenant-chat", "tenant_chat", "tenantchat":
+		return TenantChat(TenantChatConfig{Seed: seed}), nil
+	case "burst", "bursty":
+		return Burst(BurstConfig{Seed: seed}), nil
 	}
 	return nil, fmt.Errorf("%w: unknown synthetic workload %q (want one of %v)", ErrInvalid, kind, Kinds)
 }
 
 // Merge interleaves token workloads on one timeline (stable by arrival).
-// Request ids must already be distinct across the inputs.
+// Request ids must already be distinct across the inputs. The merged
+// clients' max_tokens is the largest of the inputs'.
 func Merge(name string, ws ...*Workload) *Workload {
 	var reqs []Request
+	maxTokens := 0
 	for _, w := range ws {
 		reqs = append(reqs, w.Requests...)
+		maxTokens = max(maxTokens, w.MaxTokens)
 	}
-	return finish(name, reqs)
+	out := finish(name, reqs)
+	out.MaxTokens = maxTokens
+	return out
 }
 
 func finish(name string, reqs []Request) *Workload {
@@ -273,7 +277,7 @@ func cmpOr(v, def int) int {
 // start+window) (window 0 = no end), re-based so the first kept arrives at 0.
 // The prompts are shared with w, not copied.
 func (w *Workload) Select(limit int, start, window time.Duration) *Workload {
-	out := &Workload{Name: w.Name, BlockTokens: w.BlockTokens}
+	out := &Workload{Name: w.Name, BlockTokens: w.BlockTokens, MaxTokens: w.MaxTokens}
 	var base time.Duration = -1
 	for _, r := range w.Requests {
 		if limit > 0 && len(out.Requests) >= limit {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,10 +82,63 @@ workload; --policies peers adds the peers' algorithms (llmd, sglang, dynamo,
 chwbl). Writes report.md, report.json and PNG charts into --out and prints a
 table.
 
+Held-out protocol (docs/benchmarks/replay.md): --part eval (the default)
+replays a workload's evaluation part, --part tune its tuning part; a policy
+tuned on the evaluation part is refused there unless --allow-in-sample.
+--calibrate finds the load levels instead (on the tuning part by default);
+--describe prints the workload, its part and its infinite-cache bound.
+
 Examples:
   kvrouter bench replay --trace ../shared/data/mooncake/mooncake_fast25_conversation_trace.jsonl --limit 2000 --load 4 --speedup 20
-  kvrouter bench replay --workload shared-prefix --policies kvrouter,round-robin,oracle
-  kvrouter bench replay --trace ... --limit 2000 --load 6.5 --speedup 3 --runs 3 --policies kvrouter,oracle,peers --path nats,gateway`
+  kvrouter bench replay --workload agent-loop --policies kvrouter,round-robin,peers
+  kvrouter bench replay --workload rag --calibrate --limit 800 --speedup 3
+  kvrouter bench replay --trace ... --limit 2000 --load 6.5 --speedup 3 --runs 3 --policies kvrouter,peers --path nats,gateway`
+
+// benchReplayFlags are bench replay's own flags beside replayFlags.
+type benchReplayFlags struct {
+	*replayFlags
+	kind, part, out, title, paths, targets               *string
+	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
+	maxTokens                                            *int
+	start, window, deadline                              *time.Duration
+	queueTh                                              *float64
+	quiet, allowInSample, calibrate, describe            *bool
+}
+
+func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
+	return &benchReplayFlags{
+		replayFlags: addReplayFlags(c, replayDefaults{
+			limit: 0, workers: 8, replicas: 1, speedup: 10, seed: 1, sessionMode: "none",
+			policies:      strings.Join(replay.DefaultPolicies, ","),
+			limitUsage:    "replay at most this many requests of the part (0 = all)",
+			speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
+			kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
+			sessionUsage:  "session ids and binding mode: none, hard or soft (the peers bind with their own affinity)",
+			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl); true-cache reads the engines' true caches (a diagnostic)",
+		}),
+		kind:          c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix); --seed s (1-100) generates seed s for --part tune, s+100 for eval"),
+		part:          c.str("part", "", "held-out part to replay: eval (the default) or tune (the default with --calibrate); traces split by time (first half tunes), generated workloads by seed"),
+		allowInSample: c.boolean("allow-in-sample", false, "run policies on an evaluation part they were tuned on, their rows labelled IN-SAMPLE (refused otherwise)"),
+		maxTokens:     c.integer("max-tokens", 0, "max_tokens every client sends, all routers learn of a reply's length (0 = the workload's: 2,048 for traces, per generator otherwise)"),
+		sample:        c.integer("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions"),
+		start:         c.duration("start", 0, "skip requests arriving before this offset into the part"),
+		window:        c.duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)"),
+		blockSize:     c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)"),
+		maxBatched:    c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)"),
+		maxSeqs:       c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)"),
+		queueTh:       c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue); the peers run with their own admission"),
+		maxOut:        c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)"),
+		deadline:      c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)"),
+		out:           c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts"),
+		title:         c.str("title", "", "report title"),
+		quiet:         c.boolean("quiet", false, "no progress bar"),
+		runs:          c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread"),
+		paths:         c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)"),
+		calibrate:     c.boolean("calibrate", false, "find the load levels instead of comparing: the --load at which round-robin's TTFT p99 reaches each --calibrate-targets multiple of its unloaded value"),
+		targets:       c.str("calibrate-targets", "3,10", "with --calibrate: multiples of the unloaded TTFT p99 to find, comma separated"),
+		describe:      c.boolean("describe", false, "print the workload, its part, max_tokens, infinite-cache bound and unloaded TTFT, and exit"),
+	}
+}
 
 // benchReplay replays one workload through each policy (and path) and
 // writes the report: parse the flags, load the workload, run, write.
@@ -94,37 +148,19 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	mode, err := replay.ParseSessionMode(*f.sessionMode)
+	cfg, err := f.config(stderr)
 	if err != nil {
 		return err
 	}
-	pols, err := replay.LookupPolicies([]string{*f.policies})
-	if err != nil {
-		return err
+	switch {
+	case *f.describe:
+		return describeReplay(stdout, cfg)
+	case *f.calibrate:
+		return calibrateReplay(ctx, stdout, cfg, *f.targets)
 	}
-	w, err := f.workload()
-	if err != nil {
-		return err
-	}
-	rpaths, err := replayPaths(*f.paths)
-	if err != nil {
-		return err
-	}
-	cfg := replay.Config{
-		Workload: w, Policies: pols, Paths: rpaths, Runs: *f.runs,
-		Workers: *f.workers, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
-		KVBlocks: *f.kvBlocks, BlockSize: *f.blockSize, LoadScale: *f.load, MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs,
-		MaxOutputTokens: *f.maxOut, QueueThreshold: *f.queueTh,
-		RouteDeadline: *f.deadline, Title: *f.title,
-		Logf: func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) },
-	}
-	if !*f.quiet {
-		cfg.Progress = stderr
-		cfg.ProgressLines = !benchIsTerminal(stderr)
-	}
-	st := w.Stats()
-	fmt.Fprintf(stderr, "replaying %s: %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
-		w.Name, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, replay.PolicyNames(pols), *f.paths)
+	st := cfg.Workload.Stats()
+	fmt.Fprintf(stderr, "replaying %s (%s part): %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
+		cfg.Workload.Name, cfg.Part.Part, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, replay.PolicyNames(cfg.Policies), *f.paths)
 	began := time.Now()
 	rep, err := replay.Run(ctx, cfg)
 	if err != nil {
@@ -142,80 +178,139 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-// benchReplayFlags are the flags of bench replay: the replay flags it
-// shares with demo, and its own.
-type benchReplayFlags struct {
-	*replayFlags
-	kind, out, title, paths                              *string
-	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
-	start, window, deadline                              *time.Duration
-	queueTh                                              *float64
-	quiet                                                *bool
-}
-
-func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
-	return &benchReplayFlags{
-		replayFlags: addReplayFlags(c, replayDefaults{
-			limit: 0, workers: 8, replicas: 1, speedup: 10, seed: 1, sessionMode: "none",
-			policies:      strings.Join(replay.DefaultPolicies, ","),
-			limitUsage:    "replay at most this many requests (0 = all)",
-			speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
-			kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
-			sessionUsage:  "session ids and binding mode: none, hard or soft (the peers bind with their own affinity)",
-			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl)",
-		}),
-		kind:       c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix)"),
-		sample:     c.integer("sample-sessions", 0, "keep only this many sessions with at least two requests, drawn with --seed (0 = all requests); a trace's hour then keeps its reuse within sessions"),
-		start:      c.duration("start", 0, "skip requests arriving before this offset into the workload"),
-		window:     c.duration("window", 0, "replay only requests arriving within this window after --start (0 = to the end)"),
-		blockSize:  c.integer("block-size", 0, "engine block size in tokens (0 = 512 for traces, 16 for synthetic workloads)"),
-		maxBatched: c.integer("max-batched-tokens", 0, "simulated workers' token budget per step (0 = 8192)"),
-		maxSeqs:    c.integer("max-seqs", 0, "simulated workers' running requests (0 = 256)"),
-		queueTh:    c.float("queue-threshold", 0, "routers' queue threshold as a fraction of a worker's max batched tokens / KV blocks (0 = scheduler default: 8.0 for prefill, 1.0 for decode; negative = no router-side queue); the peers run with their own admission"),
-		maxOut:     c.integer("max-output", 0, "cap every request's output tokens (0 = as the workload says)"),
-		deadline:   c.duration("route-deadline", 0, "longest wait of a request in a router queue, wall clock (0 = replica default)"),
-		out:        c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts"),
-		title:      c.str("title", "", "report title"),
-		quiet:      c.boolean("quiet", false, "no progress bar"),
-		runs:       c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread"),
-		paths:      c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)"),
+// config turns the flags into a replay configuration: policies, the
+// workload's part and slice, paths and the fleet.
+func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
+	mode, err := replay.ParseSessionMode(*f.sessionMode)
+	if err != nil {
+		return replay.Config{}, err
 	}
+	pols, err := replay.LookupPolicies([]string{*f.policies})
+	if err != nil {
+		return replay.Config{}, err
+	}
+	w, part, err := f.workload()
+	if err != nil {
+		return replay.Config{}, err
+	}
+	rpaths, err := replayPaths(*f.paths)
+	if err != nil {
+		return replay.Config{}, err
+	}
+	cfg := replay.Config{
+		Workload: w, Part: part, AllowInSample: *f.allowInSample, Policies: pols, Paths: rpaths, Runs: *f.runs,
+		Workers: *f.workers, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
+		KVBlocks: *f.kvBlocks, BlockSize: *f.blockSize, LoadScale: *f.load, MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs,
+		MaxOutputTokens: *f.maxOut, MaxTokens: *f.maxTokens, QueueThreshold: *f.queueTh,
+		RouteDeadline: *f.deadline, Title: *f.title,
+		Logf: func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) },
+	}
+	if !*f.quiet {
+		cfg.Progress = stderr
+		cfg.ProgressLines = !benchIsTerminal(stderr)
+	}
+	return cfg, nil
 }
 
-// workload reads the trace or generates the synthetic workload, cut to
-// --limit, --start and --window and sampled by session with
-// --sample-sessions.
-func (f *benchReplayFlags) workload() (*workload.Workload, error) {
+// workload reads the trace or generates the workload, takes the held-out
+// part (--part), then the slice (--limit, --start, --window,
+// --sample-sessions) within it.
+func (f *benchReplayFlags) workload() (*workload.Workload, *workload.PartInfo, error) {
+	ps := *f.part
+	if ps == "" {
+		ps = string(workload.PartEval)
+		if *f.calibrate {
+			ps = string(workload.PartTune) // choosing a load level is tuning
+		}
+	}
+	part, err := workload.ParsePart(ps)
+	if err != nil {
+		return nil, nil, err
+	}
 	var w *workload.Workload
-	var err error
+	var info workload.PartInfo
 	switch {
 	case *f.trace != "" && *f.kind != "":
-		return nil, fmt.Errorf("bench replay: give --trace or --workload, not both")
+		return nil, nil, fmt.Errorf("bench replay: give --trace or --workload, not both")
 	case *f.trace != "":
-		w, err = workload.ReadMooncake(*f.trace, workload.ReadOptions{Limit: *f.limit, Start: *f.start, Window: *f.window, Sessions: true})
+		var whole *workload.Workload
+		if whole, err = workload.ReadMooncake(*f.trace, workload.ReadOptions{Sessions: true}); err == nil {
+			w, info, err = whole.TimePart(part)
+		}
 	default:
 		k := *f.kind
 		if k == "" {
 			k = "shared-prefix"
 		}
-		if w, err = workload.Generate(k, *f.seed); err == nil {
-			w = w.Select(*f.limit, *f.start, *f.window)
-		}
+		w, info, err = workload.GeneratePart(k, part, *f.seed)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	w = w.Select(*f.limit, *f.start, *f.window)
 	if *f.sample > 0 {
 		n := len(w.Requests)
 		w = w.SampleSessions(*f.sample, 2, *f.seed)
 		if len(w.Requests) == 0 {
-			return nil, fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *f.sample, n)
+			return nil, nil, fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *f.sample, n)
 		}
 	}
 	if err := w.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return w, nil
+	return w, &info, nil
+}
+
+// describeReplay prints what a replay with cfg would replay, without
+// running it.
+func describeReplay(stdout io.Writer, cfg replay.Config) error {
+	rep, err := replay.Describe(cfg)
+	if err != nil {
+		return err
+	}
+	wl, st, ub := rep.Workload, rep.Workload.Stats, rep.Workload.UpperBound
+	fmt.Fprintf(stdout, "workload %s, %s part: %s\n", wl.Name, wl.Part.Part, wl.Part.Rule)
+	fmt.Fprintf(stdout, "  %d requests, %d sessions, %.0f s span (%.2f req/s at load %g), mean input %.0f / output %.0f tokens\n",
+		st.Requests, st.Sessions, st.SpanSeconds, st.RatePerSecond, wl.LoadScale, st.MeanInput, st.MeanOutput)
+	fmt.Fprintf(stdout, "  max_tokens %d (%d requests' outputs stop there)\n", wl.MaxTokens, wl.Truncated)
+	fmt.Fprintf(stdout, "  infinite-cache bound %.1f %% of %d-token blocks (%d of %d)\n", 100*ub.Ratio, ub.BlockSize, ub.ReusableBlocks, ub.PromptBlocks)
+	if tb := wl.TraceBound; tb != nil {
+		fmt.Fprintf(stdout, "  trace bound %.1f %% of trace blocks\n", 100*tb.Ratio)
+	}
+	fmt.Fprintf(stdout, "  unloaded TTFT p50 %.0f ms, p99 %.0f ms\n", rep.Unloaded.P50, rep.Unloaded.P99)
+	for _, n := range rep.Notes {
+		fmt.Fprintf(stdout, "  %s\n", n)
+	}
+	return nil
+}
+
+// calibrateReplay searches the load levels and prints every probe and the
+// levels found.
+func calibrateReplay(ctx context.Context, stdout io.Writer, cfg replay.Config, targets string) error {
+	var cal replay.Calibration
+	for _, t := range splitList(targets) {
+		v, err := strconv.ParseFloat(t, 64)
+		if err != nil || !(v > 0) {
+			return fmt.Errorf("bench replay: --calibrate-targets %q: want positive numbers, comma separated", targets)
+		}
+		cal.Targets = append(cal.Targets, v)
+	}
+	cal.Start = cfg.LoadScale
+	res, err := replay.Calibrate(ctx, cfg, cal)
+	if res != nil {
+		fmt.Fprintf(stdout, "round-robin on %s (%s part), unloaded TTFT p99 %.0f ms\n  load   TTFT p99   ratio\n", cfg.Workload.Name, cfg.Part.Part, res.UnloadedP99)
+		for _, p := range res.Points {
+			fmt.Fprintf(stdout, "  %-6.3g %8.0f   %5.1fx\n", p.Load, p.P99, p.Ratio)
+		}
+		for _, l := range res.Levels {
+			if l.Found {
+				fmt.Fprintf(stdout, "level %gx: --load %.3g (%.1fx)\n", l.Target, l.Load, l.Ratio)
+			} else {
+				fmt.Fprintf(stdout, "level %gx: not reached up to the highest load probed\n", l.Target)
+			}
+		}
+	}
+	return err
 }
 
 // replayPaths resolves --path: nats, gateway or both, comma separated.
@@ -232,7 +327,7 @@ func replayPaths(arg string) ([]replay.PathConfig, error) {
 		case replay.PathNATS:
 			out = append(out, replay.PathConfig{Name: n, NewStack: stack.Factory(stack.Options{})})
 		case replay.PathGateway:
-			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoOracle: true})
+			out = append(out, replay.PathConfig{Name: n, NewStack: stack.GatewayFactory(stack.Options{}), NoTrueCache: true})
 		default:
 			return nil, fmt.Errorf("bench replay: --path %q: want nats, gateway or nats,gateway", n)
 		}

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/report"
 )
 
@@ -68,6 +71,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"replay", "--trace", "x.jsonl", "--workload", "chat"},
 		{"replay", "--trace", filepath.Join(t.TempDir(), "missing.jsonl")},
 		{"replay", "--workload", "nope"},
+		{"replay", "--workload", "rag", "--part", "test"},
+		{"replay", "--workload", "rag", "--seed", "101"},
+		{"replay", "--workload", "rag", "--calibrate", "--calibrate-targets", "3,x"},
 		{"replay", "extra"},
 		{"render"},
 		{"micro", "--in", filepath.Join(t.TempDir(), "missing.txt")},
@@ -84,5 +90,45 @@ func TestBenchUsageErrors(t *testing.T) {
 	t.Setenv("KVR_SESSION_MODE", "bogus")
 	if err := benchMain(context.Background(), []string{"replay", "--workload", "chat"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Errorf("env var not applied: %v", err)
+	}
+}
+
+// The held-out protocol from the command line: --describe states the part
+// and the bound; a policy tuned on the evaluation part is refused before
+// anything starts; --part tune of a generated workload is another seed.
+func TestBenchReplayHeldOut(t *testing.T) {
+	dir := t.TempDir()
+	// A 100-request stand-in for the synthetic trace: its evaluation part
+	// starts at request 51, inside the default's 2,000-request tuning head.
+	var trace strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&trace, `{"timestamp":%d,"input_length":600,"output_length":20,"hash_ids":[%d,%d]}`+"\n", i*1000, 2*i, 2*i+1)
+	}
+	path := filepath.Join(dir, "mooncake_fast25_synthetic_trace.jsonl")
+	if err := os.WriteFile(path, []byte(trace.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if err := benchMain(context.Background(), []string{"replay", "--trace", path, "--describe"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"mooncake:synthetic, eval part", "requests 51-100 of 100", "max_tokens 2048", "infinite-cache bound", "IN-SAMPLE"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--describe lacks %q:\n%s", want, out.String())
+		}
+	}
+	err := benchMain(context.Background(), []string{"replay", "--trace", path, "--policies", "kvrouter,round-robin", "--quiet", "--out", dir}, &out, &errb)
+	if !errors.Is(err, replay.ErrInSample) {
+		t.Fatalf("in-sample replay: %v", err)
+	}
+	out.Reset()
+	if err := benchMain(context.Background(), []string{"replay", "--trace", path, "--part", "tune", "--describe"}, &out, &errb); err != nil ||
+		!strings.Contains(out.String(), "tune part") || !strings.Contains(out.String(), "TUNING PART") {
+		t.Fatalf("tuning part: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := benchMain(context.Background(), []string{"replay", "--workload", "burst", "--part", "tune", "--seed", "2", "--describe"}, &out, &errb); err != nil ||
+		!strings.Contains(out.String(), "this is seed 2") {
+		t.Fatalf("generated tuning part: %v\n%s", err, out.String())
 	}
 }

@@ -117,7 +117,7 @@ func addDemoFlags(c *cmdFlags) *demoFlags {
 			speedupUsage:  "run the workload (and the workers' clocks) this many times faster than real time (0 = 1.5 for the synthetic workload, 10 for --trace)",
 			kvBlocksUsage: "KV blocks per worker (0 = 2,048 at block size 16, 1,024 for traces)",
 			sessionUsage:  "session bindings: hard, soft or none (no session ids sent)",
-			policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, oracle)",
+			policiesUsage: "policies to compare (kvrouter, kvrouter-approx, round-robin, random, least-loaded, true-cache)",
 		}),
 		scale:     c.float("scale", 1, "multiply the synthetic workload's number of sessions and agents"),
 		out:       c.str("out", "", "also write report.md, report.json and PNG charts to this directory (\"\" = table only)"),
@@ -233,7 +233,7 @@ func (f *demoFlags) replayEach(ctx context.Context, in demoInput, mode replay.Se
 	rep := &report.Report{}
 	for i, pol := range pols {
 		m := mode
-		if !pol.Events || pol.RouterPolicy != "default" || pol.Oracle {
+		if !pol.Events || pol.RouterPolicy != "default" || pol.TrueCache {
 			if !*f.baseSess {
 				m = replay.SessionNone
 			}

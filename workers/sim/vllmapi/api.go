@@ -24,6 +24,11 @@ type sampling struct {
 	Temperature   *float64       `json:"temperature"` // accepted; the filler does not depend on it
 	N             *int           `json:"n"`
 	User          string         `json:"user"`
+	// SimOutputTokens is the simulator's own extension (vLLM ignores it as
+	// an unknown field): the reply's length, at most max_tokens. A replay
+	// sets it to a trace's output length, so that max_tokens can be what a
+	// client would send while the reply keeps the trace's length.
+	SimOutputTokens *int `json:"sim_output_tokens"`
 }
 
 type completionRequest struct {

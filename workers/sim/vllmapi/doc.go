@@ -9,8 +9,9 @@
 //     vLLM's chunk shapes and usage (prompt_tokens_details.cached_tokens is
 //     the prefix the simulated cache held); POST /tokenize and /detokenize;
 //     GET /v1/models, /health and /metrics;
-//   - the request and reply shapes (api.go) and vLLM's error replies
-//     (errors.go);
+//   - the request and reply shapes (api.go), with the simulator's one
+//     extension, sim_output_tokens (the reply's length below max_tokens),
+//     and vLLM's error replies (errors.go);
 //   - the tokenizer and chat template (tokenizer.go): byte-level, no
 //     special tokens, so that a conversation's next turn tokenizes to a
 //     strict extension of the previous prompt and reply;

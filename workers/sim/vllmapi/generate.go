@@ -19,6 +19,7 @@ type job struct {
 	chat         bool
 	tokens       []uint32
 	maxTokens    int
+	finish       string // finish_reason: "length", or "stop" when sim_output_tokens ended it first
 	stream       bool
 	includeUsage bool
 	rank         uint32
@@ -89,6 +90,17 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 			return job{}, badRequest("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", n, limit, len(tokens), n, limit, len(tokens))
 		}
 	}
+	finish := finishLength
+	if sp.SimOutputTokens != nil {
+		// The simulator's extension: the simulated model ends its reply
+		// here, as a real one emits its end of sequence before max_tokens.
+		if *sp.SimOutputTokens < 1 {
+			return job{}, badRequest("sim_output_tokens must be at least 1, got %d.", *sp.SimOutputTokens)
+		}
+		if *sp.SimOutputTokens < n {
+			n, finish = *sp.SimOutputTokens, finishStop
+		}
+	}
 	rank, e := s.pickRank(r)
 	if e != nil {
 		return job{}, e
@@ -102,6 +114,7 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 		chat:         chat,
 		tokens:       tokens,
 		maxTokens:    n,
+		finish:       finish,
 		stream:       sp.Stream,
 		includeUsage: sp.Stream && sp.StreamOptions != nil && sp.StreamOptions.IncludeUsage,
 		rank:         rank,
@@ -187,9 +200,12 @@ func usageOf(res sim.Result) *usage {
 	}
 }
 
-// finishLength is the finish reason of every successful request: the
-// filler has no end-of-sequence token, so max_tokens always ends it.
+// finishLength is the finish reason of a successful request: the filler has
+// no end-of-sequence token, so max_tokens ends it, unless the client set the
+// simulator's sim_output_tokens below it (finishStop).
 var finishLength = sim.FinishLength
+
+const finishStop = "stop"
 
 func (s *Server) whole(ctx context.Context, w http.ResponseWriter, j job, st *sim.Stream) (sim.Result, bool) {
 	out, res, ok := collect(ctx, st)
@@ -204,14 +220,14 @@ func (s *Server) whole(ctx context.Context, w http.ResponseWriter, j job, st *si
 	if j.chat {
 		writeJSON(w, http.StatusOK, chatReply{
 			ID: j.id, Object: "chat.completion", Created: j.created, Model: s.cfg.Model,
-			Choices: []chatChoice{{Message: &chatReplyMessage{Role: "assistant", Content: text, ToolCalls: []string{}}, FinishReason: &finishLength}},
+			Choices: []chatChoice{{Message: &chatReplyMessage{Role: "assistant", Content: text, ToolCalls: []string{}}, FinishReason: &j.finish}},
 			Usage:   usageOf(res),
 		})
 		return res, true
 	}
 	writeJSON(w, http.StatusOK, completionReply{
 		ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model,
-		Choices: []completionChoice{{Text: text, FinishReason: &finishLength}},
+		Choices: []completionChoice{{Text: text, FinishReason: &j.finish}},
 		Usage:   usageOf(res),
 	})
 	return res, true
@@ -276,7 +292,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, j job, st *s
 		text = appendText(text[:0], ch.Tokens)
 		var finish *string
 		if ch.Index+len(ch.Tokens) == j.maxTokens {
-			finish = &finishLength
+			finish = &j.finish
 		}
 		ev.send(chunk(&chatDelta{Content: string(text)}, string(text), finish))
 	}

@@ -138,6 +138,33 @@ func TestCompletionWholeReply(t *testing.T) {
 	}
 }
 
+// The simulator's sim_output_tokens ends the reply before max_tokens, as a
+// model's end of sequence would (finish_reason stop); at or above
+// max_tokens it changes nothing; below 1 it is refused.
+func TestSimOutputTokens(t *testing.T) {
+	hs, _ := newTestServer(t, sim.Config{}, 0)
+	for _, c := range []struct {
+		body   string
+		text   int
+		finish string
+	}{
+		{`{"prompt":"Hello","max_tokens":8,"sim_output_tokens":3}`, 3, "stop"},
+		{`{"prompt":"Hello","max_tokens":8,"sim_output_tokens":12}`, 8, "length"},
+	} {
+		code, out := post(t, hs, "/v1/completions", c.body)
+		var r completionReply
+		if err := json.Unmarshal([]byte(out), &r); code != http.StatusOK || err != nil || len(r.Choices) != 1 {
+			t.Fatalf("%s: status %d: %s", c.body, code, out)
+		}
+		if ch := r.Choices[0]; len(ch.Text) != c.text || *ch.FinishReason != c.finish || r.Usage.CompletionTokens != c.text {
+			t.Fatalf("%s: reply %s, want %d tokens ending %q", c.body, out, c.text, c.finish)
+		}
+	}
+	if code, out := post(t, hs, "/v1/completions", `{"prompt":"Hello","max_tokens":8,"sim_output_tokens":0}`); code != http.StatusBadRequest {
+		t.Fatalf("sim_output_tokens 0: status %d: %s", code, out)
+	}
+}
+
 // Each bad input gets vLLM's status and an OpenAI error object.
 func TestBadInput(t *testing.T) {
 	hs, eng := newTestServer(t, sim.Config{}, 64)

@@ -10,41 +10,43 @@ import (
 	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
-// oracle picks workers with perfect knowledge of their caches: the true
-// cached prefix (read through a CacheProbe, not from events) or the prefix
-// of a request it already sent there and that has not finished (its blocks
-// are about to be cached), plus the default cost's load term computed from
-// what it routed itself:
+// trueCache picks workers by the default cost fed with the engines' true
+// caches: the true cached prefix (read through a CacheProbe, not from
+// events) or the prefix of a request it already sent there and that has
+// not finished (its blocks are about to be cached), plus the default cost's
+// load term computed from what it routed itself:
 //
-//	cost = max(0, (prefill_tokens + ISL)/block_size − overlap) + active_blocks + (request_blocks − overlap)
+//	cost = max(0, (prefill_tokens + ISL)/block_size − credit x overlap) + decode_weight x (active_blocks + request_blocks − overlap)
 //
-// It is the upper bound an event-driven router can reach: same cost
-// function, no event lag, no stale index. The load term comes from the
-// router's own load view when the stack exposes it (LoadProbe: one request
-// to the route API's workers call per decision), so that only the overlap
-// differs from kvrouter's; otherwise from the oracle's bookkeeping. Its choice reaches the router as
-// a Soft preference, which the default policy keeps while the worker is a
-// candidate: admission (waiting in the router when every worker is busy)
-// stays the router's, as for kvrouter. A pin would instead make the request
-// wait for that one worker whenever it is busy.
-type oracle struct {
+// It shows what the event lag and a stale index cost the default cost: same
+// cost function, same bookings (max_tokens, never the true output), no lag.
+// It is not a bound on anything: it moves with the default's weights, and
+// kvrouter has beaten it. The load term comes from the router's own load
+// view when the stack exposes it (LoadProbe: one request to the route API's
+// workers call per decision), so that only the overlap differs from
+// kvrouter's; otherwise from its own bookkeeping. Its choice reaches the
+// router as a Soft preference, which the default policy keeps while the
+// worker is a candidate: admission (waiting in the router when every worker
+// is busy) stays the router's, as for kvrouter. A pin would instead make
+// the request wait for that one worker whenever it is busy.
+type trueCache struct {
 	mu    sync.Mutex
 	loads LoadProbe // the router's load view; nil = own bookkeeping
 	view  map[string]LoadSample
 	// busyPrefill and busyDecode are the router's queue thresholds in
-	// tokens and blocks (0 = no queueing): with the router's load view the
-	// oracle, like the router, picks among workers that are not busy while
+	// tokens and blocks (0 = no queueing): with the router's load view it,
+	// like the router, picks among workers that are not busy while
 	// there is one (a Soft preference for a busy worker is not kept).
 	busyPrefill, busyDecode float64
 	probe                   CacheProbe
 	bs                      float64
 	workers                 []string
-	load                    map[string]*oracleLoad
+	load                    map[string]*trueCacheLoad
 	cached                  map[string]int
 	rnd                     *rand.Rand
 }
 
-type oracleLoad struct {
+type trueCacheLoad struct {
 	prefillTokens int
 	blocks        int
 	inflight      map[kvevents.SeqHash]int // prompt blocks of requests not yet freed
@@ -58,16 +60,16 @@ type booking struct {
 	hashes  []kvevents.SeqHash
 }
 
-func newOracle(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64, busyPrefill, busyDecode float64) *oracle {
-	o := &oracle{probe: probe, loads: loads, view: map[string]LoadSample{}, busyPrefill: busyPrefill, busyDecode: busyDecode, bs: float64(blockSize), workers: workers, load: map[string]*oracleLoad{},
+func newTrueCache(probe CacheProbe, loads LoadProbe, workers []string, blockSize int, seed uint64, busyPrefill, busyDecode float64) *trueCache {
+	o := &trueCache{probe: probe, loads: loads, view: map[string]LoadSample{}, busyPrefill: busyPrefill, busyDecode: busyDecode, bs: float64(blockSize), workers: workers, load: map[string]*trueCacheLoad{},
 		cached: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, 0x0ac1e))}
 	for _, w := range workers {
-		o.load[w] = &oracleLoad{inflight: map[kvevents.SeqHash]int{}}
+		o.load[w] = &trueCacheLoad{inflight: map[kvevents.SeqHash]int{}}
 	}
 	return o
 }
 
-func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
+func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	useView := false
@@ -92,7 +94,7 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 	}
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
-	cp := scheduler.DefaultCostParams() // the oracle is the default cost with perfect knowledge
+	cp := scheduler.DefaultCostParams() // the default cost, with true caches
 	for _, w := range o.workers {
 		if anyFree && busy(w) {
 			continue
@@ -122,7 +124,7 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 			}
 		}
 	}
-	b := &booking{worker: best, prefill: max(0, p.req.InputLength-bestOverlap*int(o.bs)), blocks: n - bestOverlap + int(math.Ceil(float64(p.outputTokens)/o.bs)), hashes: p.hashes}
+	b := &booking{worker: best, prefill: max(0, p.req.InputLength-bestOverlap*int(o.bs)), blocks: n - bestOverlap + int(math.Ceil(float64(p.maxTokens)/o.bs)), hashes: p.hashes}
 	l := o.load[best]
 	l.prefillTokens += b.prefill
 	l.blocks += b.blocks
@@ -133,7 +135,7 @@ func (o *oracle) pick(ctx context.Context, p *prepared) *booking {
 }
 
 // prefillDone removes the booking's prefill tokens (first token seen).
-func (o *oracle) prefillDone(b *booking) {
+func (o *trueCache) prefillDone(b *booking) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.load[b.worker].prefillTokens -= b.prefill
@@ -141,7 +143,7 @@ func (o *oracle) prefillDone(b *booking) {
 }
 
 // free releases the rest of the booking.
-func (o *oracle) free(b *booking) {
+func (o *trueCache) free(b *booking) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	l := o.load[b.worker]

@@ -1,0 +1,294 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/bench/metrics"
+	"github.com/kvrouter/kvrouter/bench/progress"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+	"github.com/kvrouter/kvrouter/workers/sim"
+)
+
+// runPolicy replays every request against a fresh stack.
+func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, reqs []prepared, bound float64) (metrics.Summary, error) {
+	sc, err := cfg.stackConfig(pol)
+	if err != nil {
+		return metrics.Summary{}, err
+	}
+	stack, err := path.NewStack(ctx, sc)
+	if err != nil {
+		return metrics.Summary{}, fmt.Errorf("build stack: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := stack.Close(cctx); err != nil {
+			cfg.Logf("%s: closing stack: %v", pol.Name, err)
+		}
+	}()
+	d, err := newDriver(cfg, pol, sc.SessionMode, stack, len(reqs))
+	if err != nil {
+		return metrics.Summary{}, err
+	}
+	start := time.Now()
+	d.replay(ctx, reqs, start)
+	d.bar.Finish()
+	if err := ctx.Err(); err != nil {
+		return metrics.Summary{}, err
+	}
+	var diag []string
+	if dg, ok := stack.(Diagnoser); ok {
+		for _, line := range dg.Diagnostics() {
+			cfg.Logf("%s (%s, seed %d): %s", pol.Name, path.Name, cfg.Seed, line)
+			diag = append(diag, fmt.Sprintf("seed %d: %s", cfg.Seed, line))
+		}
+	}
+	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
+		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start),
+	})
+	sum.Path = path.Name
+	sum.Diagnostics = diag
+	return sum, nil
+}
+
+// peerOperation is the peer's own admission and session affinity
+// (scheduler.Registry.Operation); false for kvrouter's policies.
+func peerOperation(pol Policy) (scheduler.Operation, bool) {
+	if !pol.Peer {
+		return scheduler.Operation{}, false
+	}
+	return scheduler.NewRegistry().Operation(pol.RouterPolicy)
+}
+
+// stackConfig is what a stack for pol is built from. kvrouter's policies
+// run with the run's queue threshold and session mode; a peer runs as its
+// authors run it (peerOperation): its default admission instead of the
+// run's threshold (none of the peers queues in the router: −1), and, when
+// the run sends session ids, its own session affinity in place of the run's
+// binding mode (none: its requests carry no session id).
+func (c *Config) stackConfig(pol Policy) (StackConfig, error) {
+	sc := StackConfig{
+		Policy: pol, Model: c.Model, Workers: c.Workers, KVBlocks: c.KVBlocks, BlockSize: c.BlockSize,
+		Replicas: c.Replicas, Speedup: c.Speedup, SessionMode: c.SessionMode, Seed: c.Seed, Probe: pol.TrueCache,
+		MaxBatchedTokens: c.MaxBatchedTokens, MaxSeqs: c.MaxSeqs, RouteDeadline: c.RouteDeadline,
+		QueueThreshold: c.QueueThreshold,
+	}
+	op, ok := peerOperation(pol)
+	if !ok {
+		return sc, nil
+	}
+	switch t := op.Thresholds; {
+	case t == (scheduler.Thresholds{}):
+		sc.QueueThreshold = -1
+	case t.OverloadPrefillFrac == 0 && t.OverloadDecodeFrac == 0 && t.QueuePrefillFrac == t.QueueDecodeFrac:
+		sc.QueueThreshold = t.QueuePrefillFrac
+	default:
+		return sc, fmt.Errorf("%w: %s's admission %+v is not one queue threshold", ErrConfig, pol.Name, t)
+	}
+	if c.SessionMode == SessionNone || op.SessionMode == "" {
+		sc.SessionMode = SessionNone
+		return sc, nil
+	}
+	m, err := ParseSessionMode(op.SessionMode)
+	sc.SessionMode = m
+	return sc, err
+}
+
+type driver struct {
+	cfg      *Config
+	pol      Policy
+	sessions SessionMode // the run's, or a peer's own (stackConfig)
+	router   Router
+	gen      Generator
+	front    Frontend   // the gateway path: route, serve and book in one call
+	truth    *trueCache // the true-cache policy's chooser, nil for the others
+	rec      *metrics.Recorder
+	bar      *progress.Bar
+}
+
+func newDriver(cfg *Config, pol Policy, sessions SessionMode, stack Stack, n int) (*driver, error) {
+	d := &driver{cfg: cfg, pol: pol, sessions: sessions, router: stack.Router(), gen: stack.Generator(), rec: metrics.NewRecorder(n)}
+	if fs, ok := stack.(FrontendStack); ok {
+		d.front = fs.Frontend()
+	}
+	if pol.TrueCache && d.front != nil {
+		return nil, fmt.Errorf("%w: true-cache cannot run over a frontend", ErrConfig)
+	}
+	if pol.TrueCache {
+		probe := stack.Probe()
+		if probe == nil {
+			return nil, fmt.Errorf("%w: the stack has no cache probe for true-cache", ErrConfig)
+		}
+		th := cfg.QueueThreshold
+		if th == 0 {
+			th = 1 // the scheduler's default
+		}
+		var bp, bd float64
+		if th > 0 {
+			mbt := cfg.MaxBatchedTokens
+			if mbt <= 0 {
+				mbt = sim.DefaultMaxBatchedTokens
+			}
+			bp, bd = th*float64(mbt), th*float64(cfg.KVBlocks)
+		}
+		d.truth = newTrueCache(probe, stack.Loads(), stack.Workers(), cfg.BlockSize, cfg.Seed, bp, bd)
+	}
+	if cfg.Progress != nil {
+		d.bar = progress.New(cfg.Progress, pol.Name, n, progress.Options{Lines: cfg.ProgressLines})
+	}
+	return d, nil
+}
+
+// replay sends each request at its arrival (workload time / speed-up after
+// start), at most MaxInFlight at once, and waits for all of them.
+func (d *driver) replay(ctx context.Context, reqs []prepared, start time.Time) {
+	sem := make(chan struct{}, d.cfg.MaxInFlight)
+	var wg sync.WaitGroup
+	for i := range reqs {
+		p := &reqs[i]
+		due := start.Add(time.Duration(float64(p.req.Arrival) / d.cfg.Speedup))
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if d.front != nil {
+				d.oneFrontend(ctx, p)
+				return
+			}
+			d.one(ctx, p)
+		}()
+	}
+	wg.Wait()
+}
+
+// one is one request's life: route, generate, prefill_done, free. The route
+// API learns the prompt and max_tokens, as from a client; only the engine
+// is told the reply's true length.
+func (d *driver) one(ctx context.Context, p *prepared) {
+	cfg := d.cfg
+	r := p.req
+	rec := metrics.Record{ID: r.ID, Session: r.Session, Arrival: r.Arrival, PromptTokens: r.InputLength, PromptBlocks: p.promptBlocks}
+	// The routing key stands for the first user message, which KubeAI's
+	// prefix hash keys a chat request on: the same for every turn of a
+	// conversation, different between conversations. The workloads carry
+	// no text, so the conversation's id stands in for it, sent whatever
+	// the session mode (it is content, not a session header); a request of
+	// no conversation has none, and chwbl keys its prompt's opening.
+	rr := RouteRequest{
+		ID: r.ID, Model: cfg.Model, BlockHashes: p.blockHashes, BlockSize: cfg.BlockSize,
+		InputTokens: r.InputLength, ExpectedOutput: p.maxTokens, RoutingKey: r.Session,
+	}
+	if d.sessions != SessionNone && r.Session != "" && !d.pol.TrueCache {
+		rr.SessionID = r.Session
+	}
+	var bk *booking
+	if d.truth != nil {
+		bk = d.truth.pick(ctx, p)
+		rr.Prefer = bk.worker
+		defer d.truth.free(bk)
+	}
+	t0 := time.Now()
+	routed, err := d.router.Route(ctx, &rr)
+	rec.Route = time.Since(t0)
+	if err != nil {
+		rec.Outcome, rec.Code = classify(err)
+		d.finish(rec)
+		return
+	}
+	rec.Worker = routed.Worker
+	rec.QueueWait = routed.QueueWait
+	rec.RouterBlocks = routed.Overlap
+	var once sync.Once
+	first := func() {
+		once.Do(func() {
+			if bk != nil {
+				d.truth.prefillDone(bk)
+			}
+			if err := d.router.PrefillDone(ctx, routed); err != nil && ctx.Err() == nil {
+				cfg.Logf("%s: prefill_done %s: %v", d.pol.Name, rr.ID, err)
+			}
+		})
+	}
+	reply, gerr := d.gen.Generate(ctx, routed.Endpoint, p.generateRequest(rr.ID, d.blockTokens()), first)
+	first() // a request that failed before its first token still leaves the prefill load
+	if err := d.router.Free(ctx, routed); err != nil && ctx.Err() == nil {
+		cfg.Logf("%s: free %s: %v", d.pol.Name, rr.ID, err)
+	}
+	if gerr != nil {
+		rec.Outcome = metrics.Failed
+		rec.Code = "generate"
+		var re *sim.RemoteError
+		if errors.As(gerr, &re) {
+			rec.Code = "worker_" + re.Code
+		}
+		d.finish(rec)
+		return
+	}
+	// Workload time = time queued in the router (scaled by the speed-up) +
+	// the engine's own model-time figures. The in-process transport and the
+	// CPU the replay itself needs are left out: at a speed-up they would be
+	// multiplied into the latencies, and they are not part of what a
+	// routing policy does.
+	wait := time.Duration(float64(routed.QueueWait) * cfg.Speedup)
+	rec.CachedBlocks = reply.CachedTokens / cfg.BlockSize
+	rec.OutputTokens = reply.OutputTokens
+	rec.TTFT = wait + msDur(reply.TTFTMs)
+	rec.ITL = msDur(reply.ITLMs)
+	rec.E2E = wait + msDur(reply.E2EMs)
+	rec.Finish = r.Arrival + rec.E2E
+	d.finish(rec)
+}
+
+func (d *driver) blockTokens() int {
+	if d.cfg.Workload.BlockTokens > 0 {
+		return d.cfg.Workload.BlockTokens
+	}
+	return 0
+}
+
+func (d *driver) finish(rec metrics.Record) {
+	d.rec.Add(rec)
+	failed := 0
+	if rec.Outcome != metrics.Done {
+		failed = 1
+	}
+	d.bar.Add(1, failed)
+}
+
+func classify(err error) (metrics.Outcome, string) {
+	var re *RouteError
+	if errors.As(err, &re) {
+		if re.Rejected {
+			return metrics.Rejected, re.Code
+		}
+		return metrics.Failed, re.Code
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return metrics.Failed, "cancelled"
+	}
+	return metrics.Failed, "route_error"
+}
+
+func msDur(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }

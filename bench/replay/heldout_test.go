@@ -1,0 +1,103 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/router/scheduler"
+)
+
+// A policy tuned on an evaluation part is refused there, runs with
+// AllowInSample marked IN-SAMPLE, and runs freely on a part its tuning did
+// not touch; the report states the part either way.
+func TestHeldOutRefusal(t *testing.T) {
+	w := smallWorkload()
+	w.Name = "mooncake:synthetic"
+	pols, _ := LookupPolicies([]string{"kvrouter,round-robin"})
+	// The synthetic trace's evaluation part starts at its request 1,926,
+	// inside the 2,000 the default was tuned on.
+	evalPart := &workload.PartInfo{Part: workload.PartEval, Workload: w.Name, Rule: "second half", First: 1925, End: 3993, Total: 3993}
+	type result struct{ Notes []string }
+	run := func(part *workload.PartInfo, allow bool) (*result, error) {
+		var stacks []*fakeStack
+		cfg := Config{Workload: w, Policies: pols, NewStack: newFakeFactory(&stacks, 0), Workers: 2, Speedup: 1e4, Part: part, AllowInSample: allow}
+		rep, err := Run(context.Background(), cfg)
+		if err != nil {
+			return nil, err
+		}
+		if rep.Workload.Part != part {
+			t.Errorf("report part %+v, want %+v", rep.Workload.Part, part)
+		}
+		for _, p := range rep.Policies {
+			want := allow && p.Policy == "kvrouter" && part == evalPart
+			if p.InSample != want {
+				t.Errorf("%s: in-sample %v, want %v", p.Policy, p.InSample, want)
+			}
+		}
+		return &result{Notes: rep.Notes}, nil
+	}
+	_, err := run(evalPart, false)
+	if !errors.Is(err, ErrInSample) || !strings.Contains(err.Error(), "kvrouter was tuned on requests of this eval part of mooncake:synthetic") || strings.Contains(err.Error(), "round-robin") {
+		t.Fatalf("in-sample run not refused as it should be: %v", err)
+	}
+	cfg, err := run(evalPart, true)
+	if err != nil || !notesContain(cfg.Notes, "IN-SAMPLE (runs only with --allow-in-sample): kvrouter") {
+		t.Fatalf("allowed in-sample run: %v %q", err, cfg.Notes)
+	}
+	// The conversation trace's evaluation part starts past its head.
+	conv := *evalPart
+	conv.Workload, conv.First = "mooncake:conversation", 5606
+	w.Name = conv.Workload
+	if cfg, err := run(&conv, false); err != nil || !notesContain(cfg.Notes, "no policy here was tuned on it") {
+		t.Fatalf("held-out run: %v", err)
+	}
+	tune := &workload.PartInfo{Part: workload.PartTune, Workload: w.Name, Rule: "first half", End: 5606, Total: 12031}
+	if cfg, err := run(tune, false); err != nil || !notesContain(cfg.Notes, "TUNING PART") {
+		t.Fatalf("tuning run: %v", err)
+	}
+	if cfg, err := run(nil, false); err != nil || !notesContain(cfg.Notes, "not a declared part") {
+		t.Fatalf("undeclared run: %v", err)
+	}
+}
+
+func notesContain(notes []string, s string) bool {
+	for _, n := range notes {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Every catalog entry that runs the default cost at the default weights
+// (approximate mode and true-cache included) carries the default's tuning
+// record, and no other entry does.
+func TestTuningRecordsCoverTheDefault(t *testing.T) {
+	reg := scheduler.NewRegistry()
+	for _, p := range Catalog {
+		pol, err := reg.Build(scheduler.PolicyConfig{Name: p.RouterPolicy, Params: p.RouterParams})
+		if err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
+		}
+		isDefault := false
+		switch x := pol.(type) {
+		case *scheduler.DefaultPolicy:
+			isDefault = x.Cost == scheduler.DefaultCostParams()
+		case *scheduler.Pipeline:
+			if c, ok := x.Scorers[0].Scorer.(scheduler.DefaultCost); ok && len(x.Scorers) == 1 {
+				isDefault = c.Params == scheduler.DefaultCostParams()
+			}
+		}
+		if got := len(TunedOn[p.Name]) > 0; got != isDefault {
+			t.Errorf("%s: tuning record %v, runs the default at its weights %v", p.Name, got, isDefault)
+		}
+	}
+	for name := range TunedOn {
+		if _, ok := policyByName(name); !ok {
+			t.Errorf("tuning record for %q, not in the catalog", name)
+		}
+	}
+}
