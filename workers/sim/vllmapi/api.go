@@ -24,6 +24,7 @@ type sampling struct {
 	Temperature   *float64       `json:"temperature"` // accepted; the filler does not depend on it
 	N             *int           `json:"n"`
 	User          string         `json:"user"`
+	CacheSalt     *string        `json:"cache_salt"` // vLLM's prefix-cache isolation (lora.go)
 }
 
 type completionRequest struct {
@@ -138,11 +139,6 @@ type modelCard struct {
 	Root        string  `json:"root"`
 	Parent      *string `json:"parent"`
 	MaxModelLen int     `json:"max_model_len"`
-}
-
-type modelList struct {
-	Object string      `json:"object"`
-	Data   []modelCard `json:"data"`
 }
 
 // decodeBody decodes one JSON object from body; trailing data is an error.
