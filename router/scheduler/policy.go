@@ -132,8 +132,8 @@ type Candidates struct {
 	// candidate holds it (the adapter term is on).
 	warm                []uint64
 	adapter, anyAdapter bool
-	aff       resolvedTarget
-	hasAff    bool
+	aff                 resolvedTarget
+	hasAff              bool
 }
 
 // ovAt is the overlap of slot s for the current request.
