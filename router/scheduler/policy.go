@@ -127,13 +127,14 @@ type Candidates struct {
 	shared    []int32  // by slot: request blocks already active there
 	anyShared bool     // some slot has shared > 0
 	newBlks   int64    // request decode blocks if nothing were shared
+	aff       resolvedTarget
+	hasAff    bool
+
 	// warm: by slot, the epoch when the slot holds the request's adapter
 	// (adapters.go); adapter: the request names one; anyAdapter: some
 	// candidate holds it (the adapter term is on).
 	warm                []uint64
 	adapter, anyAdapter bool
-	aff                 resolvedTarget
-	hasAff              bool
 }
 
 // ovAt is the overlap of slot s for the current request.
