@@ -28,6 +28,8 @@
 //   - route.go: Replica.route, one request's life (lookup -> requirement ->
 //     select and bind -> commit -> reply); telemetry.go: its spans and
 //     metrics (routeTelemetry, which does nothing unless a span records);
+//     adapters.go: what a request naming a LoRA adapter adds to it (the
+//     workers holding the adapter, from the registry);
 //   - natsapi.go and httpapi.go: the two transports over the same calls,
 //     with their bounds (one in-flight cap for both, the HTTP token,
 //     timeouts and body limit, the forwarding pool);
