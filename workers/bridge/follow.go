@@ -171,6 +171,7 @@ func (r *rank) resync(reason string) {
 	r.b.met.resyncs.WithLabelValues(r.label, reason).Inc()
 	if reason == reasonRestart {
 		r.conv, _ = kvevents.NewConverter(r.conv0) // the config was checked at start
+		r.b.adapters.restarted()
 	}
 	r.emit(kvevents.Event{Kind: kvevents.KindCleared})
 }
@@ -204,6 +205,7 @@ func (r *rank) apply(m vllmzmq.Message) {
 
 // convert converts r.vb and publishes its events.
 func (r *rank) convert() {
+	r.b.adapters.noteBatch(&r.vb)
 	var err error
 	r.evs, err = r.conv.Convert(&r.vb, r.evs[:0])
 	if err != nil {
