@@ -104,7 +104,9 @@ func TestBridgeRegistersAdapters(t *testing.T) {
 			info, found := registered(t, f.js, "lw")
 			last = info
 			return found && ok(info)
-		}, func() string { return what + ": registry says " + strings.Join(last.Adapters, ",") + " / " + strings.Join(last.LoadedAdapters, ",") })
+		}, func() string {
+			return what + ": registry says " + strings.Join(last.Adapters, ",") + " / " + strings.Join(last.LoadedAdapters, ",")
+		})
 	}
 	wait("served adapters", func(i workers.Info) bool {
 		return slices.Equal(i.Adapters, []string{"fr", "sql", "zh"}) && i.MaxLoRAs == 2 && len(i.LoadedAdapters) == 0
