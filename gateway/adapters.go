@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"net/http"
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -54,7 +55,11 @@ func (g *Gateway) modelTarget(ctx context.Context, cr *clientRequest) (modelTarg
 	t := modelTarget{base: cr.Model}
 	if g.models[cr.Model] == nil {
 		base, es := g.adapterEngines(ctx, cr.Model)
-		if base == "" {
+		switch {
+		case base == "" && g.knownAdapter(cr.Model):
+			return t, serverError(http.StatusServiceUnavailable, api.CodeNoEligibleWorker,
+				"no worker can take the request: the workers serving the LoRA adapter %q are not ready", cr.Model)
+		case base == "":
 			return t, notFound("model_not_found", "the model %q does not exist (served: %v and the LoRA adapters their workers list)", cr.Model, g.cfg.Models)
 		}
 		t.base, t.adapter = base, cr.Model
@@ -99,6 +104,21 @@ func (g *Gateway) adapterEngines(ctx context.Context, name string) (string, []en
 		}
 	}
 	return "", nil
+}
+
+// knownAdapter reports whether a worker of a configured model in any
+// state (draining, unavailable) lists adapter name: a request for it is
+// then 503, as for a model whose workers are not ready, not 404.
+func (g *Gateway) knownAdapter(name string) bool {
+	for _, c := range g.models {
+		c.mu.Lock()
+		known := slices.Contains(c.adapters, name)
+		c.mu.Unlock()
+		if known {
+			return true
+		}
+	}
+	return false
 }
 
 // modelEngines is liveWorkers for a configured model, and for an adapter

@@ -290,6 +290,7 @@ type workerCache struct {
 	engines   []engine
 	blockSize int           // of the first ready worker that reports one (0: none yet)
 	next      atomic.Uint64 // round robin of the tokenize target
+	adapters  []string      // served by the model's workers in any state (adapters.go)
 }
 
 // liveWorkers returns the model's ready workers (one entry per worker,
@@ -316,7 +317,9 @@ func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
 	}
 	var es []engine
 	bs := 0
+	c.adapters = c.adapters[:0]
 	for _, ws := range resp.Workers {
+		c.adapters = append(c.adapters, ws.Adapters...)
 		if bs == 0 && ws.State == "ready" {
 			bs = ws.BlockSize
 		}
