@@ -205,13 +205,12 @@ func (st *stack) startBridge(e *engine) *bridge.Bridge {
 	cfg := bridge.Config{
 		EngineURL: e.url, KVEvents: p.Endpoint(), KVReplay: p.ReplayEndpoint(), Topic: "kv",
 		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
-		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
-		// A scrape is stale after 1 s, not 150 ms: on a loaded 2-core
-		// machine scrapes fall behind, and a worker flapping to
-		// unavailable routes requests on load alone (no tokenizer) or
+		// A scrape is stale after 1 s (20 intervals), not 150 ms: on a
+		// loaded 2-core machine scrapes fall behind, and a worker flapping
+		// to unavailable routes requests on load alone (no tokenizer) or
 		// away from their sessions, which no test here is about.
-		StaleIntervals: 20,
-		Events:         kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
+		MetricsInterval: 50 * time.Millisecond, StaleIntervals: 20, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
+		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
 	}
 	nc, js := natstest.JetStream(st.t, st.srv)
