@@ -93,23 +93,9 @@ func SortAdapters(names []string) []string {
 // transient failure the new lists are kept and the heartbeat keeps trying
 // to write them; the error is returned.
 func (r *Registration) SetAdapters(ctx context.Context, served, loaded []string, maxLoRAs int) error {
-	r.mu.Lock()
-	if r.stopped {
-		r.mu.Unlock()
-		return ErrStopped
-	}
-	info := r.info.Clone()
-	info.Adapters, info.LoadedAdapters, info.MaxLoRAs = SortAdapters(served), SortAdapters(loaded), maxLoRAs
-	if info.adaptersEqual(r.info) {
-		r.mu.Unlock()
-		return nil
-	}
-	val, err := EncodeInfo(info)
-	if err != nil {
-		r.mu.Unlock()
-		return err
-	}
-	r.info, r.val = info, val
-	r.mu.Unlock()
-	return r.write(ctx)
+	return r.update(ctx, func(i *Info) bool {
+		was := Info{Adapters: i.Adapters, LoadedAdapters: i.LoadedAdapters, MaxLoRAs: i.MaxLoRAs}
+		i.Adapters, i.LoadedAdapters, i.MaxLoRAs = SortAdapters(served), SortAdapters(loaded), maxLoRAs
+		return !i.adaptersEqual(was)
+	})
 }

@@ -2,54 +2,18 @@ package workers
 
 import (
 	"bytes"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 )
 
-func TestAdapterListsValidate(t *testing.T) {
-	long := make([]string, MaxAdapters+1)
-	for i := range long {
-		long[i] = strings.Repeat("a", 3) + string(rune('A'+i/26)) + string(rune('a'+i%26))
+// manyAdapters returns n sorted distinct names of pad+2 bytes.
+func manyAdapters(n, pad int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = string(rune('a'+i/26)) + string(rune('a'+i%26)) + strings.Repeat("x", pad)
 	}
-	big := make([]string, 100)
-	for i := range big {
-		big[i] = string(rune('a'+i/26)) + string(rune('a'+i%26)) + strings.Repeat("x", 200)
-	}
-	tests := []struct {
-		name  string
-		mod   func(*Info)
-		field string // "" = valid
-	}{
-		{"none", func(*Info) {}, ""},
-		{"served and loaded", func(i *Info) { i.Adapters, i.LoadedAdapters, i.MaxLoRAs = []string{"a", "b"}, []string{"b"}, 2 }, ""},
-		{"loaded not served", func(i *Info) { i.LoadedAdapters = []string{"x"} }, ""},
-		{"unsorted", func(i *Info) { i.Adapters = []string{"b", "a"} }, "adapters"},
-		{"duplicate", func(i *Info) { i.LoadedAdapters = []string{"a", "a"} }, "loaded_adapters"},
-		{"empty name", func(i *Info) { i.Adapters = []string{""} }, "adapters"},
-		{"control", func(i *Info) { i.Adapters = []string{"a\tb"} }, "adapters"},
-		{"too many", func(i *Info) { i.Adapters = SortAdapters(long[:MaxAdapters]); i.Adapters = append(i.Adapters, "zzz") }, "adapters"},
-		{"too many bytes", func(i *Info) { i.Adapters = big }, "adapters"},
-		{"negative max", func(i *Info) { i.MaxLoRAs = -1 }, "max_loras"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			in := validInfo("w1")
-			tc.mod(&in)
-			err := in.Validate()
-			if tc.field == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			var ie *InfoError
-			if !errors.As(err, &ie) || ie.Field != tc.field {
-				t.Fatalf("Validate = %v, want an InfoError on %q", err, tc.field)
-			}
-		})
-	}
+	return out
 }
 
 // A worker without adapters writes exactly what it wrote before adapters

@@ -41,6 +41,17 @@ type rowStats struct {
 	requests, matched, hits, firstTurns int
 }
 
+// check logs the row's counts and requires at least 50 requests, every
+// turn after the first a cache hit (each variant matches its own blocks).
+func (s rowStats) check(t *testing.T, row string) {
+	t.Helper()
+	t.Logf("%s row: %d of %d requests predicted exactly, %d with a cache hit, %d first turns isolated across variants",
+		row, s.matched, s.requests, s.hits, s.firstTurns)
+	if s.requests < 50 || s.hits < s.requests-s.firstTurns {
+		t.Fatalf("%+v: want >= 50 requests, every later turn a hit", s)
+	}
+}
+
 // startLoRAEngine starts an engine as `kvrouter sim serve --enable-lora
 // --lora-modules ... --max-loras maxLoRAs` starts it, with a bridge.
 func (st *stack) startLoRAEngine(id string, maxLoRAs int, adapters ...string) *engine {
@@ -163,12 +174,7 @@ func TestRealPathLoRAAdapters(t *testing.T) {
 	st.startLoRAEngine("e1", 2, "sql", "zh")
 	st.waitReady(2)
 	url := st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]})
-	s := st.runRow(t, url, []variant{{model: testModel}, {model: "sql"}, {model: "zh"}}, 4, 5)
-	t.Logf("lora row: %d of %d requests predicted exactly, %d with a cache hit, %d first turns isolated across models",
-		s.matched, s.requests, s.hits, s.firstTurns)
-	if s.requests < 50 || s.hits < s.requests-s.firstTurns {
-		t.Fatalf("%+v: want >= 50 requests, every later turn a hit", s)
-	}
+	st.runRow(t, url, []variant{{model: testModel}, {model: "sql"}, {model: "zh"}}, 4, 5).check(t, "lora")
 	st.waitIdle()
 }
 
@@ -177,12 +183,7 @@ func TestRealPathLoRAAdapters(t *testing.T) {
 func TestRealPathCacheSalts(t *testing.T) {
 	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 8192})
 	url := st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]})
-	s := st.runRow(t, url, []variant{{model: testModel, salt: "tenant-a"}, {model: testModel, salt: "tenant-b"}, {model: testModel}}, 6, 3)
-	t.Logf("salt row: %d of %d requests predicted exactly, %d with a cache hit, %d first turns isolated across salts",
-		s.matched, s.requests, s.hits, s.firstTurns)
-	if s.requests < 50 || s.hits < s.requests-s.firstTurns {
-		t.Fatalf("%+v: want >= 50 requests, every later turn a hit", s)
-	}
+	st.runRow(t, url, []variant{{model: testModel, salt: "tenant-a"}, {model: testModel, salt: "tenant-b"}, {model: testModel}}, 6, 3).check(t, "salt")
 	st.waitIdle()
 }
 

@@ -13,34 +13,12 @@ import (
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
-// newLoRAServer is newTestServer with the LoRA settings of cfg (Engine and
-// MaxModelLen are filled in).
+// newLoRAServer is newServerWith at speed-up 1000 with a context of 4,096
+// tokens.
 func newLoRAServer(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *sim.Engine) {
 	t.Helper()
-	ec.Worker, ec.Model, ec.Speedup = "sim-0", testModel, 1000
-	eng, err := sim.New(ec)
-	if err != nil {
-		t.Fatalf("sim.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- eng.Run(ctx) }()
-	cfg.Engine, cfg.MaxModelLen = eng, 4096
-	srv, err := New(cfg)
-	if err != nil {
-		_ = eng.Close(context.Background())
-		cancel()
-		<-ran
-		t.Fatalf("New: %v", err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		hs.Close()
-		_ = eng.Close(context.Background())
-		cancel()
-		<-ran
-	})
-	return hs, eng
+	ec.Speedup, cfg.MaxModelLen = 1000, 4096
+	return newServerWith(t, ec, cfg)
 }
 
 func TestParseLoRAModule(t *testing.T) {
