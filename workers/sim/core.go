@@ -254,7 +254,6 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 	if len(c.running) == 0 && len(c.waiting) == 0 {
 		return 0, c.gen, false
 	}
-	bs := c.cfg.BlockSize
 	budget := c.cfg.MaxBatchedTokens
 	prefill, decodes := 0, 0
 	preempted := false
@@ -286,7 +285,33 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 		budget -= n
 	}
 
-	for i := 0; !preempted && i < len(c.waiting) && budget > 0 && len(c.running) < c.cfg.MaxSeqs; {
+	if !preempted {
+		c.admitWaiting(budget, &prefill, &decodes)
+	}
+
+	c.flushRemoved()
+	if len(c.plan) == 0 {
+		c.stats.Stalls++
+		return 0, c.gen, false
+	}
+	p := float64(c.cache.active()) / float64(c.cache.total())
+	ms := c.timing.StepMs(prefill, decodes, p)
+	c.stats.Steps++
+	c.stats.PrefillTokens += uint64(prefill)
+	c.stats.DecodeTokens += uint64(decodes)
+	model := msToDuration(ms) + c.loadAdapters()
+	c.stats.ModelTime += model
+	c.planGen = c.gen
+	return time.Duration(float64(model) / c.speedup), c.gen, true
+}
+
+// admitWaiting is the second half of schedule: waiting requests in arrival
+// order join the step while the token budget, the sequence limit and the
+// cache allow (a request whose adapter does not fit the step is skipped);
+// it adds their tokens to prefill and decodes.
+func (c *core) admitWaiting(budget int, prefill, decodes *int) {
+	bs := c.cfg.BlockSize
+	for i := 0; i < len(c.waiting) && budget > 0 && len(c.running) < c.cfg.MaxSeqs; {
 		r := c.waiting[i]
 		if !c.loraFits(r) {
 			i++ // as vLLM: skipped, it keeps its place; later requests may run
@@ -329,27 +354,12 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 		r.scheduled = n
 		c.plan = append(c.plan, r)
 		if r.decoding() {
-			decodes++
+			*decodes++
 		} else {
-			prefill += n
+			*prefill += n
 		}
 		budget -= n
 	}
-
-	c.flushRemoved()
-	if len(c.plan) == 0 {
-		c.stats.Stalls++
-		return 0, c.gen, false
-	}
-	p := float64(c.cache.active()) / float64(c.cache.total())
-	ms := c.timing.StepMs(prefill, decodes, p)
-	c.stats.Steps++
-	c.stats.PrefillTokens += uint64(prefill)
-	c.stats.DecodeTokens += uint64(decodes)
-	model := msToDuration(ms) + c.loadAdapters()
-	c.stats.ModelTime += model
-	c.planGen = c.gen
-	return time.Duration(float64(model) / c.speedup), c.gen, true
 }
 
 // flushRemoved emits one Removed event for the blocks evicted since the
