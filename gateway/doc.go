@@ -14,8 +14,10 @@
 // free exactly once at the end (a whole reply gets free alone), on client
 // disconnect or on upstream failure (forward.go). A failure before the first byte is
 // retried once on another worker. GET /v1/models lists the models with
-// live workers; every other path is 404 in OpenAI's error shape
-// (errors.go).
+// live workers and the LoRA adapters those serve; every other path is 404
+// in OpenAI's error shape (errors.go). An adapter's name is a model: it
+// routes as its base model's, among the workers serving it, with lora_name;
+// cache_salt routes as cache_salt (adapters.go).
 //
 // The Router is satisfied by the route API over NATS (ClientRouter, what
 // `kvrouter gateway` runs) and by an in-process replica (ReplicaRouter,

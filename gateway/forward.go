@@ -60,7 +60,7 @@ func (x *exchange) run(ctx context.Context) {
 	if errors.As(err, &uf) {
 		x.g.m.upstreamError(ctx, uf.phase)
 		x.free(ctx)
-		if allowed := x.g.others(ctx, x.rq.Model, uf.worker); len(allowed) > 0 && ctx.Err() == nil {
+		if allowed := x.g.retryAllowed(ctx, x.rq, uf.worker); len(allowed) > 0 && ctx.Err() == nil {
 			x.g.m.retries.Add(ctx, 1)
 			x.span.AddEvent("retry", trace.WithAttributes(attribute.String("kvr.failed_worker", uf.worker)))
 			x.rq.RequestID, x.rq.AllowedWorkers = x.g.newRequestID(), allowed

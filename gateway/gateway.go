@@ -255,10 +255,11 @@ type modelCard struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model (adapters.go)
 }
 
 // listModels is GET /v1/models: the configured models that have at least
-// one ready worker.
+// one ready worker, then the LoRA adapters such workers serve.
 func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Object string      `json:"object"`
@@ -269,14 +270,16 @@ func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
 			out.Data = append(out.Data, modelCard{ID: m, Object: "model", OwnedBy: "kvrouter"})
 		}
 	}
+	out.Data = append(out.Data, g.adapterCards(r.Context())...)
 	writeJSON(w, http.StatusOK, out)
 	g.m.answered(r.Context(), http.StatusOK)
 }
 
 // engine is one live worker of a model as the gateway uses it.
 type engine struct {
-	worker string
-	root   string // the engine's server root (engineRoot of its endpoint)
+	worker   string
+	root     string   // the engine's server root (engineRoot of its endpoint)
+	adapters []string // the LoRA adapters it serves (adapters.go)
 }
 
 // workerCache is one model's live workers, read from the router at most
@@ -287,6 +290,7 @@ type workerCache struct {
 	engines   []engine
 	blockSize int           // of the first ready worker that reports one (0: none yet)
 	next      atomic.Uint64 // round robin of the tokenize target
+	adapters  []string      // served by the model's workers in any state (adapters.go)
 }
 
 // liveWorkers returns the model's ready workers (one entry per worker,
@@ -313,14 +317,16 @@ func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
 	}
 	var es []engine
 	bs := 0
+	c.adapters = c.adapters[:0]
 	for _, ws := range resp.Workers {
+		c.adapters = append(c.adapters, ws.Adapters...)
 		if bs == 0 && ws.State == "ready" {
 			bs = ws.BlockSize
 		}
 		if ws.State != "ready" || ws.Endpoint == "" || slices.ContainsFunc(es, func(e engine) bool { return e.worker == ws.Worker }) {
 			continue
 		}
-		es = append(es, engine{worker: ws.Worker, root: engineRoot(ws.Endpoint)})
+		es = append(es, engine{worker: ws.Worker, root: engineRoot(ws.Endpoint), adapters: ws.Adapters})
 	}
 	c.engines, c.blockSize, c.at = es, bs, time.Now()
 	return es
@@ -330,24 +336,23 @@ func (g *Gateway) liveWorkers(ctx context.Context, model string) []engine {
 // (the replica drops workers whose block size differs from the model's),
 // 0 when no ready worker is known.
 func (g *Gateway) blockSize(ctx context.Context, model string) int {
-	c := g.models[model]
+	_, c := g.modelEngines(ctx, model) // refreshes the cache when it is stale
 	if c == nil {
 		return 0
 	}
-	g.liveWorkers(ctx, model) // refreshes the cache when it is stale
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.blockSize
 }
 
 // tokenizeTarget picks the engine that tokenizes a request: round robin
-// over the live workers.
+// over the live workers (of an adapter: those serving it).
 func (g *Gateway) tokenizeTarget(ctx context.Context, model string) (engine, bool) {
-	es := g.liveWorkers(ctx, model)
+	es, c := g.modelEngines(ctx, model)
 	if len(es) == 0 {
 		return engine{}, false
 	}
-	n := g.models[model].next.Add(1)
+	n := c.next.Add(1)
 	return es[int(n%uint64(len(es)))], true
 }
 

@@ -27,8 +27,9 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	if rerr == nil {
 		cr, rerr = readRequest(kind, body)
 	}
-	if rerr == nil && g.models[cr.Model] == nil {
-		rerr = notFound("model_not_found", "the model %q does not exist (served: %v)", cr.Model, g.cfg.Models)
+	var target modelTarget
+	if rerr == nil {
+		target, rerr = g.modelTarget(ctx, &cr)
 	}
 	sessionID, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
 	if rerr == nil {
@@ -42,10 +43,12 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
+	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		g.fail(ctx, span, w, rerr)
 		return
 	}
+	namespaceBlocks(rq)
 	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, t0: t0, span: span}
 	x.run(ctx)
 }

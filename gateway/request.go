@@ -32,6 +32,9 @@ type clientRequest struct {
 	// AddGenerationPrompt is passed on to the engine's /tokenize so that
 	// the routed tokens are the ones the engine will compute.
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	// CacheSalt is vLLM's cache_salt, routed on as the engine hashes it
+	// (adapters.go).
+	CacheSalt json.RawMessage `json:"cache_salt"`
 }
 
 // RequestError is a client request the gateway refuses: Status is the HTTP

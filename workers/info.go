@@ -77,6 +77,14 @@ type Info struct {
 	// agree on it (within their clocks' skew). Set by
 	// Registration.SetDrainingUntil and Drain.
 	DrainDeadline time.Time `json:"drain_deadline,omitzero"`
+	// Adapters (the LoRA adapters the worker serves on top of Model, by
+	// the names requests use), LoadedAdapters (those resident on its GPU
+	// as last seen, a subset) and MaxLoRAs (how many it holds at once; 0 =
+	// unknown): see adapters.go. All omitted when empty, so a worker
+	// without adapters writes the same value as before they existed.
+	Adapters       []string `json:"adapters,omitempty"`
+	LoadedAdapters []string `json:"loaded_adapters,omitempty"`
+	MaxLoRAs       int      `json:"max_loras,omitempty"`
 }
 
 // wireInfo adds the format version to Info on the wire.
@@ -85,10 +93,12 @@ type wireInfo struct {
 	Info
 }
 
-// Clone returns a deep copy of i (Ranks and Labels are not shared).
+// Clone returns a deep copy of i (Ranks, Labels and the adapter lists are
+// not shared).
 func (i Info) Clone() Info {
 	i.Ranks = slices.Clone(i.Ranks)
 	i.Labels = maps.Clone(i.Labels)
+	i.Adapters, i.LoadedAdapters = slices.Clone(i.Adapters), slices.Clone(i.LoadedAdapters)
 	return i
 }
 
@@ -97,7 +107,8 @@ func (i Info) Equal(o Info) bool {
 	return i.ID == o.ID && i.Model == o.Model && i.Endpoint == o.Endpoint &&
 		slices.Equal(i.Ranks, o.Ranks) && i.BlockSize == o.BlockSize && i.KVBlocks == o.KVBlocks &&
 		i.MaxBatchedTokens == o.MaxBatchedTokens && i.MaxSeqs == o.MaxSeqs && i.Epoch == o.Epoch &&
-		maps.Equal(i.Labels, o.Labels) && i.State == o.State && i.DrainDeadline.Equal(o.DrainDeadline)
+		maps.Equal(i.Labels, o.Labels) && i.State == o.State && i.DrainDeadline.Equal(o.DrainDeadline) &&
+		i.adaptersEqual(o)
 }
 
 // Available reports whether the worker takes new requests.
@@ -198,6 +209,9 @@ func (i Info) Validate() error {
 		if len(v) > MaxLabelLen || !utf8.ValidString(v) {
 			return bad("labels", "label %q: value longer than %d bytes or not UTF-8", k, MaxLabelLen)
 		}
+	}
+	if err := i.validateAdapters(); err != nil {
+		return err
 	}
 	if !i.State.Valid() {
 		return bad("state", "%q, want %q, %q or %q", i.State, StateReady, StateDraining, StateUnavailable)

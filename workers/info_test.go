@@ -44,6 +44,16 @@ func TestInfoValidate(t *testing.T) {
 		{"empty label name", func(i *Info) { i.Labels = map[string]string{"": "x"} }, "labels"},
 		{"bad state", func(i *Info) { i.State = "gone" }, "state"},
 		{"empty state", func(i *Info) { i.State = "" }, "state"},
+		// LoRA adapter lists (adapters.go)
+		{"adapters served and loaded", func(i *Info) { i.Adapters, i.LoadedAdapters, i.MaxLoRAs = []string{"a", "b"}, []string{"b"}, 2 }, ""},
+		{"adapter loaded not served", func(i *Info) { i.LoadedAdapters = []string{"x"} }, ""},
+		{"adapters unsorted", func(i *Info) { i.Adapters = []string{"b", "a"} }, "adapters"},
+		{"adapter twice", func(i *Info) { i.LoadedAdapters = []string{"a", "a"} }, "loaded_adapters"},
+		{"empty adapter", func(i *Info) { i.Adapters = []string{""} }, "adapters"},
+		{"control in adapter", func(i *Info) { i.Adapters = []string{"a\tb"} }, "adapters"},
+		{"too many adapters", func(i *Info) { i.Adapters = manyAdapters(MaxAdapters+1, 3) }, "adapters"},
+		{"too many adapter bytes", func(i *Info) { i.Adapters = manyAdapters(100, 200) }, "adapters"},
+		{"negative max loras", func(i *Info) { i.MaxLoRAs = -1 }, "max_loras"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

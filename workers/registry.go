@@ -576,14 +576,27 @@ func (r *Registration) setState(ctx context.Context, s State, deadline time.Time
 	if !s.Valid() {
 		return &InfoError{ID: r.id, Field: "state", Reason: fmt.Sprintf("%q, want %q, %q or %q", s, StateReady, StateDraining, StateUnavailable)}
 	}
+	return r.update(ctx, func(i *Info) bool {
+		i.State, i.DrainDeadline = s, deadline
+		return true
+	})
+}
+
+// update applies change to a copy of the worker's info and, when change
+// reports a change, makes it the registered value and writes it at once.
+// On a transient failure the new value is kept and the heartbeat keeps
+// trying to write it; the error is returned.
+func (r *Registration) update(ctx context.Context, change func(*Info) bool) error {
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
 		return ErrStopped
 	}
 	info := r.info.Clone()
-	info.State = s
-	info.DrainDeadline = deadline
+	if !change(&info) {
+		r.mu.Unlock()
+		return nil
+	}
 	val, err := EncodeInfo(info)
 	if err != nil {
 		r.mu.Unlock()

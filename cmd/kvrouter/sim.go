@@ -38,7 +38,10 @@ docs/simulator.md. MODEL is the model name (or give --model).
 and publishes events on the --kv-events-config ports + i x --data-parallel-size
 (+ rank). vLLM flags the simulator has no use for (--gpu-memory-utilization,
 --tensor-parallel-size, --dtype, ...) are accepted and ignored, so a launch
-script written for vLLM runs unchanged.
+script written for vLLM runs unchanged. --enable-lora with --lora-modules (and
+--max-loras, --max-cpu-loras, --max-lora-rank) serves LoRA adapters as vLLM
+does, VLLM_ALLOW_RUNTIME_LORA_UPDATING=true enabling their loading at run
+time; a step that needs an adapter not resident spends --lora-load-time.
 
 SIGINT/SIGTERM stop cleanly: the HTTP servers stop taking requests and finish
 the ones in flight (at most --shutdown-timeout), then the engines close
@@ -62,6 +65,7 @@ type simServeFlags struct {
 	maxSeqs, maxBatched, dp, count          *int
 	speedup                                 *float64
 	shutdown                                *time.Duration
+	lora                                    *simLoRAFlags
 }
 
 func addSimServeFlags(c *cmdFlags) *simServeFlags {
@@ -80,6 +84,7 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		kvEvents:    c.str("kv-events-config", "", "vLLM's KV events config, JSON: {\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\",\"buffer_steps\":10000,\"hwm\":100000,\"topic\":\"\"} (\"\" = no events)"),
 		count:       c.integer("count", 1, "number of engines in this process, on consecutive ports (not a vLLM flag)"),
 		shutdown:    c.duration("shutdown-timeout", 10*time.Second, "longest wait for requests in flight when stopping (not a vLLM flag)"),
+		lora:        addSimLoRAFlags(c),
 	}
 	// Accepted for launch scripts written for vLLM; the simulator ignores them.
 	c.float("gpu-memory-utilization", 0.9, "ignored (vLLM flag)")
@@ -101,7 +106,7 @@ func runSimServe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	c.helpOut = stdout
 	lf := addLogFlags(c)
 	f := addSimServeFlags(c)
-	model, rest := splitPositional(c.FlagSet, args)
+	model, rest := splitPositional(c.FlagSet, expandNargs(args))
 	if err := c.parse(rest); err != nil {
 		if helpRequested(err) {
 			return err
@@ -157,6 +162,9 @@ type simServeConfig struct {
 	shutdown            time.Duration
 	engine              sim.Config
 	events              vllmzmq.Config
+	// LoRA (sim_lora.go)
+	enableLoRA, runtimeLoRA bool
+	adapters                []vllmapi.Adapter
 }
 
 func (f *simServeFlags) config(model string) (simServeConfig, error) {
@@ -209,7 +217,7 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 		}
 		cfg.events = ev
 	}
-	return cfg, nil
+	return cfg, f.lora.apply(&cfg)
 }
 
 // simEngine is one engine of the process with its faces.
@@ -245,7 +253,8 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 		if se.eng, err = sim.New(ec); err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
-		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, Logger: log})
+		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, Logger: log,
+			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
@@ -285,8 +294,8 @@ func serveSimEngines(ctx context.Context, engines []*simEngine, cfg simServeConf
 	for i, se := range engines {
 		go func() { ran <- se.eng.Run(runCtx) }()
 		go func() { served <- se.http.Serve(se.ln) }()
-		fmt.Fprintf(stdout, "engine %d: model %q on http://%s (%d rank(s), %d KV blocks of %d tokens each)%s\n",
-			i, cfg.served, se.ln.Addr(), cfg.dp, cfg.engine.KVBlocks, cfg.engine.BlockSize, eventsWhere(se.events, cfg.dp))
+		fmt.Fprintf(stdout, "engine %d: model %q on http://%s (%d rank(s), %d KV blocks of %d tokens each)%s%s\n",
+			i, cfg.served, se.ln.Addr(), cfg.dp, cfg.engine.KVBlocks, cfg.engine.BlockSize, eventsWhere(se.events, cfg.dp), loraWhat(cfg))
 	}
 	var err error
 	select {

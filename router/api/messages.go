@@ -170,6 +170,13 @@ type WorkerStatus struct {
 	// simulator's, or a bridge's scrape of its engine), absent before the
 	// first.
 	Reported *ReportedLoad `json:"reported,omitempty"`
+	// Adapters, LoadedAdapters and MaxLoRAs are the worker's registry
+	// entries of the same names (workers.Info): the LoRA adapters it serves
+	// under their own model names, those resident on its GPU, and how many
+	// it holds at once. Absent for a worker without adapters.
+	Adapters       []string `json:"adapters,omitempty"`
+	LoadedAdapters []string `json:"loaded_adapters,omitempty"`
+	MaxLoRAs       int      `json:"max_loras,omitempty"`
 }
 
 // ReportedLoad is a worker rank's last load report and its age.

@@ -43,6 +43,8 @@
 //     select and bind -> commit -> reply); telemetry.go: its spans and
 //     metrics (routeTelemetry, which does nothing unless a span records);
 //     observe.go: the gauges read at collection time, one callback per area;
+//     adapters.go: what a request naming a LoRA adapter adds to it (the
+//     workers holding the adapter, from the registry);
 //   - natsapi.go and httpapi.go: the two transports over the same calls,
 //     with their bounds (one in-flight cap for both, the HTTP token,
 //     timeouts and body limit, the forwarding pool);

@@ -25,6 +25,7 @@ type routeScratch struct {
 	ov      index.Overlaps
 	pov     index.Overlaps
 	sov     []scheduler.Overlap
+	holders []string // workers holding the request's LoRA adapter (adapters.go)
 	sel     selection
 	choose  bindings.Selector // sel.choose, bound once per scratch (a method value allocates)
 	tel     routeTelemetry
@@ -108,6 +109,7 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 
 	hashes, tokens := r.lookup(ms, req, s)
 	sel := s.sel.begin(r, ms, &s.tel, r.requirement(req, hashes, tokens, t0, s))
+	ms.adapterRequirement(req, &sel.req, s)
 	res, err := r.selectAndBind(ctx, req, mode, s)
 	if err != nil {
 		sel.release()

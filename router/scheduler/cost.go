@@ -11,8 +11,16 @@ import (
 
 // CostParams are the default cost function's weights:
 //
-//	cost = PrefillLoadScale · max(0, (active_prefill_tokens + ISL)/block_size − OverlapCredit · overlap_blocks)
+//	cost = PrefillLoadScale · (max(0, (active_prefill_tokens + ISL)/block_size − OverlapCredit · overlap_blocks)
+//	                           + AdapterLoadBlocks · adapter_not_loaded)
 //	     + DecodeBlockWeight · potential_decode_blocks + DecodeActiveRequestWeight · active_requests
+//
+// where adapter_not_loaded is 1 for a request naming a LoRA adapter
+// (Request.Adapter) on a worker that does not hold it
+// (Request.AdapterResident), else 0: loading the adapter delays the prefill
+// as much as that many more prefill blocks would (adapters.go). A zero
+// AdapterLoadBlocks means DefaultAdapterLoadBlocks, a negative one turns
+// the term off.
 //
 // where potential_decode_blocks counts prompt blocks already active on the
 // worker once. DecodeBlockWeight is not one of Dynamo's parameters (Dynamo
@@ -26,6 +34,7 @@ type CostParams struct {
 	OverlapCredit             float64 `yaml:"overlap_credit"`
 	DecodeActiveRequestWeight float64 `yaml:"decode_active_request_weight"`
 	DecodeBlockWeight         float64 `yaml:"decode_block_weight"`
+	AdapterLoadBlocks         float64 `yaml:"adapter_load_blocks"`
 }
 
 // DefaultCostParams: prefill load scale 1, overlap credit 4, decode-block
@@ -44,9 +53,10 @@ func DefaultCostParams() CostParams {
 }
 
 // DynamoCostParams are Dynamo's default weights: scale 1, credit 1,
-// decode-block weight 1, request weight 0 (the `dynamo` policy).
+// decode-block weight 1, request weight 0, and no adapter term (the
+// `dynamo` policy).
 func DynamoCostParams() CostParams {
-	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 1}
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 1, AdapterLoadBlocks: -1}
 }
 
 // DefaultPolicy is the builtin default: the cost function above, then a
@@ -94,12 +104,12 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 	}
 	only := c.hasAff && c.anyAffinityTarget()
 	if p.Temperature <= 0 {
-		if !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+		if !only && c.plain() && p.Cost.DecodeActiveRequestWeight == 0 {
 			return pickMinCostPlain(x, c, &p.Cost), nil
 		}
 		return pickMinCost(x, c, &p.Cost, only), nil
 	}
-	if len(c.slots) == 2 && !only && !c.anyShared && p.Cost.DecodeActiveRequestWeight == 0 {
+	if len(c.slots) == 2 && !only && c.plain() && p.Cost.DecodeActiveRequestWeight == 0 {
 		return samplePairPlain(x, c, &p.Cost, p.Temperature), nil
 	}
 	cost := x.costs(c.Len())
@@ -109,13 +119,14 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 
 // pickMinCost is the fused default scorer + temperature-0 picker.
 func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
-	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+	if !only && c.plain() && cp.DecodeActiveRequestWeight == 0 {
 		return pickMinCostPlain(x, c, cp)
 	}
 	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	load := cp.adapterLoad(c)
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
 	ov, ep := c.ov, c.epoch
@@ -132,6 +143,9 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		if pre < 0 {
 			pre = 0
 		}
+		if load != 0 && c.warm[s] < ep {
+			pre += load
+		}
 		cost := scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
 		if cost < best {
 			best, bi, ties = cost, i, 1
@@ -143,8 +157,8 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 }
 
 // pickMinCostPlain is pickMinCost for the common case: no Soft target among
-// the candidates, no prompt blocks shared with active requests, no
-// active-request weight. Same costs, same tie-break draws.
+// the candidates, no prompt blocks shared with active requests, no adapter
+// held by some candidates and not others, no active-request weight. Same costs, same tie-break draws.
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
@@ -177,6 +191,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, credit, w, dw := cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	load := cp.adapterLoad(c)
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
 	ov, ep := c.ov, c.epoch
@@ -190,6 +205,9 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 		if pre < 0 {
 			pre = 0
 		}
+		if load != 0 && c.warm[s] < ep {
+			pre += load
+		}
 		cost[i] = scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
 	}
 }
@@ -199,7 +217,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 // range is tracked with plain compares: the min/max builtins handle NaN and
 // signed zeros, which costs more than the rest of the loop.
 func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64, only bool) (lo, hi float64, m int) {
-	if !only && !c.anyShared && cp.DecodeActiveRequestWeight == 0 {
+	if !only && c.plain() && cp.DecodeActiveRequestWeight == 0 {
 		return scoreDefaultRangePlain(x, c, cp, cost)
 	}
 	scoreDefault(x, c, cp, cost)

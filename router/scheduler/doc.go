@@ -32,7 +32,9 @@
 //     its plan. No policy handles Hard itself.
 //   - Policies: the Policy, Filter, Scorer and Picker interfaces and the
 //     Candidates and Context a policy reads (policy.go); the default policy,
-//     its cost model CostParams and the fused min-cost passes (cost.go);
+//     its cost model CostParams and the fused min-cost passes (cost.go),
+//     with the LoRA adapter term: a worker that does not hold the
+//     request's adapter pays its load (adapters.go);
 //     softmax sampling, shared by the default policy and the softmax picker
 //     (sampling.go); the llm-d style Pipeline of Filters, weighted Scorers
 //     and a Picker, with the builtin parts (pipeline.go); round-robin,

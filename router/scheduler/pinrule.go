@@ -224,6 +224,7 @@ func (c *core) prepare(w *waiter) {
 		// the fleet grew: resize the per-slot scratch, re-take its arrays
 		c.shared = append(c.shared, make([]int32, n-len(c.shared))...)
 		cs.ov = append(cs.ov, make([]uint64, n-len(cs.ov))...)
+		cs.warm = append(cs.warm, make([]uint64, n-len(cs.warm))...)
 		cs.f = fl
 		cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
 		cs.prefillF, cs.decodeF = fl.prefillF, fl.decodeF
@@ -232,9 +233,11 @@ func (c *core) prepare(w *waiter) {
 	cs.epoch += 1 << 32
 	if cs.epoch == 0 { // wrapped after 2^32 selections: old stamps could match
 		clear(cs.ov)
+		clear(cs.warm)
 		cs.epoch = 1 << 32
 	}
 	r := w.req
+	c.prepareAdapter(r)
 	ov, ep := cs.ov, cs.epoch
 	limit := uint32(max(int64(len(r.SeqHashes)), c.blocks(int64(r.Tokens))))
 	hints := fl.hints

@@ -139,6 +139,12 @@ type Candidates struct {
 	newBlks   int64    // request decode blocks if nothing were shared
 	aff       resolvedTarget
 	hasAff    bool
+
+	// warm: by slot, the epoch when the slot holds the request's adapter
+	// (adapters.go); adapter: the request names one; anyAdapter: some
+	// candidate holds it (the adapter term is on).
+	warm                []uint64
+	adapter, anyAdapter bool
 }
 
 // ovAt is the overlap of slot s for the current request.
@@ -249,9 +255,10 @@ type CandidateRow struct {
 	ActiveRequests      int
 	KVBlocks            int
 	MaxBatchedTokens    int
-	SharedBlocks        int // request blocks already active there
-	WaitingRequests     int // the engine's queue, as a load report gives it
-	RoutedBlocks        int // blocks routed there that its cache did not hold
+	SharedBlocks        int  // request blocks already active there
+	WaitingRequests     int  // the engine's queue, as a load report gives it
+	RoutedBlocks        int  // blocks routed there that its cache did not hold
+	AdapterResident     bool // holds the request's adapter (Request.Adapter)
 }
 
 // NewCandidates builds a standalone candidate set and context for testing a
@@ -271,6 +278,11 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 		for len(c.shared) <= int(s) {
 			c.shared = append(c.shared, 0)
 			c.ov = append(c.ov, 0)
+			c.warm = append(c.warm, 0)
+		}
+		if r != nil && r.Adapter != "" && row.AdapterResident {
+			c.warm[s] = c.epoch
+			c.anyAdapter = true
 		}
 		c.ov[s] = c.epoch | uint64(uint32(row.OverlapBlocks))
 		c.shared[s] = int32(row.SharedBlocks)
@@ -285,6 +297,7 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 	if r == nil {
 		r = &Request{}
 	}
+	c.adapter = r.Adapter != ""
 	x := &Context{Request: r, BlockSize: blockSize, RequestBlocks: len(r.SeqHashes), PromptTokens: r.Tokens, rng: newRNG(seed)}
 	if aff != nil {
 		x.aff, x.hasAff = *aff, true

@@ -79,15 +79,15 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row

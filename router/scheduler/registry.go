@@ -149,6 +149,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		OverlapCredit             *float64 `yaml:"overlap_credit"`
 		DecodeBlockWeight         *float64 `yaml:"decode_block_weight"`
 		DecodeActiveRequestWeight float64  `yaml:"decode_active_request_weight"`
+		AdapterLoadBlocks         float64  `yaml:"adapter_load_blocks"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 	}
@@ -166,6 +167,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.OverlapCredit = *o.OverlapCredit
 	}
 	p.Cost.DecodeActiveRequestWeight = o.DecodeActiveRequestWeight
+	p.Cost.AdapterLoadBlocks = o.AdapterLoadBlocks // 0: the default; negative: off
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}

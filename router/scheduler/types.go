@@ -49,6 +49,11 @@ type Request struct {
 	Deadline       time.Time          // zero = wait as long as ctx allows
 	Overlaps       []Overlap          // per-worker cached prefix blocks
 	Labels         map[string]string  // free-form input for classifiers and custom policies
+	// Adapter is the LoRA adapter the request runs with ("" = the base
+	// model); AdapterResident lists the workers that hold it on their GPU
+	// (the default cost charges the others a load: adapters.go).
+	Adapter         string
+	AdapterResident []string
 }
 
 // Fence identifies one booking: a request on a worker at one attempt. A

@@ -143,6 +143,13 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 // startEngine starts an engine with events on ephemeral ZMQ ports and HTTP
 // on 127.0.0.1:0.
 func (st *stack) startEngine(id string, kvBlocks int) *engine {
+	return st.startEngineWith(id, sim.Config{KVBlocks: kvBlocks}, vllmapi.Config{})
+}
+
+// startEngineWith is startEngine with more of the engine's and its HTTP
+// face's settings (id, model, block size, speed-up, events and the
+// listener are the harness's).
+func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *engine {
 	st.t.Helper()
 	ec := vllmzmq.DefaultConfig()
 	ec.EnableKVCacheEvents, ec.Topic = true, "kv"
@@ -151,13 +158,14 @@ func (st *stack) startEngine(id string, kvBlocks int) *engine {
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	eng, err := sim.New(sim.Config{Worker: id, Model: testModel, BlockSize: testBlock, KVBlocks: kvBlocks,
-		Speedup: 1000, NewEmitter: ev.Factory()})
+	sc.Worker, sc.Model, sc.BlockSize, sc.Speedup, sc.NewEmitter = id, testModel, testBlock, 1000, ev.Factory()
+	eng, err := sim.New(sc)
 	if err != nil {
 		ev.Close()
 		st.t.Fatal(err)
 	}
-	face, err := vllmapi.New(vllmapi.Config{Engine: eng, Model: testModel, MaxModelLen: 8192, Logger: testLogger()})
+	fc.Engine, fc.Model, fc.MaxModelLen, fc.Logger = eng, testModel, 8192, testLogger()
+	face, err := vllmapi.New(fc)
 	if err != nil {
 		st.t.Fatal(err)
 	}
@@ -197,7 +205,11 @@ func (st *stack) startBridge(e *engine) *bridge.Bridge {
 	cfg := bridge.Config{
 		EngineURL: e.url, KVEvents: p.Endpoint(), KVReplay: p.ReplayEndpoint(), Topic: "kv",
 		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
-		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
+		// A scrape is stale after 1 s (20 intervals), not 150 ms: on a
+		// loaded 2-core machine scrapes fall behind, and a worker flapping
+		// to unavailable routes requests on load alone (no tokenizer) or
+		// away from their sessions, which no test here is about.
+		MetricsInterval: 50 * time.Millisecond, StaleIntervals: 20, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
 	}

@@ -44,7 +44,8 @@ type Bridge struct {
 	blockSize    int
 	kvBlocks     int
 
-	ranks []*rank
+	ranks    []*rank
+	adapters adapterTracker // the engine's LoRA adapters (adapters.go)
 }
 
 // New checks cfg and returns a bridge that has opened nothing yet. nc and js
@@ -106,9 +107,13 @@ func (b *Bridge) Run(ctx context.Context) error {
 		b.closeRanks(context.Background())
 		return err
 	}
+	b.refreshServed(ctx)
+	b.adapters.scraped(first.lora)
+	served, loaded, maxLoRAs := b.adapters.lists()
 	reg, err := workers.Register(ctx, b.js, b.cfg.Registry, workers.Info{
 		ID: b.cfg.WorkerID, Model: b.cfg.Model, Endpoint: b.cfg.EngineURL, Ranks: b.rankIDs(),
 		BlockSize: b.blockSize, KVBlocks: b.kvBlocks, MaxBatchedTokens: b.cfg.MaxBatchedTokens, MaxSeqs: b.cfg.MaxSeqs,
+		Adapters: served, LoadedAdapters: workers.SortAdapters(loaded), MaxLoRAs: maxLoRAs,
 		State:  workers.StateReady,
 		Labels: map[string]string{"engine_format": b.cfg.EngineFormat},
 	})
@@ -286,6 +291,7 @@ func (b *Bridge) scrapeLoop(ctx context.Context) {
 			b.mu.Lock()
 			b.lastScrape = s
 			b.mu.Unlock()
+			b.adapters.scraped(s.lora)
 			for _, l := range s.loadReports(b.cfg.Model, b.cfg.WorkerID, len(b.ranks), b.kvBlocks) {
 				if err := workers.PublishLoad(b.nc, b.cfg.Prefix, l); err != nil {
 					b.log.Debug("load report not published", "err", err)
@@ -296,6 +302,7 @@ func (b *Bridge) scrapeLoop(ctx context.Context) {
 			b.met.bufferEvents.WithLabelValues(r.label).Set(float64(r.pub.Stats().Unacked))
 			b.met.malformed.WithLabelValues(r.label).Set(float64(r.sub.Malformed()))
 		}
+		b.syncAdapters(ctx)
 		b.evaluate(ctx)
 	})
 }
@@ -306,6 +313,9 @@ func (b *Bridge) healthLoop(ctx context.Context) {
 		err := b.eng.health(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil {
+			b.refreshServed(ctx)
 		}
 		if b.recordHealth(err) {
 			b.log.Warn("engine health check failing: worker unavailable", "err", err, "failed_checks", b.cfg.HealthFailures)

@@ -22,6 +22,10 @@
 //     deregistered on drain.
 //   - load (engine.go): /metrics scraped every interval (vLLM's or SGLang's
 //     names) and published as workers.LoadReport per rank.
+//   - LoRA adapters (adapters.go): the adapters the engine serves (its
+//     /v1/models) and the ones it holds on its GPU (the adapters its events
+//     and vllm:lora_requests_info show in use, up to max_lora), written to
+//     the registry entry when they change.
 //   - its own /healthz, /readyz and /metrics (metrics.go).
 //
 // It does not own the vLLM decoder or converter (kvevents/vllm), the ZMQ

@@ -30,11 +30,13 @@ type metricNames struct {
 	cacheInfo string
 	// SGLang: capacity in tokens.
 	capacityTokens string
+	// vLLM: lora_requests_info (adapters.go).
+	loraInfo string
 }
 
 var formats = map[string]metricNames{
 	FormatVLLM: {running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting",
-		usage: "vllm:kv_cache_usage_perc", cacheInfo: "vllm:cache_config_info"},
+		usage: "vllm:kv_cache_usage_perc", cacheInfo: "vllm:cache_config_info", loraInfo: "vllm:lora_requests_info"},
 	FormatSGLang: {running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs",
 		usage: "sglang:token_usage", capacityTokens: "sglang:max_total_num_tokens"},
 }
@@ -52,6 +54,7 @@ type scrape struct {
 	blockSize int // 0 when the engine does not say
 	kvBlocks  int // per rank; 0 when the engine does not say
 	capTokens int // SGLang: tokens per rank
+	lora      loraInfo
 }
 
 // engineClient talks HTTP to the engine.
@@ -138,7 +141,7 @@ func wanted(r io.Reader, names []string) (io.Reader, error) {
 // rank of a sample is its "engine" label (vLLM), else "dp_rank" (SGLang),
 // else 0.
 func parseMetrics(r io.Reader, names metricNames, at time.Time) (scrape, error) {
-	r, err := wanted(r, []string{names.running, names.waiting, names.usage, names.cacheInfo, names.capacityTokens})
+	r, err := wanted(r, []string{names.running, names.waiting, names.usage, names.cacheInfo, names.capacityTokens, names.loraInfo})
 	if err != nil {
 		return scrape{}, fmt.Errorf("engine metrics: %w", err)
 	}
@@ -192,6 +195,9 @@ func parseMetrics(r io.Reader, names metricNames, at time.Time) (scrape, error) 
 	}
 	if names.capacityTokens != "" {
 		each(names.capacityTokens, func(_ uint32, _ *dto.Metric, v float64) { s.capTokens = int(v) })
+	}
+	if names.loraInfo != "" {
+		s.lora = loraInfoOf(fams[names.loraInfo])
 	}
 	if len(s.ranks) == 0 {
 		return scrape{}, fmt.Errorf("engine metrics: none of %s, %s, %s found", names.running, names.waiting, names.usage)

@@ -178,6 +178,7 @@ func (r *rank) resync(reason string) {
 	r.b.met.resyncs.WithLabelValues(r.label, reason).Inc()
 	if reason == reasonRestart {
 		r.conv, _ = vllm.NewConverter(r.conv0) // the config was checked at start
+		r.b.adapters.restarted()
 	}
 	r.emit(kvevents.Event{Kind: kvevents.KindCleared})
 }
@@ -221,6 +222,7 @@ func (r *rank) apply(m vllmzmq.Message) {
 // blocks: the batch is converted in runs that each end at such an event,
 // and the rank is resynced after each of them.
 func (r *rank) convert() {
+	r.b.adapters.noteBatch(&r.vb)
 	all := r.vb.Events
 	from := 0
 	for i := range all {

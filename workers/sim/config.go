@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -56,6 +57,14 @@ type Config struct {
 	// prefix cache (and out of events). By default they are cached and
 	// stored, as vLLM does.
 	SkipOutputBlocks bool
+
+	// MaxLoRAs is how many LoRA adapters a rank holds on its GPU at once
+	// (vLLM's --max-loras): a step runs requests of at most that many
+	// adapters, the others wait, and a step that needs an adapter not held
+	// loads it (least recently used out) for LoRALoadTime of model time.
+	// 0: adapters are not modelled (any adapter runs at once, at no cost).
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
 
 	Timing Timing // zero value = Dynamo mocker polynomial defaults
 	Clock  Clock  // nil = wall clock
@@ -131,6 +140,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: watermark %g (want 0 <= w < 1)", ErrBadConfig, c.Watermark)
 	case !(c.Speedup > 0):
 		return fmt.Errorf("%w: speedup %g (want > 0)", ErrBadConfig, c.Speedup)
+	case c.MaxLoRAs < 0 || c.LoRALoadTime < 0:
+		return fmt.Errorf("%w: max loras %d, lora load time %v (want >= 0)", ErrBadConfig, c.MaxLoRAs, c.LoRALoadTime)
 	}
 	return nil
 }

@@ -27,8 +27,10 @@ const (
 // differ only in how many tokens are pending.
 type request struct {
 	id        string
-	seed      uint64   // KV hash seed (LoRA)
+	seed      uint64   // KV hash seed (LoRA and cache salt: kvevents.SeedFor)
 	lora      string   // LoRA adapter name (Request.LoRA), for emitters that publish it
+	loraID    int      // Request.LoRAID, for emitters that publish it
+	salt      string   // Request.CacheSalt, for emitters that publish it
 	outSeed   uint64   // seed of the generated tokens
 	vocab     []uint32 // generated tokens are drawn from it when set (Request.Vocab)
 	tokens    []uint32
@@ -73,6 +75,7 @@ type Stats struct {
 	LastEmitError error
 	ModelTime     time.Duration // sum of step model times
 	Stalls        uint64        // steps with work but nothing schedulable (a bug if ever > 0)
+	LoRALoads     uint64        // adapters loaded onto the rank (Config.MaxLoRAs > 0)
 }
 
 // core is one rank: a KV cache, a scheduler and its step loop.
@@ -106,6 +109,8 @@ type core struct {
 	evictBuf  []kvevents.SeqHash
 	removeBuf []kvevents.EngineHash
 	storeBuf  []kvevents.StoredBlock
+
+	lora loraSlots // adapters resident on the rank (lora.go)
 }
 
 func newCore(cfg *Config, rank uint32, em EventEmitter) *core {
@@ -182,23 +187,23 @@ type StepEmitter interface {
 
 // TokenEmitter is an EventEmitter that also needs a Stored event's tokens
 // (vLLM's BlockStored carries them): EmitStored gets them in place of Emit,
-// len(blocks)·BlockSize tokens, and the request's LoRA name. It must not
-// keep tokens after it returns. Reannounce skips a TokenEmitter: it has no
+// len(blocks)·BlockSize tokens, and what else the blocks were hashed with
+// (BlockKeys). It must not keep tokens after it returns. Reannounce skips a TokenEmitter: it has no
 // tokens (the cache keeps hashes only), and a Cleared without the Stored
 // events after it would empty its subscribers' view for nothing (vLLM
 // never re-announces; its subscribers replay instead).
 type TokenEmitter interface {
 	EventEmitter
-	EmitStored(ev kvevents.Event, tokens []uint32, lora string) error
+	EmitStored(ev kvevents.Event, tokens []uint32, keys BlockKeys) error
 }
 
-func (c *core) emitStored(ev kvevents.Event, tokens []uint32, lora string) {
+func (c *core) emitStored(ev kvevents.Event, tokens []uint32, keys BlockKeys) {
 	te, ok := c.emitter.(TokenEmitter)
 	if !ok {
 		c.emit(ev)
 		return
 	}
-	if err := te.EmitStored(ev, tokens, lora); err != nil {
+	if err := te.EmitStored(ev, tokens, keys); err != nil {
 		c.stats.EmitErrors++
 		c.stats.LastEmitError = err
 	}
@@ -310,11 +315,16 @@ func (c *core) planRunning(st *stepPlan) (preempted bool) {
 // admitWaiting admits waiting requests in arrival order while the budget,
 // MaxSeqs and the cache (above the watermark) allow, each starting after
 // its cached prefix. The head of the line waits for memory rather than
-// being overtaken.
+// being overtaken; a request whose adapter does not fit the step (MaxLoRAs)
+// is skipped and keeps its place.
 func (c *core) admitWaiting(st *stepPlan) {
 	bs := c.cfg.BlockSize
-	for len(c.waiting) > 0 && st.budget > 0 && len(c.running) < c.cfg.MaxSeqs {
-		r := c.waiting[0]
+	for i := 0; i < len(c.waiting) && st.budget > 0 && len(c.running) < c.cfg.MaxSeqs; {
+		r := c.waiting[i]
+		if !c.loraFits(r) {
+			i++ // as vLLM: skipped, it keeps its place; later requests may run
+			continue
+		}
 		hit, inLRU := c.prefixHits(r)
 		computed := hit * bs
 		n := min(len(r.tokens)-computed, st.budget)
@@ -322,8 +332,7 @@ func (c *core) admitWaiting(st *stepPlan) {
 		if c.cache.available()-inLRU-need < c.wmark {
 			return // head of line waits for memory
 		}
-		c.waiting[0] = nil
-		c.waiting = c.waiting[1:]
+		c.takeWaiting(i)
 		c.admit(r, hit)
 		c.grow(r, need)
 		r.state = stateRunning
@@ -376,7 +385,7 @@ func (c *core) stepTime(st *stepPlan) time.Duration {
 	c.stats.Steps++
 	c.stats.PrefillTokens += uint64(st.prefill)
 	c.stats.DecodeTokens += uint64(st.decodes)
-	model := msToDuration(ms)
+	model := msToDuration(ms) + c.loadAdapters()
 	c.stats.ModelTime += model
 	c.planGen = c.gen
 	return time.Duration(float64(model) / c.speedup)
@@ -494,7 +503,7 @@ func (c *core) register(r *request, old int) {
 			ev.Parent, ev.HasParent = c.engineHash(r.hashes[start-1]), true
 		}
 		c.stats.StoredBlocks += uint64(len(stored))
-		c.emitStored(ev, r.tokens[start*bs:(start+len(stored))*bs], r.lora)
+		c.emitStored(ev, r.tokens[start*bs:(start+len(stored))*bs], r.keysFrom(start))
 		stored = stored[:0]
 	}
 	for i := from; i < to; i++ {

@@ -11,6 +11,10 @@
 //     vLLM v1's unified form (running requests first, newest preempted when
 //     memory runs out, then waiting requests FIFO), chunked prefill under
 //     MaxBatchedTokens, at most MaxSeqs running, an admission watermark;
+//   - LoRA adapters and cache salts (lora.go): a request's adapter and salt
+//     are in its hash seed (kvevents.SeedFor); with Config.MaxLoRAs, at
+//     most that many adapters per rank are resident (least recently used
+//     out) and per step, and each load costs Config.LoRALoadTime;
 //   - the timing model (timing.go): Dynamo mocker's polynomials, a speed-up
 //     factor, and an injectable Clock (WallClock, or VirtualClock for tests
 //     and fast replays);
@@ -19,7 +23,7 @@
 //     Cleared (Reset, Restart, Close), all on kvevents.TierDevice, sent
 //     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
 //     An emitter may also implement StepEmitter (told where each step ends)
-//     and TokenEmitter (given a Stored event's tokens).
+//     and TokenEmitter (given a Stored event's tokens and BlockKeys).
 //     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
 //     salt hashed from (worker, rank);
 //   - the Go API (engine.go, stream.go): New, Submit → Stream, Run (step

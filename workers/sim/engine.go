@@ -156,10 +156,12 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	copy(tokens, req.Tokens)
 	r := &request{
 		id:        id,
-		seed:      kvevents.SeedFor(req.LoRA, ""),
+		seed:      kvevents.SeedFor(req.LoRA, req.CacheSalt),
 		outSeed:   outputSeed(id),
 		vocab:     req.Vocab,
 		lora:      req.LoRA,
+		loraID:    req.LoRAID,
+		salt:      req.CacheSalt,
 		tokens:    tokens,
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,
@@ -299,6 +301,7 @@ func (e *Engine) Restart(ctx context.Context) error {
 		old[i] = c.emitter
 		c.emitter = ems[i]
 		c.clear()
+		c.lora.resident = c.lora.resident[:0] // a new process has loaded no adapter
 		c.mu.Unlock()
 		c.signal()
 	}

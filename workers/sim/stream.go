@@ -22,6 +22,15 @@ type Request struct {
 	LoRA      string   // adapter name; changes the KV hash seed
 	Rank      uint32   // data-parallel rank to run on
 
+	// CacheSalt is vLLM's cache_salt: it enters the KV hash seed
+	// (kvevents.SeedFor with LoRA), so the same prompt under another salt
+	// shares no block, and vLLM emitters publish it in the first block's
+	// extra_keys. "" = none.
+	CacheSalt string
+	// LoRAID is the adapter's integer id (vLLM's lora_int_id), published as
+	// a vLLM event's lora_id; it is not hashed (vLLM hashes the name).
+	LoRAID int
+
 	// Vocab, when set, is the vocabulary generated tokens are drawn from:
 	// output token i is Vocab[mixToken(outputSeed(ID), i) % len(Vocab)]
 	// instead of a 31-bit id. A face with its own tokenizer (the HTTP face's

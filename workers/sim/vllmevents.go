@@ -132,7 +132,7 @@ type vllmEmitter struct {
 }
 
 // EmitStored encodes a Stored event with its tokens as one BlockStored.
-func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string) error {
+func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, keys BlockKeys) error {
 	if ev.Kind != kvevents.KindStored {
 		return e.Emit(ev)
 	}
@@ -144,9 +144,11 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 	// rewriting a heap copy per event costs write barriers.
 	vev := vllm.Event{
 		Kind: kvevents.KindStored, BlockHashes: e.hashes, Parent: ev.Parent, HasParent: ev.HasParent,
-		TokenIDs: tokens, Medium: "GPU", LoraName: lora,
-		// As vLLM >= 0.24 fills them for a full-attention model: one nil
-		// extra key per block, KV cache group 0.
+		TokenIDs: tokens, Medium: "GPU", LoraName: keys.LoRA, CacheSalt: keys.CacheSalt,
+		LoraID: int64(keys.LoRAID), HasLoraID: keys.LoRAID != 0,
+		// As vLLM >= 0.24 fills them for a full-attention model: one extra
+		// keys entry per block (nil, or the adapter name and, on a
+		// sequence's first block, the salt), KV cache group 0.
 		HasExtraKeys: true, ExtraKeyCount: len(ev.Blocks), HasGroupIdx: true, SpecKind: "full_attention",
 	}
 	if len(ev.Blocks) > 0 {

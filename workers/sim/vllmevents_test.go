@@ -684,9 +684,9 @@ func (t *timedEmitter) Emit(ev kvevents.Event) error {
 	return err
 }
 
-func (t *timedEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string) error {
+func (t *timedEmitter) EmitStored(ev kvevents.Event, tokens []uint32, keys BlockKeys) error {
 	start := time.Now()
-	err := t.em.EmitStored(ev, tokens, lora)
+	err := t.em.EmitStored(ev, tokens, keys)
 	t.ns.Add(int64(time.Since(start)))
 	return err
 }

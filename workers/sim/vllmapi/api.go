@@ -28,7 +28,8 @@ type sampling struct {
 	// an unknown field): the reply's length, at most max_tokens. A replay
 	// sets it to a trace's output length, so that max_tokens can be what a
 	// client would send while the reply keeps the trace's length.
-	SimOutputTokens *int `json:"sim_output_tokens"`
+	SimOutputTokens *int    `json:"sim_output_tokens"`
+	CacheSalt       *string `json:"cache_salt"` // vLLM's prefix-cache isolation (lora.go)
 }
 
 type completionRequest struct {
@@ -143,11 +144,6 @@ type modelCard struct {
 	Root        string  `json:"root"`
 	Parent      *string `json:"parent"`
 	MaxModelLen int     `json:"max_model_len"`
-}
-
-type modelList struct {
-	Object string      `json:"object"`
-	Data   []modelCard `json:"data"`
 }
 
 // decodeBody decodes one JSON object from body; trailing data is an error.

@@ -16,7 +16,11 @@
 //     special tokens, so that a conversation's next turn tokenizes to a
 //     strict extension of the previous prompt and reply;
 //   - /metrics (metrics.go): vLLM's Prometheus names, gauges read from the
-//     engine at scrape time, counters and histograms in model time.
+//     engine at scrape time, counters and histograms in model time;
+//   - LoRA adapters and cache salts (lora.go): adapters served under their
+//     names (GET /v1/models with parent and root), loaded and unloaded at
+//     run time, vllm:lora_requests_info; a request's adapter and
+//     cache_salt handed to the engine, which hashes them.
 //
 // A client that disconnects cancels its request: the request context is the
 // engine's submit context, so the engine drops it and frees its blocks.

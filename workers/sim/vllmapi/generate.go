@@ -24,6 +24,10 @@ type job struct {
 	includeUsage bool
 	rank         uint32
 	created      int64
+	model        string // the served model's or the adapter's name, as the reply says it
+	lora         string // the adapter ("" = the base model), its id and the cache salt (lora.go)
+	loraID       int
+	salt         string
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -109,7 +113,7 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	return job{
+	j := job{
 		id:           fmt.Sprintf("%s%016x", prefix, s.nextID.Add(1)),
 		chat:         chat,
 		tokens:       tokens,
@@ -119,7 +123,11 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 		includeUsage: sp.Stream && sp.StreamOptions != nil && sp.StreamOptions.IncludeUsage,
 		rank:         rank,
 		created:      time.Now().Unix(),
-	}, nil
+	}
+	if e := s.jobKeys(&sp, &j); e != nil {
+		return job{}, e
+	}
+	return j, nil
 }
 
 // run submits j to the engine and writes the reply, streamed or whole. The
@@ -127,7 +135,8 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 // the request, and the engine frees its blocks.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	ctx := r.Context()
-	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab})
+	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab,
+		LoRA: j.lora, LoRAID: j.loraID, CacheSalt: j.salt})
 	if err != nil {
 		writeError(w, submitError(err))
 		return
@@ -219,14 +228,14 @@ func (s *Server) whole(ctx context.Context, w http.ResponseWriter, j job, st *si
 	text := string(appendText(nil, out))
 	if j.chat {
 		writeJSON(w, http.StatusOK, chatReply{
-			ID: j.id, Object: "chat.completion", Created: j.created, Model: s.cfg.Model,
+			ID: j.id, Object: "chat.completion", Created: j.created, Model: j.model,
 			Choices: []chatChoice{{Message: &chatReplyMessage{Role: "assistant", Content: text, ToolCalls: []string{}}, FinishReason: &j.finish}},
 			Usage:   usageOf(res),
 		})
 		return res, true
 	}
 	writeJSON(w, http.StatusOK, completionReply{
-		ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model,
+		ID: j.id, Object: "text_completion", Created: j.created, Model: j.model,
 		Choices: []completionChoice{{Text: text, FinishReason: &j.finish}},
 		Usage:   usageOf(res),
 	})
@@ -313,9 +322,9 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, j job, st *s
 // the usage.
 func (s *Server) usageChunk(j job, res sim.Result) any {
 	if j.chat {
-		return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.cfg.Model, Choices: []chatChoice{}, Usage: usageOf(res)}
+		return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: j.model, Choices: []chatChoice{}, Usage: usageOf(res)}
 	}
-	return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model, Choices: []completionChoice{}, Usage: usageOf(res)}
+	return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: j.model, Choices: []completionChoice{}, Usage: usageOf(res)}
 }
 
 // chunker returns the function that builds j's chunks: a delta (chat) or
@@ -323,12 +332,12 @@ func (s *Server) usageChunk(j job, res sim.Result) any {
 func (s *Server) chunker(j job) func(d *chatDelta, text string, finish *string) any {
 	if j.chat {
 		return func(d *chatDelta, _ string, finish *string) any {
-			return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.cfg.Model,
+			return chatReply{ID: j.id, Object: "chat.completion.chunk", Created: j.created, Model: j.model,
 				Choices: []chatChoice{{Delta: d, FinishReason: finish}}}
 		}
 	}
 	return func(_ *chatDelta, text string, finish *string) any {
-		return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: s.cfg.Model,
+		return completionReply{ID: j.id, Object: "text_completion", Created: j.created, Model: j.model,
 			Choices: []completionChoice{{Text: text, FinishReason: finish}}}
 	}
 }

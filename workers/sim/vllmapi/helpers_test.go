@@ -22,6 +22,12 @@ const testModel = "sim-model"
 // newTestServer starts an engine on the wall clock (running with Run) and
 // its HTTP face on a loopback server; both stop at the end of the test.
 func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Server, *sim.Engine) {
+	return newServerWith(t, ec, Config{MaxModelLen: maxModelLen})
+}
+
+// newServerWith is newTestServer with more of the face's settings (cfg's
+// Engine is filled in).
+func newServerWith(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *sim.Engine) {
 	t.Helper()
 	ec.Worker, ec.Model = "sim-0", testModel
 	if ec.Speedup == 0 {
@@ -34,8 +40,12 @@ func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Serv
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- eng.Run(ctx) }()
-	srv, err := New(Config{Engine: eng, MaxModelLen: maxModelLen})
+	cfg.Engine = eng
+	srv, err := New(cfg)
 	if err != nil {
+		_ = eng.Close(context.Background())
+		cancel()
+		<-ran
 		t.Fatalf("New: %v", err)
 	}
 	hs := httptest.NewServer(srv)

@@ -30,6 +30,13 @@ type Config struct {
 	Model       string       // served model name; "" = the engine's model
 	MaxModelLen int          // longest prompt plus output in tokens; 0 = DefaultMaxModelLen
 	Logger      *slog.Logger // nil = slog.Default()
+
+	// EnableLoRA serves LoRA adapters (vLLM's --enable-lora): Adapters
+	// under their names (--lora-modules), and with RuntimeLoRA the load and
+	// unload endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING). See lora.go.
+	EnableLoRA  bool
+	Adapters    []Adapter
+	RuntimeLoRA bool
 }
 
 // Server is the vLLM-compatible HTTP face of one simulated engine. It is an
@@ -43,6 +50,7 @@ type Server struct {
 	nextID   atomic.Uint64
 	inflight []atomic.Int64 // requests in flight per rank
 	started  int64          // unix seconds, the models' "created"
+	lora     *loras         // the adapters served (lora.go)
 }
 
 // New builds a server over cfg.Engine.
@@ -73,6 +81,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	var err error
 	if s.metrics, err = newMetrics(s); err != nil {
+		return nil, err
+	}
+	if err := s.setUpLoRA(); err != nil {
 		return nil, err
 	}
 	s.mux.HandleFunc("POST /v1/completions", s.completions)
@@ -115,20 +126,13 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v request) bool 
 	return true
 }
 
-// checkModel accepts the served model name, or none (vLLM then uses the
-// only model it serves).
+// checkModel accepts the served model name, an adapter's, or none (vLLM
+// then uses the base model).
 func (s *Server) checkModel(model string) *Error {
-	if model != "" && model != s.cfg.Model {
+	if _, adapter := s.lora.lookup(model); model != "" && model != s.cfg.Model && !adapter {
 		return notFound("The model `%s` does not exist.", model)
 	}
 	return nil
-}
-
-func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
-		ID: s.cfg.Model, Object: "model", Created: s.started, OwnedBy: "vllm", Root: s.cfg.Model,
-		MaxModelLen: s.cfg.MaxModelLen,
-	}}})
 }
 
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
