@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -144,6 +146,8 @@ type Cluster struct {
 	Servers []*server.Server
 	opts    []*server.Options
 	t       testing.TB
+	dir     string // holds every node's store directory
+	starts  int    // launches so far: each gets fresh store directories
 }
 
 // startAttempts bounds how often StartCluster picks new ports: a port
@@ -161,7 +165,10 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if n < 1 {
 		t.Fatalf("natstest: cluster size %d", n)
 	}
-	c := &Cluster{t: t}
+	// The store directories' parent is made before the shutdown is
+	// registered, so cleanups (last in, first out) stop every node before
+	// its files are removed.
+	c := &Cluster{t: t, dir: t.TempDir()}
 	t.Cleanup(c.Shutdown)
 	for attempt := 1; ; attempt++ {
 		err := c.launch(n)
@@ -186,13 +193,18 @@ func (c *Cluster) launch(n int) error {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
 	}
 	c.opts, c.Servers = nil, nil
+	c.starts++
 	for i := 0; i < n; i++ {
+		dir := filepath.Join(c.dir, fmt.Sprintf("start%d-n%d", c.starts, i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("natstest: store directory: %w", err)
+		}
 		o := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i),
 			Host:       "127.0.0.1",
 			Port:       -1,
 			JetStream:  true,
-			StoreDir:   c.t.TempDir(),
+			StoreDir:   dir,
 			NoLog:      true,
 			NoSigs:     true,
 			Cluster:    server.ClusterOpts{Name: "test", Host: "127.0.0.1", Port: cports[i]},
@@ -396,10 +408,13 @@ func (c *Cluster) ConsumerHost(ctx context.Context, stream string) int {
 	return best
 }
 
-// Shutdown stops every node.
+// Shutdown stops every node and waits until each has closed its files.
 func (c *Cluster) Shutdown() {
 	for _, s := range c.Servers {
 		s.Shutdown()
+	}
+	for _, s := range c.Servers {
+		s.WaitForShutdown()
 	}
 }
 
