@@ -312,14 +312,13 @@ func (r *Replica) rollback(ms *modelState, f scheduler.Fence) {
 }
 
 // promptHashes returns the prompt's sequence hashes (computed from token ids
-// into scratch, or the caller's precomputed ones) and its token count.
+// and media items into scratch, or the caller's precomputed ones) and its
+// token count. With a media item whose identifier is unknown the hashes
+// stop before it: the prompt blocks the route reports are the ones it can
+// know.
 func (r *Replica) promptHashes(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
 	if len(req.TokenIDs) > 0 {
-		seed := uint64(kvevents.HashSeed)
-		if req.LoraName != "" || req.CacheSalt != "" {
-			seed = kvevents.SeedFor(req.LoraName, req.CacheSalt)
-		}
-		s.hashes = kvevents.SeqHashes(s.hashes[:0], req.TokenIDs, ms.blockSize, seed)
+		s.hashes = req.SeqHashes(s.hashes[:0], ms.blockSize)
 		return s.hashes, len(req.TokenIDs)
 	}
 	// SeqHash is a uint64: reinterpret the caller's slice instead of
@@ -365,6 +364,9 @@ func (r *Replica) validate(req *api.RouteRequest) (*modelState, *api.Error) {
 		return nil, api.BadField("session_id", "is %d bytes long, the limit is %d", len(req.SessionID), api.MaxSessionIDLen)
 	case req.SessionMode != "" && req.SessionMode != "hard" && req.SessionMode != "soft":
 		return nil, api.BadField("session_mode", "%q is not a mode (want \"hard\" or \"soft\")", req.SessionMode)
+	}
+	if e := req.CheckMedia(); e != nil {
+		return nil, e
 	}
 	if req.Pin != nil && req.Pin.Worker == "" {
 		return nil, api.BadField("pin.worker", "is required")
