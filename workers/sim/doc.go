@@ -18,10 +18,15 @@
 //     tokens' blocks too unless SkipOutputBlocks), Removed (on eviction),
 //     Cleared (Reset, Restart, Close), all on kvevents.TierDevice, sent
 //     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
-//     An emitter may also implement StepEmitter (told where each step ends)
-//     and TokenEmitter (given a Stored event's tokens).
+//     An emitter may also implement StepEmitter (told where each step ends),
+//     TokenEmitter (given a Stored event's tokens) and MediaEmitter (given
+//     the blocks' multimodal (identifier, offset) pairs too).
 //     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
 //     salt hashed from (worker, rank);
+//   - multimodal prompts (media.go): a request's Media items (image
+//     placeholder ranges with their identifiers) enter its blocks' hashes
+//     as vLLM's extra keys do (kvevents.SeqHashesMedia), so different
+//     images never share a cached block past their placeholders' start;
 //   - the Go API (engine.go, stream.go): New, Submit → Stream, Run (step
 //     loops on the clock), RunUntilIdle and AdvanceTo (synchronous, for
 //     deterministic virtual-time simulations and trace replays), Restart

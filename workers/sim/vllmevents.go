@@ -133,6 +133,12 @@ type vllmEmitter struct {
 
 // EmitStored encodes a Stored event with its tokens as one BlockStored.
 func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string) error {
+	return e.EmitStoredMedia(ev, tokens, lora, nil)
+}
+
+// EmitStoredMedia is EmitStored with the blocks' multimodal pairs in
+// extra_keys, where vLLM writes them.
+func (e *vllmEmitter) EmitStoredMedia(ev kvevents.Event, tokens []uint32, lora string, keys []kvevents.MediaKey) error {
 	if ev.Kind != kvevents.KindStored {
 		return e.Emit(ev)
 	}
@@ -148,6 +154,7 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, lora string
 		// As vLLM >= 0.24 fills them for a full-attention model: one nil
 		// extra key per block, KV cache group 0.
 		HasExtraKeys: true, ExtraKeyCount: len(ev.Blocks), HasGroupIdx: true, SpecKind: "full_attention",
+		Media: keys,
 	}
 	if len(ev.Blocks) > 0 {
 		vev.BlockSize = len(tokens) / len(ev.Blocks)
