@@ -32,6 +32,8 @@ type clientRequest struct {
 	// AddGenerationPrompt is passed on to the engine's /tokenize so that
 	// the routed tokens are the ones the engine will compute.
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	// body is the client's whole body (what a render endpoint takes).
+	body []byte
 }
 
 // RequestError is a client request the gateway refuses: Status is the HTTP
@@ -66,6 +68,7 @@ func readRequest(kind string, body []byte) (clientRequest, *RequestError) {
 	if err := json.Unmarshal(body, &cr); err != nil {
 		return clientRequest{}, badRequest("", "the request body is not valid JSON for this endpoint: %v", err)
 	}
+	cr.body = body
 	switch {
 	case cr.Model == "":
 		return cr, badRequest("model", "model is required")

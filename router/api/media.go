@@ -163,3 +163,16 @@ func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 	}
 	return body, nil
 }
+
+// MaxPromptTokens is the longest prompt a client can route in a body of
+// at most maxBody bytes, at blockSize tokens a block: as block hashes
+// (at most 21 bytes each in JSON, 20 digits and a comma, after 4 KiB for
+// the other fields) and at most MaxBlockHashes of them. It is the
+// limit docs/gateway.md states and `kvrouter gateway` prints at start.
+func MaxPromptTokens(maxBody, blockSize int) int {
+	if blockSize < 1 {
+		return 0
+	}
+	blocks := min(max(maxBody-4096, 0)/21, MaxBlockHashes)
+	return min(blocks*blockSize, MaxTokens)
+}

@@ -103,3 +103,27 @@ func TestFitRoute(t *testing.T) {
 		}
 	}
 }
+
+// The limit MaxPromptTokens states is one that fits: a prompt of that many
+// tokens, with long session, request and model names, goes as block hashes
+// under the body limit of the shipped NATS configuration (1 MiB).
+func TestMaxPromptTokensFits(t *testing.T) {
+	limit := 1<<20 - routeHeadroom
+	n := MaxPromptTokens(limit, 16)
+	if n < 700_000 {
+		t.Fatalf("max prompt %d tokens at 1 MiB", n)
+	}
+	toks := make([]uint32, n)
+	for i := range toks {
+		toks[i] = uint32(i*2654435761) % 150_000
+	}
+	long := strings.Repeat("x", 256)
+	req := &RouteRequest{V: 1, Model: long, RequestID: long, SessionID: long, SessionMode: "soft", TokenIDs: toks, BlockSize: 16,
+		ExpectedOutputTokens: 1 << 20, Priority: -1000, DeadlineMS: 100000}
+	if _, err := fitRoute(AppendRouteRequest(nil, req), req, limit); err != nil {
+		t.Fatal(err)
+	}
+	if MaxPromptTokens(limit, 0) != 0 || MaxPromptTokens(1<<30, 16) != MaxTokens {
+		t.Fatal("bounds")
+	}
+}
