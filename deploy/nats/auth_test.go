@@ -49,17 +49,11 @@ var passwords = map[string]string{
 // tells operators to do.
 func withSecondWorker(t *testing.T, conf string) string {
 	t.Helper()
-	start := strings.Index(conf, "  WORKER = {")
-	end := strings.Index(conf[start:], "\n  }\n")
-	userLine := "    {user: worker,  password: $NATS_WORKER_PASSWORD,  permissions: $WORKER}\n"
-	if start < 0 || end < 0 || !strings.Contains(conf, userLine) {
-		t.Fatal("auth.conf: worker block or worker user line not found")
+	out, err := natsauth.WithWorkerUser(conf, "worker2", "NATS_WORKER2")
+	if err != nil {
+		t.Fatal(err)
 	}
-	block := conf[start : start+end+len("\n  }\n")]
-	block2 := strings.ReplaceAll(strings.Replace(block, "WORKER = {", "WORKER2 = {", 1), "$NATS_WORKER_", "$NATS_WORKER2_")
-	conf = conf[:start] + block + "\n" + block2 + conf[start+len(block):]
-	return strings.Replace(conf, userLine, userLine+
-		"    {user: worker2, password: $NATS_WORKER2_PASSWORD, permissions: $WORKER2}\n", 1)
+	return out
 }
 
 // startServer runs auth.conf (plus a second worker) on a random loopback

@@ -9,6 +9,7 @@
 package natsauth
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -39,4 +40,29 @@ func WorkerEnv(varPrefix, model, worker string) map[string]string {
 // quote are the only bytes of a subject that need escaping there.
 func confString(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// WithWorkerUser returns conf (auth.conf's text) with one more worker user,
+// as deploy/nats/README.md tells operators to add one: the WORKER block
+// copied as <PERMS> = {...} with its variables renamed from NATS_WORKER_ to
+// <varPrefix>_, and the user {user: <user>, password: $<varPrefix>_PASSWORD,
+// permissions: $<PERMS>}, PERMS being varPrefix without "NATS_"
+// (NATS_WORKER2 gives WORKER2). Tests and tools that run several workers
+// on the shipped configuration use it.
+func WithWorkerUser(conf, user, varPrefix string) (string, error) {
+	start := strings.Index(conf, "  WORKER = {")
+	end := -1
+	if start >= 0 {
+		end = strings.Index(conf[start:], "\n  }\n")
+	}
+	userLine := "    {user: worker,  password: $NATS_WORKER_PASSWORD,  permissions: $WORKER}\n"
+	if start < 0 || end < 0 || !strings.Contains(conf, userLine) {
+		return "", errors.New("natsauth: auth.conf's WORKER block or worker user line not found")
+	}
+	perms := strings.TrimPrefix(varPrefix, "NATS_")
+	block := conf[start : start+end+len("\n  }\n")]
+	copied := strings.ReplaceAll(strings.Replace(block, "WORKER = {", perms+" = {", 1), "$"+DefaultWorkerVar+"_", "$"+varPrefix+"_")
+	conf = conf[:start] + block + "\n" + copied + conf[start+len(block):]
+	return strings.Replace(conf, userLine, userLine+
+		"    {user: "+user+", password: $"+varPrefix+"_PASSWORD, permissions: $"+perms+"}\n", 1), nil
 }
