@@ -1,9 +1,10 @@
 // Package natsauth holds what deploy/nats/auth.conf needs from Go: the
 // values of a worker user's subject variables, computed with the escapings
 // the components use (kvevents.SubjectToken, workers.KeyFor), so they can
-// never drift apart. The permission tests of auth.conf are in this
-// directory too (auth_test.go); `go run ./deploy/nats/workerenv` prints the
-// variables for one worker.
+// never drift apart, and WithWorkerUser, which adds a worker user to
+// auth.conf's text as its README says. The permission tests of auth.conf
+// are in this directory too (auth_test.go); `go run ./deploy/nats/workerenv`
+// prints the variables for one worker.
 //
 // Where to start reading: auth.conf and README.md, then WorkerEnv.
 package natsauth

@@ -6,8 +6,12 @@
 // lifecycle, workers, session and health messages), the error envelope with
 // its codes and their HTTP statuses (errors.go), the NATS subjects and
 // header names (subjects.go), the codecs (jsondec.go, jsonenc.go), the
-// trace-context carrier for NATS headers (carrier.go) and the NATS client
-// (client.go). The worker target on the wire, WorkerRef, is
+// trace-context carrier for NATS headers (carrier.go), the NATS client
+// (client.go), and media.go: the media field, RouteRequest.SeqHashes (the
+// one rule from token ids, LoRA name, salt and media items to the hashes a
+// replica looks up, shared with clients that hash themselves) and the
+// client's fit under the server's max_payload (token ids, else block
+// hashes, else payload_too_large). The worker target on the wire, WorkerRef, is
 // workerref.Target with a JSON form.
 //
 // Codecs: the route request has a hand-written decoder and encoder and the

@@ -15,7 +15,12 @@
 //     special tokens, so that a conversation's next turn tokenizes to a
 //     strict extension of the previous prompt and reply;
 //   - /metrics (metrics.go): vLLM's Prometheus names, gauges read from the
-//     engine at scrape time, counters and histograms in model time.
+//     engine at scrape time, counters and histograms in model time;
+//   - images (media.go): image_url content parts expand into
+//     Config.ImageTokens placeholders, identified by their uuid or a content
+//     hash as vLLM identifies them, handed to the engine as sim.Request.Media;
+//     RenderChat gives a chat's token ids and features (mm_hashes,
+//     mm_placeholders) for vLLM's render endpoints.
 //
 // A client that disconnects cancels its request: the request context is the
 // engine's submit context, so the engine drops it and frees its blocks.
