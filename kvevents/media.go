@@ -104,14 +104,19 @@ func seqHashesMedia(dst []SeqHash, prev SeqHash, chained bool, tokens []uint32, 
 			}
 			local = MixMedia(local, it.ID, it.Offset-s)
 		}
-		h := SeqHash(local)
-		if chained {
-			h = NextSeqHash(prev, local)
-		}
-		dst = append(dst, h)
-		prev, chained = h, true
+		prev, chained = chain(prev, chained, local), true
+		dst = append(dst, prev)
 	}
 	return dst
+}
+
+// chain is the sequence hash of a block with local hash local: local
+// itself at a sequence's start (chained false), else chained onto prev.
+func chain(prev SeqHash, chained bool, local uint64) SeqHash {
+	if !chained {
+		return SeqHash(local)
+	}
+	return NextSeqHash(prev, local)
 }
 
 // SeqHashesKeyed hashes blocks as an engine reported them: keys are the
@@ -140,12 +145,8 @@ func SeqHashesKeyed(dst []SeqHash, parent SeqHash, hasParent bool, tokens []uint
 		for ; k < len(keys) && keys[k].Block == b; k++ {
 			local = MixMedia(local, keys[k].ID, keys[k].Offset)
 		}
-		h := SeqHash(local)
-		if chained {
-			h = NextSeqHash(prev, local)
-		}
-		dst = append(dst, h)
-		prev, chained = h, true
+		prev, chained = chain(prev, chained, local), true
+		dst = append(dst, prev)
 	}
 	return dst
 }

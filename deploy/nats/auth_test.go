@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	natsauth "github.com/kvrouter/kvrouter/deploy/nats"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -60,22 +61,7 @@ func withSecondWorker(t *testing.T, conf string) string {
 // port with the environment it documents.
 func startServer(t *testing.T) *server.Server {
 	t.Helper()
-	opts, err := server.ProcessConfigFile(prepareConf(t))
-	if err != nil {
-		t.Fatalf("auth.conf: %v", err)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
+	return natstest.StartConfig(t, prepareConf(t))
 }
 
 // prepareConf writes auth.conf with a second worker block and sets the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	natsauth "github.com/kvrouter/kvrouter/deploy/nats"
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/router/api"
 )
 
@@ -59,21 +61,7 @@ func startAuthServer(t *testing.T) *server.Server {
 			t.Setenv(k, v)
 		}
 	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("auth.conf: %v", err)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server from auth.conf not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	s := natstest.StartConfig(t, path)
 	return s
 }
 
@@ -192,23 +180,11 @@ func TestLongPromptOverAuthNATS(t *testing.T) {
 		!strings.Contains(e.Error.Message, "max_payload") {
 		t.Fatalf("a %d-token prompt (limit %d): %d %s", len(huge), limit, status, eb)
 	}
-	if after := st.completed(); !equalCounts(before, after) {
+	if after := st.completed(); !maps.Equal(before, after) {
 		t.Fatalf("an engine served the refused prompt: %v then %v", before, after)
 	}
 	st.waitIdle()
 	if err := nc.LastError(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		t.Fatalf("the gateway's connection: %v", err)
 	}
-}
-
-func equalCounts(a, b map[string]uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

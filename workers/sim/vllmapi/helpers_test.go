@@ -23,6 +23,14 @@ const testModel = "sim-model"
 // its HTTP face on a loopback server; both stop at the end of the test.
 func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Server, *sim.Engine) {
 	t.Helper()
+	hs, _, eng := newTestFace(t, ec, Config{MaxModelLen: maxModelLen})
+	return hs, eng
+}
+
+// newTestFace is newTestServer with the face's Config (its Engine set
+// here) and the face itself.
+func newTestFace(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *Server, *sim.Engine) {
+	t.Helper()
 	ec.Worker, ec.Model = "sim-0", testModel
 	if ec.Speedup == 0 {
 		ec.Speedup = 100
@@ -34,7 +42,8 @@ func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Serv
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- eng.Run(ctx) }()
-	srv, err := New(Config{Engine: eng, MaxModelLen: maxModelLen})
+	cfg.Engine = eng
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -45,7 +54,7 @@ func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Serv
 		cancel()
 		<-ran
 	})
-	return hs, eng
+	return hs, srv, eng
 }
 
 // post sends body to path and returns the status and the reply body.

@@ -1,7 +1,6 @@
 package vllmapi
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,28 +15,10 @@ import (
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
-// newMediaServer is newTestServer with the Server itself, images of n
-// placeholder tokens.
+// newMediaServer is a test engine whose images expand to n placeholders.
 func newMediaServer(t *testing.T, n int) (*httptest.Server, *Server) {
 	t.Helper()
-	eng, err := sim.New(sim.Config{Worker: "sim-0", Model: testModel, Speedup: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- eng.Run(ctx) }()
-	srv, err := New(Config{Engine: eng, ImageTokens: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		hs.Close()
-		_ = eng.Close(context.Background())
-		cancel()
-		<-ran
-	})
+	hs, srv, _ := newTestFace(t, sim.Config{}, Config{ImageTokens: n})
 	return hs, srv
 }
 
