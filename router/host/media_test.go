@@ -3,7 +3,11 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testutil"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -35,9 +39,10 @@ func TestRouteHashesMediaItems(t *testing.T) {
 	if got := route("cat"); got.PromptBlocks != 8 || got.OverlapBlocks != 0 {
 		t.Fatalf("first route: %d/%d blocks", got.OverlapBlocks, got.PromptBlocks)
 	}
-	if got := route("cat"); got.OverlapBlocks != 8 {
-		t.Fatalf("same image: overlap %d, want 8", got.OverlapBlocks)
-	}
+	// The predicted index records a route asynchronously.
+	got := 0
+	testutil.Eventually(t, 10*time.Second, func() bool { got = route("cat").OverlapBlocks; return got == 8 },
+		func() string { return fmt.Sprintf("same image: overlap %d, want 8", got) })
 	// Block 2 ([32, 48)) holds the image's first placeholders.
 	if got := route("dog"); got.OverlapBlocks != 2 || got.PromptBlocks != 8 {
 		t.Fatalf("another image: overlap %d/%d, want 2/8", got.OverlapBlocks, got.PromptBlocks)
@@ -84,17 +89,22 @@ func TestClientSendsBlockHashesPastMaxPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	// In process (no NATS limit) with token ids: the replica's own hashes
-	// match what the client sent.
-	var again api.RouteResponse
-	if err := st.replicas[0].Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks}, &again); err != nil {
-		t.Fatal(err)
-	}
-	if again.OverlapBlocks != first.PromptBlocks {
-		t.Fatalf("token ids after block hashes: overlap %d, want %d", again.OverlapBlocks, first.PromptBlocks)
-	}
-	if err := st.replicas[0].freeLocal(ctx, &again); err != nil {
-		t.Fatal(err)
-	}
+	// match what the client sent, once the predicted index has recorded
+	// the first route (asynchronously).
+	got := 0
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		var again api.RouteResponse
+		if err := st.replicas[0].Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks}, &again); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.replicas[0].freeLocal(ctx, &again); err != nil {
+			t.Fatal(err)
+		}
+		got = again.OverlapBlocks
+		return got == first.PromptBlocks
+	}, func() string {
+		return fmt.Sprintf("token ids after block hashes: overlap %d, want %d", got, first.PromptBlocks)
+	})
 	_, err = st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks})
 	if !errors.Is(err, api.ErrPayloadTooLarge) {
 		t.Fatalf("without block_size: %v, want payload_too_large", err)
