@@ -129,6 +129,7 @@ func TestRouterErrors(t *testing.T) {
 		{"no eligible worker", api.NewError(api.CodeNoEligibleWorker, "no worker", nil), http.StatusServiceUnavailable},
 		{"no router", api.ErrNoRouter, http.StatusServiceUnavailable},
 		{"binding rejected", api.NewError(api.CodeBindingRejected, "bound elsewhere", nil), http.StatusConflict},
+		{"prompt too long for NATS", api.NewError(api.CodePayloadTooLarge, "past max_payload", nil), http.StatusRequestEntityTooLarge},
 		{"internal", errors.New("boom"), http.StatusInternalServerError},
 	}
 	for _, c := range cases {

@@ -7,7 +7,10 @@
 // max_completion_tokens, user; request.go), asks a live engine of the model
 // for the prompt's exact token ids (/tokenize, tokenize.go) or, with
 // Config.Tokenizer approx, cuts the prompt text into pseudo-blocks for a
-// replica in approximate mode (approx.go), routes them
+// replica in approximate mode (approx.go); for a chat with media parts it
+// takes the token ids and the items' identifiers and positions from the
+// engine's render endpoint, or routes only before the first item
+// (media.go). It routes them
 // through a Router (route, prefill done, free, cancel; router.go), forwards
 // the client's body unchanged to the chosen engine, streams the reply back
 // event by event, and books: prefill_done at the first streamed token,

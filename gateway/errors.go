@@ -69,7 +69,8 @@ const retryAfterSeconds = 1
 // router's 529 becomes 429 with Retry-After, no eligible worker (or no
 // router) 503, bindings that did not answer in time 503 with Retry-After,
 // a Hard binding that cannot take the request 409, and a caller that went
-// away 499.
+// away 499, a prompt too long for one NATS message even as block hashes
+// 413 payload_too_large.
 func routeError(ctx context.Context, err error) *RequestError {
 	var ae *api.Error
 	switch {
@@ -88,6 +89,8 @@ func routeError(ctx context.Context, err error) *RequestError {
 		case api.CodeBadRequest:
 			e := badRequest(ae.Field, "%s", ae.Message)
 			return e
+		case api.CodePayloadTooLarge:
+			return serverError(http.StatusRequestEntityTooLarge, ae.Code, "the prompt is too long to route: %s", ae.Message)
 		}
 		return serverError(http.StatusInternalServerError, "router_error", "route failed: %s", ae.Message)
 	case errors.Is(err, api.ErrNoRouter):

@@ -115,6 +115,8 @@ type Gateway struct {
 	mux    *http.ServeMux
 	models map[string]*workerCache
 	apiKey [sha256.Size]byte // SHA-256 of "Bearer <APIKey>", when set
+	// noRender remembers the engines found without a render endpoint.
+	noRender renderAbsent
 }
 
 // New builds a gateway from cfg.

@@ -93,7 +93,10 @@ func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, bo
 	case err == nil && len(tr.Tokens) > api.MaxTokens:
 		return badRequest("prompt", "the prompt has %d tokens, the limit is %d", len(tr.Tokens), api.MaxTokens)
 	case err == nil && len(tr.Tokens) > 0:
-		rq.TokenIDs = tr.Tokens
+		// The block size lets a route API client send block hashes for a
+		// prompt too long for one NATS message (docs/gateway.md, "Long
+		// prompts").
+		rq.TokenIDs, rq.Media, rq.BlockSize = tr.Tokens, tr.Media, g.blockSize(ctx, cr.Model)
 		return nil
 	case errors.As(err, &se) && se.status == http.StatusBadRequest:
 		return badRequest("", "the engine refused the prompt: %s", se.body)
@@ -117,7 +120,13 @@ func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientReque
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	t0 := time.Now()
-	tr, err := g.tokenize(ctx, e.root, kind, cr)
+	var tr *tokenizeReply
+	var err error
+	if parts := mediaPartsOf(kind, cr); parts != nil {
+		tr, err = g.tokenizeMedia(ctx, e.root, cr, parts)
+	} else {
+		tr, err = g.tokenize(ctx, e.root, kind, cr)
+	}
 	g.m.tokenize.Record(ctx, time.Since(t0).Seconds())
 	if err != nil {
 		span.RecordError(err)

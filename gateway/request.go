@@ -35,6 +35,8 @@ type clientRequest struct {
 	// CacheSalt is vLLM's cache_salt, routed on as the engine hashes it
 	// (adapters.go).
 	CacheSalt json.RawMessage `json:"cache_salt"`
+	// body is the client's whole body (what a render endpoint takes).
+	body []byte
 }
 
 // RequestError is a client request the gateway refuses: Status is the HTTP
@@ -69,6 +71,7 @@ func readRequest(kind string, body []byte) (clientRequest, *RequestError) {
 	if err := json.Unmarshal(body, &cr); err != nil {
 		return clientRequest{}, badRequest("", "the request body is not valid JSON for this endpoint: %v", err)
 	}
+	cr.body = body
 	switch {
 	case cr.Model == "":
 		return cr, badRequest("model", "model is required")

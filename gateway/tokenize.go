@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 )
 
@@ -18,6 +19,9 @@ type tokenizeReply struct {
 	MaxModelLen int             `json:"max_model_len"`
 	Tokens      []uint32        `json:"-"` // parsed from RawTokens by parseTokenIDs
 	RawTokens   json.RawMessage `json:"tokens"`
+	// Media are the prompt's multimodal items as the router hashes them
+	// (media.go); not part of vLLM's reply.
+	Media []kvevents.MediaItem `json:"-"`
 }
 
 // parseTokenIDs reads a JSON array of token ids at the start of raw

@@ -13,6 +13,12 @@
 //     blocks only. Routers hash request tokens with SeqHashes; engines'
 //     events are rehashed the same way, so engine hashes are never compared
 //     across workers.
+//   - Multimodal items in the hash (media.go): a block overlapping an
+//     image's placeholder tokens gets the item's (identifier, offset) pair
+//     mixed into its local hash, as vLLM puts it in extra_keys; routers
+//     hash items with SeqHashesMedia, engines' per-block pairs are rehashed
+//     with SeqHashesKeyed, and an item whose identifier the router does not
+//     know ends its hashes before the item.
 //   - Subjects (subject.go): <prefix>.events.<model>.<worker>, names escaped
 //     one-to-one by internal/escape's SubjectToken.
 //   - Our wire format (wire.go): a versioned positional msgpack Batch,

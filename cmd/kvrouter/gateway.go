@@ -79,7 +79,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer nc.Close()
-	cfg := gf.config(gateway.ClientRouter{C: api.NewClient(nc.Conn, *prefix, tel.Propagator)}, splitList(*models), tel, log)
+	client := api.NewClient(nc.Conn, *prefix, tel.Propagator)
+	// The server's max_payload (from its INFO) bounds one route request:
+	// say what that allows, once, where operators look.
+	log.Info("route requests are at most the NATS server's max_payload less headers; longer prompts go as block hashes",
+		"max_route_bytes", client.MaxRouteBody(), "max_prompt_tokens_at_block_16", api.MaxPromptTokens(client.MaxRouteBody(), 16))
+	cfg := gf.config(gateway.ClientRouter{C: client}, splitList(*models), tel, log)
 	if cfg.APIKey, err = secret("api-key", *kf.key, "api-key-file", *kf.keyFile); err != nil {
 		return usageError{err}
 	}

@@ -63,6 +63,7 @@ type simServeFlags struct {
 	host, model, served, kvEvents           *string
 	port, blockSize, numBlocks, maxModelLen *int
 	maxSeqs, maxBatched, dp, count          *int
+	imageTokens                             *int
 	speedup                                 *float64
 	shutdown                                *time.Duration
 	lora                                    *simLoRAFlags
@@ -85,6 +86,7 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		count:       c.integer("count", 1, "number of engines in this process, on consecutive ports (not a vLLM flag)"),
 		shutdown:    c.duration("shutdown-timeout", 10*time.Second, "longest wait for requests in flight when stopping (not a vLLM flag)"),
 		lora:        addSimLoRAFlags(c),
+		imageTokens: c.integer("sim-image-tokens", vllmapi.DefaultImageTokens, "placeholder tokens an image_url content part expands to (not a vLLM flag: vLLM's count depends on the model and the image)"),
 	}
 	// Accepted for launch scripts written for vLLM; the simulator ignores them.
 	c.float("gpu-memory-utilization", 0.9, "ignored (vLLM flag)")
@@ -159,6 +161,7 @@ type simServeConfig struct {
 	model, served, host string
 	port, count, dp     int
 	maxModelLen         int
+	imageTokens         int
 	shutdown            time.Duration
 	engine              sim.Config
 	events              vllmzmq.Config
@@ -179,7 +182,7 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 	}
 	cfg := simServeConfig{
 		model: model, served: *f.served, host: *f.host, port: *f.port, count: *f.count, dp: *f.dp,
-		maxModelLen: *f.maxModelLen, shutdown: *f.shutdown,
+		maxModelLen: *f.maxModelLen, imageTokens: *f.imageTokens, shutdown: *f.shutdown,
 		engine: sim.Config{Model: model, Ranks: *f.dp, BlockSize: *f.blockSize, KVBlocks: *f.numBlocks,
 			MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs, Speedup: *f.speedup},
 	}
@@ -197,6 +200,8 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 		return cfg, fmt.Errorf("--port 0 (any free port) works with --count 1 only")
 	case cfg.maxModelLen < 1:
 		return cfg, fmt.Errorf("--max-model-len %d: want at least 1", cfg.maxModelLen)
+	case cfg.imageTokens < 1:
+		return cfg, fmt.Errorf("--sim-image-tokens %d: want at least 1", cfg.imageTokens)
 	case !(*f.speedup > 0):
 		return cfg, fmt.Errorf("--speedup %g: want more than 0", *f.speedup)
 	}
@@ -253,7 +258,7 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 		if se.eng, err = sim.New(ec); err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
-		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, Logger: log,
+		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, ImageTokens: cfg.imageTokens, Logger: log,
 			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})

@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/bindings"
 	natsauth "github.com/kvrouter/kvrouter/deploy/nats"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -49,39 +50,18 @@ var passwords = map[string]string{
 // tells operators to do.
 func withSecondWorker(t *testing.T, conf string) string {
 	t.Helper()
-	start := strings.Index(conf, "  WORKER = {")
-	end := strings.Index(conf[start:], "\n  }\n")
-	userLine := "    {user: worker,  password: $NATS_WORKER_PASSWORD,  permissions: $WORKER}\n"
-	if start < 0 || end < 0 || !strings.Contains(conf, userLine) {
-		t.Fatal("auth.conf: worker block or worker user line not found")
+	out, err := natsauth.WithWorkerUser(conf, "worker2", "NATS_WORKER2")
+	if err != nil {
+		t.Fatal(err)
 	}
-	block := conf[start : start+end+len("\n  }\n")]
-	block2 := strings.ReplaceAll(strings.Replace(block, "WORKER = {", "WORKER2 = {", 1), "$NATS_WORKER_", "$NATS_WORKER2_")
-	conf = conf[:start] + block + "\n" + block2 + conf[start+len(block):]
-	return strings.Replace(conf, userLine, userLine+
-		"    {user: worker2, password: $NATS_WORKER2_PASSWORD, permissions: $WORKER2}\n", 1)
+	return out
 }
 
 // startServer runs auth.conf (plus a second worker) on a random loopback
 // port with the environment it documents.
 func startServer(t *testing.T) *server.Server {
 	t.Helper()
-	opts, err := server.ProcessConfigFile(prepareConf(t))
-	if err != nil {
-		t.Fatalf("auth.conf: %v", err)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
-	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
+	return natstest.StartConfig(t, prepareConf(t))
 }
 
 // prepareConf writes auth.conf with a second worker block and sets the

@@ -2,7 +2,8 @@
 // values of a worker user's subject variables, computed with the escapings
 // the components use (their subject builders, which escape with
 // internal/escape's SubjectToken, and workers.KeyFor), so they can never
-// drift apart. The permission tests of auth.conf are in this
+// drift apart, and WithWorkerUser, which adds a worker user to auth.conf's
+// text as its README says. The permission tests of auth.conf are in this
 // directory too (auth_test.go); `go run ./deploy/nats/workerenv` prints the
 // variables for one worker.
 //
@@ -10,6 +11,7 @@
 package natsauth
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -40,4 +42,29 @@ func WorkerEnv(varPrefix, model, worker string) map[string]string {
 // quote are the only bytes of a subject that need escaping there.
 func confString(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// WithWorkerUser returns conf (auth.conf's text) with one more worker user,
+// as deploy/nats/README.md tells operators to add one: the WORKER block
+// copied as <PERMS> = {...} with its variables renamed from NATS_WORKER_ to
+// <varPrefix>_, and the user {user: <user>, password: $<varPrefix>_PASSWORD,
+// permissions: $<PERMS>}, PERMS being varPrefix without "NATS_"
+// (NATS_WORKER2 gives WORKER2). Tests and tools that run several workers
+// on the shipped configuration use it.
+func WithWorkerUser(conf, user, varPrefix string) (string, error) {
+	start := strings.Index(conf, "  WORKER = {")
+	end := -1
+	if start >= 0 {
+		end = strings.Index(conf[start:], "\n  }\n")
+	}
+	userLine := "    {user: worker,  password: $NATS_WORKER_PASSWORD,  permissions: $WORKER}\n"
+	if start < 0 || end < 0 || !strings.Contains(conf, userLine) {
+		return "", errors.New("natsauth: auth.conf's WORKER block or worker user line not found")
+	}
+	perms := strings.TrimPrefix(varPrefix, "NATS_")
+	block := conf[start : start+end+len("\n  }\n")]
+	copied := strings.ReplaceAll(strings.Replace(block, "WORKER = {", perms+" = {", 1), "$"+DefaultWorkerVar+"_", "$"+varPrefix+"_")
+	conf = conf[:start] + block + "\n" + copied + conf[start+len(block):]
+	return strings.Replace(conf, userLine, userLine+
+		"    {user: "+user+", password: $"+varPrefix+"_PASSWORD, permissions: $"+perms+"}\n", 1), nil
 }

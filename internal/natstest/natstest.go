@@ -44,6 +44,24 @@ func Start(t testing.TB, opts ...Option) *server.Server {
 	return s
 }
 
+// StartConfig runs a server from the configuration file at path (as
+// `nats-server -c path` would: the file's environment variables are read
+// now), on a random loopback port and stored in t.TempDir() whatever the
+// file says, and shuts it down when the test ends. Tests of a shipped
+// configuration (deploy/nats/auth.conf) use it.
+func StartConfig(t testing.TB, path string) *server.Server {
+	t.Helper()
+	o, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("natstest: configuration %s: %v", path, err)
+	}
+	o.Host, o.Port, o.StoreDir = "127.0.0.1", server.RANDOM_PORT, t.TempDir()
+	o.NoLog, o.NoSigs = true, true
+	s := run(t, o)
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
 func run(t testing.TB, o *server.Options) *server.Server {
 	t.Helper()
 	s, err := launch(o)

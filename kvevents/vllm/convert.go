@@ -22,6 +22,10 @@ var (
 	// ErrTokenCount: token_ids does not hold exactly len(block_hashes) *
 	// block_size tokens. The event is skipped.
 	ErrTokenCount = errors.New("vllm: token count does not match blocks")
+	// ErrBadMedia: a BlockStored's multimodal extra keys are not
+	// (identifier, offset) pairs of its blocks, so its hashes cannot be
+	// known. The event is skipped, never hashed without them.
+	ErrBadMedia = errors.New("vllm: unreadable multimodal extra keys")
 )
 
 // ConverterConfig configures a Converter.
@@ -54,7 +58,8 @@ type ConverterStats struct {
 	SkippedGroup   uint64 // events of non-full-attention groups skipped
 	SkippedRemote  uint64 // events with locality REMOTE skipped
 	UnknownTag     uint64 // events with an unknown tag skipped
-	Multimodal     uint64 // BlockStored events whose multimodal extra keys were ignored
+	Multimodal     uint64 // BlockStored events whose multimodal extra keys were hashed in
+	BadMedia       uint64 // BlockStored events skipped: unreadable multimodal extra keys
 	TableResets    uint64 // times the engine-hash table hit MaxTracked
 }
 
@@ -102,7 +107,7 @@ func (c *Converter) Tracked() int { return len(c.known) }
 // events carry engine hashes; AllBlocksCleared becomes KindCleared and
 // forgets every block. Events that cannot be converted are skipped and counted; the
 // returned error then describes the first of them (wrapping
-// ErrUnknownParent, ErrBlockSizeMismatch or ErrTokenCount), while the
+// ErrUnknownParent, ErrBlockSizeMismatch, ErrTokenCount or ErrBadMedia), while the
 // returned events are still valid and should be published. Only stored
 // events fail, so a failure under-counts and never leaves a block the
 // engine dropped: every removal and clear is returned, whatever its
@@ -186,24 +191,36 @@ func (c *Converter) stored(ev *Event, blocks []kvevents.StoredBlock) (kvevents.E
 		c.stats.TokenCount++
 		return kvevents.Event{}, blocks, fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), len(ev.BlockHashes), bs)
 	}
+	if ev.BadMedia {
+		c.stats.BadMedia++
+		return kvevents.Event{}, blocks, fmt.Errorf("%w: a multimodal entry is not an (identifier, offset) pair", ErrBadMedia)
+	}
 	var seed uint64
+	var parent kvevents.SeqHash
 	if ev.HasParent {
 		p, ok := c.known[ev.Parent]
 		if !ok {
 			c.stats.UnknownParent++
 			return kvevents.Event{}, blocks, fmt.Errorf("%w: parent %#016x", ErrUnknownParent, uint64(ev.Parent))
 		}
-		seed = p.seed
+		seed, parent = p.seed, p.seq
 		if ev.CacheSalt != "" {
 			seed = kvevents.SeedFor(ev.LoraName, ev.CacheSalt)
 		}
-		c.seqs = kvevents.SeqHashesFrom(c.seqs[:0], p.seq, ev.TokenIDs, bs, seed)
 	} else {
 		seed = kvevents.SeedFor(ev.LoraName, ev.CacheSalt)
-		c.seqs = kvevents.SeqHashes(c.seqs[:0], ev.TokenIDs, bs, seed)
 	}
-	if ev.Multimodal {
+	switch {
+	case len(ev.Media) > 0:
+		if err := c.mediaHashes(ev, parent, seed); err != nil {
+			c.stats.BadMedia++
+			return kvevents.Event{}, blocks, err
+		}
 		c.stats.Multimodal++
+	case ev.HasParent:
+		c.seqs = kvevents.SeqHashesFrom(c.seqs[:0], parent, ev.TokenIDs, bs, seed)
+	default:
+		c.seqs = kvevents.SeqHashes(c.seqs[:0], ev.TokenIDs, bs, seed)
 	}
 	if len(c.known)+len(ev.BlockHashes) > c.cfg.MaxTracked {
 		clear(c.known)

@@ -52,7 +52,13 @@ type Event struct {
 
 	HasExtraKeys  bool // extra_keys present and not nil
 	ExtraKeyCount int  // number of per-block extra_keys entries
-	Multimodal    bool // extra_keys carried multimodal identifiers (not hashed; see doc)
+	Multimodal    bool // extra_keys carried multimodal (identifier, offset) pairs
+	// Media holds those pairs, Block being the entry's index in
+	// extra_keys, in order (media.go). BadMedia: a multimodal entry was
+	// not an (identifier, offset) pair, so the blocks' hashes cannot be
+	// known; the converter skips the event.
+	Media    []kvevents.MediaKey
+	BadMedia bool
 
 	GroupIdx         int64
 	HasGroupIdx      bool
@@ -74,6 +80,7 @@ type Batch struct {
 
 	tokens []uint32
 	hashes []kvevents.EngineHash
+	media  []kvevents.MediaKey
 	strs   map[string]string // interned LoRA names, salts, media, tags
 }
 
@@ -87,9 +94,9 @@ func DecodeBatch(data []byte, into *Batch) error {
 	if len(data) > MaxBatchBytes {
 		return fmt.Errorf("%w: vLLM batch of %d bytes, limit %d", kvevents.ErrOversized, len(data), MaxBatchBytes)
 	}
-	d := decoder{r: msgpack.NewReader(data), b: into, tokens: into.tokens[:0], hashes: into.hashes[:0], events: events}
+	d := decoder{r: msgpack.NewReader(data), b: into, tokens: into.tokens[:0], hashes: into.hashes[:0], media: into.media[:0], events: events}
 	err := d.batch()
-	into.tokens, into.hashes = d.tokens, d.hashes
+	into.tokens, into.hashes, into.media = d.tokens, d.hashes, d.media
 	if err != nil {
 		into.Events = d.events[:0]
 		return err
@@ -108,6 +115,7 @@ type decoder struct {
 	events []Event
 	tokens []uint32
 	hashes []kvevents.EngineHash
+	media  []kvevents.MediaKey
 }
 
 func (d *decoder) batch() error {
@@ -295,7 +303,7 @@ func (d *decoder) event(ev *Event) error {
 		return err
 	}
 	var got have
-	tokStart, hashStart := len(d.tokens), len(d.hashes)
+	tokStart, hashStart, mediaStart := len(d.tokens), len(d.hashes), len(d.media)
 	var extraStrs extraKeyStrings
 	if msgpack.IsMap(c) {
 		err = d.eventMap(ev, &got, &extraStrs)
@@ -325,6 +333,9 @@ func (d *decoder) event(ev *Event) error {
 	}
 	if got&haveTokens != 0 {
 		ev.TokenIDs = d.tokens[tokStart:len(d.tokens):len(d.tokens)]
+	}
+	if len(d.media) > mediaStart {
+		ev.Media = d.media[mediaStart:len(d.media):len(d.media)]
 	}
 	return nil
 }
@@ -615,7 +626,7 @@ func (d *decoder) extraKeys(ev *Event, out *extraKeyStrings) error {
 				}
 			case msgpack.IsArray(c):
 				ev.Multimodal = true
-				if err := r.Skip(); err != nil {
+				if err := d.mediaPair(ev, i); err != nil {
 					return err
 				}
 			default:

@@ -245,6 +245,7 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 	}
 	f.Add(mp(f, []any{0.0, []any{storedEv(nil, []uint64{1, 2}, vecTokens)}, 0}))
 	f.Add(mp(f, omap{{"events", []any{storedMap(kv{"extra_keys", []any{[]any{"s"}, nil}}), []any{"AllBlocksCleared"}}}, {"ts", 1.0}}))
+	f.Add(mp(f, []any{0.0, []any{storedMap(kv{"extra_keys", []any{[]any{[]any{"img", 2}}, []any{[]any{"img", -2}}}})}, 0}))
 	var vb Batch
 	conv, _ := NewConverter(ConverterConfig{BlockSize: 4, MaxTracked: 1024})
 	var out []kvevents.Event
@@ -257,7 +258,7 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 			return
 		}
 		out, err = conv.Convert(&vb, out[:0])
-		if err != nil && !errors.Is(err, ErrUnknownParent) && !errors.Is(err, ErrBlockSizeMismatch) && !errors.Is(err, ErrTokenCount) {
+		if err != nil && !errors.Is(err, ErrUnknownParent) && !errors.Is(err, ErrBlockSizeMismatch) && !errors.Is(err, ErrTokenCount) && !errors.Is(err, ErrBadMedia) {
 			t.Fatalf("untyped convert error %v", err)
 		}
 		// Every stored event's blocks come from one vLLM event's hashes.

@@ -12,7 +12,12 @@
 //     turns those events into kvevents.Events, hashing token_ids with
 //     kvevents.SeqHashes and chaining children onto their parents'
 //     sequence hashes; what it cannot convert it skips and counts
-//     (ErrUnknownParent, ErrBlockSizeMismatch, ErrTokenCount).
+//     (ErrUnknownParent, ErrBlockSizeMismatch, ErrTokenCount, ErrBadMedia).
+//   - Multimodal extra keys (media.go): the (identifier, offset) pairs
+//     vLLM publishes per block in extra_keys, decoded into Event.Media,
+//     mixed into the blocks' hashes by the converter
+//     (kvevents.SeqHashesKeyed, the router's rule for the same items) and
+//     written back by the encoder.
 //   - Encoding (encode.go): an Encoder writes a batch in vLLM's own bytes,
 //     byte-identical to msgspec's, for the simulated engine (workers/sim).
 //

@@ -77,7 +77,8 @@ func (e *Encoder) Reset() { e.events, e.n = e.events[:0], 0 }
 //   - kvevents.KindStored (BlockStored): BlockHashes, Parent/HasParent, TokenIDs,
 //     BlockSize, LoraID/HasLoraID, Medium, LoraName, extra_keys (written
 //     when HasExtraKeys: one entry per block, nil unless the block carries
-//     the LoRA name and, on the first block, CacheSalt, as vLLM orders them),
+//     the LoRA name, multimodal pairs (Media) or, on the first block,
+//     CacheSalt, in vLLM's order),
 //     GroupIdx/HasGroupIdx, SpecKind, SlidingWindow/HasSlidingWindow;
 //   - kvevents.KindRemoved (BlockRemoved): BlockHashes, Medium, GroupIdx/HasGroupIdx;
 //   - kvevents.KindCleared (AllBlocksCleared): nothing.
@@ -257,12 +258,21 @@ func (e *Encoder) removedParts(head, tail []byte, ev *Event) ([]byte, []byte) {
 }
 
 // appendExtraKeys writes one extra_keys entry per block: nil, or the
-// block's string keys in vLLM's order (LoRA name, then the cache salt on
-// the first block only).
+// block's keys in vLLM's order (LoRA name, the block's multimodal
+// [identifier, offset] pairs from ev.Media, then the cache salt on the
+// first block only).
 func appendExtraKeys(dst []byte, ev *Event, blocks int) []byte {
 	dst = msgpack.AppendArrayHeader(dst, blocks)
+	media := ev.Media
 	for i := 0; i < blocks; i++ {
-		n := 0
+		for len(media) > 0 && media[0].Block < i {
+			media = media[1:] // out of order: belongs to no block left
+		}
+		pairs := 0
+		for pairs < len(media) && media[pairs].Block == i {
+			pairs++
+		}
+		n := pairs
 		if ev.LoraName != "" {
 			n++
 		}
@@ -277,6 +287,8 @@ func appendExtraKeys(dst []byte, ev *Event, blocks int) []byte {
 		if ev.LoraName != "" {
 			dst = msgpack.AppendStr(dst, ev.LoraName)
 		}
+		dst = appendMediaPairs(dst, media[:pairs])
+		media = media[pairs:]
 		if i == 0 && ev.CacheSalt != "" {
 			dst = msgpack.AppendStr(dst, ev.CacheSalt)
 		}

@@ -73,14 +73,19 @@ func (c *Client) Route(ctx context.Context, req *RouteRequest) (*RouteResponse, 
 	return &resp, nil
 }
 
-// RouteInto is Route writing into a caller-owned response.
+// RouteInto is Route writing into a caller-owned response. A request
+// too large for one NATS message is sent as block hashes when it gives a
+// block size, else refused before sending (fitRoute, ErrPayloadTooLarge).
 func (c *Client) RouteInto(ctx context.Context, req *RouteRequest, resp *RouteResponse) error {
 	bp, _ := c.pool.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
 	}
-	body := AppendRouteRequest((*bp)[:0], req)
-	data, err := c.request(ctx, RouteSubject(c.prefix, req.Model), body)
+	body, err := fitRoute(AppendRouteRequest((*bp)[:0], req), req, c.MaxRouteBody())
+	var data []byte
+	if err == nil {
+		data, err = c.request(ctx, RouteSubject(c.prefix, req.Model), body)
+	}
 	*bp = body
 	c.pool.Put(bp)
 	if err != nil {

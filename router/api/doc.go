@@ -8,7 +8,11 @@
 // header names (subjects.go), the codecs (jsondec.go, jsonenc.go), the
 // binary decision sync format replicas share their routing decisions in
 // ("KVRD", decisions.go), the trace-context carrier for NATS headers
-// (carrier.go) and the NATS client (client.go). The worker target on the wire, WorkerRef, is
+// (carrier.go), the NATS client (client.go), and media.go: the media field,
+// RouteRequest.SeqHashes (the one rule from token ids, LoRA name, salt and
+// media items to the hashes a replica looks up, shared with clients that
+// hash themselves) and the client's fit under the server's max_payload
+// (token ids, else block hashes, else payload_too_large). The worker target on the wire, WorkerRef, is
 // workerref.Target with a JSON form.
 //
 // Codecs: the route request has a hand-written decoder and encoder and the

@@ -28,7 +28,11 @@ const (
 	CodeOverloaded          = "overloaded"         // 529: queue full or queue wait exceeded the deadline
 	CodeMethodNotAllowed    = "method_not_allowed" // 405 (HTTP only): a known path with another method
 	CodeCanceled            = "canceled"           // 499: the request was canceled (cancel call or caller gone)
-	CodeInternal            = "internal"           // 500: a bug or an unexpected dependency failure
+	// CodePayloadTooLarge, 413 (Client only, never sent by a replica):
+	// the route request does not fit in one NATS message of the server's
+	// max_payload, even as block hashes; it was not sent.
+	CodePayloadTooLarge = "payload_too_large"
+	CodeInternal        = "internal" // 500: a bug or an unexpected dependency failure
 )
 
 // StatusOverloaded is the HTTP status for an overloaded router (not in
@@ -58,6 +62,8 @@ func StatusOf(code string) int {
 		return StatusCanceled
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
+	case CodePayloadTooLarge:
+		return http.StatusRequestEntityTooLarge
 	}
 	return http.StatusInternalServerError
 }
@@ -76,6 +82,7 @@ var (
 	ErrBindingsUnavailable = errors.New("session bindings unavailable")
 	ErrOverloaded          = errors.New("overloaded")
 	ErrCanceled            = errors.New("request canceled")
+	ErrPayloadTooLarge     = errors.New("route request larger than the NATS server's max_payload")
 	ErrInternal            = errors.New("internal error")
 )
 
@@ -92,6 +99,7 @@ var sentinelOf = map[string]error{
 	CodeBindingsUnavailable: ErrBindingsUnavailable,
 	CodeOverloaded:          ErrOverloaded,
 	CodeCanceled:            ErrCanceled,
+	CodePayloadTooLarge:     ErrPayloadTooLarge,
 	CodeInternal:            ErrInternal,
 }
 

@@ -23,6 +23,8 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 		`{"model":"m","token_ids":[1],"token_ids":null,"pin":{"worker":"a"},"pin":null}`,
 		`{"Model":"m","token_ids":[7]}`, `{"model":"m","allowed_workers":[]}`,
 		`{"model":null}`, `[]`, `{`, `{"model":"m"}}`,
+		`{"model":"m","token_ids":[1,2,3,4],"media":[{"id":"img","offset":1,"length":2},{"offset":3,"length":1,"x":null}]}`,
+		`{"model":"m","token_ids":[1],"media":[{"ID":"a","Offset":0}],"media":null}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -67,6 +69,9 @@ func normalize(x *RouteRequest) {
 	if len(x.AllowedWorkers) == 0 {
 		x.AllowedWorkers = nil
 	}
+	if len(x.Media) == 0 {
+		x.Media = nil
+	}
 }
 
 // foldedKeys reports whether an object key of the request (or of its pin
@@ -75,7 +80,7 @@ func foldedKeys(data []byte) bool {
 	known := map[string]bool{}
 	for _, k := range []string{"v", "request_id", "model", "token_ids", "block_hashes", "block_size", "input_tokens",
 		"lora_name", "cache_salt", "session_id", "session_mode", "pin", "prefer", "allowed_workers", "priority",
-		"expected_output_tokens", "deadline_ms", "worker", "rank"} {
+		"expected_output_tokens", "deadline_ms", "worker", "rank", "media", "id", "offset", "length"} {
 		known[k] = true
 	}
 	folded := func(obj map[string]json.RawMessage) bool {
@@ -102,6 +107,14 @@ func foldedKeys(data []byte) bool {
 		var sub map[string]json.RawMessage
 		if json.Unmarshal(top[k], &sub) == nil && folded(sub) {
 			return true
+		}
+	}
+	var items []map[string]json.RawMessage
+	if json.Unmarshal(top["media"], &items) == nil {
+		for _, it := range items {
+			if folded(it) {
+				return true
+			}
 		}
 	}
 	return false

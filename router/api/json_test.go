@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevents"
 )
 
 func TestDecodeRouteRequest(t *testing.T) {
@@ -98,7 +100,8 @@ func TestRouteRequestRoundTrip(t *testing.T) {
 	in := RouteRequest{V: 1, RequestID: "r", Model: "m", TokenIDs: []uint32{1, 2}, BlockSize: 16,
 		SessionID: "s", Pin: &WorkerRef{Worker: "w", Rank: 1, HasRank: true}, Prefer: &WorkerRef{Worker: "p"},
 		AllowedWorkers: []string{"w"}, Priority: 2, ExpectedOutputTokens: 5, DeadlineMS: 9, InputTokens: 40,
-		BlockHashes: []uint64{1 << 63}, LoraName: "l", CacheSalt: "c", RoutingKey: "k"}
+		BlockHashes: []uint64{1 << 63}, LoraName: "l", CacheSalt: "c", RoutingKey: "k",
+		Media: []kvevents.MediaItem{{ID: "img\"1", Offset: 0, Length: 1}, {Offset: 1, Length: 1}}}
 	for _, enc := range []func() []byte{
 		func() []byte { return AppendRouteRequest(nil, &in) },
 		func() []byte { b, _ := json.Marshal(&in); return b },

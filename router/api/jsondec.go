@@ -51,6 +51,8 @@ func (r *RouteRequest) clear(key []byte) {
 		r.TokenIDs = r.TokenIDs[:0]
 	case "block_hashes":
 		r.BlockHashes = r.BlockHashes[:0]
+	case "media":
+		r.Media = r.Media[:0]
 	case "allowed_workers":
 		r.AllowedWorkers = r.AllowedWorkers[:0]
 	case "pin":
@@ -66,6 +68,7 @@ func (r *RouteRequest) Reset() {
 	*r = RouteRequest{
 		TokenIDs:       keepSmall(r.TokenIDs, maxKeptTokens),
 		BlockHashes:    keepSmall(r.BlockHashes, maxKeptTokens/16),
+		Media:          keepSmall(r.Media, 64),
 		AllowedWorkers: keepSmall(r.AllowedWorkers, 1024),
 	}
 }
@@ -574,6 +577,8 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 				r.BlockHashes = append(r.BlockHashes, v)
 				return e
 			})
+		case "media":
+			r.Media, e = d.media(r.Media)
 		case "block_size":
 			r.BlockSize, e = d.int("block_size", MaxBlockSize)
 		case "input_tokens":

@@ -151,6 +151,10 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 		key("block_hashes")
 		dst = appendUints(dst, r.BlockHashes)
 	}
+	if len(r.Media) > 0 {
+		key("media")
+		dst = appendMedia(dst, r.Media)
+	}
 	ints := []struct {
 		k string
 		v int

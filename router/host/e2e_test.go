@@ -65,14 +65,18 @@ type stack struct {
 }
 
 type stackOpts struct {
-	workers  int
-	replicas int
-	mutate   func(i int, c *Config)
+	workers    int
+	replicas   int
+	mutate     func(i int, c *Config)
+	maxPayload int32 // the server's max_payload; 0 = 8 MiB
 }
 
 func startStack(t testing.TB, o stackOpts) *stack {
 	t.Helper()
-	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(8<<20))}
+	if o.maxPayload == 0 {
+		o.maxPayload = 8 << 20
+	}
+	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(o.maxPayload))}
 	st.nc, st.js = natstest.JetStream(t, st.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

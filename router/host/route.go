@@ -313,14 +313,13 @@ func (r *Replica) rollback(ms *modelState, f scheduler.Fence) {
 }
 
 // promptHashes returns the prompt's sequence hashes (computed from token ids
-// into scratch, or the caller's precomputed ones) and its token count.
+// and media items into scratch, or the caller's precomputed ones) and its
+// token count. With a media item whose identifier is unknown the hashes
+// stop before it: the prompt blocks the route reports are the ones it can
+// know.
 func (r *Replica) promptHashes(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
 	if len(req.TokenIDs) > 0 {
-		seed := uint64(kvevents.HashSeed)
-		if req.LoraName != "" || req.CacheSalt != "" {
-			seed = kvevents.SeedFor(req.LoraName, req.CacheSalt)
-		}
-		s.hashes = kvevents.SeqHashes(s.hashes[:0], req.TokenIDs, ms.blockSize, seed)
+		s.hashes = req.SeqHashes(s.hashes[:0], ms.blockSize)
 		return s.hashes, len(req.TokenIDs)
 	}
 	// SeqHash is a uint64: reinterpret the caller's slice instead of
@@ -368,6 +367,9 @@ func (r *Replica) validate(req *api.RouteRequest) (*modelState, session.Mode, *a
 	}
 	mode, e := requestMode(req.SessionMode)
 	if e != nil {
+		return nil, session.Unset, e
+	}
+	if e := req.CheckMedia(); e != nil {
 		return nil, session.Unset, e
 	}
 	if req.Pin != nil && req.Pin.Worker == "" {

@@ -6,7 +6,10 @@
 // two router replicas (router/host) on an embedded NATS server, and
 // gateways (gateway) in front, driven by the official OpenAI Go client.
 // Everything the tests read from the routers comes through their public
-// faces: GET /v1/workers and the route API.
+// faces: GET /v1/workers and the route API. media_test.go runs chats with
+// images (engines with and without vLLM's render endpoint);
+// longprompt_test.go runs the stack on a nats-server from
+// deploy/nats/auth.conf, every component logged in as its role.
 //
 // The package has no code of its own; start reading at realpath_test.go:
 // startStack builds the whole path, converged is the exact comparison of

@@ -59,9 +59,26 @@ func testRegistry() workers.RegistryConfig {
 	return workers.RegistryConfig{TTL: time.Second, Heartbeat: 300 * time.Millisecond, MarkerTTL: time.Second, Logger: testLogger()}
 }
 
+// conn connects to the stack's server as role (anonymously unless the
+// stack has a connect function), with a JetStream handle; it closes when
+// the test ends.
+func (st *stack) conn(role string) (*nats.Conn, jetstream.JetStream) {
+	st.t.Helper()
+	if st.o.connect == nil {
+		return natstest.JetStream(st.t, st.srv)
+	}
+	nc := st.o.connect(st.t, role)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	return nc, js
+}
+
 // stack is the whole real path in one process.
 type stack struct {
 	t        *testing.T
+	o        stackOpts
 	srv      *server.Server
 	nc       *nats.Conn
 	js       jetstream.JetStream
@@ -76,6 +93,7 @@ type stack struct {
 type engine struct {
 	id      string
 	eng     *sim.Engine
+	face    *vllmapi.Server
 	events  *sim.VLLMEvents
 	srv     *http.Server
 	url     string
@@ -88,13 +106,24 @@ type stackOpts struct {
 	kvBlocks          int  // per engine rank
 	eventsOnly        bool // replicas without the predicted index: route overlaps read the event-fed index alone
 	lateBridges       int  // the last this many engines start without a bridge (the test starts it)
+	imageTokens       int  // placeholder tokens per image (0: vllmapi's default)
+	render            bool // engines answer vLLM's render endpoint (media_test.go)
+	maxModelLen       int  // the engines' context length (0: 8192)
+	// srv and connect run the stack on an external server with one login
+	// per role ("router", "gateway", "worker:<id>"): longprompt_test.go.
+	// Default: an embedded server, anonymous connections.
+	srv     *server.Server
+	connect func(t *testing.T, role string) *nats.Conn
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(8<<20)), http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
+	st := &stack{t: t, o: o, srv: o.srv, http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
+	if st.srv == nil {
+		st.srv = natstest.Start(t, natstest.WithMaxPayload(8<<20))
+	}
 	t.Cleanup(st.http.CloseIdleConnections)
-	st.nc, st.js = natstest.JetStream(t, st.srv)
+	st.nc, st.js = st.conn("router")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The event stream, as `kvrouter bridge` ensures it before Run.
@@ -122,7 +151,8 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	if eventsOnly {
 		cfg.PredictedTTL, cfg.DecisionSyncBuffer = -1, -1
 	}
-	r, err := host.New(natstest.Connect(st.t, st.srv), cfg)
+	nc, _ := st.conn("router")
+	r, err := host.New(nc, cfg)
 	if err != nil {
 		st.t.Fatal(err)
 	}
@@ -164,7 +194,14 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 		ev.Close()
 		st.t.Fatal(err)
 	}
-	fc.Engine, fc.Model, fc.MaxModelLen, fc.Logger = eng, testModel, 8192, testLogger()
+	fc.MaxModelLen = st.o.maxModelLen
+	if fc.MaxModelLen == 0 {
+		fc.MaxModelLen = 8192
+	}
+	if fc.ImageTokens == 0 {
+		fc.ImageTokens = st.o.imageTokens
+	}
+	fc.Engine, fc.Model, fc.Logger = eng, testModel, testLogger()
 	face, err := vllmapi.New(fc)
 	if err != nil {
 		st.t.Fatal(err)
@@ -173,7 +210,11 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	e := &engine{id: id, eng: eng, events: ev, srv: &http.Server{Handler: face, ReadHeaderTimeout: 10 * time.Second},
+	var h http.Handler = face
+	if st.o.render {
+		h = withRender(face)
+	}
+	e := &engine{id: id, eng: eng, events: ev, face: face, srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
 		url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
 	runCtx, stop := context.WithCancel(context.Background())
 	e.stopRun = stop
@@ -213,7 +254,7 @@ func (st *stack) startBridge(e *engine) *bridge.Bridge {
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
 	}
-	nc, js := natstest.JetStream(st.t, st.srv)
+	nc, js := st.conn("worker:" + e.id)
 	b, err := bridge.New(cfg, nc, js)
 	if err != nil {
 		st.t.Fatal(err)

@@ -282,6 +282,8 @@ func convertCause(err error) string {
 		return "block_size"
 	case errors.Is(err, vllm.ErrTokenCount):
 		return "token_count"
+	case errors.Is(err, vllm.ErrBadMedia):
+		return "bad_media"
 	default:
 		return "other"
 	}

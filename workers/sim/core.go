@@ -27,12 +27,13 @@ const (
 // differ only in how many tokens are pending.
 type request struct {
 	id        string
-	seed      uint64   // KV hash seed (LoRA and cache salt: kvevents.SeedFor)
-	lora      string   // LoRA adapter name (Request.LoRA), for emitters that publish it
-	loraID    int      // Request.LoRAID, for emitters that publish it
-	salt      string   // Request.CacheSalt, for emitters that publish it
-	outSeed   uint64   // seed of the generated tokens
-	vocab     []uint32 // generated tokens are drawn from it when set (Request.Vocab)
+	seed      uint64               // KV hash seed (LoRA and cache salt: kvevents.SeedFor)
+	lora      string               // LoRA adapter name (Request.LoRA), for emitters that publish it
+	loraID    int                  // Request.LoRAID, for emitters that publish it
+	salt      string               // Request.CacheSalt, for emitters that publish it
+	media     []kvevents.MediaItem // Request.Media: mixed into the block hashes
+	outSeed   uint64               // seed of the generated tokens
+	vocab     []uint32             // generated tokens are drawn from it when set (Request.Vocab)
 	tokens    []uint32
 	promptLen int
 	maxTokens int
@@ -109,6 +110,7 @@ type core struct {
 	evictBuf  []kvevents.SeqHash
 	removeBuf []kvevents.EngineHash
 	storeBuf  []kvevents.StoredBlock
+	mediaBuf  []kvevents.MediaKey
 
 	lora loraSlots // adapters resident on the rank (lora.go)
 }
@@ -227,11 +229,11 @@ func (c *core) ensureHashes(r *request, n int) {
 		return
 	}
 	if len(r.hashes) == 0 {
-		r.hashes = kvevents.SeqHashes(r.hashes, r.tokens[:want*bs], bs, r.seed)
+		r.hashes = kvevents.SeqHashesMedia(r.hashes, r.tokens[:want*bs], bs, r.seed, r.media)
 		return
 	}
 	have := len(r.hashes)
-	r.hashes = kvevents.SeqHashesFrom(r.hashes, r.hashes[have-1], r.tokens[have*bs:want*bs], bs, r.seed)
+	r.hashes = kvevents.SeqHashesFromMedia(r.hashes, r.hashes[have-1], r.tokens[have*bs:want*bs], have*bs, bs, r.seed, r.media)
 }
 
 // grow gives r n more blocks, evicting cached blocks if it must. The caller
@@ -503,7 +505,7 @@ func (c *core) register(r *request, old int) {
 			ev.Parent, ev.HasParent = c.engineHash(r.hashes[start-1]), true
 		}
 		c.stats.StoredBlocks += uint64(len(stored))
-		c.emitStored(ev, r.tokens[start*bs:(start+len(stored))*bs], r.keysFrom(start))
+		c.emitStoredMedia(ev, r, start)
 		stored = stored[:0]
 	}
 	for i := from; i < to; i++ {

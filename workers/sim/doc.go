@@ -23,9 +23,15 @@
 //     Cleared (Reset, Restart, Close), all on kvevents.TierDevice, sent
 //     through EventEmitter (a *kvevents.Publisher, or a recorder in tests).
 //     An emitter may also implement StepEmitter (told where each step ends)
-//     and TokenEmitter (given a Stored event's tokens and BlockKeys).
+//     and TokenEmitter (given a Stored event's tokens and BlockKeys: the
+//     adapter, the salt and the blocks' multimodal (identifier, offset)
+//     pairs).
 //     The engine's block id is EngineHash(worker, rank, seq) = seq xor a
 //     salt hashed from (worker, rank);
+//   - multimodal prompts (media.go): a request's Media items (image
+//     placeholder ranges with their identifiers) enter its blocks' hashes
+//     as vLLM's extra keys do (kvevents.SeqHashesMedia), so different
+//     images never share a cached block past their placeholders' start;
 //   - the Go API (engine.go, stream.go): New, Submit → Stream, Run (step
 //     loops on the clock), RunUntilIdle and AdvanceTo (synchronous, for
 //     deterministic virtual-time simulations and trace replays), Restart

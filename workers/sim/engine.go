@@ -124,7 +124,7 @@ func (e *Engine) Keys() []workerref.Target {
 
 // Submit queues a request on its rank and returns its stream. The request is
 // cancelled when ctx ends. Errors: ErrBadRank, ErrEmptyPrompt,
-// ErrBadMaxTokens, ErrTooLong, ErrDuplicateRequest, ErrClosed.
+// ErrBadMaxTokens, ErrBadMedia, ErrTooLong, ErrDuplicateRequest, ErrClosed.
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if e.closed.Load() {
 		return nil, ErrClosed
@@ -137,6 +137,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	}
 	if req.MaxTokens < 1 {
 		return nil, fmt.Errorf("%w: got %d", ErrBadMaxTokens, req.MaxTokens)
+	}
+	if err := checkMedia(req.Media, len(req.Tokens)); err != nil {
+		return nil, err
 	}
 	c := e.ranks[req.Rank]
 	// The whole sequence (the last token is never fed back) must fit next to
@@ -162,6 +165,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		lora:      req.LoRA,
 		loraID:    req.LoRAID,
 		salt:      req.CacheSalt,
+		media:     req.Media,
 		tokens:    tokens,
 		promptLen: len(tokens),
 		maxTokens: req.MaxTokens,

@@ -3,6 +3,8 @@ package sim
 import (
 	"slices"
 	"time"
+
+	"github.com/kvrouter/kvrouter/kvevents"
 )
 
 // This file models LoRA adapters on a rank as vLLM's v1 engine holds them:
@@ -25,6 +27,10 @@ type BlockKeys struct {
 	// block is the sequence's first: vLLM puts the salt in the extra keys
 	// of the block at token 0 alone (later blocks inherit it by the chain).
 	CacheSalt string
+	// Media holds the (identifier, offset) pairs of the event's blocks
+	// (Block counted from the event's first block), where vLLM writes them
+	// in extra_keys (media.go).
+	Media []kvevents.MediaKey
 }
 
 // keysFrom returns the keys of r's blocks from block index start on.

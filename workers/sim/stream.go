@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"github.com/kvrouter/kvrouter/kvevents"
 	"io"
 	"sync"
 	"time"
@@ -20,7 +21,11 @@ type Request struct {
 	Tokens    []uint32 // prompt tokens (copied)
 	MaxTokens int      // tokens to generate, >= 1
 	LoRA      string   // adapter name; changes the KV hash seed
-	Rank      uint32   // data-parallel rank to run on
+	// Media are the prompt's multimodal items (sorted, disjoint, each
+	// with an identifier): they enter the hashes of the blocks they
+	// overlap (media.go). Not copied: do not modify them.
+	Media []kvevents.MediaItem
+	Rank  uint32 // data-parallel rank to run on
 
 	// CacheSalt is vLLM's cache_salt: it enters the KV hash seed
 	// (kvevents.SeedFor with LoRA), so the same prompt under another salt

@@ -150,6 +150,7 @@ func (e *vllmEmitter) EmitStored(ev kvevents.Event, tokens []uint32, keys BlockK
 		// keys entry per block (nil, or the adapter name and, on a
 		// sequence's first block, the salt), KV cache group 0.
 		HasExtraKeys: true, ExtraKeyCount: len(ev.Blocks), HasGroupIdx: true, SpecKind: "full_attention",
+		Media: keys.Media,
 	}
 	if len(ev.Blocks) > 0 {
 		vev.BlockSize = len(tokens) / len(ev.Blocks)

@@ -203,7 +203,8 @@ func checkIDs(ids []int64) ([]uint32, error) {
 }
 
 // messages reads chat messages: content is a string, null, or a list of
-// parts of which the "text" ones count, joined with "\n" as vLLM does.
+// parts of which the "text" and "image_url" ones count (an image as its
+// placeholder, media.go), joined with "\n" as vLLM does.
 func messages(in []chatMessage) ([]Message, error) {
 	if len(in) == 0 {
 		return nil, errors.New("messages: at least one message is required")
@@ -231,17 +232,14 @@ func messageContent(raw json.RawMessage) (string, error) {
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
+	var parts []contentPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
 		return "", errors.New("content: want a string or a list of content parts")
 	}
 	var texts []string
 	for _, p := range parts {
-		if p.Type == "text" {
-			texts = append(texts, p.Text)
+		if t, ok := partText(p); ok {
+			texts = append(texts, t)
 		}
 	}
 	return strings.Join(texts, "\n"), nil

@@ -21,6 +21,11 @@
 //     names (GET /v1/models with parent and root), loaded and unloaded at
 //     run time, vllm:lora_requests_info; a request's adapter and
 //     cache_salt handed to the engine, which hashes them.
+//   - images (media.go): image_url content parts expand into
+//     Config.ImageTokens placeholders, identified by their uuid or a content
+//     hash as vLLM identifies them, handed to the engine as sim.Request.Media;
+//     RenderChat gives a chat's token ids and features (mm_hashes,
+//     mm_placeholders) for vLLM's render endpoints.
 //
 // A client that disconnects cancels its request: the request context is the
 // engine's submit context, so the engine drops it and frees its blocks.

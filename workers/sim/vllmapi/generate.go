@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
@@ -18,6 +19,7 @@ type job struct {
 	id           string
 	chat         bool
 	tokens       []uint32
+	media        []kvevents.MediaItem // the prompt's images (chat)
 	maxTokens    int
 	finish       string // finish_reason: "length", or "stop" when sim_output_tokens ended it first
 	stream       bool
@@ -53,12 +55,11 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	msgs, err := messages(req.Messages)
-	if err != nil {
-		writeError(w, badRequest("%v", err))
+	tokens, media, e := s.chatPrompt(&req)
+	if e != nil {
+		writeError(w, e)
 		return
 	}
-	tokens := Tokenize(RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt))
 	maxTokens := req.MaxCompletionTokens // the newer name wins, as in vLLM
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
@@ -68,7 +69,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	j.media = media
 	s.run(w, r, j)
+}
+
+// chatPrompt renders a chat request into the tokens the engine computes,
+// images expanded into their placeholders, and the images' items.
+func (s *Server) chatPrompt(req *chatRequest) ([]uint32, []kvevents.MediaItem, *Error) {
+	msgs, err := messages(req.Messages)
+	if err != nil {
+		return nil, nil, badRequest("%v", err)
+	}
+	tokens := Tokenize(RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt))
+	return s.chatMedia(tokens, req.Messages)
 }
 
 // newJob validates what both endpoints share. Without max_tokens the
@@ -135,7 +148,7 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 // the request, and the engine frees its blocks.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	ctx := r.Context()
-	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab,
+	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, Media: j.media, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab,
 		LoRA: j.lora, LoRAID: j.loraID, CacheSalt: j.salt})
 	if err != nil {
 		writeError(w, submitError(err))
@@ -164,7 +177,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 
 func submitError(err error) *Error {
 	switch {
-	case errors.Is(err, sim.ErrTooLong):
+	case errors.Is(err, sim.ErrTooLong), errors.Is(err, sim.ErrBadMedia):
 		return badRequest("the request does not fit in the simulated KV cache: %v", err)
 	case errors.Is(err, sim.ErrClosed):
 		return unavailable("the engine is shutting down")

@@ -29,6 +29,14 @@ func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Serv
 // Engine is filled in).
 func newServerWith(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *sim.Engine) {
 	t.Helper()
+	hs, _, eng := newTestFace(t, ec, cfg)
+	return hs, eng
+}
+
+// newTestFace is newTestServer with the face's Config (its Engine set
+// here) and the face itself.
+func newTestFace(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *Server, *sim.Engine) {
+	t.Helper()
 	ec.Worker, ec.Model = "sim-0", testModel
 	if ec.Speedup == 0 {
 		ec.Speedup = 100
@@ -55,7 +63,7 @@ func newServerWith(t testing.TB, ec sim.Config, cfg Config) (*httptest.Server, *
 		cancel()
 		<-ran
 	})
-	return hs, eng
+	return hs, srv, eng
 }
 
 // post sends body to path and returns the status and the reply body.

@@ -29,6 +29,7 @@ type Config struct {
 	Engine      *sim.Engine  // required; the server does not close it
 	Model       string       // served model name; "" = the engine's model
 	MaxModelLen int          // longest prompt plus output in tokens; 0 = DefaultMaxModelLen
+	ImageTokens int          // placeholder tokens per image (media.go); 0 = DefaultImageTokens
 	Logger      *slog.Logger // nil = slog.Default()
 
 	// EnableLoRA serves LoRA adapters (vLLM's --enable-lora): Adapters
@@ -64,6 +65,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxModelLen == 0 {
 		cfg.MaxModelLen = DefaultMaxModelLen
+	}
+	if cfg.ImageTokens == 0 {
+		cfg.ImageTokens = DefaultImageTokens
+	}
+	if cfg.ImageTokens < 1 {
+		return nil, fmt.Errorf("vllmapi: image tokens %d (want >= 1)", cfg.ImageTokens)
 	}
 	if cfg.MaxModelLen < 1 {
 		return nil, fmt.Errorf("vllmapi: max model len %d (want >= 1)", cfg.MaxModelLen)
@@ -159,6 +166,13 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	toks := Tokenize(text)
+	if req.Messages != nil {
+		var e *Error
+		if toks, _, e = s.chatMedia(toks, req.Messages); e != nil {
+			writeError(w, e)
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, tokenizeReply{Count: len(toks), MaxModelLen: s.cfg.MaxModelLen, Tokens: toks})
 }
 
