@@ -20,8 +20,9 @@ func TestMain(m *testing.M) {
 const testModel = "sim-model"
 
 // newTestServer starts an engine on the wall clock (running with Run) and
-// its HTTP face on a loopback server; both stop at the end of the test.
-func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Server, *sim.Engine) {
+// its HTTP face on a loopback server (its Config changed by opts); both stop
+// at the end of the test.
+func newTestServer(t testing.TB, ec sim.Config, maxModelLen int, opts ...func(*Config)) (*httptest.Server, *sim.Engine) {
 	t.Helper()
 	ec.Worker, ec.Model = "sim-0", testModel
 	if ec.Speedup == 0 {
@@ -34,7 +35,11 @@ func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Serv
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- eng.Run(ctx) }()
-	srv, err := New(Config{Engine: eng, MaxModelLen: maxModelLen})
+	cfg := Config{Engine: eng, MaxModelLen: maxModelLen}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

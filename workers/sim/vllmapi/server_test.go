@@ -65,8 +65,8 @@ func TestOpenAIClientStreamsChatAndNextTurnIsCached(t *testing.T) {
 		t.Fatalf("reply %q (%d bytes), completion_tokens %d; want 16 of each", reply, len(reply), use1.CompletionTokens)
 	}
 	if want := int64(len(RenderChat([]Message{
-		{"system", "You are a terse assistant that answers in one line."},
-		{"user", "Tell me about prefix caching in vLLM, in one sentence please."},
+		{Role: "system", Content: "You are a terse assistant that answers in one line."},
+		{Role: "user", Content: "Tell me about prefix caching in vLLM, in one sentence please."},
 	}, true))); use1.PromptTokens != want {
 		t.Fatalf("prompt_tokens %d, want %d (one token per byte of the rendered chat)", use1.PromptTokens, want)
 	}
