@@ -62,6 +62,9 @@ type simServeFlags struct {
 	maxSeqs, maxBatched, dp, count          *int
 	speedup                                 *float64
 	shutdown                                *time.Duration
+
+	// The simulated model's rendering (not vLLM flags).
+	bos, noRender *bool
 }
 
 func addSimServeFlags(c *cmdFlags) *simServeFlags {
@@ -81,6 +84,8 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		count:       c.integer("count", 1, "number of engines in this process, on consecutive ports (not a vLLM flag)"),
 		shutdown:    c.duration("shutdown-timeout", 10*time.Second, "longest wait for requests in flight when stopping (not a vLLM flag)"),
 	}
+	f.bos = c.boolean("bos-token", false, "the tokenizer has a BOS token (id 256), put in front of a prompt whose request has add_special_tokens (the default of completions), as Llama's (not a vLLM flag)")
+	f.noRender = c.boolean("disable-render-endpoints", false, "serve no POST /v1/chat/completions/render and /v1/completions/render, as a vLLM from before them (not a vLLM flag)")
 	// Accepted for launch scripts written for vLLM; the simulator ignores them.
 	c.float("gpu-memory-utilization", 0.9, "ignored (vLLM flag)")
 	c.integer("tensor-parallel-size", 1, "ignored (vLLM flag)")
@@ -157,6 +162,8 @@ type simServeConfig struct {
 	shutdown            time.Duration
 	engine              sim.Config
 	events              vllmzmq.Config
+
+	bos, noRender bool // vllmapi.Config.BOS and DisableRender
 }
 
 func (f *simServeFlags) config(model string) (simServeConfig, error) {
@@ -178,6 +185,7 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 	if cfg.served == "" {
 		cfg.served = model
 	}
+	cfg.bos, cfg.noRender = *f.bos, *f.noRender
 	switch {
 	case cfg.count < 1:
 		return cfg, fmt.Errorf("--count %d: want at least 1", cfg.count)
@@ -245,7 +253,8 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 		if se.eng, err = sim.New(ec); err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
-		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, Logger: log})
+		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, Logger: log,
+			BOS: cfg.bos, DisableRender: cfg.noRender})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
