@@ -136,7 +136,7 @@ func BenchmarkTTFT(b *testing.B) {
 		ds := make([]time.Duration, 0, b.N)
 		for b.Loop() {
 			t0 := time.Now()
-			if _, err := g.tokenize(context.Background(), eng.URL, kindChat, &cr); err != nil {
+			if _, err := g.tokenize(context.Background(), eng.URL, kindChat, &cr, body); err != nil {
 				b.Fatal(err)
 			}
 			ds = append(ds, time.Since(t0))

@@ -115,6 +115,8 @@ type Gateway struct {
 	mux    *http.ServeMux
 	models map[string]*workerCache
 	apiKey [sha256.Size]byte // SHA-256 of "Bearer <APIKey>", when set
+
+	renders renderProbes // which engines have the render endpoints (render.go)
 }
 
 // New builds a gateway from cfg.
