@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,6 +82,9 @@ type engine struct {
 	url     string
 	stopRun context.CancelFunc
 	ran     chan struct{}
+	// tokenizeCalls and renderCalls count the /tokenize and render
+	// requests that reached the engine.
+	tokenizeCalls, renderCalls atomic.Int64
 }
 
 type stackOpts struct {
@@ -88,6 +92,13 @@ type stackOpts struct {
 	kvBlocks          int  // per engine rank
 	eventsOnly        bool // replicas without the predicted index: route overlaps read the event-fed index alone
 	lateBridges       int  // the last this many engines start without a bridge (the test starts it)
+	// face changes the engines' HTTP face (vllmapi.Config) before they
+	// start: a BOS token, no render endpoints, ...
+	face func(*vllmapi.Config)
+	// staleIntervals is the bridges' StaleIntervals (0: the bridge's
+	// default): a long test on a loaded machine raises it, so that a late
+	// scrape does not make a worker unavailable for a moment.
+	staleIntervals int
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -105,9 +116,9 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		st.startReplica(ctx, i, o.eventsOnly)
 	}
 	for i := range o.engines {
-		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks)
+		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks, o.face)
 		if i < o.engines-o.lateBridges {
-			st.startBridge(e)
+			st.startBridge(e, o.staleIntervals)
 		}
 	}
 	st.waitReady(o.engines - o.lateBridges)
@@ -141,8 +152,8 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 }
 
 // startEngine starts an engine with events on ephemeral ZMQ ports and HTTP
-// on 127.0.0.1:0.
-func (st *stack) startEngine(id string, kvBlocks int) *engine {
+// on 127.0.0.1:0, its HTTP face changed by face (nil: as is).
+func (st *stack) startEngine(id string, kvBlocks int, face func(*vllmapi.Config)) *engine {
 	st.t.Helper()
 	ec := vllmzmq.DefaultConfig()
 	ec.EnableKVCacheEvents, ec.Topic = true, "kv"
@@ -157,7 +168,11 @@ func (st *stack) startEngine(id string, kvBlocks int) *engine {
 		ev.Close()
 		st.t.Fatal(err)
 	}
-	face, err := vllmapi.New(vllmapi.Config{Engine: eng, Model: testModel, MaxModelLen: 8192, Logger: testLogger()})
+	fc := vllmapi.Config{Engine: eng, Model: testModel, MaxModelLen: 8192, Logger: testLogger()}
+	if face != nil {
+		face(&fc)
+	}
+	api, err := vllmapi.New(fc)
 	if err != nil {
 		st.t.Fatal(err)
 	}
@@ -165,8 +180,16 @@ func (st *stack) startEngine(id string, kvBlocks int) *engine {
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	e := &engine{id: id, eng: eng, events: ev, srv: &http.Server{Handler: face, ReadHeaderTimeout: 10 * time.Second},
-		url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
+	e := &engine{id: id, eng: eng, events: ev, url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
+	e.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/tokenize":
+			e.tokenizeCalls.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/render"):
+			e.renderCalls.Add(1)
+		}
+		api.ServeHTTP(w, r)
+	})}
 	runCtx, stop := context.WithCancel(context.Background())
 	e.stopRun = stop
 	go func() { defer close(e.ran); _ = eng.Run(runCtx) }()
@@ -190,8 +213,8 @@ func (e *engine) close() {
 }
 
 // startBridge runs a bridge on e as `kvrouter bridge` does, over its own
-// NATS connection.
-func (st *stack) startBridge(e *engine) *bridge.Bridge {
+// NATS connection (staleIntervals: Config.StaleIntervals, 0 = default).
+func (st *stack) startBridge(e *engine, staleIntervals int) *bridge.Bridge {
 	st.t.Helper()
 	p := e.events.Publisher(0)
 	cfg := bridge.Config{
@@ -199,7 +222,7 @@ func (st *stack) startBridge(e *engine) *bridge.Bridge {
 		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
 		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
-		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
+		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id), StaleIntervals: staleIntervals,
 	}
 	nc, js := natstest.JetStream(st.t, st.srv)
 	b, err := bridge.New(cfg, nc, js)
@@ -390,7 +413,7 @@ func TestLateBridgeCatchesUpByReplay(t *testing.T) {
 	if s := late.eng.Stats()[0]; s.RemovedBlocks == 0 {
 		t.Fatalf("%s evicted nothing before its bridge started", late.id)
 	}
-	b := st.startBridge(late)
+	b := st.startBridge(late, 0)
 	st.waitReady(len(st.engines))
 	for _, p := range prompts[late.id][30:] {
 		st.complete(late, p)
