@@ -4,10 +4,12 @@
 //
 // For each POST /v1/chat/completions or /v1/completions it reads only what
 // routing needs (model, messages or prompt, stream, max_tokens or
-// max_completion_tokens, user; request.go), asks a live engine of the model
-// for the prompt's exact token ids (/tokenize, tokenize.go) or, with
-// Config.Tokenizer approx, cuts the prompt text into pseudo-blocks for a
-// replica in approximate mode (approx.go), routes them
+// max_completion_tokens, user, the fields that shape the prompt; request.go),
+// asks a live engine of the model for the prompt's exact token ids (its
+// render endpoint, else /tokenize given every field it has; a request with
+// a field /tokenize lacks then routes on load: render.go, tokenize.go) or,
+// with Config.Tokenizer approx, cuts the prompt text into pseudo-blocks for
+// a replica in approximate mode (approx.go), routes them
 // through a Router (route, prefill done, free, cancel; router.go), forwards
 // the client's body unchanged to the chosen engine, streams the reply back
 // event by event, and books: prefill_done at the first streamed token,

@@ -80,7 +80,7 @@ type Config struct {
 	// CallTimeout bounds each tokenize and lifecycle call (default 5 s).
 	CallTimeout time.Duration
 	// Tokenizer is how the prompt becomes what the router hashes:
-	// TokenizerEngine (the default, "" too) asks the engine's /tokenize;
+	// TokenizerEngine (the default, "" too) asks the engine (render.go);
 	// TokenizerApprox cuts the text into pseudo-blocks for a replica in
 	// approximate mode, with no /tokenize call (approx.go).
 	Tokenizer string

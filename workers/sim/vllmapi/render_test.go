@@ -3,8 +3,8 @@ package vllmapi
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -19,9 +19,9 @@ import (
 func withBOS(c *Config) { c.BOS = true }
 
 // renderIDs posts body to a render endpoint and returns the token ids.
-func renderIDs(t *testing.T, url, path, body string) []uint32 {
+func renderIDs(t *testing.T, hs *httptest.Server, path, body string) []uint32 {
 	t.Helper()
-	code, out := postURL(t, url, path, body)
+	code, out := post(t, hs, path, body)
 	if code != http.StatusOK {
 		t.Fatalf("%s %s: %d %s", path, body, code, out)
 	}
@@ -42,9 +42,15 @@ func renderIDs(t *testing.T, url, path, body string) []uint32 {
 }
 
 // tokenizeIDs posts body to /tokenize and returns its tokens.
-func tokenizeIDs(t *testing.T, url, body string) []uint32 {
+func tokenizeIDs(t *testing.T, hs *httptest.Server, body string) []uint32 {
 	t.Helper()
-	code, out := postURL(t, url, "/tokenize", body)
+	return tokenizeReplyOf(t, hs, body).Tokens
+}
+
+// tokenizeReplyOf posts body to /tokenize and returns the reply.
+func tokenizeReplyOf(t *testing.T, hs *httptest.Server, body string) tokenizeReply {
+	t.Helper()
+	code, out := post(t, hs, "/tokenize", body)
 	if code != http.StatusOK {
 		t.Fatalf("/tokenize %s: %d %s", body, code, out)
 	}
@@ -52,14 +58,14 @@ func tokenizeIDs(t *testing.T, url, body string) []uint32 {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("/tokenize reply %s: %v", out, err)
 	}
-	return r.Tokens
+	return r
 }
 
 // promptTokensOf posts body to a generate endpoint and returns its usage's
 // prompt_tokens.
-func promptTokensOf(t *testing.T, url, path, body string) int {
+func promptTokensOf(t *testing.T, hs *httptest.Server, path, body string) int {
 	t.Helper()
-	code, out := postURL(t, url, path, body)
+	code, out := post(t, hs, path, body)
 	if code != http.StatusOK {
 		t.Fatalf("%s %s: %d %s", path, body, code, out)
 	}
@@ -70,20 +76,6 @@ func promptTokensOf(t *testing.T, url, path, body string) int {
 		t.Fatalf("%s reply %s: %v", path, out, err)
 	}
 	return r.Usage.PromptTokens
-}
-
-func postURL(t *testing.T, url, path, body string) (int, string) {
-	t.Helper()
-	resp, err := http.Post(url+path, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("POST %s: reading the reply: %v", path, err)
-	}
-	return resp.StatusCode, string(b)
 }
 
 // Two tool definitions change the prompt the engine computes: the same
@@ -112,8 +104,8 @@ func TestToolsChangePromptTokens(t *testing.T) {
 		t.Fatalf("prompt_tokens %d with two tool definitions, %d without: the tools did not render", withTools.Usage.PromptTokens, plain.Usage.PromptTokens)
 	}
 	base := `"model":"sim-model","messages":[{"role":"system","content":"You are an agent."},{"role":"user","content":"Weather in Paris?"}]`
-	a := renderIDs(t, hs.URL, "/v1/chat/completions/render", "{"+base+"}")
-	b := renderIDs(t, hs.URL, "/v1/chat/completions/render", "{"+base+`,"tools":[{"type":"function","function":{"name":"search"}}]}`)
+	a := renderIDs(t, hs, "/v1/chat/completions/render", "{"+base+"}")
+	b := renderIDs(t, hs, "/v1/chat/completions/render", "{"+base+`,"tools":[{"type":"function","function":{"name":"search"}}]}`)
 	if slices.Equal(a[:16], b[:16]) {
 		t.Fatalf("the first block is the same with and without tools: %v", a[:16])
 	}
@@ -127,7 +119,7 @@ func TestRenderHonoursEveryChatField(t *testing.T) {
 	hs, _ := newTestServer(t, sim.Config{}, 0, withBOS)
 	const msgs = `"model":"sim-model","max_tokens":2,"messages":[{"role":"system","content":"sys"},{"role":"user","content":"hi"},{"role":"assistant","content":"Sure,"}]`
 	const tools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type": "object"}}},{"type":"function","function":{"name":"search"}}]`
-	base := renderIDs(t, hs.URL, "/v1/chat/completions/render", "{"+msgs+"}")
+	base := renderIDs(t, hs, "/v1/chat/completions/render", "{"+msgs+"}")
 	for _, tc := range []struct {
 		name, fields string
 		same         bool   // renders as with no field
@@ -152,18 +144,18 @@ func TestRenderHonoursEveryChatField(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := "{" + msgs + "," + tc.fields + "}"
-			got := renderIDs(t, hs.URL, "/v1/chat/completions/render", body)
+			got := renderIDs(t, hs, "/v1/chat/completions/render", body)
 			if slices.Equal(got, base) != tc.same {
 				t.Fatalf("render with %s: %d tokens, %d without; want them equal: %v", tc.fields, len(got), len(base), tc.same)
 			}
-			if n := promptTokensOf(t, hs.URL, "/v1/chat/completions", body); n != len(got) {
+			if n := promptTokensOf(t, hs, "/v1/chat/completions", body); n != len(got) {
 				t.Fatalf("chat completions computes %d prompt tokens, render returned %d", n, len(got))
 			}
-			if tk := tokenizeIDs(t, hs.URL, body); slices.Equal(tk, got) != tc.tokenize {
+			if tk := tokenizeIDs(t, hs, body); slices.Equal(tk, got) != tc.tokenize {
 				t.Fatalf("/tokenize of the same body: %d tokens, render %d; want them equal: %v", len(tk), len(got), tc.tokenize)
 			}
 			if tc.viaKwargs != "" {
-				if tk := tokenizeIDs(t, hs.URL, "{"+msgs+","+tc.viaKwargs+"}"); !slices.Equal(tk, got) {
+				if tk := tokenizeIDs(t, hs, "{"+msgs+","+tc.viaKwargs+"}"); !slices.Equal(tk, got) {
 					t.Fatalf("/tokenize with %s: %d tokens, render %d", tc.viaKwargs, len(tk), len(got))
 				}
 			}
@@ -178,8 +170,8 @@ func TestRenderHonoursEveryChatField(t *testing.T) {
 func TestContinueFinalMessage(t *testing.T) {
 	hs, _ := newTestServer(t, sim.Config{}, 0)
 	const msgs = `"messages":[{"role":"user","content":"Count"},{"role":"assistant","content":"One, two,"}]`
-	open := renderIDs(t, hs.URL, "/v1/chat/completions/render", "{"+msgs+`,"continue_final_message":true,"add_generation_prompt":false}`)
-	next := renderIDs(t, hs.URL, "/v1/chat/completions/render", `{"messages":[{"role":"user","content":"Count"},{"role":"assistant","content":"One, two, three"},{"role":"user","content":"more"}]}`)
+	open := renderIDs(t, hs, "/v1/chat/completions/render", "{"+msgs+`,"continue_final_message":true,"add_generation_prompt":false}`)
+	next := renderIDs(t, hs, "/v1/chat/completions/render", `{"messages":[{"role":"user","content":"Count"},{"role":"assistant","content":"One, two, three"},{"role":"user","content":"more"}]}`)
 	if !slices.Equal(next[:len(open)], open) || string(appendText(nil, next[len(open):len(open)+6])) != " three" {
 		t.Fatalf("the next turn does not extend the open message: %q then %q", appendText(nil, open), appendText(nil, next))
 	}
@@ -217,19 +209,19 @@ func TestAddSpecialTokens(t *testing.T) {
 		{"completion ids", `{"prompt":[104,101],"max_tokens":1}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ids := renderIDs(t, hs.URL, "/v1/completions/render", tc.body)
+			ids := renderIDs(t, hs, "/v1/completions/render", tc.body)
 			if (ids[0] == BOSToken) != tc.bos {
 				t.Fatalf("rendered %v: BOS first is %v, want %v", ids, ids[0] == BOSToken, tc.bos)
 			}
-			if n := promptTokensOf(t, hs.URL, "/v1/completions", tc.body); n != len(ids) {
+			if n := promptTokensOf(t, hs, "/v1/completions", tc.body); n != len(ids) {
 				t.Fatalf("completions computes %d prompt tokens, render returned %d", n, len(ids))
 			}
 		})
 	}
-	if tk := tokenizeIDs(t, hs.URL, `{"prompt":"hi"}`); !slices.Equal(tk, []uint32{BOSToken, 'h', 'i'}) {
+	if tk := tokenizeIDs(t, hs, `{"prompt":"hi"}`); !slices.Equal(tk, []uint32{BOSToken, 'h', 'i'}) {
 		t.Fatalf("/tokenize prompt: %v, want BOS h i", tk)
 	}
-	if tk := tokenizeIDs(t, hs.URL, `{"messages":[{"role":"user","content":"hi"}]}`); tk[0] == BOSToken {
+	if tk := tokenizeIDs(t, hs, `{"messages":[{"role":"user","content":"hi"}]}`); tk[0] == BOSToken {
 		t.Fatalf("/tokenize messages: %v starts with BOS, chat's add_special_tokens is false by default", tk)
 	}
 	if code, out := post(t, hs, "/detokenize", `{"tokens":[256,104,105]}`); code != http.StatusOK || !strings.Contains(out, jsonText("<s>hi")) {
@@ -246,7 +238,7 @@ func TestDisableRender(t *testing.T) {
 			t.Errorf("%s: %d %s, want 404", path, code, out)
 		}
 	}
-	if n := len(tokenizeIDs(t, hs.URL, `{"prompt":"hi"}`)); n != 2 {
+	if n := len(tokenizeIDs(t, hs, `{"prompt":"hi"}`)); n != 2 {
 		t.Fatalf("/tokenize: %d tokens, want 2", n)
 	}
 }

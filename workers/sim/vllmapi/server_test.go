@@ -89,16 +89,9 @@ func TestTokenizeNextTurnExtendsPromptAndReply(t *testing.T) {
 	hs, _ := newTestServer(t, sim.Config{}, 4096)
 	tok := func(body string) tokenizeReply {
 		t.Helper()
-		code, out := post(t, hs, "/tokenize", body)
-		if code != http.StatusOK {
-			t.Fatalf("/tokenize %s: %d %s", body, code, out)
-		}
-		var r tokenizeReply
-		if err := json.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("/tokenize reply %s: %v", out, err)
-		}
+		r := tokenizeReplyOf(t, hs, body)
 		if r.Count != len(r.Tokens) || r.MaxModelLen != 4096 {
-			t.Fatalf("/tokenize reply %s: count or max_model_len wrong", out)
+			t.Fatalf("/tokenize reply %+v: count or max_model_len wrong", r)
 		}
 		return r
 	}
