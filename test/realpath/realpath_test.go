@@ -69,6 +69,7 @@ type stack struct {
 	replicas []*host.Replica
 	engines  []*engine
 	http     *http.Client // the test's own client to the engines
+	ranks    int          // of each engine
 }
 
 // engine is one `kvrouter sim serve` engine as cmd/kvrouter/sim.go starts
@@ -82,6 +83,7 @@ type engine struct {
 	url     string
 	stopRun context.CancelFunc
 	ran     chan struct{}
+	ranks   int
 	// tokenizeCalls and renderCalls count the /tokenize and render
 	// requests that reached the engine.
 	tokenizeCalls, renderCalls atomic.Int64
@@ -99,11 +101,14 @@ type stackOpts struct {
 	// default): a long test on a loaded machine raises it, so that a late
 	// scrape does not make a worker unavailable for a moment.
 	staleIntervals int
+	// ranks is each engine's data-parallel ranks (0: 1). With more, each
+	// rank's event sockets listen on consecutive ports, as vLLM's.
+	ranks int
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(8<<20)), http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
+	st := &stack{t: t, ranks: max(o.ranks, 1), srv: natstest.Start(t, natstest.WithMaxPayload(8<<20)), http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
 	t.Cleanup(st.http.CloseIdleConnections)
 	st.nc, st.js = natstest.JetStream(t, st.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -116,7 +121,7 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		st.startReplica(ctx, i, o.eventsOnly)
 	}
 	for i := range o.engines {
-		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks, o.face)
+		e := st.startEngine(fmt.Sprintf("e%d", i), o)
 		if i < o.engines-o.lateBridges {
 			st.startBridge(e, o.staleIntervals)
 		}
@@ -151,26 +156,32 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	})
 }
 
-// startEngine starts an engine with events on ephemeral ZMQ ports and HTTP
-// on 127.0.0.1:0, its HTTP face changed by face (nil: as is).
-func (st *stack) startEngine(id string, kvBlocks int, face func(*vllmapi.Config)) *engine {
+// startEngine starts an engine with o.kvBlocks and o.ranks, events on
+// ephemeral ZMQ ports (consecutive free ones for several ranks) and HTTP
+// on 127.0.0.1:0, its HTTP face changed by o.face (nil: as is).
+func (st *stack) startEngine(id string, o stackOpts) *engine {
 	st.t.Helper()
+	ranks := max(o.ranks, 1)
 	ec := vllmzmq.DefaultConfig()
 	ec.EnableKVCacheEvents, ec.Topic = true, "kv"
 	ec.Endpoint, ec.ReplayEndpoint = "tcp://*:0", "tcp://*:0"
-	ev, err := sim.NewVLLMEvents(ec, 1, testLogger())
+	if ranks > 1 {
+		base := testutil.FreePorts(st.t, 2*ranks)
+		ec.Endpoint, ec.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", base), fmt.Sprintf("tcp://*:%d", base+ranks)
+	}
+	ev, err := sim.NewVLLMEvents(ec, ranks, testLogger())
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	eng, err := sim.New(sim.Config{Worker: id, Model: testModel, BlockSize: testBlock, KVBlocks: kvBlocks,
+	eng, err := sim.New(sim.Config{Worker: id, Model: testModel, BlockSize: testBlock, KVBlocks: o.kvBlocks, Ranks: ranks,
 		Speedup: 1000, NewEmitter: ev.Factory()})
 	if err != nil {
 		ev.Close()
 		st.t.Fatal(err)
 	}
 	fc := vllmapi.Config{Engine: eng, Model: testModel, MaxModelLen: 8192, Logger: testLogger()}
-	if face != nil {
-		face(&fc)
+	if o.face != nil {
+		o.face(&fc)
 	}
 	api, err := vllmapi.New(fc)
 	if err != nil {
@@ -180,7 +191,7 @@ func (st *stack) startEngine(id string, kvBlocks int, face func(*vllmapi.Config)
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	e := &engine{id: id, eng: eng, events: ev, url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
+	e := &engine{id: id, eng: eng, events: ev, url: "http://" + ln.Addr().String(), ranks: ranks, ran: make(chan struct{})}
 	e.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path == "/tokenize":
@@ -219,7 +230,7 @@ func (st *stack) startBridge(e *engine, staleIntervals int) *bridge.Bridge {
 	p := e.events.Publisher(0)
 	cfg := bridge.Config{
 		EngineURL: e.url, KVEvents: p.Endpoint(), KVReplay: p.ReplayEndpoint(), Topic: "kv",
-		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
+		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize, DataParallelSize: e.ranks,
 		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id), StaleIntervals: staleIntervals,
@@ -270,14 +281,14 @@ func bridgeMetric(t *testing.T, b *bridge.Bridge, name string) float64 {
 	return sum
 }
 
-// waitReady waits until every replica lists n ready workers, each with a
-// load report from its bridge's scrape.
+// waitReady waits until every replica lists n ready workers (each of their
+// ranks), each with a load report from its bridge's scrape.
 func (st *stack) waitReady(n int) {
 	st.t.Helper()
 	testutil.Eventually(st.t, 15*time.Second, func() bool {
 		for _, r := range st.replicas {
 			w, err := st.list(r)
-			if err != nil || len(w.Workers) != n {
+			if err != nil || len(w.Workers) != n*st.ranks {
 				return false
 			}
 			for _, ws := range w.Workers {

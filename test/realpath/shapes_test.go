@@ -54,7 +54,9 @@ type shape struct {
 	// the router must claim no prefix.
 	unknown bool
 	turn    turnFunc
-	// check, when set, runs after the row with the row's engines.
+	// setup, when set, runs before the row's first request; check after
+	// its last.
+	setup func(t *testing.T, ss *shapeStack, row shape)
 	check func(t *testing.T, engines []*engine)
 }
 
@@ -72,11 +74,19 @@ type conv struct {
 	ids    []int64 // completions: the running token ids
 }
 
-// faces are the engines' HTTP options a row can ask for. Every engine has a
-// BOS token, so that add_special_tokens changes the prompt.
-var faces = map[string]func(*vllmapi.Config){
-	"render":    func(c *vllmapi.Config) { c.BOS = true },
-	"no-render": func(c *vllmapi.Config) { c.BOS, c.DisableRender = true, true },
+// engineFace is what a row asks of the engines: their HTTP options and
+// their data-parallel ranks.
+type engineFace struct {
+	api   func(*vllmapi.Config)
+	ranks int
+}
+
+// faces are the engines a row can ask for. Every engine has a BOS token, so
+// that add_special_tokens changes the prompt.
+var faces = map[string]engineFace{
+	"render":         {api: func(c *vllmapi.Config) { c.BOS = true }},
+	"no-render":      {api: func(c *vllmapi.Config) { c.BOS, c.DisableRender = true, true }},
+	"render-2-ranks": {api: func(c *vllmapi.Config) { c.BOS = true }, ranks: 2},
 }
 
 // system is the row's system prompt, shared by its conversations (so they
@@ -217,6 +227,42 @@ var shapes = []shape{
 	{name: "completions with token ids", face: "render", sessions: 5, turns: 10, turn: completionIDsTurn},
 	{name: "no render endpoint: chat with tools", face: "no-render", sessions: 5, turns: 10, turn: chatTurn(true, withTools("")), check: usedTokenize},
 	{name: "no render endpoint: tool_choice", face: "no-render", sessions: 5, turns: 10, unknown: true, turn: chatTurn(true, withTools("required")), check: usedTokenize},
+	// Each rank has its own cache: a request the gateway sent to another
+	// rank than the routed one (X-Data-Parallel-Rank) finds it cold.
+	{name: "two data-parallel ranks: chat with tools", face: "render-2-ranks", sessions: 5, turns: 10, turn: chatTurn(true, withTools("auto")),
+		setup: warmRank1, check: usedRanks},
+}
+
+// warmRank1 sends a first turn of the row straight to rank 1 of each engine
+// (X-Data-Parallel-Rank: 1), so that the row's shared prefix (system
+// prompt, tools) is cached there and the router sends the row's requests to
+// rank 1: without the header an idle engine would serve them on rank 0.
+func warmRank1(t *testing.T, ss *shapeStack, row shape) {
+	t.Helper()
+	for _, e := range ss.engines {
+		cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0),
+			option.WithHTTPClient(ss.http))
+		c := &conv{row: row.name, id: -1}
+		if _, err := row.turn(context.Background(), cl, c, []option.RequestOption{option.WithHeader(vllmapi.RankHeader, "1")}); err != nil {
+			t.Fatalf("warming %s#1: %v", e.id, err)
+		}
+		ss.waitIndexed(t, e.id)
+	}
+}
+
+// usedRanks checks that the row's requests were served by rank 1 (warmed
+// by warmRank1), so that the exact overlaps show the gateway sent them
+// there: an idle engine serves a request without X-Data-Parallel-Rank on
+// rank 0.
+func usedRanks(t *testing.T, engines []*engine) {
+	t.Helper()
+	served := 0
+	for _, e := range engines {
+		served += int(e.eng.Stats()[1].Completed) - 1 // less the warming request
+	}
+	if served < 25 {
+		t.Errorf("%d of the row's requests were served by rank 1: the row does not test the rank header", served)
+	}
 }
 
 // shapeStack is a stack for the rows of one face, with a gateway over NATS.
@@ -242,6 +288,9 @@ func TestRouterPredictsEngineCacheForEveryShape(t *testing.T) {
 					continue
 				}
 				t.Run(row.name, func(t *testing.T) {
+					if row.setup != nil {
+						row.setup(t, ss, row)
+					}
 					matched, total := runShape(t, ss, row)
 					t.Logf("%s: %d of %d requests predicted exactly", row.name, matched, total)
 					if row.check != nil {
@@ -260,7 +309,8 @@ func TestRouterPredictsEngineCacheForEveryShape(t *testing.T) {
 // API's transport (TestOpenAIClientThroughBridgesAndGateway covers it).
 func startShapeStack(t *testing.T, face string) *shapeStack {
 	t.Helper()
-	st := startStack(t, stackOpts{engines: 2, replicas: 1, kvBlocks: 4096, face: faces[face], staleIntervals: 100})
+	f := faces[face]
+	st := startStack(t, stackOpts{engines: 2, replicas: 1, kvBlocks: 4096, face: f.api, ranks: f.ranks, staleIntervals: 100})
 	base := st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]})
 	hc := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(hc.CloseIdleConnections)
@@ -306,38 +356,36 @@ func runShape(t *testing.T, ss *shapeStack, row shape) (matched, total int) {
 				t.Errorf("session %d turn %d on %s: the router predicted %d blocks, the engine had %d tokens cached of %d (at most %d blocks)",
 					c.id, turn, hr.Header.Get(gateway.HeaderWorker), overlap, u.PromptTokensDetails.CachedTokens, prompt, (prompt-1)/testBlock)
 			}
-			ss.waitIndexed(t, strings.TrimSuffix(hr.Header.Get(gateway.HeaderWorker), "#0"))
+			worker, _, _ := strings.Cut(hr.Header.Get(gateway.HeaderWorker), "#")
+			ss.waitIndexed(t, worker)
 		}
 	}
 	return matched, total
 }
 
-// waitIndexed waits until the replicas index as many blocks on the
-// engine named worker as the engine holds (the caches are large enough that
-// nothing is evicted, so equal counts are equal sets). Only the engine that
-// served the last request has changed since the last wait.
+// waitIndexed waits until the replicas index as many blocks on each rank
+// of the engine named worker as the engine holds there (the caches are
+// large enough that nothing is evicted, so equal counts are equal sets).
+// Only the engine that served the last request has changed since the last
+// wait.
 func (st *stack) waitIndexed(t *testing.T, worker string) {
 	t.Helper()
+	i := slices.IndexFunc(st.engines, func(e *engine) bool { return e.id == worker })
+	if i < 0 {
+		t.Fatalf("no engine %q", worker)
+	}
+	e := st.engines[i]
 	var last string
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		for _, e := range st.engines {
-			if e.id != worker {
-				continue
-			}
-			held := 0
-			for _, hs := range e.eng.Dump() {
-				held += len(hs)
-			}
+		for k, hs := range e.eng.Dump() {
 			for _, r := range st.replicas {
-				if got := st.indexed(r, e.id, 0); got != held {
-					last = fmt.Sprintf("%s indexes %d blocks on %s, the engine holds %d", r.ID(), got, e.id, held)
+				if got := st.indexed(r, e.id, k.Rank); got != len(hs) {
+					last = fmt.Sprintf("%s indexes %d blocks on %s, the engine holds %d", r.ID(), got, k, len(hs))
 					return false
 				}
 			}
-			return true
 		}
-		last = "no engine " + worker
-		return false
+		return true
 	}, func() string { return "the replicas to index the engine's blocks: " + last })
 }
 
@@ -347,7 +395,7 @@ func TestShapesHaveFiftyRequests(t *testing.T) {
 		if n := row.sessions * row.turns; n < 50 || row.turns < 2 {
 			t.Errorf("row %q: %d requests in conversations of %d turns; want at least 50, multi-turn", row.name, n, row.turns)
 		}
-		if faces[row.face] == nil {
+		if faces[row.face].api == nil {
 			t.Errorf("row %q: unknown face %q", row.name, row.face)
 		}
 	}
