@@ -238,7 +238,7 @@ func decodeRenderReply(data []byte) ([]uint32, error) {
 	} else if err := json.Unmarshal(rest, &one); err != nil {
 		return nil, fmt.Errorf("decoding the reply: %w", err)
 	}
-	if !ok || !isNull(one.TokenIDs) { // the cut was not the (last) top-level token_ids
+	if !ok || !bytes.Equal(one.TokenIDs, idsPlaceholder) { // the cut was not the (last) top-level token_ids
 		var err error
 		if ids, _, err = parseTokenIDs(one.TokenIDs, nil); err != nil {
 			return nil, fmt.Errorf("token_ids: %w", err)

@@ -242,7 +242,7 @@ func TestDecodeRenderReply(t *testing.T) {
 func FuzzDecodeRenderReply(f *testing.F) {
 	for _, s := range []string{`{"request_id":"r","token_ids":[1,2,3],"features":null}`, `{"token_ids" : [ 4294967295 , 0 ]}`,
 		`{"token_ids":[4294967296]}`, `{"token_ids":[1,]}`, `{"x":"\"token_ids\":[1]","token_ids":[2]}`, `{"m":{"token_ids":[1]},"token_ids":[2]}`,
-		`{"token_ids":[1],"token_ids":[2]}`, `{"token_ids":["1"]}`, `{"token_ids":[1]`, ``} {
+		`{"token_ids":[1],"token_ids":[2]}`, `{"token_ids":[1],"token_ids":null}`, `{"m":{"token_ids":[1]}}`, `{"token_ids":["1"]}`, `{"token_ids":[1]`, ``} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -67,11 +67,18 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
 
 var tokensKey = []byte(`"tokens"`)
 
+// idsPlaceholder takes the place of the id array cutIDArray read: an empty
+// array in a spelling no encoder writes, so that a caller decoding the rest
+// knows the key's value is the one that was cut only when it finds exactly
+// these bytes there (a nested key, or a later duplicate key, where the
+// last counts, leaves something else).
+var idsPlaceholder = []byte("[\t\n\t]")
+
 // cutIDArray finds the first `key: [ids]` in data and returns the ids with
-// data where that array is replaced by null; ok is false when there is no
-// such key followed by an array of token ids. The caller checks, by
-// decoding the rest, that the array it got was the top-level one (not a
-// nested key, not one of duplicate keys, where the last counts).
+// data where that array is replaced by idsPlaceholder; ok is false when
+// there is no such key followed by an array of token ids. The caller
+// checks, by decoding the rest, that the array it got was the top-level
+// one.
 func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 	k := bytes.Index(data, key)
 	if k < 0 {
@@ -90,7 +97,7 @@ func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 		return nil, nil, false
 	}
 	rest = make([]byte, 0, k+len(data)-j-n+16)
-	rest = append(append(append(rest, data[:k]...), key...), `:null`...)
+	rest = append(append(append(append(rest, data[:k]...), key...), ':'), idsPlaceholder...)
 	return ids, append(rest, data[j+n:]...), true
 }
 
@@ -98,13 +105,13 @@ func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 // 2,048-token tokenize call scanning and decoding the id array through
 // reflection (BenchmarkTTFT/tokenize, docs/gateway.md), so the fast path
 // reads the array by hand and gives encoding/json the rest of the reply
-// (with "tokens":null in its place); it is taken only when the reply's
+// (with idsPlaceholder in its place); it is taken only when the reply's
 // count agrees with the ids read. Anything else goes through encoding/json
 // whole.
 func decodeTokenizeReply(data []byte) (tokenizeReply, error) {
 	var tr tokenizeReply
 	if ids, rest, ok := cutIDArray(data, tokensKey); ok {
-		if json.Unmarshal(rest, &tr) == nil && isNull(tr.RawTokens) && tr.Count == len(ids) {
+		if json.Unmarshal(rest, &tr) == nil && bytes.Equal(tr.RawTokens, idsPlaceholder) && tr.Count == len(ids) {
 			tr.Tokens, tr.RawTokens = ids, nil
 			return tr, nil
 		}
