@@ -14,7 +14,8 @@ import (
 // Tokenizer choices of Config.Tokenizer.
 const (
 	// TokenizerEngine asks a live engine of the model for the prompt's
-	// exact token ids (/tokenize): router hashes equal the engine's blocks.
+	// exact token ids (its render endpoint, else /tokenize; render.go):
+	// router hashes equal the engine's blocks.
 	TokenizerEngine = "engine"
 	// TokenizerApprox makes no /tokenize call: the prompt text is cut into
 	// pseudo-blocks (approxBlocks) for a replica in approximate mode, whose

@@ -199,7 +199,7 @@ func FuzzDecodeTokenizeReply(f *testing.F) {
 	for _, s := range []string{`{"count":3,"max_model_len":8,"tokens":[1,2,3],"token_strs":null}`, `{"count":0,"tokens":[]}`,
 		`{"tokens" : [ 4294967295 , 0 ], "count":2}`, `{"count":1,"tokens":[4294967296]}`, `{"count":2,"tokens":[1,]}`,
 		`{"count":1,"tokens":[-1]}`, `{"count":1,"tokens":["1"]}`, `{"count":1,"tokens":[1]`, `{"x":"\"tokens\":[1]","count":1,"tokens":[2]}`, `{"m":{"tokens":[1]},"count":1,"tokens":[2]}`,
-		`{"tokens":[1],"count":1,"tokens":[2]}`, `{"a":"tokens","count":1,"tokens":[5]}`, ``} {
+		`{"tokens":[1],"count":1,"tokens":[2]}`, `{"a":"tokens","count":1,"tokens":[5]}`, `{"m":{"tokens":[1]},"count":1}`, ``} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

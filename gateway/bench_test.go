@@ -20,18 +20,21 @@ import (
 
 // stubEngine answers /tokenize and the generate endpoints at once, so that
 // a benchmark measures the gateway and not the engine: a reply is a role
-// chunk, one content chunk and [DONE] (streams) or one JSON object.
-func stubEngine(tb testing.TB, promptTokens int) *httptest.Server {
-	var tok bytes.Buffer
-	tok.WriteString(`{"count":` + fmt.Sprint(promptTokens) + `,"max_model_len":8192,"tokens":[`)
+// chunk, one content chunk and [DONE] (streams) or one JSON object. With
+// render it answers POST /v1/chat/completions/render too, as vLLM's (the
+// same ids); without, that path is 404.
+func stubEngine(tb testing.TB, promptTokens int, render bool) *httptest.Server {
+	var ids bytes.Buffer
 	for i := range promptTokens {
 		if i > 0 {
-			tok.WriteByte(',')
+			ids.WriteByte(',')
 		}
-		fmt.Fprint(&tok, 32+i%90)
+		fmt.Fprint(&ids, 32+i%90)
 	}
-	tok.WriteString(`],"token_strs":null}`)
-	tokBody := tok.Bytes()
+	tokBody := []byte(`{"count":` + fmt.Sprint(promptTokens) + `,"max_model_len":8192,"tokens":[` + ids.String() + `],"token_strs":null}`)
+	renderBody := []byte(`{"request_id":"chatcmpl-1","token_ids":[` + ids.String() + `],"features":null,` +
+		`"sampling_params":{"n":1,"temperature":1.0,"max_tokens":1},"model":"m","stream":true,"stream_options":null,` +
+		`"cache_salt":null,"priority":0,"kv_transfer_params":null}`)
 	whole := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 	events := [][]byte{
 		[]byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n"),
@@ -44,6 +47,13 @@ func stubEngine(tb testing.TB, promptTokens int) *httptest.Server {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(tokBody)
 	})
+	if render {
+		mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(renderBody)
+		})
+	}
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if !bytes.Contains(body, []byte(`"stream":true`)) {
@@ -64,9 +74,9 @@ func stubEngine(tb testing.TB, promptTokens int) *httptest.Server {
 }
 
 // benchFleet is one replica with one stub engine registered as worker "stub".
-func benchFleet(b *testing.B, promptTokens int) (*fleet, *httptest.Server) {
+func benchFleet(b *testing.B, promptTokens int, render bool) (*fleet, *httptest.Server) {
 	f := startFleet(b, fleetOpts{replicas: 1})
-	eng := stubEngine(b, promptTokens)
+	eng := stubEngine(b, promptTokens, render)
 	info := workers.Info{ID: "stub", Model: testModel, Endpoint: eng.URL + "/v1", Ranks: []uint32{0}, BlockSize: 16,
 		KVBlocks: 1 << 16, MaxBatchedTokens: 8192, MaxSeqs: 1 << 16}
 	reg, err := workers.Register(context.Background(), f.js, testRegistry(), info)
@@ -116,7 +126,7 @@ func reportPercentiles(b *testing.B, ds []time.Duration) {
 // Tokenize and route are measured alone as well. 2,048-character prompt.
 func BenchmarkTTFT(b *testing.B) {
 	const promptTokens = 2048
-	f, eng := benchFleet(b, promptTokens)
+	f, eng := benchFleet(b, promptTokens, false)
 	body := []byte(`{"model":"m","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("x", promptTokens) + `"}]}`)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	b.Cleanup(hc.CloseIdleConnections)
@@ -136,7 +146,7 @@ func BenchmarkTTFT(b *testing.B) {
 		ds := make([]time.Duration, 0, b.N)
 		for b.Loop() {
 			t0 := time.Now()
-			if _, err := g.tokenize(context.Background(), eng.URL, kindChat, &cr); err != nil {
+			if _, err := g.tokenize(context.Background(), eng.URL, kindChat, &cr, body); err != nil {
 				b.Fatal(err)
 			}
 			ds = append(ds, time.Since(t0))
@@ -169,11 +179,53 @@ func BenchmarkTTFT(b *testing.B) {
 	}
 }
 
+// BenchmarkTTFTRender is BenchmarkTTFT against an engine with vLLM's render
+// endpoint, which the gateway then asks instead of /tokenize (the client's
+// whole body, every field): direct, through the gateway in process, and
+// the render and /tokenize calls alone. 2,048-token prompt.
+func BenchmarkTTFTRender(b *testing.B) {
+	const promptTokens = 2048
+	f, eng := benchFleet(b, promptTokens, true)
+	body := []byte(`{"model":"m","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("x", promptTokens) + `"}]}`)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	b.Cleanup(hc.CloseIdleConnections)
+	timed := func(b *testing.B, call func()) {
+		ds := make([]time.Duration, 0, b.N)
+		for b.Loop() {
+			t0 := time.Now()
+			call()
+			ds = append(ds, time.Since(t0))
+		}
+		reportPercentiles(b, ds)
+	}
+	b.Run("direct", func(b *testing.B) { timed(b, func() { firstToken(b, hc, eng.URL, body) }) })
+	b.Run("gateway-inprocess", func(b *testing.B) {
+		base := f.gateway(nil, nil)
+		timed(b, func() { firstToken(b, hc, base, body) })
+	})
+	g, _ := New(Config{Router: ReplicaRouter{R: f.replicas[0]}, Models: []string{testModel}})
+	cr, _ := readRequest(kindChat, body)
+	b.Run("render", func(b *testing.B) {
+		timed(b, func() {
+			if tr, err := g.tokenize(context.Background(), eng.URL, kindChat, &cr, body); err != nil || len(tr.Tokens) != promptTokens {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("tokenize", func(b *testing.B) {
+		timed(b, func() {
+			if tr, err := g.tokenizeCall(context.Background(), eng.URL, kindChat, &cr); err != nil || len(tr.Tokens) != promptTokens {
+				b.Fatal(err)
+			}
+		})
+	})
+}
+
 // BenchmarkThroughput is non-streaming requests per second through one
 // gateway (in process over the replica, and over NATS), small prompts,
 // engine stub, replica and gateway sharing the machine.
 func BenchmarkThroughput(b *testing.B) {
-	f, _ := benchFleet(b, 32)
+	f, _ := benchFleet(b, 32, false)
 	body := []byte(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a small prompt of about thirty two"}]}`)
 	for _, rt := range []struct {
 		name string

@@ -4,10 +4,12 @@
 //
 // For each POST /v1/chat/completions or /v1/completions it reads only what
 // routing needs (model, messages or prompt, stream, max_tokens or
-// max_completion_tokens, user; request.go), asks a live engine of the model
-// for the prompt's exact token ids (/tokenize, tokenize.go) or, with
-// Config.Tokenizer approx, cuts the prompt text into pseudo-blocks for a
-// replica in approximate mode (approx.go); for a chat with media parts it
+// max_completion_tokens, user, the fields that shape the prompt; request.go),
+// asks a live engine of the model for the prompt's exact token ids (its
+// render endpoint, else /tokenize given every field it has; a request with
+// a field /tokenize lacks then routes on load: render.go, tokenize.go) or,
+// with Config.Tokenizer approx, cuts the prompt text into pseudo-blocks for
+// a replica in approximate mode (approx.go); for a chat with media parts it
 // takes the token ids and the items' identifiers and positions from the
 // engine's render endpoint, or routes only before the first item
 // (media.go). It routes them

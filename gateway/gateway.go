@@ -80,7 +80,7 @@ type Config struct {
 	// CallTimeout bounds each tokenize and lifecycle call (default 5 s).
 	CallTimeout time.Duration
 	// Tokenizer is how the prompt becomes what the router hashes:
-	// TokenizerEngine (the default, "" too) asks the engine's /tokenize;
+	// TokenizerEngine (the default, "" too) asks the engine (render.go);
 	// TokenizerApprox cuts the text into pseudo-blocks for a replica in
 	// approximate mode, with no /tokenize call (approx.go).
 	Tokenizer string
@@ -117,6 +117,8 @@ type Gateway struct {
 	apiKey [sha256.Size]byte // SHA-256 of "Bearer <APIKey>", when set
 	// noRender remembers the engines found without a render endpoint.
 	noRender renderAbsent
+
+	renders renderProbes // which engines have the render endpoints (render.go)
 }
 
 // New builds a gateway from cfg.

@@ -10,6 +10,7 @@ import (
 	"github.com/kvrouter/kvrouter/session"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -71,17 +72,24 @@ func checkSession(header, id, mode string) *RequestError {
 
 // prompt fills rq's prompt: with Config.Tokenizer approx, the text's
 // pseudo-blocks (approxPrompt); otherwise the engine's own token ids from
-// /tokenize on a live worker, or, when that fails, an estimate of the prompt's length so
-// that the request routes on load alone (counted in
+// its render endpoint or /tokenize on a live worker (tokenize). When the
+// tokens are unknown (a field /tokenize cannot carry) or the call fails,
+// the request routes on load alone with an estimate of the prompt's length
+// (counted in kvr_gateway_prompt_unknown_total or
 // kvr_gateway_tokenize_failures_total). An engine refusing the prompt
 // (400) or a prompt longer than the engine's context refuses the request.
 func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, body []byte, rq *api.RouteRequest) *RequestError {
 	if g.cfg.Tokenizer == TokenizerApprox {
 		return g.approxPrompt(ctx, kind, cr, body, rq)
 	}
-	tr, err := g.tokenizeOnce(ctx, kind, cr)
+	tr, err := g.tokenizeOnce(ctx, kind, cr, body)
 	var se *tokenizeStatusError
 	switch {
+	case err == nil && tr.Unknown != "":
+		g.m.promptUnknown.Add(ctx, 1, metric.WithAttributes(attribute.String("field", tr.Unknown)))
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("kvr.prompt_unknown", tr.Unknown))
+		rq.InputTokens = max(1, tr.Count)
+		return nil
 	case err == nil && tr.MaxModelLen > 0 && tr.Count+cr.outputTokens() > tr.MaxModelLen:
 		e := badRequest("messages", "this model's maximum context length is %d tokens; the request has %d prompt tokens and asks for %d more",
 			tr.MaxModelLen, tr.Count, cr.outputTokens())
@@ -99,7 +107,7 @@ func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, bo
 		rq.TokenIDs, rq.Media, rq.BlockSize = tr.Tokens, tr.Media, g.blockSize(ctx, cr.Model)
 		return nil
 	case errors.As(err, &se) && se.status == http.StatusBadRequest:
-		return badRequest("", "the engine refused the prompt: %s", se.body)
+		return engineRefusal(kind, se)
 	}
 	if err != nil && !errors.Is(err, errNoTokenize) {
 		g.m.tokenizeFails.Add(ctx, 1)
@@ -109,8 +117,9 @@ func (g *Gateway) prompt(ctx context.Context, kind string, cr *clientRequest, bo
 	return nil
 }
 
-// tokenizeOnce calls /tokenize on one live worker, in a child span.
-func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientRequest) (*tokenizeReply, error) {
+// tokenizeOnce asks one live worker for the prompt's tokens, in a child
+// span.
+func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientRequest, body []byte) (*tokenizeReply, error) {
 	e, ok := g.tokenizeTarget(ctx, cr.Model)
 	if !ok {
 		return nil, errors.New("no live worker to tokenize on")
@@ -125,7 +134,7 @@ func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientReque
 	if parts := mediaPartsOf(kind, cr); parts != nil {
 		tr, err = g.tokenizeMedia(ctx, e.root, cr, parts)
 	} else {
-		tr, err = g.tokenize(ctx, e.root, kind, cr)
+		tr, err = g.tokenize(ctx, e.root, kind, cr, body)
 	}
 	g.m.tokenize.Record(ctx, time.Since(t0).Seconds())
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,8 +70,10 @@ type testEngine struct {
 	reg  *workers.Registration
 	stop context.CancelFunc
 	done chan struct{}
-	// tokenizeCalls counts the /tokenize requests that reached the engine.
-	tokenizeCalls atomic.Int64
+	// tokenizeCalls counts the tokenizer requests (/tokenize and the
+	// render endpoints) that reached the engine; renderCalls the render
+	// ones alone.
+	tokenizeCalls, renderCalls atomic.Int64
 }
 
 type fleetOpts struct {
@@ -135,8 +138,11 @@ func (f *fleet) addEngine(ctx context.Context, id string, events bool) *testEngi
 	}
 	te := &testEngine{id: id, eng: eng, done: make(chan struct{})}
 	te.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tokenize" {
+		if r.URL.Path == "/tokenize" || strings.HasSuffix(r.URL.Path, "/render") {
 			te.tokenizeCalls.Add(1)
+		}
+		if strings.HasSuffix(r.URL.Path, "/render") {
+			te.renderCalls.Add(1)
 		}
 		api.ServeHTTP(w, r)
 	}))

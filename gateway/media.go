@@ -114,9 +114,10 @@ func withoutMedia(messages json.RawMessage) (json.RawMessage, error) {
 	return json.Marshal(msgs)
 }
 
-// renderReply is the part of vLLM's render answer (a GenerateRequest) the
-// gateway reads.
-type renderReply struct {
+// mediaRenderReply is the part of vLLM's chat render answer (a
+// GenerateRequest) the gateway reads for a chat with media: the token ids
+// and every item's hash and placeholder range.
+type mediaRenderReply struct {
 	TokenIDs []uint32 `json:"token_ids"`
 	Features *struct {
 		MMHashes       map[string][]string `json:"mm_hashes"`
@@ -126,9 +127,6 @@ type renderReply struct {
 		} `json:"mm_placeholders"`
 	} `json:"features"`
 }
-
-// errNoRender: the engine has no render endpoint.
-var errNoRender = errors.New("the engine has no render endpoint")
 
 // noRenderFor is how long the gateway remembers that an engine has no
 // render endpoint before asking again (an engine may be upgraded).
@@ -162,15 +160,15 @@ func (r *renderAbsent) mark(root string) {
 // when it has one, else from /tokenize (the first item's position only).
 func (g *Gateway) tokenizeMedia(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
 	if !g.noRender.absent(root) {
-		tr, err := g.render(ctx, root, cr, parts)
+		tr, err := g.renderMedia(ctx, root, cr, parts)
 		if !errors.Is(err, errNoRender) {
 			return tr, err
 		}
 		g.noRender.mark(root)
 	}
-	tr, err := g.tokenize(ctx, root, kindChat, cr)
-	if err != nil {
-		return nil, err
+	tr, err := g.tokenize(ctx, root, kindChat, cr, cr.body)
+	if err != nil || tr.Tokens == nil {
+		return tr, err // nil Tokens: a field /tokenize lacks, the prompt is unknown
 	}
 	stripped, err := withoutMedia(cr.Messages)
 	if err != nil {
@@ -178,7 +176,7 @@ func (g *Gateway) tokenizeMedia(ctx context.Context, root string, cr *clientRequ
 	}
 	plain := *cr
 	plain.Messages = stripped
-	tp, err := g.tokenize(ctx, root, kindChat, &plain)
+	tp, err := g.tokenizeCall(ctx, root, kindChat, &plain)
 	if err != nil {
 		return nil, err
 	}
@@ -198,11 +196,11 @@ func commonPrefix(a, b []uint32) int {
 	return n
 }
 
-// render asks the engine's render endpoint for the chat's token ids and
+// renderMedia asks the engine's render endpoint for the chat's token ids and
 // its items (errNoRender when the engine has none). Items are taken in the
 // engine's placeholder order; an item without a hash takes the client's
 // uuid for its part, else stays unknown.
-func (g *Gateway) render(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
+func (g *Gateway) renderMedia(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, root+"/v1/chat/completions/render", bytes.NewReader(cr.body))
 	if err != nil {
 		return nil, err
@@ -221,9 +219,9 @@ func (g *Gateway) render(ctx context.Context, root string, cr *clientRequest, pa
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
 		return nil, errNoRender
 	case resp.StatusCode != http.StatusOK:
-		return nil, &tokenizeStatusError{root: root, status: resp.StatusCode, body: string(data)}
+		return nil, &tokenizeStatusError{url: root + "/v1/chat/completions/render", status: resp.StatusCode, body: string(data)}
 	}
-	var rr renderReply
+	var rr mediaRenderReply
 	if err := json.Unmarshal(data, &rr); err != nil {
 		return nil, fmt.Errorf("render at %s: decoding the reply: %w", root, err)
 	}

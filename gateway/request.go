@@ -25,6 +25,7 @@ type clientRequest struct {
 	Model               string          `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
+	renderFields                        // the other fields that shape the prompt (render.go)
 	Stream              bool            `json:"stream"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`

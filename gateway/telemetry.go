@@ -23,6 +23,7 @@ type metrics struct {
 	itl           metric.Float64Histogram
 	tokenize      metric.Float64Histogram
 	tokenizeFails metric.Int64Counter
+	promptUnknown metric.Int64Counter
 	retries       metric.Int64Counter
 	upstreamErrs  metric.Int64Counter
 	statusOpts    map[int]metric.AddOption // kept per status so a request allocates none
@@ -53,6 +54,9 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		return nil, err
 	}
 	if out.tokenizeFails, err = m.Int64Counter("kvr_gateway_tokenize_failures_total", metric.WithDescription("tokenize calls that failed: the request was routed on load alone")); err != nil {
+		return nil, err
+	}
+	if out.promptUnknown, err = m.Int64Counter("kvr_gateway_prompt_unknown_total", metric.WithDescription("requests routed on load alone because they use a field the engine's /tokenize cannot be given (the engine has no render endpoint), by field")); err != nil {
 		return nil, err
 	}
 	if out.retries, err = m.Int64Counter("kvr_gateway_retries_total", metric.WithDescription("requests retried on another worker after an upstream failure before the first byte")); err != nil {

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -22,6 +22,9 @@ type tokenizeReply struct {
 	// Media are the prompt's multimodal items as the router hashes them
 	// (media.go); not part of vLLM's reply.
 	Media []kvevents.MediaItem `json:"-"`
+	// Unknown names the field that makes the engine's tokens unknown to
+	// the gateway (renderFields.uncarried); Tokens is then nil.
+	Unknown string `json:"-"`
 }
 
 // parseTokenIDs reads a JSON array of token ids at the start of raw
@@ -68,33 +71,55 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
 
 var tokensKey = []byte(`"tokens"`)
 
+// idsPlaceholder takes the place of the id array cutIDArray read: an empty
+// array in a spelling no encoder writes, so that a caller decoding the rest
+// knows the key's value is the one that was cut only when it finds exactly
+// these bytes there (a nested key, or a later duplicate key, where the
+// last counts, leaves something else).
+var idsPlaceholder = []byte("[\t\n\t]")
+
+// cutIDArray finds the first `key: [ids]` in data and returns the ids with
+// data where that array is replaced by idsPlaceholder; ok is false when
+// there is no such key followed by an array of token ids. The caller
+// checks, by decoding the rest, that the array it got was the top-level
+// one.
+func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
+	k := bytes.Index(data, key)
+	if k < 0 {
+		return nil, nil, false
+	}
+	j := k + len(key)
+	for j < len(data) && (data[j] == ' ' || data[j] == '\t' || data[j] == '\n' || data[j] == '\r') {
+		j++
+	}
+	if j == len(data) || data[j] != ':' {
+		return nil, nil, false
+	}
+	j++
+	ids, n, err := parseTokenIDs(data[j:], nil)
+	if err != nil {
+		return nil, nil, false
+	}
+	rest = make([]byte, 0, k+len(data)-j-n+16)
+	rest = append(append(append(append(rest, data[:k]...), key...), ':'), idsPlaceholder...)
+	return ids, append(rest, data[j+n:]...), true
+}
+
 // decodeTokenizeReply reads a /tokenize reply. encoding/json spent most of a
 // 2,048-token tokenize call scanning and decoding the id array through
 // reflection (BenchmarkTTFT/tokenize, docs/gateway.md), so the fast path
 // reads the array by hand and gives encoding/json the rest of the reply
-// (with "tokens":null in its place); it is taken only when the reply's
+// (with idsPlaceholder in its place); it is taken only when the reply's
 // count agrees with the ids read. Anything else goes through encoding/json
 // whole.
 func decodeTokenizeReply(data []byte) (tokenizeReply, error) {
 	var tr tokenizeReply
-	if k := bytes.Index(data, tokensKey); k >= 0 {
-		j := k + len(tokensKey)
-		for j < len(data) && (data[j] == ' ' || data[j] == '\t' || data[j] == '\n' || data[j] == '\r') {
-			j++
+	if ids, rest, ok := cutIDArray(data, tokensKey); ok {
+		if json.Unmarshal(rest, &tr) == nil && bytes.Equal(tr.RawTokens, idsPlaceholder) && tr.Count == len(ids) {
+			tr.Tokens, tr.RawTokens = ids, nil
+			return tr, nil
 		}
-		colon := j < len(data) && data[j] == ':'
-		j++
-		if ids, n, err := parseTokenIDs(data[min(j, len(data)):], nil); colon && err == nil {
-			rest := make([]byte, 0, k+len(data)-j-n+16)
-			rest = append(append(append(rest, data[:k]...), `"tokens":null`...), data[j+n:]...)
-			// The array read must be the top-level "tokens" (not a nested
-			// key, not one of duplicate keys, where the last counts).
-			if json.Unmarshal(rest, &tr) == nil && isNull(tr.RawTokens) && tr.Count == len(ids) {
-				tr.Tokens, tr.RawTokens = ids, nil
-				return tr, nil
-			}
-			tr = tokenizeReply{}
-		}
+		tr = tokenizeReply{}
 	}
 	if err := json.Unmarshal(data, &tr); err != nil {
 		return tokenizeReply{}, fmt.Errorf("decoding the reply: %w", err)
@@ -107,13 +132,21 @@ func decodeTokenizeReply(data []byte) (tokenizeReply, error) {
 	return tr, nil
 }
 
-// tokenizeBody is vLLM's /tokenize request: prompt, or messages with
-// add_generation_prompt (default true).
+// tokenizeBody is vLLM's /tokenize request: the completion form (prompt,
+// add_special_tokens) or the chat form (messages and every field of it
+// that shapes the prompt, as the client gave them; absent ones are left
+// out, so the engine applies its defaults, which are the generate
+// endpoints').
 type tokenizeBody struct {
-	Model               string          `json:"model"`
-	Prompt              string          `json:"prompt,omitempty"`
-	Messages            json.RawMessage `json:"messages,omitempty"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
+	Model                string          `json:"model"`
+	Prompt               string          `json:"prompt,omitempty"`
+	Messages             json.RawMessage `json:"messages,omitempty"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message,omitempty"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens,omitempty"`
+	Tools                json.RawMessage `json:"tools,omitempty"`
+	ChatTemplate         json.RawMessage `json:"chat_template,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
 }
 
 // engineRoot is the engine's server root from its registered endpoint, its
@@ -161,41 +194,61 @@ func promptText(raw json.RawMessage) (string, bool) {
 // take (a batch of prompts): the request routes on load alone.
 var errNoTokenize = fmt.Errorf("prompt shape has no single tokenization")
 
-// tokenize asks the engine at root for the prompt's token ids.
-func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientRequest) (*tokenizeReply, error) {
+// tokenize returns the prompt's token ids as the engine at root computes
+// them for the client's body: a completion prompt given as ids needs no
+// call; otherwise the engine's render endpoint, or /tokenize when it has
+// none (render.go). A reply with Unknown set has no ids: the request uses a
+// field /tokenize cannot be given, and Count is only an estimate.
+func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientRequest, body []byte) (*tokenizeReply, error) {
+	ids, isIDs := []uint32(nil), false
+	if kind == kindCompletion {
+		ids, isIDs = promptIDs(cr.Prompt)
+		if isIDs && isNull(cr.TruncatePromptTokens) {
+			return &tokenizeReply{Count: len(ids), Tokens: ids}, nil
+		}
+		if _, isText := promptText(cr.Prompt); !isIDs && !isText {
+			return nil, errNoTokenize
+		}
+	}
+	p := g.renders.get(root)
+	if now := time.Now(); p.use(now) {
+		tr, err := g.render(ctx, root, kind, body)
+		p.done(err, now)
+		if !errors.Is(err, errNoRender) {
+			return tr, err
+		}
+		g.log.Debug("no render endpoint: using /tokenize", "engine", root, "err", err)
+	}
+	field := cr.uncarried(kind)
+	if isIDs { // truncated ids: the engine's truncation side is unknown
+		return &tokenizeReply{Count: len(ids), Unknown: field}, nil
+	}
+	tr, err := g.tokenizeCall(ctx, root, kind, cr)
+	if err == nil && field != "" {
+		tr.Tokens, tr.Unknown = nil, field
+	}
+	return tr, err
+}
+
+// tokenizeCall asks the engine's /tokenize for the prompt's token ids, with
+// every field /tokenize has.
+func (g *Gateway) tokenizeCall(ctx context.Context, root, kind string, cr *clientRequest) (*tokenizeReply, error) {
 	tb := tokenizeBody{Model: cr.Model}
 	if kind == kindChat {
 		tb.Messages, tb.AddGenerationPrompt = cr.Messages, cr.AddGenerationPrompt
+		tb.ContinueFinalMessage, tb.Tools = cr.ContinueFinalMessage, cr.Tools
+		tb.ChatTemplate, tb.ChatTemplateKwargs = cr.ChatTemplate, cr.ChatTemplateKwargs
 	} else {
-		if ids, ok := promptIDs(cr.Prompt); ok {
-			return &tokenizeReply{Count: len(ids), Tokens: ids}, nil
-		}
-		text, ok := promptText(cr.Prompt)
-		if !ok {
-			return nil, errNoTokenize
-		}
-		tb.Prompt = text
+		tb.Prompt, _ = promptText(cr.Prompt)
 	}
+	tb.AddSpecialTokens = cr.AddSpecialTokens
 	body, err := json.Marshal(&tb)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, root+"/tokenize", bytes.NewReader(body))
+	data, err := g.post(ctx, root+"/tokenize", body)
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := g.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("tokenize at %s: %w", root, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*DefaultMaxBodyBytes))
-	if err != nil {
-		return nil, fmt.Errorf("tokenize at %s: reading the reply: %w", root, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, &tokenizeStatusError{root: root, status: resp.StatusCode, body: string(data)}
 	}
 	tr, err := decodeTokenizeReply(data)
 	if err != nil {
@@ -204,15 +257,15 @@ func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientReq
 	return &tr, nil
 }
 
-// tokenizeStatusError is a /tokenize reply other than 200. A 400 is the
-// engine refusing the prompt itself (it would refuse the generate request
-// too): the gateway passes it to the client instead of routing.
+// tokenizeStatusError is a /tokenize or render reply other than 200. A 400
+// is the engine refusing the prompt itself (it would refuse the generate
+// request too): the gateway passes it to the client instead of routing.
 type tokenizeStatusError struct {
-	root   string
+	url    string
 	status int
 	body   string
 }
 
 func (e *tokenizeStatusError) Error() string {
-	return fmt.Sprintf("tokenize at %s: status %d: %s", e.root, e.status, strings.TrimSpace(e.body))
+	return fmt.Sprintf("POST %s: status %d: %s", e.url, e.status, strings.TrimSpace(e.body))
 }

@@ -19,7 +19,8 @@ import (
 const gatewayAbout = `Run the OpenAI-compatible gateway: point any OpenAI client at
 http://<listen>/v1 and kvrouter does the rest. For each POST
 /v1/chat/completions or /v1/completions (streamed or not) it asks a live engine
-of the model for the prompt's token ids (/tokenize; --tokenizer approx makes no
+of the model for the prompt's token ids (its render endpoint, else /tokenize;
+--tokenizer approx makes no
 such call and routes on pseudo-blocks of the text instead, for --approximate
 replicas), routes them through the
 router replicas over NATS (the route API), forwards the body unchanged to the
@@ -150,7 +151,7 @@ func addGatewayKeyFlags(c *cmdFlags) *gatewayKeyFlags {
 // addTokenizerFlag is the gateway's tokenizer choice (gateway's
 // --tokenizer, serve's --openai-tokenizer).
 func addTokenizerFlag(c *cmdFlags, name string) *string {
-	return c.str(name, gateway.TokenizerEngine, "how the gateway reads prompts: engine (exact token ids from the engine's /tokenize) or approx (no /tokenize call: text cut into pseudo-blocks, for replicas in --approximate mode; docs/gateway.md)")
+	return c.str(name, gateway.TokenizerEngine, "how the gateway reads prompts: engine (exact token ids from the engine's render endpoint, else /tokenize) or approx (no /tokenize call: text cut into pseudo-blocks, for replicas in --approximate mode; docs/gateway.md)")
 }
 
 // gatewayServer is a gateway listening on HTTP.

@@ -67,6 +67,9 @@ type simServeFlags struct {
 	speedup                                 *float64
 	shutdown                                *time.Duration
 	lora                                    *simLoRAFlags
+
+	// The simulated model's rendering (not vLLM flags).
+	bos, noRender *bool
 }
 
 func addSimServeFlags(c *cmdFlags) *simServeFlags {
@@ -88,6 +91,8 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		lora:        addSimLoRAFlags(c),
 		imageTokens: c.integer("sim-image-tokens", vllmapi.DefaultImageTokens, "placeholder tokens an image_url content part expands to (not a vLLM flag: vLLM's count depends on the model and the image)"),
 	}
+	f.bos = c.boolean("bos-token", false, "the tokenizer has a BOS token (id 256), put in front of a prompt whose request has add_special_tokens (the default of completions), as Llama's (not a vLLM flag)")
+	f.noRender = c.boolean("disable-render-endpoints", false, "serve no POST /v1/chat/completions/render and /v1/completions/render, as a vLLM from before them (not a vLLM flag)")
 	// Accepted for launch scripts written for vLLM; the simulator ignores them.
 	c.float("gpu-memory-utilization", 0.9, "ignored (vLLM flag)")
 	c.integer("tensor-parallel-size", 1, "ignored (vLLM flag)")
@@ -168,6 +173,8 @@ type simServeConfig struct {
 	// LoRA (sim_lora.go)
 	enableLoRA, runtimeLoRA bool
 	adapters                []vllmapi.Adapter
+
+	bos, noRender bool // vllmapi.Config.BOS and DisableRender
 }
 
 func (f *simServeFlags) config(model string) (simServeConfig, error) {
@@ -189,6 +196,7 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 	if cfg.served == "" {
 		cfg.served = model
 	}
+	cfg.bos, cfg.noRender = *f.bos, *f.noRender
 	switch {
 	case cfg.count < 1:
 		return cfg, fmt.Errorf("--count %d: want at least 1", cfg.count)
@@ -259,7 +267,7 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
 		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, ImageTokens: cfg.imageTokens, Logger: log,
-			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA})
+			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA, BOS: cfg.bos, DisableRender: cfg.noRender})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}

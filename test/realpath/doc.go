@@ -14,5 +14,8 @@
 // The package has no code of its own; start reading at realpath_test.go:
 // startStack builds the whole path, converged is the exact comparison of
 // the routers' indexes with the engines' caches (sim.Engine.Dump), and
-// each test says in its comment what it checks.
+// each test says in its comment what it checks. shapes_test.go holds the
+// table of request shapes (tools, template options, completions, engines
+// without render endpoints, ...) over which the router's predicted overlap
+// must equal the engine's cached_tokens, one row per shape.
 package realpath

@@ -62,7 +62,7 @@ func (st *stack) startLoRAEngine(id string, maxLoRAs int, adapters ...string) *e
 	}
 	e := st.startEngineWith(id, sim.Config{KVBlocks: 8192, MaxLoRAs: maxLoRAs, LoRALoadTime: 2 * time.Second},
 		vllmapi.Config{EnableLoRA: true, Adapters: as})
-	st.startBridge(e)
+	st.startBridge(e, 0)
 	return e
 }
 

@@ -17,29 +17,6 @@ import (
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
 )
 
-// withRender serves vLLM's render endpoint for chats in front of face
-// (POST /v1/chat/completions/render: token ids and features, from
-// vllmapi's RenderChat), as a vLLM new enough to have it.
-func withRender(face *vllmapi.Server) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/", face)
-	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		toks, f, err := face.RenderChat(body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"token_ids": toks, "features": f})
-	})
-	return mux
-}
-
 const mediaImageTokens = 40 // placeholders per image: not a whole number of blocks
 
 // turnResult is what one chat turn through the gateway told: the
@@ -207,7 +184,7 @@ func (st *stack) runMediaRow(gw string, row mediaRow) (pastImage, cachedPast int
 // request of both rows the predicted overlap equals cached_tokens in
 // blocks, and later turns match past their images.
 func TestMediaRowsWithRender(t *testing.T) {
-	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 8192, eventsOnly: true, render: true, imageTokens: mediaImageTokens})
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 8192, eventsOnly: true, imageTokens: mediaImageTokens})
 	nc, _ := st.conn("gateway")
 	gw := st.gatewayURL(gateway.ClientRouter{C: api.NewClient(nc, "", nil)})
 	for _, row := range []mediaRow{
@@ -228,7 +205,8 @@ func TestMediaRowsWithRender(t *testing.T) {
 // request the predicted overlap equals cached_tokens in blocks, cut at the
 // first image, and never more.
 func TestMediaRowsWithoutRender(t *testing.T) {
-	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 8192, eventsOnly: true, imageTokens: mediaImageTokens})
+	st := startStack(t, stackOpts{engines: 2, replicas: 2, kvBlocks: 8192, eventsOnly: true, imageTokens: mediaImageTokens,
+		face: func(c *vllmapi.Config) { c.DisableRender = true }})
 	nc, _ := st.conn("gateway")
 	gw := st.gatewayURL(gateway.ClientRouter{C: api.NewClient(nc, "", nil)})
 	for _, row := range []mediaRow{

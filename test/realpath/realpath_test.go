@@ -2,6 +2,7 @@ package realpath
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,6 +87,7 @@ type stack struct {
 	replicas []*host.Replica
 	engines  []*engine
 	http     *http.Client // the test's own client to the engines
+	ranks    int          // of each engine
 }
 
 // engine is one `kvrouter sim serve` engine as cmd/kvrouter/sim.go starts
@@ -99,6 +102,10 @@ type engine struct {
 	url     string
 	stopRun context.CancelFunc
 	ran     chan struct{}
+	ranks   int
+	// tokenizeCalls and renderCalls count the /tokenize and render
+	// requests that reached the engine.
+	tokenizeCalls, renderCalls atomic.Int64
 }
 
 type stackOpts struct {
@@ -107,18 +114,27 @@ type stackOpts struct {
 	eventsOnly        bool // replicas without the predicted index: route overlaps read the event-fed index alone
 	lateBridges       int  // the last this many engines start without a bridge (the test starts it)
 	imageTokens       int  // placeholder tokens per image (0: vllmapi's default)
-	render            bool // engines answer vLLM's render endpoint (media_test.go)
 	maxModelLen       int  // the engines' context length (0: 8192)
 	// srv and connect run the stack on an external server with one login
 	// per role ("router", "gateway", "worker:<id>"): longprompt_test.go.
 	// Default: an embedded server, anonymous connections.
 	srv     *server.Server
 	connect func(t *testing.T, role string) *nats.Conn
+	// face changes the engines' HTTP face (vllmapi.Config) before they
+	// start: a BOS token, no render endpoints, ...
+	face func(*vllmapi.Config)
+	// staleIntervals is the bridges' StaleIntervals (0: the bridge's
+	// default): a long test on a loaded machine raises it, so that a late
+	// scrape does not make a worker unavailable for a moment.
+	staleIntervals int
+	// ranks is each engine's data-parallel ranks (0: 1). With more, each
+	// rank's event sockets listen on consecutive ports, as vLLM's.
+	ranks int
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	st := &stack{t: t, o: o, srv: o.srv, http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
+	st := &stack{t: t, o: o, ranks: max(o.ranks, 1), srv: o.srv, http: &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}}
 	if st.srv == nil {
 		st.srv = natstest.Start(t, natstest.WithMaxPayload(8<<20))
 	}
@@ -134,9 +150,9 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		st.startReplica(ctx, i, o.eventsOnly)
 	}
 	for i := range o.engines {
-		e := st.startEngine(fmt.Sprintf("e%d", i), o.kvBlocks)
+		e := st.startEngine(fmt.Sprintf("e%d", i), o)
 		if i < o.engines-o.lateBridges {
-			st.startBridge(e)
+			st.startBridge(e, o.staleIntervals)
 		}
 	}
 	st.waitReady(o.engines - o.lateBridges)
@@ -170,39 +186,48 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	})
 }
 
-// startEngine starts an engine with events on ephemeral ZMQ ports and HTTP
-// on 127.0.0.1:0.
-func (st *stack) startEngine(id string, kvBlocks int) *engine {
-	return st.startEngineWith(id, sim.Config{KVBlocks: kvBlocks}, vllmapi.Config{})
+// startEngine starts an engine with o.kvBlocks and o.ranks, events on
+// ephemeral ZMQ ports (consecutive free ones for several ranks) and HTTP
+// on 127.0.0.1:0, its HTTP face changed by o.face (nil: as is).
+func (st *stack) startEngine(id string, o stackOpts) *engine {
+	var fc vllmapi.Config
+	if o.face != nil {
+		o.face(&fc)
+	}
+	return st.startEngineWith(id, sim.Config{KVBlocks: o.kvBlocks}, fc)
 }
 
 // startEngineWith is startEngine with more of the engine's and its HTTP
-// face's settings (id, model, block size, speed-up, events and the
+// face's settings (id, model, block size, speed-up, ranks, events and the
 // listener are the harness's).
 func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *engine {
 	st.t.Helper()
+	ranks := st.ranks
 	ec := vllmzmq.DefaultConfig()
 	ec.EnableKVCacheEvents, ec.Topic = true, "kv"
 	ec.Endpoint, ec.ReplayEndpoint = "tcp://*:0", "tcp://*:0"
-	ev, err := sim.NewVLLMEvents(ec, 1, testLogger())
+	if ranks > 1 {
+		base := testutil.FreePorts(st.t, 2*ranks)
+		ec.Endpoint, ec.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", base), fmt.Sprintf("tcp://*:%d", base+ranks)
+	}
+	ev, err := sim.NewVLLMEvents(ec, ranks, testLogger())
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	sc.Worker, sc.Model, sc.BlockSize, sc.Speedup, sc.NewEmitter = id, testModel, testBlock, 1000, ev.Factory()
+	sc.Worker, sc.Model, sc.BlockSize, sc.Ranks, sc.Speedup, sc.NewEmitter = id, testModel, testBlock, ranks, 1000, ev.Factory()
 	eng, err := sim.New(sc)
 	if err != nil {
 		ev.Close()
 		st.t.Fatal(err)
 	}
-	fc.MaxModelLen = st.o.maxModelLen
 	if fc.MaxModelLen == 0 {
-		fc.MaxModelLen = 8192
+		fc.MaxModelLen = max(st.o.maxModelLen, 8192)
 	}
 	if fc.ImageTokens == 0 {
 		fc.ImageTokens = st.o.imageTokens
 	}
 	fc.Engine, fc.Model, fc.Logger = eng, testModel, testLogger()
-	face, err := vllmapi.New(fc)
+	api, err := vllmapi.New(fc)
 	if err != nil {
 		st.t.Fatal(err)
 	}
@@ -210,12 +235,16 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	var h http.Handler = face
-	if st.o.render {
-		h = withRender(face)
-	}
-	e := &engine{id: id, eng: eng, events: ev, face: face, srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
-		url: "http://" + ln.Addr().String(), ran: make(chan struct{})}
+	e := &engine{id: id, eng: eng, events: ev, url: "http://" + ln.Addr().String(), ranks: ranks, ran: make(chan struct{})}
+	e.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/tokenize":
+			e.tokenizeCalls.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/render"):
+			e.renderCalls.Add(1)
+		}
+		api.ServeHTTP(w, r)
+	})}
 	runCtx, stop := context.WithCancel(context.Background())
 	e.stopRun = stop
 	go func() { defer close(e.ran); _ = eng.Run(runCtx) }()
@@ -239,20 +268,20 @@ func (e *engine) close() {
 }
 
 // startBridge runs a bridge on e as `kvrouter bridge` does, over its own
-// NATS connection.
-func (st *stack) startBridge(e *engine) *bridge.Bridge {
+// NATS connection (staleIntervals: Config.StaleIntervals, 0 = default).
+func (st *stack) startBridge(e *engine, staleIntervals int) *bridge.Bridge {
 	st.t.Helper()
 	p := e.events.Publisher(0)
 	cfg := bridge.Config{
 		EngineURL: e.url, KVEvents: p.Endpoint(), KVReplay: p.ReplayEndpoint(), Topic: "kv",
-		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize,
+		Model: testModel, WorkerID: e.id, RouterBlockSize: host.DefaultBlockSize, DataParallelSize: e.ranks,
 		// A scrape is stale after 1 s (20 intervals), not 150 ms: on a
 		// loaded 2-core machine scrapes fall behind, and a worker flapping
 		// to unavailable routes requests on load alone (no tokenizer) or
 		// away from their sessions, which no test here is about.
-		MetricsInterval: 50 * time.Millisecond, StaleIntervals: 20, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
+		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
-		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id),
+		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id), StaleIntervals: cmp.Or(staleIntervals, 20),
 	}
 	nc, js := st.conn("worker:" + e.id)
 	b, err := bridge.New(cfg, nc, js)
@@ -300,14 +329,14 @@ func bridgeMetric(t *testing.T, b *bridge.Bridge, name string) float64 {
 	return sum
 }
 
-// waitReady waits until every replica lists n ready workers, each with a
-// load report from its bridge's scrape.
+// waitReady waits until every replica lists n ready workers (each of their
+// ranks), each with a load report from its bridge's scrape.
 func (st *stack) waitReady(n int) {
 	st.t.Helper()
 	testutil.Eventually(st.t, 15*time.Second, func() bool {
 		for _, r := range st.replicas {
 			w, err := st.list(r)
-			if err != nil || len(w.Workers) != n {
+			if err != nil || len(w.Workers) != n*st.ranks {
 				return false
 			}
 			for _, ws := range w.Workers {
@@ -443,7 +472,7 @@ func TestLateBridgeCatchesUpByReplay(t *testing.T) {
 	if s := late.eng.Stats()[0]; s.RemovedBlocks == 0 {
 		t.Fatalf("%s evicted nothing before its bridge started", late.id)
 	}
-	b := st.startBridge(late)
+	b := st.startBridge(late, 0)
 	st.waitReady(len(st.engines))
 	for _, p := range prompts[late.id][30:] {
 		st.complete(late, p)

@@ -168,7 +168,7 @@ func TestEligibility(t *testing.T) {
 // Two data-parallel ranks of one engine are two ranks of one worker.
 func TestTwoDataParallelRanks(t *testing.T) {
 	f := newFleet(t)
-	base := freePorts(t, 4)
+	base := testutil.FreePorts(t, 4)
 	e := startEngine(t, "w2", engineOpts{ranks: 2, basePort: base})
 	cfg := bridgeCfg(e, "w2")
 	cfg.KVEvents = "tcp://127.0.0.1:" + itoa(base)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -328,40 +327,6 @@ func registered(t *testing.T, js jetstream.JetStream, id string) (workers.Info, 
 		t.Fatalf("registry value of %q: %v", id, err)
 	}
 	return info, true
-}
-
-// freePorts finds n consecutive free TCP ports on 127.0.0.1.
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for try := 0; try < 50; try++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if base+n > 65535 {
-			continue
-		}
-		ok := true
-		var open []net.Listener
-		for p := base; p < base+n; p++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-			if err != nil {
-				ok = false
-				break
-			}
-			open = append(open, l)
-		}
-		for _, l := range open {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no consecutive free ports")
-	return 0
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

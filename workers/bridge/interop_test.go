@@ -45,7 +45,7 @@ func TestLibzmqInterop(t *testing.T) {
 	}
 	f := newFleet(t)
 	r := testRank(t, f, "wz")
-	port := freePorts(t, 1)
+	port := testutil.FreePorts(t, 1)
 	args := []string{"-c", pyPublisher, strconv.Itoa(port)}
 	for i := range 3 {
 		args = append(args, hex.EncodeToString(encode(t, []any{1.7e9, []any{stored(uint64(10+i), uint32(1000*i))}, 0})))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -422,7 +421,7 @@ func TestVLLMEventsLateJoiner(t *testing.T) {
 // + r and answers replays on the replay port + r, and stamps its rank in
 // every batch.
 func TestVLLMEventsDataParallelPorts(t *testing.T) {
-	base := freePorts(t, 4)
+	base := testutil.FreePorts(t, 4)
 	cfg := vllmTestConfig(100)
 	cfg.Endpoint = fmt.Sprintf("tcp://*:%d", base)
 	cfg.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", base+2)
@@ -458,36 +457,6 @@ func TestVLLMEventsDataParallelPorts(t *testing.T) {
 			t.Fatalf("rank %d: seq %d batch of rank %d with %d events", r, msg.Seq, vb.DPRank, len(vb.Events))
 		}
 	}
-}
-
-// freePorts finds n consecutive free TCP ports.
-func freePorts(t testing.TB, n int) int {
-	t.Helper()
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if base+n > 65535 {
-			continue
-		}
-		ok := true
-		for i := 0; i < n && ok; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf(":%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no run of free ports")
-	return 0
 }
 
 func TestVLLMEventsDisabledAndErrors(t *testing.T) {

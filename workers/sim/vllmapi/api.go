@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -34,27 +36,51 @@ type sampling struct {
 
 type completionRequest struct {
 	sampling
-	Prompt json.RawMessage `json:"prompt"`
+	Prompt           json.RawMessage `json:"prompt"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"` // default true, as vLLM's completions
+}
+
+// templateFields are the chat fields that change the rendered prompt and
+// that both /v1/chat/completions and /tokenize's chat form read.
+type templateFields struct {
+	Messages             []chatMessage              `json:"messages"`
+	AddGenerationPrompt  *bool                      `json:"add_generation_prompt"` // vLLM extension; default true
+	ContinueFinalMessage *bool                      `json:"continue_final_message"`
+	AddSpecialTokens     *bool                      `json:"add_special_tokens"` // chat default false (the template has them)
+	Tools                json.RawMessage            `json:"tools"`
+	ChatTemplate         *string                    `json:"chat_template"`
+	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
+}
+
+// chatOnlyFields change the rendered prompt on the chat path but are not
+// fields of vLLM's /tokenize, which ignores them.
+type chatOnlyFields struct {
+	ToolChoice      json.RawMessage `json:"tool_choice"`
+	Documents       json.RawMessage `json:"documents"`
+	ReasoningEffort *string         `json:"reasoning_effort"`
+	ResponseFormat  json.RawMessage `json:"response_format"`
 }
 
 type chatRequest struct {
 	sampling
-	Messages            []chatMessage `json:"messages"`
-	MaxCompletionTokens *int          `json:"max_completion_tokens"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"` // vLLM extension; default true
+	templateFields
+	chatOnlyFields
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls json.RawMessage `json:"tool_calls"`
 }
 
+// tokenizeRequest is /tokenize's body: the completion form (prompt,
+// add_special_tokens default true) or the chat form (templateFields,
+// add_special_tokens default false).
 type tokenizeRequest struct {
-	Model               string          `json:"model"`
-	Prompt              *string         `json:"prompt"`
-	Messages            []chatMessage   `json:"messages"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
-	AddSpecialTokens    json.RawMessage `json:"add_special_tokens"` // accepted; there are no special tokens
+	Model  string  `json:"model"`
+	Prompt *string `json:"prompt"`
+	templateFields
 }
 
 type detokenizeRequest struct {
@@ -160,22 +186,24 @@ func decodeBody(body []byte, v any) error {
 
 // promptTokens reads a completion prompt: a string, a list of one string, a
 // list of token ids or a list of one list of token ids. Batches of several
-// prompts are not supported (the simulator serves n = 1).
-func promptTokens(raw json.RawMessage) ([]uint32, error) {
+// prompts are not supported (the simulator serves n = 1). A text prompt
+// starts with BOSToken when bos is set; token ids are taken as they are,
+// as vLLM does.
+func promptTokens(raw json.RawMessage, bos bool) ([]uint32, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errors.New("prompt is required")
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		return Tokenize(text), nil
+		return promptIDs(text, bos, true), nil
 	}
 	var texts []string
 	if json.Unmarshal(raw, &texts) == nil {
 		if len(texts) != 1 {
 			return nil, fmt.Errorf("prompt: a list of %d prompts; the simulator serves one prompt per request", len(texts))
 		}
-		return Tokenize(texts[0]), nil
+		return promptIDs(texts[0], bos, true), nil
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
@@ -204,7 +232,8 @@ func checkIDs(ids []int64) ([]uint32, error) {
 
 // messages reads chat messages: content is a string, null, or a list of
 // parts of which the "text" and "image_url" ones count (an image as its
-// placeholder, media.go), joined with "\n" as vLLM does.
+// placeholder, media.go), joined with "\n" as vLLM does; an assistant's
+// tool_calls are kept as compact JSON.
 func messages(in []chatMessage) ([]Message, error) {
 	if len(in) == 0 {
 		return nil, errors.New("messages: at least one message is required")
@@ -219,6 +248,15 @@ func messages(in []chatMessage) ([]Message, error) {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 		out[i] = Message{Role: m.Role, Content: content}
+		if !isNull(m.ToolCalls) {
+			calls, err := compactList(m.ToolCalls)
+			if err != nil {
+				return nil, fmt.Errorf("messages[%d].tool_calls: %w", i, err)
+			}
+			if len(calls) > 0 {
+				out[i].ToolCalls = "[" + strings.Join(calls, ",") + "]"
+			}
+		}
 	}
 	return out, nil
 }
@@ -243,4 +281,126 @@ func messageContent(raw json.RawMessage) (string, error) {
 		}
 	}
 	return strings.Join(texts, "\n"), nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// compactList returns the elements of a JSON array as compact JSON, in
+// order, keys in the order given (as a template's tojson writes a parsed
+// object).
+func compactList(raw json.RawMessage) ([]string, error) {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, errors.New("want a list")
+	}
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = compact(it)
+	}
+	return out, nil
+}
+
+// compact is raw without insignificant white space (raw is valid JSON: it
+// was decoded).
+func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// reasoningEfforts are the values vLLM's request model accepts.
+var reasoningEfforts = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+
+// Refusals of add_generation_prompt with continue_final_message: vLLM's
+// request validator when both are given true, the template library's when
+// add_generation_prompt is true by default.
+const (
+	errBothGiven   = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+	errBothDefault = "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when you want the model to continue the final message, and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead."
+)
+
+// options merges the request's fields into the template's variables as
+// vLLM does (build_chat_params, merge_kwargs): chat_template_kwargs first,
+// then the request's own fields where set (None and "auto" do not
+// override), enable_thinking from reasoning_effort when the kwargs do not
+// set it. extra is nil on /tokenize, which has no such fields.
+func (f *templateFields) options(extra *chatOnlyFields) (ChatOptions, error) {
+	o := ChatOptions{
+		AddGenerationPrompt:  f.AddGenerationPrompt == nil || *f.AddGenerationPrompt,
+		ContinueFinalMessage: f.ContinueFinalMessage != nil && *f.ContinueFinalMessage,
+	}
+	switch {
+	case o.ContinueFinalMessage && o.AddGenerationPrompt && f.AddGenerationPrompt != nil:
+		return o, errors.New(errBothGiven)
+	case o.ContinueFinalMessage && o.AddGenerationPrompt:
+		return o, errors.New(errBothDefault)
+	}
+	if f.ChatTemplate != nil {
+		o.ChatTemplate = *f.ChatTemplate
+	}
+	if !isNull(f.Tools) {
+		tools, err := compactList(f.Tools)
+		if err != nil {
+			return o, fmt.Errorf("tools: %w", err)
+		}
+		o.Tools = tools
+	}
+	kw := f.ChatTemplateKwargs
+	docs, effort, thinking := kw["documents"], kw["reasoning_effort"], kw["enable_thinking"]
+	if extra != nil {
+		if !isNull(extra.Documents) {
+			docs = extra.Documents
+		}
+		if e := extra.ReasoningEffort; e != nil && *e != "auto" {
+			if !slices.Contains(reasoningEfforts, *e) {
+				return o, fmt.Errorf("reasoning_effort %q: want one of %v", *e, reasoningEfforts)
+			}
+			effort, _ = json.Marshal(*e)
+			if _, set := kw["enable_thinking"]; !set {
+				thinking = json.RawMessage(strconv.FormatBool(*e != "none"))
+			}
+		}
+		if len(o.Tools) > 0 && !isNull(extra.ToolChoice) {
+			o.ToolChoice = compact(extra.ToolChoice)
+		}
+		if !isNull(extra.ResponseFormat) {
+			o.ResponseFormat = compact(extra.ResponseFormat)
+		}
+	}
+	if !isNull(docs) {
+		d, err := compactList(docs)
+		if err != nil {
+			return o, fmt.Errorf("documents: %w", err)
+		}
+		o.Documents = d
+	}
+	if !isNull(effort) {
+		var s string
+		if json.Unmarshal(effort, &s) == nil {
+			o.ReasoningEffort = s
+		} else {
+			o.ReasoningEffort = compact(effort)
+		}
+	}
+	o.ThinkingOff = bytes.Equal(bytes.TrimSpace(thinking), []byte("false"))
+	return o, nil
+}
+
+// render reads a chat's messages and options and returns its token ids;
+// extra is nil on /tokenize.
+func (f *templateFields) render(extra *chatOnlyFields, bos bool) ([]uint32, error) {
+	msgs, err := messages(f.Messages)
+	if err != nil {
+		return nil, err
+	}
+	o, err := f.options(extra)
+	if err != nil {
+		return nil, err
+	}
+	return promptIDs(o.Render(msgs), bos, f.AddSpecialTokens != nil && *f.AddSpecialTokens), nil
 }

@@ -7,14 +7,21 @@
 //   - the endpoints (server.go, generate.go): POST /v1/completions and
 //     /v1/chat/completions, whole or streamed as Server-Sent Events with
 //     vLLM's chunk shapes and usage (prompt_tokens_details.cached_tokens is
-//     the prefix the simulated cache held); POST /tokenize and /detokenize;
+//     the prefix the simulated cache held); the render endpoints
+//     (render.go: the exact token ids of a generate request, in vLLM's
+//     GenerateRequest shape; left out with Config.DisableRender); POST
+//     /tokenize and /detokenize;
 //     GET /v1/models, /health and /metrics;
 //   - the request and reply shapes (api.go), with the simulator's one
 //     extension, sim_output_tokens (the reply's length below max_tokens),
 //     and vLLM's error replies (errors.go);
 //   - the tokenizer and chat template (tokenizer.go): byte-level, no
-//     special tokens, so that a conversation's next turn tokenizes to a
-//     strict extension of the previous prompt and reply;
+//     special tokens but an optional BOS (Config.BOS), so that a
+//     conversation's next turn tokenizes to a strict extension of the
+//     previous prompt and reply; the template renders every field vLLM's
+//     chat rendering reads (ChatOptions; api.go merges the request's fields
+//     as vLLM does), so that a test can tell a dropped field from a kept
+//     one;
 //   - /metrics (metrics.go): vLLM's Prometheus names, gauges read from the
 //     engine at scrape time, counters and histograms in model time;
 //   - LoRA adapters and cache salts (lora.go): adapters served under their

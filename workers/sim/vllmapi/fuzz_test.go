@@ -14,13 +14,16 @@ func FuzzRequestDecoders(f *testing.F) {
 		`{"prompt":[-1]}`, `{"prompt":null}`, `{"messages":[{"role":"user","content":"x"}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`,
 		`{"messages":[{"role":"","content":1}]}`, `{`, `[]`, `{"prompt":"é\u0000"}`,
+		`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}],"tool_choice":"auto","documents":[{"a":"b"}],` +
+			`"reasoning_effort":"low","chat_template":"t","chat_template_kwargs":{"enable_thinking":false,"documents":1},"response_format":{}}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}],"continue_final_message":true,"add_generation_prompt":false}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var cr completionRequest
 		if decodeBody(body, &cr) == nil {
-			if toks, err := promptTokens(cr.Prompt); err == nil {
+			if toks, err := promptTokens(cr.Prompt, false); err == nil {
 				var text string
 				if json.Unmarshal(cr.Prompt, &text) == nil {
 					back, err := Detokenize(toks)
@@ -32,6 +35,8 @@ func FuzzRequestDecoders(f *testing.F) {
 		}
 		var ch chatRequest
 		if decodeBody(body, &ch) == nil {
+			_, _ = ch.render(&ch.chatOnlyFields, true) // never panics, whatever the fields hold
+			_, _ = ch.render(nil, false)
 			if msgs, err := messages(ch.Messages); err == nil {
 				// The template's prefix property: dropping the last message
 				// gives a prefix of the rendered chat.

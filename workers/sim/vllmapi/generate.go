@@ -37,9 +37,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	tokens, err := promptTokens(req.Prompt)
-	if err != nil {
-		writeError(w, badRequest("%v", err))
+	tokens, e := s.completionTokens(&req)
+	if e != nil {
+		writeError(w, e)
 		return
 	}
 	j, e := s.newJob(r, false, req.sampling, tokens, req.MaxTokens)
@@ -60,11 +60,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	maxTokens := req.MaxCompletionTokens // the newer name wins, as in vLLM
-	if maxTokens == nil {
-		maxTokens = req.MaxTokens
-	}
-	j, e := s.newJob(r, true, req.sampling, tokens, maxTokens)
+	j, e := s.newJob(r, true, req.sampling, tokens, req.maxTokens())
 	if e != nil {
 		writeError(w, e)
 		return
@@ -73,39 +69,50 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	s.run(w, r, j)
 }
 
-// chatPrompt renders a chat request into the tokens the engine computes,
-// images expanded into their placeholders, and the images' items.
+// chatPrompt renders a chat request with every field that shapes it into
+// the tokens the engine computes, images expanded into their placeholders,
+// and the images' items.
 func (s *Server) chatPrompt(req *chatRequest) ([]uint32, []kvevents.MediaItem, *Error) {
-	msgs, err := messages(req.Messages)
-	if err != nil {
-		return nil, nil, badRequest("%v", err)
+	tokens, e := s.chatTokens(req)
+	if e != nil {
+		return nil, nil, e
 	}
-	tokens := Tokenize(RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt))
 	return s.chatMedia(tokens, req.Messages)
 }
 
-// newJob validates what both endpoints share. Without max_tokens the
-// request may generate up to the context length, as in vLLM.
+// completionTokens is a completion's prompt as the engine computes it:
+// add_special_tokens (default true) puts the BOS token in front of a text
+// prompt.
+func (s *Server) completionTokens(req *completionRequest) ([]uint32, *Error) {
+	tokens, err := promptTokens(req.Prompt, s.cfg.BOS && (req.AddSpecialTokens == nil || *req.AddSpecialTokens))
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	return tokens, nil
+}
+
+// chatTokens is a chat's prompt rendered with every field that shapes it.
+func (s *Server) chatTokens(req *chatRequest) ([]uint32, *Error) {
+	tokens, err := req.render(&req.chatOnlyFields, s.cfg.BOS)
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	return tokens, nil
+}
+
+// maxTokens is the output limit asked for: the newer name wins, as in vLLM.
+func (c *chatRequest) maxTokens() *int {
+	if c.MaxCompletionTokens != nil {
+		return c.MaxCompletionTokens
+	}
+	return c.MaxTokens
+}
+
+// newJob validates what both endpoints share.
 func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32, maxTokens *int) (job, *Error) {
-	if sp.N != nil && *sp.N != 1 {
-		return job{}, badRequest("n = %d: the simulator generates exactly one choice (n = 1)", *sp.N)
-	}
-	if len(tokens) == 0 {
-		return job{}, badRequest("the prompt is empty: at least one token is needed")
-	}
-	limit := s.cfg.MaxModelLen
-	if len(tokens) >= limit {
-		return job{}, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, len(tokens))
-	}
-	n := limit - len(tokens)
-	if maxTokens != nil {
-		n = *maxTokens
-		if n < 1 {
-			return job{}, badRequest("max_tokens must be at least 1, got %d.", n)
-		}
-		if len(tokens)+n > limit {
-			return job{}, badRequest("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", n, limit, len(tokens), n, limit, len(tokens))
-		}
+	n, e := s.outputLen(sp, tokens, maxTokens)
+	if e != nil {
+		return job{}, e
 	}
 	finish := finishLength
 	if sp.SimOutputTokens != nil {
@@ -122,12 +129,8 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 	if e != nil {
 		return job{}, e
 	}
-	prefix := "cmpl-"
-	if chat {
-		prefix = "chatcmpl-"
-	}
 	j := job{
-		id:           fmt.Sprintf("%s%016x", prefix, s.nextID.Add(1)),
+		id:           s.newID(chat),
 		chat:         chat,
 		tokens:       tokens,
 		maxTokens:    n,
@@ -141,6 +144,42 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 		return job{}, e
 	}
 	return j, nil
+}
+
+// outputLen checks a prompt against the context length and returns the
+// number of tokens to generate: without max_tokens, up to the context
+// length, as in vLLM.
+func (s *Server) outputLen(sp sampling, tokens []uint32, maxTokens *int) (int, *Error) {
+	if sp.N != nil && *sp.N != 1 {
+		return 0, badRequest("n = %d: the simulator generates exactly one choice (n = 1)", *sp.N)
+	}
+	if len(tokens) == 0 {
+		return 0, badRequest("the prompt is empty: at least one token is needed")
+	}
+	limit := s.cfg.MaxModelLen
+	if len(tokens) >= limit {
+		return 0, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, len(tokens))
+	}
+	n := limit - len(tokens)
+	if maxTokens != nil {
+		n = *maxTokens
+		if n < 1 {
+			return 0, badRequest("max_tokens must be at least 1, got %d.", n)
+		}
+		if len(tokens)+n > limit {
+			return 0, badRequest("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", n, limit, len(tokens), n, limit, len(tokens))
+		}
+	}
+	return n, nil
+}
+
+// newID is a request id: cmpl- or chatcmpl- and a per-server counter.
+func (s *Server) newID(chat bool) string {
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	return fmt.Sprintf("%s%016x", prefix, s.nextID.Add(1))
 }
 
 // run submits j to the engine and writes the reply, streamed or whole. The

@@ -20,9 +20,14 @@ func TestMain(m *testing.M) {
 const testModel = "sim-model"
 
 // newTestServer starts an engine on the wall clock (running with Run) and
-// its HTTP face on a loopback server; both stop at the end of the test.
-func newTestServer(t testing.TB, ec sim.Config, maxModelLen int) (*httptest.Server, *sim.Engine) {
-	return newServerWith(t, ec, Config{MaxModelLen: maxModelLen})
+// its HTTP face on a loopback server (its Config changed by opts); both stop
+// at the end of the test.
+func newTestServer(t testing.TB, ec sim.Config, maxModelLen int, opts ...func(*Config)) (*httptest.Server, *sim.Engine) {
+	cfg := Config{MaxModelLen: maxModelLen}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return newServerWith(t, ec, cfg)
 }
 
 // newServerWith is newTestServer with more of the face's settings (cfg's

@@ -38,6 +38,14 @@ type Config struct {
 	EnableLoRA  bool
 	Adapters    []Adapter
 	RuntimeLoRA bool
+	// BOS gives the tokenizer a BOS token (BOSToken), added in front of
+	// a prompt whose request has add_special_tokens (completions' and
+	// /tokenize prompts' default): a model like Llama. Without it the
+	// tokenizer has no special tokens (a model like Qwen).
+	BOS bool
+	// DisableRender leaves out POST /v1/chat/completions/render and
+	// /v1/completions/render (404), as a vLLM from before them.
+	DisableRender bool
 }
 
 // Server is the vLLM-compatible HTTP face of one simulated engine. It is an
@@ -95,6 +103,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.mux.HandleFunc("POST /v1/completions", s.completions)
 	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	if !cfg.DisableRender {
+		s.mux.HandleFunc("POST /v1/chat/completions/render", s.renderChat)
+		s.mux.HandleFunc("POST /v1/completions/render", s.renderCompletion)
+	}
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /detokenize", s.detokenize)
 	s.mux.HandleFunc("GET /v1/models", s.models)
@@ -147,25 +159,23 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	var text string
+	var toks []uint32
 	switch {
 	case req.Prompt != nil && req.Messages != nil:
 		writeError(w, badRequest("give either prompt or messages, not both"))
 		return
 	case req.Prompt != nil:
-		text = *req.Prompt
+		toks = promptIDs(*req.Prompt, s.cfg.BOS, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	case req.Messages != nil:
-		msgs, err := messages(req.Messages)
-		if err != nil {
+		var err error
+		if toks, err = req.render(nil, s.cfg.BOS); err != nil {
 			writeError(w, badRequest("%v", err))
 			return
 		}
-		text = RenderChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	default:
 		writeError(w, badRequest("prompt or messages is required"))
 		return
 	}
-	toks := Tokenize(text)
 	if req.Messages != nil {
 		var e *Error
 		if toks, _, e = s.chatMedia(toks, req.Messages); e != nil {
@@ -181,7 +191,7 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	text, err := Detokenize(req.Tokens)
+	text, err := detokenize(req.Tokens, s.cfg.BOS)
 	if err != nil {
 		writeError(w, badRequest("%v", err))
 		return

@@ -65,8 +65,8 @@ func TestOpenAIClientStreamsChatAndNextTurnIsCached(t *testing.T) {
 		t.Fatalf("reply %q (%d bytes), completion_tokens %d; want 16 of each", reply, len(reply), use1.CompletionTokens)
 	}
 	if want := int64(len(RenderChat([]Message{
-		{"system", "You are a terse assistant that answers in one line."},
-		{"user", "Tell me about prefix caching in vLLM, in one sentence please."},
+		{Role: "system", Content: "You are a terse assistant that answers in one line."},
+		{Role: "user", Content: "Tell me about prefix caching in vLLM, in one sentence please."},
 	}, true))); use1.PromptTokens != want {
 		t.Fatalf("prompt_tokens %d, want %d (one token per byte of the rendered chat)", use1.PromptTokens, want)
 	}
@@ -89,16 +89,9 @@ func TestTokenizeNextTurnExtendsPromptAndReply(t *testing.T) {
 	hs, _ := newTestServer(t, sim.Config{}, 4096)
 	tok := func(body string) tokenizeReply {
 		t.Helper()
-		code, out := post(t, hs, "/tokenize", body)
-		if code != http.StatusOK {
-			t.Fatalf("/tokenize %s: %d %s", body, code, out)
-		}
-		var r tokenizeReply
-		if err := json.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("/tokenize reply %s: %v", out, err)
-		}
+		r := tokenizeReplyOf(t, hs, body)
 		if r.Count != len(r.Tokens) || r.MaxModelLen != 4096 {
-			t.Fatalf("/tokenize reply %s: count or max_model_len wrong", out)
+			t.Fatalf("/tokenize reply %+v: count or max_model_len wrong", r)
 		}
 		return r
 	}
