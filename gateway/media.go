@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -201,25 +200,13 @@ func commonPrefix(a, b []uint32) int {
 // engine's placeholder order; an item without a hash takes the client's
 // uuid for its part, else stays unknown.
 func (g *Gateway) renderMedia(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, root+"/v1/chat/completions/render", bytes.NewReader(cr.body))
+	data, err := g.post(ctx, root+"/v1/chat/completions/render", cr.body)
+	var se *tokenizeStatusError
+	if errors.As(err, &se) && (se.status == http.StatusNotFound || se.status == http.StatusMethodNotAllowed) {
+		return nil, errNoRender
+	}
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := g.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("render at %s: %w", root, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*DefaultMaxBodyBytes))
-	if err != nil {
-		return nil, fmt.Errorf("render at %s: reading the reply: %w", root, err)
-	}
-	switch {
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
-		return nil, errNoRender
-	case resp.StatusCode != http.StatusOK:
-		return nil, &tokenizeStatusError{url: root + "/v1/chat/completions/render", status: resp.StatusCode, body: string(data)}
 	}
 	var rr mediaRenderReply
 	if err := json.Unmarshal(data, &rr); err != nil {
