@@ -165,7 +165,7 @@ func (g *Gateway) tokenizeMedia(ctx context.Context, root string, cr *clientRequ
 		}
 		g.noRender.mark(root)
 	}
-	tr, err := g.tokenize(ctx, root, kindChat, cr, cr.body)
+	tr, err := g.tokenizeFallback(ctx, root, kindChat, cr, false, nil)
 	if err != nil || tr.Tokens == nil {
 		return tr, err // nil Tokens: a field /tokenize lacks, the prompt is unknown
 	}

@@ -219,6 +219,13 @@ func (g *Gateway) tokenize(ctx context.Context, root, kind string, cr *clientReq
 		}
 		g.log.Debug("no render endpoint: using /tokenize", "engine", root, "err", err)
 	}
+	return g.tokenizeFallback(ctx, root, kind, cr, isIDs, ids)
+}
+
+// tokenizeFallback is tokenize for an engine without the render endpoint:
+// /tokenize with every field it has, and no prefix claimed for a request
+// with a field it lacks (Unknown).
+func (g *Gateway) tokenizeFallback(ctx context.Context, root, kind string, cr *clientRequest, isIDs bool, ids []uint32) (*tokenizeReply, error) {
 	field := cr.uncarried(kind)
 	if isIDs { // truncated ids: the engine's truncation side is unknown
 		return &tokenizeReply{Count: len(ids), Unknown: field}, nil

@@ -235,7 +235,7 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 	if err != nil {
 		st.t.Fatal(err)
 	}
-	e := &engine{id: id, eng: eng, events: ev, url: "http://" + ln.Addr().String(), ranks: ranks, ran: make(chan struct{})}
+	e := &engine{id: id, eng: eng, events: ev, face: api, url: "http://" + ln.Addr().String(), ranks: ranks, ran: make(chan struct{})}
 	e.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path == "/tokenize":
