@@ -17,5 +17,7 @@
 // each test says in its comment what it checks. shapes_test.go holds the
 // table of request shapes (tools, template options, completions, engines
 // without render endpoints, ...) over which the router's predicted overlap
-// must equal the engine's cached_tokens, one row per shape.
+// must equal the engine's cached_tokens, one row per shape; agent_test.go
+// runs an agent workload (tool calls and results) through the same check
+// and compares its hit ratio with and without tool definitions.
 package realpath

@@ -282,7 +282,7 @@ func TestRouterPredictsEngineCacheForEveryShape(t *testing.T) {
 	}
 	for _, face := range order {
 		t.Run(face, func(t *testing.T) {
-			ss := startShapeStack(t, face)
+			ss := startShapeStack(t, face, stackOpts{replicas: 1})
 			for _, row := range shapes {
 				if row.face != face {
 					continue
@@ -302,15 +302,16 @@ func TestRouterPredictsEngineCacheForEveryShape(t *testing.T) {
 	}
 }
 
-// startShapeStack starts two engines with face's options, two replicas and
-// a gateway. The gateway routes in process over replica 0 (as `kvrouter
+// startShapeStack starts two engines with face's options, o's replicas
+// (and eventsOnly) and a gateway. The gateway routes in process over replica 0 (as `kvrouter
 // serve --openai-addr`): a route over NATS costs a hundred times more under
 // the race detector, and the invariant is about hashing, not the route
 // API's transport (TestOpenAIClientThroughBridgesAndGateway covers it).
-func startShapeStack(t *testing.T, face string) *shapeStack {
+func startShapeStack(t *testing.T, face string, o stackOpts) *shapeStack {
 	t.Helper()
 	f := faces[face]
-	st := startStack(t, stackOpts{engines: 2, replicas: 1, kvBlocks: 4096, face: f.api, ranks: f.ranks, staleIntervals: 100})
+	o.engines, o.kvBlocks, o.face, o.ranks, o.staleIntervals = 2, 4096, f.api, f.ranks, 100
+	st := startStack(t, o)
 	base := st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]})
 	hc := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(hc.CloseIdleConnections)
