@@ -115,8 +115,6 @@ type Gateway struct {
 	mux    *http.ServeMux
 	models map[string]*workerCache
 	apiKey [sha256.Size]byte // SHA-256 of "Bearer <APIKey>", when set
-	// noRender remembers the engines found without a render endpoint.
-	noRender renderAbsent
 
 	renders renderProbes // which engines have the render endpoints (render.go)
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -127,43 +125,19 @@ type mediaRenderReply struct {
 	} `json:"features"`
 }
 
-// noRenderFor is how long the gateway remembers that an engine has no
-// render endpoint before asking again (an engine may be upgraded).
-const noRenderFor = time.Minute
-
-// renderAbsent remembers, per engine root, when its render endpoint was
-// last found missing.
-type renderAbsent struct {
-	mu sync.Mutex
-	at map[string]time.Time
-}
-
-func (r *renderAbsent) absent(root string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	at, ok := r.at[root]
-	return ok && time.Since(at) < noRenderFor
-}
-
-func (r *renderAbsent) mark(root string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.at == nil {
-		r.at = map[string]time.Time{}
-	}
-	r.at[root] = time.Now()
-}
-
 // tokenizeMedia returns the token ids of a chat with media parts and the
 // items the router hashes with them: from the engine's render endpoint
 // when it has one, else from /tokenize (the first item's position only).
 func (g *Gateway) tokenizeMedia(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
-	if !g.noRender.absent(root) {
+	// The same per-engine probe as the render path's (render.go): one
+	// failed probe marks the engine render-less for every request.
+	p := g.renders.get(root)
+	if now := time.Now(); p.use(now) {
 		tr, err := g.renderMedia(ctx, root, cr, parts)
+		p.done(err, now)
 		if !errors.Is(err, errNoRender) {
 			return tr, err
 		}
-		g.noRender.mark(root)
 	}
 	tr, err := g.tokenizeFallback(ctx, root, kindChat, cr, false, nil)
 	if err != nil || tr.Tokens == nil {
@@ -200,11 +174,7 @@ func commonPrefix(a, b []uint32) int {
 // engine's placeholder order; an item without a hash takes the client's
 // uuid for its part, else stays unknown.
 func (g *Gateway) renderMedia(ctx context.Context, root string, cr *clientRequest, parts []mediaPart) (*tokenizeReply, error) {
-	data, err := g.post(ctx, root+"/v1/chat/completions/render", cr.body)
-	var se *tokenizeStatusError
-	if errors.As(err, &se) && (se.status == http.StatusNotFound || se.status == http.StatusMethodNotAllowed) {
-		return nil, errNoRender
-	}
+	data, err := g.postRender(ctx, root, renderPath(kindChat), cr.body)
 	if err != nil {
 		return nil, err
 	}

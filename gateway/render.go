@@ -151,10 +151,23 @@ func renderPath(kind string) string {
 }
 
 // render asks the engine at root for the exact token ids of the client's
-// body. A 404, 405 or 501 that is not the engine refusing the model is
-// errNoRender.
+// body (errNoRender: the engine has no render endpoint, postRender).
 func (g *Gateway) render(ctx context.Context, root, kind string, body []byte) (*tokenizeReply, error) {
-	data, err := g.post(ctx, root+renderPath(kind), body)
+	data, err := g.postRender(ctx, root, renderPath(kind), body)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := decodeRenderReply(data)
+	if err != nil {
+		return nil, fmt.Errorf("render at %s: %w", root, err)
+	}
+	return &tokenizeReply{Count: len(ids), Tokens: ids}, nil
+}
+
+// postRender posts body to the engine's render endpoint path. A 404, 405
+// or 501 that is not the engine refusing the model is errNoRender.
+func (g *Gateway) postRender(ctx context.Context, root, path string, body []byte) ([]byte, error) {
+	data, err := g.post(ctx, root+path, body)
 	var se *tokenizeStatusError
 	if errors.As(err, &se) {
 		switch se.status {
@@ -165,16 +178,8 @@ func (g *Gateway) render(ctx context.Context, root, kind string, body []byte) (*
 				return nil, fmt.Errorf("%w (%s: status %d)", errNoRender, root, se.status)
 			}
 		}
-		return nil, err
 	}
-	if err != nil {
-		return nil, err
-	}
-	ids, err := decodeRenderReply(data)
-	if err != nil {
-		return nil, fmt.Errorf("render at %s: %w", root, err)
-	}
-	return &tokenizeReply{Count: len(ids), Tokens: ids}, nil
+	return data, err
 }
 
 // post sends body to url and returns the reply's body; a status other than
