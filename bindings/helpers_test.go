@@ -13,11 +13,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, testutil.IgnoreNATSAsyncReply(),
 		// The embedded servers' own background goroutines can outlive
 		// Shutdown by a moment; ours (watch, sweeper) may not.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),

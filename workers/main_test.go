@@ -13,10 +13,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testutil.IgnoreNATSAsyncReply())
 }
 
 // Short timings keep the suite fast: 1 s is the smallest per-key TTL.

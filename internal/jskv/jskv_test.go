@@ -12,10 +12,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testutil.IgnoreNATSAsyncReply())
 }
 
 func TestAsConflict(t *testing.T) {

@@ -16,8 +16,13 @@ func IgnoredGoroutines() []goleak.Option {
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
-		// nats.go v1.55's async-publish reply handler: once the connection
-		// is closed it can be left blocked on a nil channel (seen in CI).
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"),
+		IgnoreNATSAsyncReply(),
 	}
+}
+
+// IgnoreNATSAsyncReply ignores nats.go v1.55's async-publish reply handler:
+// once the connection is closed it can be left blocked on a nil channel
+// (seen in CI). Every package whose tests publish to JetStream needs it.
+func IgnoreNATSAsyncReply() goleak.Option {
+	return goleak.IgnoreAnyFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect")
 }

@@ -5,11 +5,12 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testutil.IgnoreNATSAsyncReply())
 }
 
 // repoRoot is the repository root, two directories above this package.

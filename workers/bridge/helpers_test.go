@@ -29,7 +29,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// zmq4's PUB writer goroutine outlives Close (as in kvevents/vllmzmq).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"), testutil.IgnoreNATSAsyncReply())
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 	"go.uber.org/goleak"
@@ -16,7 +17,7 @@ import (
 func TestMain(m *testing.M) {
 	// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (the vLLM
 	// events' sockets): one parked goroutine per closed PUB, no CPU.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"), testutil.IgnoreNATSAsyncReply())
 }
 
 // recorder is an in-memory EventEmitter that deep-copies what it gets.
