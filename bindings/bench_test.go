@@ -214,7 +214,7 @@ func BenchmarkRouteFresh(b *testing.B) {
 	}
 }
 
-// BenchmarkProbe: one freshness probe (STREAM.INFO to the stream leader),
+// BenchmarkProbe: one freshness probe (a quorum mark, quorum.go),
 // sent every MaxStaleness/4 by each replica.
 func BenchmarkProbe(b *testing.B) {
 	for _, cluster := range []bool{false, true} {
@@ -233,7 +233,7 @@ func BenchmarkProbe(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				if _, err := tb.lastSeq(time.Second); err != nil {
+				if _, err := tb.markWithin(time.Second); err != nil {
 					b.Fatal(err)
 				}
 				ts[i] = time.Since(t0)

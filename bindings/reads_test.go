@@ -303,39 +303,6 @@ func TestBucketFull(t *testing.T) {
 	}
 }
 
-func TestDecodeLastSeq(t *testing.T) {
-	tests := []struct {
-		name  string
-		reply string
-		want  uint64
-		ok    bool
-	}{
-		{"leader", `{"state":{"last_seq":42},"cluster":{"leader":"n1"}}`, 42, true},
-		{"single server", `{"state":{"last_seq":7}}`, 7, true},
-		{"empty stream", `{"state":{"last_seq":0},"cluster":{"leader":"n0"}}`, 0, true},
-		{"leaderless member", `{"state":{"last_seq":40},"cluster":{"name":"c"}}`, 0, false},
-		{"api error", `{"error":{"code":503,"err_code":10008,"description":"unavailable"}}`, 0, false},
-		{"no state", `{}`, 0, false},
-		{"bad json", `{"state":`, 0, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeLastSeq([]byte(tc.reply))
-			if (err == nil) != tc.ok || got != tc.want {
-				t.Fatalf("decodeLastSeq(%s) = %d, %v; want %d, ok %v", tc.reply, got, err, tc.want, tc.ok)
-			}
-		})
-	}
-}
-
-func FuzzDecodeLastSeq(f *testing.F) {
-	f.Add([]byte(`{"state":{"last_seq":42},"cluster":{"leader":"n1"}}`))
-	f.Add([]byte(`{"error":{"code":404,"err_code":10059}}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _ = decodeLastSeq(data) // must not panic
-	})
-}
-
 // The freshness proof, step by step: probes answered before the watch has
 // caught up prove nothing; the newest satisfied probe's send time is the
 // cache's "fresh as of"; a new watch starts from nothing; the snapshot's

@@ -39,9 +39,16 @@ type Stats struct {
 	// could not show it was at most MaxStaleness behind the bucket;
 	// HardReads those sent there because the cache held a Hard binding.
 	StaleFallbacks, HardReads uint64
-	// Probes is answered freshness probes (stream info requests to the
-	// leader); ProbeErrors those that got no usable answer.
+	// Probes is answered freshness probes (quorum marks the majority
+	// accepted, quorum.go); ProbeErrors those that got no answer.
 	Probes, ProbeErrors uint64
+	// Confirms is leader reads confirmed through the majority (quorum.go;
+	// none on a one-replica stream); ConfirmMismatches those whose key had
+	// moved on, so the read was made again; ConfirmTimeouts those that got
+	// no answer (a leader cut off from its peers cannot commit one);
+	// ConfirmsRefused those a full bucket refused (the read then stands
+	// unconfirmed, quorum.go).
+	Confirms, ConfirmMismatches, ConfirmTimeouts, ConfirmsRefused uint64
 	// WatchRestarts is watches ended or found stalled and started again
 	// (with a cache rebuilt from nothing).
 	WatchRestarts uint64
@@ -90,6 +97,8 @@ type counters struct {
 	leaderReads, readRetries                 atomic.Uint64
 	staleFallbacks, hardReads                atomic.Uint64
 	probes, probeErrors, watchRestarts       atomic.Uint64
+	confirms, confirmMismatches, confirmLost atomic.Uint64
+	confirmsRefused                          atomic.Uint64
 	renewalsRefused                          atomic.Uint64
 }
 
@@ -102,38 +111,42 @@ func (t *Table) Stats() Stats {
 		age = -1
 	}
 	return Stats{
-		Created:         c.outcome[Created].Load(),
-		Renewed:         c.outcome[Renewed].Load(),
-		Fresh:           c.outcome[Fresh].Load(),
-		Rebound:         c.outcome[Rebound].Load(),
-		Rejected:        c.outcome[Rejected].Load(),
-		KeptOther:       c.outcome[KeptOther].Load(),
-		Writes:          c.writes.Load(),
-		Conflicts:       c.conflicts.Load(),
-		Ambiguous:       c.ambiguous.Load(),
-		AmbiguousLanded: c.ambiguousLanded.Load(),
-		Unresolved:      c.unresolved.Load(),
-		InFlightWaits:   c.inFlightWaits.Load(),
-		Exhausted:       c.exhausted.Load(),
-		Waits:           c.waits.Load(),
-		BadInput:        c.badInput.Load(),
-		Malformed:       c.malformed.Load(),
-		SelectErrors:    c.selectErrors.Load(),
-		LeaderReads:     c.leaderReads.Load(),
-		ReadRetries:     c.readRetries.Load(),
-		Ended:           c.ended.Load(),
-		CacheHits:       t.cache.hits.Load(),
-		CacheMisses:     t.cache.misses.Load(),
-		CacheEvictions:  t.cache.evictions.Load(),
-		CacheEntries:    t.cache.len(),
-		CacheComplete:   !t.cache.incomplete.Load() && !t.cfg.StrictReads,
-		CacheFresh:      t.cacheFresh(now),
-		CacheAge:        age,
-		StaleFallbacks:  c.staleFallbacks.Load(),
-		HardReads:       c.hardReads.Load(),
-		Probes:          c.probes.Load(),
-		ProbeErrors:     c.probeErrors.Load(),
-		WatchRestarts:   c.watchRestarts.Load(),
-		RenewalsRefused: c.renewalsRefused.Load(),
+		Created:           c.outcome[Created].Load(),
+		Renewed:           c.outcome[Renewed].Load(),
+		Fresh:             c.outcome[Fresh].Load(),
+		Rebound:           c.outcome[Rebound].Load(),
+		Rejected:          c.outcome[Rejected].Load(),
+		KeptOther:         c.outcome[KeptOther].Load(),
+		Writes:            c.writes.Load(),
+		Conflicts:         c.conflicts.Load(),
+		Ambiguous:         c.ambiguous.Load(),
+		AmbiguousLanded:   c.ambiguousLanded.Load(),
+		Unresolved:        c.unresolved.Load(),
+		InFlightWaits:     c.inFlightWaits.Load(),
+		Exhausted:         c.exhausted.Load(),
+		Waits:             c.waits.Load(),
+		BadInput:          c.badInput.Load(),
+		Malformed:         c.malformed.Load(),
+		SelectErrors:      c.selectErrors.Load(),
+		LeaderReads:       c.leaderReads.Load(),
+		ReadRetries:       c.readRetries.Load(),
+		Ended:             c.ended.Load(),
+		CacheHits:         t.cache.hits.Load(),
+		CacheMisses:       t.cache.misses.Load(),
+		CacheEvictions:    t.cache.evictions.Load(),
+		CacheEntries:      t.cache.len(),
+		CacheComplete:     !t.cache.incomplete.Load() && !t.cfg.StrictReads,
+		CacheFresh:        t.cacheFresh(now),
+		CacheAge:          age,
+		StaleFallbacks:    c.staleFallbacks.Load(),
+		HardReads:         c.hardReads.Load(),
+		Probes:            c.probes.Load(),
+		ProbeErrors:       c.probeErrors.Load(),
+		Confirms:          c.confirms.Load(),
+		ConfirmMismatches: c.confirmMismatches.Load(),
+		ConfirmTimeouts:   c.confirmLost.Load(),
+		ConfirmsRefused:   c.confirmsRefused.Load(),
+		WatchRestarts:     c.watchRestarts.Load(),
+		RenewalsRefused:   c.renewalsRefused.Load(),
 	}
 }

@@ -172,27 +172,23 @@ func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, erro
 	return st, nil
 }
 
-// leaderRead retries leaderReadOnce until it gets an answer, ctx ends or
+// leaderRead retries leaderReadOnce until it gets an answer the majority
+// confirms (quorum.go; a one-replica stream needs no confirm), ctx ends or
 // ResolveTimeout passes. Around a leader change nobody answers for tens of
-// milliseconds, so each try has a short timeout. No answer in time is an
-// *UnavailableError.
+// milliseconds, so each try has a short timeout; a leader cut off from its
+// peers answers reads but cannot commit the confirm, so its answers are
+// never used. No confirmed answer in time is an *UnavailableError.
 func (t *Table) leaderRead(ctx context.Context, key string) (readState, error) {
 	deadline := time.Now().Add(t.cfg.ResolveTimeout)
 	wait := 5 * time.Millisecond
 	for {
-		try := t.readTimeout
-		if left := time.Until(deadline); left < try {
-			try = left
-		}
-		rctx, cancel := context.WithTimeout(ctx, try)
-		st, err := t.leaderReadOnce(rctx, key)
-		cancel()
+		st, err := t.leaderReadTry(ctx, key, deadline)
 		if err == nil {
 			t.cache.putRead(key, &st)
 			return st, nil
 		}
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode != 0 && apiErr.Code != 503 {
+		if errors.As(err, &apiErr) && apiErr.ErrorCode != 0 && apiErr.Code != 503 && !errors.Is(err, ErrConflict) {
 			// The server answered: retrying will not help.
 			return readState{}, fmt.Errorf("bindings: leader read of key %q: %w", key, err)
 		}
@@ -208,5 +204,32 @@ func (t *Table) leaderRead(ctx context.Context, key string) (readState, error) {
 		if wait < 200*time.Millisecond {
 			wait *= 2
 		}
+	}
+}
+
+// leaderReadTry is one leader read and its confirm, each bounded by the
+// read timeout and the deadline.
+func (t *Table) leaderReadTry(ctx context.Context, key string, deadline time.Time) (readState, error) {
+	try := min(t.readTimeout, time.Until(deadline))
+	rctx, cancel := context.WithTimeout(ctx, try)
+	defer cancel()
+	st, err := t.leaderReadOnce(rctx, key)
+	if err != nil || !t.confirmReads {
+		return st, err
+	}
+	cctx, ccancel := context.WithTimeout(ctx, min(t.readTimeout, time.Until(deadline)))
+	defer ccancel()
+	switch err := t.confirm(cctx, key, st.rev); {
+	case err == nil:
+		return st, nil
+	case errors.Is(err, ErrFull):
+		t.st.confirmsRefused.Add(1) // see quorum.go: no proof to be had
+		return st, nil
+	case errors.Is(err, ErrConflict):
+		t.st.confirmMismatches.Add(1)
+		return readState{}, fmt.Errorf("%w: %w", errUnconfirmed, err)
+	default:
+		t.st.confirmLost.Add(1)
+		return readState{}, err
 	}
 }

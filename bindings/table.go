@@ -191,10 +191,12 @@ type Table struct {
 	kv          jetstream.KeyValue
 	kvPre       string // "$KV.<bucket>."
 	msgGetSubj  string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
-	infoSubj    string // "$JS.API.STREAM.INFO.KV_<bucket>"
 	readTimeout time.Duration
-	msgTTL      time.Duration    // the message TTL of every binding revision: StoredTTL(IdleTTL)
-	publish     jskv.PublishFunc // js.PublishMsg; tests replace it to inject faults
+	// confirmReads: the stream has more than one replica, so leader reads
+	// are confirmed through its majority (quorum.go).
+	confirmReads bool
+	msgTTL       time.Duration    // the message TTL of every binding revision: StoredTTL(IdleTTL)
+	publish      jskv.PublishFunc // js.PublishMsg; tests replace it to inject faults
 
 	cache   *cache
 	flights flights
@@ -240,22 +242,23 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 	if err != nil {
 		return nil, err
 	}
-	if err := applyLimits(ctx, js, &cfg); err != nil {
+	replicas, err := applyLimits(ctx, js, &cfg)
+	if err != nil {
 		return nil, err
 	}
 	t := &Table{
-		cfg:         cfg,
-		js:          js,
-		nc:          nc,
-		kv:          kv,
-		kvPre:       "$KV." + cfg.Bucket + ".",
-		msgGetSubj:  jskv.MsgGetSubject(cfg.APIPrefix, cfg.Bucket),
-		infoSubj:    streamInfoSubject(cfg.APIPrefix, cfg.Bucket),
-		readTimeout: min(cfg.OpTimeout, 500*time.Millisecond),
-		msgTTL:      StoredTTL(cfg.IdleTTL),
-		publish:     js.PublishMsg,
-		cache:       newCache(cfg.CacheEntries, cfg.MarkerTTL),
-		flights:     flights{m: make(map[string]*flight)},
+		cfg:          cfg,
+		js:           js,
+		nc:           nc,
+		kv:           kv,
+		kvPre:        "$KV." + cfg.Bucket + ".",
+		msgGetSubj:   jskv.MsgGetSubject(cfg.APIPrefix, cfg.Bucket),
+		readTimeout:  min(cfg.OpTimeout, 500*time.Millisecond),
+		confirmReads: replicas > 1,
+		msgTTL:       StoredTTL(cfg.IdleTTL),
+		publish:      js.PublishMsg,
+		cache:        newCache(cfg.CacheEntries, cfg.MarkerTTL),
+		flights:      flights{m: make(map[string]*flight)},
 
 		restart:      make(chan struct{}, 1),
 		probeTimeout: max(cfg.MaxStaleness/2, 100*time.Millisecond),
@@ -264,6 +267,11 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 	}
 	t.stopCtx, t.cancel = context.WithCancel(context.Background())
 	t.reqPool.New = func() any { return new(Requirement) }
+	// The quorum key takes its slot now, while the bucket has room
+	// (quorum.go); a failure here only delays it to the first probe.
+	if _, err := t.mark(ctx); err != nil {
+		cfg.Logger.Warn("bindings: first quorum mark failed", "bucket", cfg.Bucket, "err", err)
+	}
 	if !cfg.StrictReads {
 		if err := t.startWatch(ctx); err != nil {
 			return nil, err

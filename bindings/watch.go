@@ -2,27 +2,25 @@ package bindings
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/kvrouter/kvrouter/internal/jskv"
 )
 
 // This file keeps the watch-fed cache honest: the watch that feeds it, the
 // probe that proves how far behind the bucket it is, and the restart of a
 // watch that stalled.
 //
-// The proof: a probe sent at time T asks the stream leader for the
-// stream's last sequence L. Once the watch has delivered an entry with
-// revision >= L, the cache holds every write acknowledged before T (a
-// revision is a stream sequence; markers advance it too). The cache is
+// The proof: a probe sent at time T is a quorum mark (quorum.go), and the
+// majority gives it the sequence L. Once the watch has delivered an entry
+// with revision >= L, the cache holds every write acknowledged before T (a
+// revision is a stream sequence; markers advance it too; the mark itself
+// comes through the watch). A mark, not the stream leader's word on its
+// last sequence: a leader cut off from its peers answers that stale. The cache is
 // then "fresh as of T", and a Soft read may use it while now-T <=
 // MaxStaleness.
 
@@ -190,7 +188,7 @@ func (t *Table) watchOnce(ready func()) error {
 	default:
 	}
 	sent := time.Now()
-	last, err := t.lastSeq(t.probeTimeout)
+	last, err := t.markWithin(t.probeTimeout)
 	if err != nil {
 		return err
 	}
@@ -214,7 +212,9 @@ func (t *Table) watchOnce(ready func()) error {
 					ready = nil
 				}
 			default:
-				t.cache.apply(e)
+				if e.Key() != quorumKey {
+					t.cache.apply(e)
+				}
 				t.proof.delivered(e.Revision(), time.Now())
 			}
 		case <-t.restart:
@@ -278,8 +278,8 @@ func stopWatch(w jetstream.KeyWatcher) {
 	}
 }
 
-// probeLoop asks the stream leader for the stream's last sequence every
-// MaxStaleness/4 and restarts the watch when it has stalled.
+// probeLoop writes a quorum mark every MaxStaleness/4 and restarts the
+// watch when it has stalled.
 func (t *Table) probeLoop() {
 	defer t.wg.Done()
 	tick := time.NewTicker(t.cfg.MaxStaleness / 4)
@@ -291,7 +291,7 @@ func (t *Table) probeLoop() {
 		case <-tick.C:
 		}
 		sent := time.Now()
-		last, err := t.lastSeq(t.probeTimeout)
+		last, err := t.markWithin(t.probeTimeout)
 		if err != nil {
 			t.st.probeErrors.Add(1)
 			continue // no proof this time; a leader change passes
@@ -307,53 +307,9 @@ func (t *Table) probeLoop() {
 	}
 }
 
-// streamInfoReply is the part of a STREAM.INFO answer the probe reads.
-type streamInfoReply struct {
-	Error *jetstream.APIError `json:"error,omitempty"`
-	State *struct {
-		LastSeq uint64 `json:"last_seq"`
-	} `json:"state,omitempty"`
-	Cluster *struct {
-		Leader string `json:"leader"`
-	} `json:"cluster,omitempty"`
-}
-
-// errNoLeader: a STREAM.INFO answer without a leader. A member of a
-// leaderless group answers from its own state, which may lag.
-var errNoLeader = errors.New("stream info: answered without a stream leader")
-
-// lastSeq asks the stream leader (STREAM.INFO is answered by the leader,
-// or by a member while the group has none, which is refused) for the
-// bucket stream's last sequence.
-func (t *Table) lastSeq(timeout time.Duration) (uint64, error) {
+// markWithin writes a quorum mark, waiting at most timeout.
+func (t *Table) markWithin(timeout time.Duration) (uint64, error) {
 	ctx, cancel := context.WithTimeout(t.stopCtx, timeout)
 	defer cancel()
-	m, err := t.nc.RequestWithContext(ctx, t.infoSubj, nil)
-	if err != nil {
-		return 0, fmt.Errorf("stream info of bucket %q: %w", t.cfg.Bucket, err)
-	}
-	return decodeLastSeq(m.Data)
-}
-
-func decodeLastSeq(data []byte) (uint64, error) {
-	var r streamInfoReply
-	if err := json.Unmarshal(data, &r); err != nil {
-		return 0, fmt.Errorf("stream info: bad reply: %w", err)
-	}
-	if r.Error != nil {
-		return 0, fmt.Errorf("stream info: %w", r.Error)
-	}
-	if r.State == nil {
-		return 0, errors.New("stream info: reply without state")
-	}
-	if r.Cluster != nil && r.Cluster.Leader == "" {
-		return 0, errNoLeader
-	}
-	return r.State.LastSeq, nil
-}
-
-// streamInfoSubject is <apiPrefix>.STREAM.INFO.KV_<bucket>, derived from
-// jskv's MSG.GET subject so that both honour the prefix the same way.
-func streamInfoSubject(apiPrefix, bucket string) string {
-	return strings.Replace(jskv.MsgGetSubject(apiPrefix, bucket), ".STREAM.MSG.GET.KV_", ".STREAM.INFO.KV_", 1)
+	return t.mark(ctx)
 }

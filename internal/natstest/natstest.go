@@ -166,7 +166,18 @@ type Cluster struct {
 	t       testing.TB
 	dir     string // holds every node's store directory
 	starts  int    // launches so far: each gets fresh store directories
+
+	// With Partitionable: links[i][j] carries node i's route connections
+	// to node j (partition.go); clients are the client links handed out.
+	partitionable bool
+	links         [][]*Link
+	clients       []*Link
+	addrMu        sync.Mutex
+	clientAddrs   []string // each node's current client host:port, for client links
 }
+
+// ClusterOption adjusts how StartCluster builds the cluster.
+type ClusterOption func(*Cluster)
 
 // startAttempts bounds how often StartCluster picks new ports: a port
 // freePorts found free can be taken by another process before its node
@@ -178,7 +189,7 @@ const startAttempts = 3
 // is bounded by the test's own deadline (testutil.Budget), not by a fixed
 // time, so a loaded machine slows the start but does not fail it. Nodes
 // are shut down when the test ends.
-func StartCluster(t testing.TB, n int) *Cluster {
+func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster size %d", n)
@@ -187,6 +198,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	// registered, so cleanups (last in, first out) stop every node before
 	// its files are removed.
 	c := &Cluster{t: t, dir: t.TempDir()}
+	for _, o := range opts {
+		o(c)
+	}
 	t.Cleanup(c.Shutdown)
 	for attempt := 1; ; attempt++ {
 		err := c.launch(n)
@@ -210,6 +224,9 @@ func (c *Cluster) launch(n int) error {
 	for i, p := range cports {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
 	}
+	if err := c.makeLinks(cports); err != nil {
+		return err
+	}
 	c.opts, c.Servers = nil, nil
 	c.starts++
 	for i := 0; i < n; i++ {
@@ -228,6 +245,10 @@ func (c *Cluster) launch(n int) error {
 			Cluster:    server.ClusterOpts{Name: "test", Host: "127.0.0.1", Port: cports[i]},
 			Routes:     server.RoutesFromStr(joinComma(routes)),
 		}
+		if c.partitionable {
+			o.Routes = server.RoutesFromStr(joinComma(c.routesVia(i)))
+			o.Cluster.NoAdvertise = true // gossip must not reveal the direct ports
+		}
 		s, err := launch(o)
 		if err != nil {
 			return err
@@ -235,10 +256,11 @@ func (c *Cluster) launch(n int) error {
 		c.opts = append(c.opts, o)
 		c.Servers = append(c.Servers, s)
 	}
-	for _, s := range c.Servers {
+	for i, s := range c.Servers {
 		if err := ready(c.t, s); err != nil {
 			return err
 		}
+		c.setClientAddr(i, s)
 	}
 	return nil
 }
@@ -342,6 +364,7 @@ func (c *Cluster) Start(i int) {
 		c.t.Fatalf("natstest: start node %d: %v", i, err)
 	}
 	c.Servers[i] = s
+	c.setClientAddr(i, s)
 }
 
 // MetaLeader returns the index of the JetStream meta leader, or -1 while
@@ -426,7 +449,8 @@ func (c *Cluster) ConsumerHost(ctx context.Context, stream string) int {
 	return best
 }
 
-// Shutdown stops every node and waits until each has closed its files.
+// Shutdown stops every node and waits until each has closed its files,
+// then closes the links.
 func (c *Cluster) Shutdown() {
 	for _, s := range c.Servers {
 		s.Shutdown()
@@ -434,6 +458,7 @@ func (c *Cluster) Shutdown() {
 	for _, s := range c.Servers {
 		s.WaitForShutdown()
 	}
+	c.closeLinks()
 }
 
 func freePorts(t testing.TB, n int) []int {
