@@ -172,8 +172,8 @@ type Cluster struct {
 	partitionable bool
 	links         [][]*Link
 	clients       []*Link
-	addrMu        sync.Mutex
-	clientAddrs   []string // each node's current client host:port, for client links
+	addrMu        sync.Mutex // guards clients and clientAddrs
+	clientAddrs   []string   // each node's current client host:port, for client links
 }
 
 // ClusterOption adjusts how StartCluster builds the cluster.

@@ -57,10 +57,14 @@ func (c *Cluster) closeLinks() {
 			}
 		}
 	}
-	for _, l := range c.clients {
+	c.addrMu.Lock()
+	clients := c.clients
+	c.clients = nil
+	c.addrMu.Unlock()
+	for _, l := range clients {
 		l.Close()
 	}
-	c.links, c.clients = nil, nil
+	c.links = nil
 }
 
 // CutRoute stalls everything node from sends to node to, on both route
@@ -93,7 +97,10 @@ func (c *Cluster) Heal() {
 			}
 		}
 	}
-	for _, l := range c.clients {
+	c.addrMu.Lock()
+	clients := append([]*Link(nil), c.clients...)
+	c.addrMu.Unlock()
+	for _, l := range clients {
 		l.Heal()
 	}
 }
@@ -112,7 +119,9 @@ func (c *Cluster) ClientLink(i int) *Link {
 	if err != nil {
 		c.t.Fatalf("natstest: client link to n%d: %v", i, err)
 	}
+	c.addrMu.Lock()
 	c.clients = append(c.clients, l)
+	c.addrMu.Unlock()
 	return l
 }
 

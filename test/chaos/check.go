@@ -27,6 +27,9 @@ type CheckConfig struct {
 	// SessionTimeout bounds porcupine's search per session; a session it
 	// cannot decide in time is reported as unknown, not as a violation.
 	SessionTimeout time.Duration
+	// Kills are the workers the test crashed: a Hard session may move off
+	// a worker once it was killed (its departure is real).
+	Kills []Kill
 	// VisualizeTo, when set, is a directory where porcupine's HTML
 	// visualisation of the non-linearizable sessions is written.
 	VisualizeTo string
@@ -63,6 +66,9 @@ type Report struct {
 	Unanswered []Op
 	Late       []Op
 	Undocument []Op
+	// Slowest is the answered route that took longest (against its
+	// deadline).
+	Slowest Op
 
 	ops map[string][]Op // per session, for the summary
 	end time.Duration   // the history's end, where failed requests return
@@ -91,7 +97,7 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 		}
 		switch {
 		case o.Transport != "" && o.Excused:
-			r.Errors["transport (client connection dropped)"]++
+			r.Errors["transport (excused: a connection dropped or the network was cut)"]++
 		case o.Transport != "":
 			r.Errors["transport"]++
 		case o.Code == "binding_rejected" && !o.Restricted:
@@ -119,7 +125,7 @@ func Check(ops []Op, cfg CheckConfig) (*Report, error) {
 	r.WorstStale, over = Staleness(flatten(soft), cfg.StaleBound)
 	r.Stale = over
 	r.WorstStaleHard, _ = Staleness(flatten(hard), cfg.StaleBound)
-	r.moves(hard)
+	r.moves(hard, cfg.Kills)
 	r.answered(ops, cfg)
 	return r, nil
 }
@@ -154,21 +160,41 @@ func (r *Report) linearizable(hard map[string][]Op, end time.Duration, cfg Check
 }
 
 // moves finds Hard sessions whose successful routes went to more than one
-// worker. The fault test's workers never stop, so no departure is real and
-// every move is a violation.
-func (r *Report) moves(hard map[string][]Op) {
+// worker, except moves off a worker the test had killed before the first
+// route to the next one was sent (a real departure). Every other move is
+// a violation: no other worker ever stops.
+func (r *Report) moves(hard map[string][]Op, kills []Kill) {
 	for s, ops := range hard {
 		var seen []string
+		legit := true
 		for i := range ops {
 			o := &ops[i]
-			if o.Kind == Route && o.OK() && !slices.Contains(seen, o.Worker) {
-				seen = append(seen, o.Worker)
+			if o.Kind != Route || !o.OK() || slices.Contains(seen, o.Worker) {
+				continue
 			}
+			if len(seen) > 0 && !killedBefore(kills, seen[len(seen)-1], o.Invoke) {
+				legit = false
+			}
+			seen = append(seen, o.Worker)
 		}
-		if len(seen) > 1 {
+		if !legit {
 			r.Moved[s] = seen
 		}
 	}
+}
+
+// killedBefore reports whether worker (printed "w1#0" or "w1") was killed
+// before at.
+func killedBefore(kills []Kill, worker string, at time.Duration) bool {
+	if i := strings.IndexByte(worker, '#'); i >= 0 {
+		worker = worker[:i]
+	}
+	for _, k := range kills {
+		if k.Worker == worker && k.At < at {
+			return true
+		}
+	}
+	return false
 }
 
 // answered checks that every route was answered within its deadline plus
@@ -185,6 +211,9 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 				r.Unanswered = append(r.Unanswered, *o)
 			}
 			continue
+		}
+		if o.Took() > r.Slowest.Took() {
+			r.Slowest = *o
 		}
 		if o.Took() > o.Deadline+cfg.LateSlack {
 			r.Late = append(r.Late, *o)
@@ -249,7 +278,8 @@ func (r *Report) Summary(maxSessions int) string {
 	fmt.Fprintf(&b, "(2) staleness: %d Soft sessions, worst %v (%s), %d replies over the bound; worst Hard %v\n",
 		r.SoftSessions, r.WorstStale.By.Round(time.Millisecond), staleLine(r.WorstStale), len(r.Stale), r.WorstStaleHard.By.Round(time.Millisecond))
 	fmt.Fprintf(&b, "(3) Hard sessions served by two workers: %d\n", len(r.Moved))
-	fmt.Fprintf(&b, "(4) routes unanswered %d, late %d, failed with a code not allowed %d\n", len(r.Unanswered), len(r.Late), len(r.Undocument))
+	fmt.Fprintf(&b, "(4) routes unanswered %d, late %d, failed with a code not allowed %d; slowest answer %v (deadline %v): %s\n",
+		len(r.Unanswered), len(r.Late), len(r.Undocument), r.Slowest.Took().Round(time.Millisecond), r.Slowest.Deadline, describe(&r.Slowest))
 	if r.Visualized != "" {
 		fmt.Fprintf(&b, "porcupine visualisation: %s\n", r.Visualized)
 	}

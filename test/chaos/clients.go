@@ -188,8 +188,12 @@ func (c *Clients) run(ctx context.Context, id int, sessions *[2][]sessionSpec) {
 			// or when a replica's did around the time the reply was due
 			// (the request may have been delivered to it, and NATS
 			// request-reply is at most once).
+			// So is one sent while the network was partitioned: its request
+			// or its reply may have crossed a cut link.
+			window := sent.Add(c.load.Deadline + c.load.GiveUp)
 			op.Excused = op.Transport != "" && (drops.Load() != before ||
-				c.f.replicaDropBetween(sent.Add(-time.Second), sent.Add(c.load.Deadline+time.Second)))
+				c.f.replicaDropBetween(sent.Add(-time.Second), sent.Add(c.load.Deadline+time.Second)) ||
+				c.f.partitionBetween(sent, window))
 		} else {
 			target := rng.IntN(c.f.Replicas())
 			c.viaHTTP(rctx, target, req, &op)

@@ -14,21 +14,27 @@ import (
 
 // form is one shape of the fault test: the load and the faults, in order.
 type form struct {
-	name  string
-	load  Load
-	warm  time.Duration // load before the first fault
-	cool  time.Duration // load after the last fault
-	steps []planned
+	name       string
+	partitions bool // the cluster is Partitionable
+	load       Load
+	warm       time.Duration // load before the first fault
+	cool       time.Duration // load after the last fault
+	steps      []planned
 }
 
 // planned stops the nodes holding roles together for down (or, with
-// replica >= 0, restarts that router replica), then lets the fleet run for
-// settle.
+// replica >= 0, restarts that router replica; or, with split, partitions
+// the network), then lets the fleet run for settle.
 type planned struct {
 	roles   []string
 	replica int
+	split   Split
 	down    time.Duration
 	settle  time.Duration
+}
+
+func partition(split Split, down, settle time.Duration) planned {
+	return planned{split: split, replica: -1, down: down, settle: settle}
 }
 
 func nodes(down, settle time.Duration, roles ...string) planned {
@@ -70,12 +76,47 @@ func longForm() form {
 		}}
 }
 
+// partitionShort runs in CI (TestPartitions, under 90 s): the bindings
+// leader cut off with a replica still on it (a NATS election takes 4-9 s),
+// a follower with a replica in the minority, a flapping link, a replica
+// cut off from NATS while its server runs.
+func partitionShort() form {
+	return form{name: "partitions-short", load: Load{Clients: 8, Hard: 60, Soft: 30, GiveUp: checkConfig.LateSlack}, warm: 3 * time.Second, cool: 3 * time.Second,
+		partitions: true,
+		steps: []planned{
+			partition(IsolateBindingsLeader, 10*time.Second, 3*time.Second),
+			partition(IsolateFollower, 6*time.Second, 3*time.Second),
+			partition(FlapLeaderLink, 4*time.Second, 3*time.Second),
+			partition(CutReplica, 4*time.Second, 2*time.Second),
+		}}
+}
+
+// partitionLong is the issue's run of partitions (KVR_CHAOS_LONG=1): every
+// split, the leader cut off for 12 s, both one-way cuts, and a node stop
+// between them.
+func partitionLong() form {
+	return form{name: "partitions-long", load: Load{Clients: 16, Hard: 200, Soft: 100, GiveUp: checkConfig.LateSlack}, warm: 5 * time.Second, cool: 5 * time.Second,
+		partitions: true,
+		steps: []planned{
+			partition(IsolateBindingsLeader, 12*time.Second, 4*time.Second),
+			partition(IsolateFollower, 10*time.Second, 4*time.Second),
+			partition(OneWayFromLeader, 10*time.Second, 4*time.Second),
+			partition(OneWayToLeader, 10*time.Second, 4*time.Second),
+			nodes(4*time.Second, 4*time.Second, RoleBindingsLeader),
+			partition(FlapLeaderLink, 8*time.Second, 4*time.Second),
+			partition(CutReplica, 8*time.Second, 4*time.Second),
+			partition(IsolateBindingsLeader, 12*time.Second, 4*time.Second),
+		}}
+}
+
 // What the checkers accept (docs/faults.md, "What is checked").
 var checkConfig = CheckConfig{
-	// The issue's bound for Soft reads (1 s) plus 500 ms: a reply's invoke
-	// and the commit's return are measured by the clients, which run on
-	// the same two busy cores as the cluster (under -race).
-	StaleBound: 1500 * time.Millisecond,
+	// The documented bound for Soft reads, exactly (MaxStaleness, 1 s). It
+	// is sound with no slack: a cache answers only while it holds every
+	// write acknowledged before a quorum mark sent at most 1 s before the
+	// read, and the read starts after the client's invoke, so a commit
+	// that returned more than 1 s before the invoke is in it.
+	StaleBound: time.Second,
 	// A route may take its deadline_ms plus 1 s (the same scheduling slack
 	// and one leader read's round trip).
 	LateSlack: time.Second,
@@ -107,17 +148,42 @@ func TestFaults(t *testing.T) {
 	if os.Getenv("KVR_CHAOS_LONG") == "1" {
 		f = longForm()
 	}
-	runs := 1
-	if s := os.Getenv("KVR_CHAOS_RUNS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("KVR_CHAOS_RUNS=%q: want a positive number", s)
-		}
-		runs = n
-	}
-	for run := 1; run <= runs; run++ {
+	for run := 1; run <= runsOf(t); run++ {
 		t.Run(fmt.Sprintf("%s-%d", f.name, run), func(t *testing.T) { runForm(t, f) })
 	}
+}
+
+// TestPartitions is issue 25's partition nemesis: the same fleet, load and
+// checkers as TestFaults, with the network cut instead of nodes stopped
+// (partition.go). KVR_CHAOS_LONG=1 runs the long form, KVR_CHAOS_RUNS=N
+// repeats it.
+//
+// Fails on b2320f9 (before the quorum rule, bindings/quorum.go): stale
+// Hard replies through the cut-off leader, Soft replies seconds stale.
+func TestPartitions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-node cluster with partitions takes about a minute")
+	}
+	f := partitionShort()
+	if os.Getenv("KVR_CHAOS_LONG") == "1" {
+		f = partitionLong()
+	}
+	for run := 1; run <= runsOf(t); run++ {
+		t.Run(fmt.Sprintf("%s-%d", f.name, run), func(t *testing.T) { runForm(t, f) })
+	}
+}
+
+// runsOf reads KVR_CHAOS_RUNS (default 1).
+func runsOf(t *testing.T) int {
+	s := os.Getenv("KVR_CHAOS_RUNS")
+	if s == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("KVR_CHAOS_RUNS=%q: want a positive number", s)
+	}
+	return n
 }
 
 func runForm(t *testing.T, f form) {
@@ -128,6 +194,7 @@ func runForm(t *testing.T, f form) {
 	// KVR_CHAOS_STRICT=1: every binding read from the stream leader (the
 	// replicas' --strict-reads), the control run of the checkers.
 	fc.Bindings.StrictReads = os.Getenv("KVR_CHAOS_STRICT") == "1"
+	fc.Partitions = f.partitions
 	fleet := StartFleet(t, fc)
 	started := time.Since(start)
 
@@ -142,9 +209,12 @@ func runForm(t *testing.T, f form) {
 	var faults []Fault
 	for _, s := range f.steps {
 		var fault Fault
-		if s.replica >= 0 {
+		switch {
+		case s.split != "":
+			fault = fleet.Partition(ctx, rec, s.split, s.down)
+		case s.replica >= 0:
 			fault = fleet.RestartReplica(ctx, rec, s.replica, s.down)
-		} else {
+		default:
 			fault = fleet.StopNodes(ctx, rec, s.down, s.roles...)
 		}
 		faults = append(faults, fault)
@@ -155,6 +225,7 @@ func runForm(t *testing.T, f form) {
 	ops := rec.Ops()
 
 	cfg := checkConfig
+	cfg.Kills = fleet.Kills()
 	cfg.VisualizeTo = os.Getenv("KVR_CHAOS_OUT")
 	if cfg.VisualizeTo == "" {
 		cfg.VisualizeTo = t.TempDir()
@@ -164,8 +235,8 @@ func runForm(t *testing.T, f form) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	figures := fmt.Sprintf("figures: form %s (strict reads %v), wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d",
-		f.name, fc.Bindings.StrictReads, time.Since(start).Round(100*time.Millisecond), started.Round(100*time.Millisecond),
+	figures := fmt.Sprintf("figures: form %s, %s (strict reads %v), wall %v (cluster and fleet start %v, check %v), requests %d, failed frees %d",
+		f.name, partitionsOf(f.steps), fc.Bindings.StrictReads, time.Since(start).Round(100*time.Millisecond), started.Round(100*time.Millisecond),
 		time.Since(checkStart).Round(100*time.Millisecond), len(ops), clients.FailedFrees())
 	var kills []string
 	for _, fl := range faults {

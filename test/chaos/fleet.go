@@ -51,6 +51,9 @@ type FleetConfig struct {
 	// reads only where the cache cannot answer).
 	Bindings bindings.Config
 	Logger   *slog.Logger // default: discard
+	// Partitions starts the cluster Partitionable: every route and client
+	// connection passes through a link the test can cut (partition.go).
+	Partitions bool
 }
 
 func (c *FleetConfig) defaults() {
@@ -87,6 +90,8 @@ type Fleet struct {
 	mu       sync.Mutex
 	departed []Departure
 	drops    []time.Time // when a replica's connection dropped or a replica closed
+	cuts     []window    // when the network was partitioned
+	kills    []Kill
 	replicas []*replica
 	regs     []*workers.Registration
 	conns    []*nats.Conn
@@ -94,12 +99,13 @@ type Fleet struct {
 
 // replica is one router replica and its connection; gen counts restarts.
 type replica struct {
-	r    *host.Replica
-	nc   *nats.Conn
-	url  string // HTTP API base URL
-	node int
-	gen  int
-	down bool
+	r     *host.Replica
+	nc    *nats.Conn
+	links []*natstest.Link // its client links, with Partitions
+	url   string           // HTTP API base URL
+	node  int
+	gen   int
+	down  bool
 }
 
 // StartFleet starts the cluster, the replicas and the workers, and waits
@@ -108,7 +114,11 @@ type replica struct {
 func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 	t.Helper()
 	cfg.defaults()
-	f := &Fleet{t: t, cfg: cfg, Cluster: natstest.StartCluster(t, 3)}
+	var copts []natstest.ClusterOption
+	if cfg.Partitions {
+		copts = append(copts, natstest.Partitionable())
+	}
+	f := &Fleet{t: t, cfg: cfg, Cluster: natstest.StartCluster(t, 3, copts...)}
 	t.Cleanup(f.close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -121,13 +131,7 @@ func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 	}
 	for i := 0; i < cfg.Workers; i++ {
 		id := fmt.Sprintf("w%d", i)
-		nc := f.Connect(i%3, nil)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg, err := workers.Register(ctx, js, cfg.Registry, workers.Info{ID: id, Model: cfg.Model, Endpoint: "kvr.chaos." + id,
-			Ranks: []uint32{0}, BlockSize: 16, KVBlocks: 4096, MaxBatchedTokens: 8192, MaxSeqs: 256})
+		reg, err := f.register(ctx, i)
 		if err != nil {
 			t.Fatalf("chaos: register %s: %v", id, err)
 		}
@@ -138,6 +142,64 @@ func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 		func() string { return fmt.Sprintf("replicas do not all see %d workers", cfg.Workers) })
 	f.observe(ctx)
 	return f
+}
+
+// register registers worker i ("w<i>"), connected to node i%3 first.
+func (f *Fleet) register(ctx context.Context, i int) (*workers.Registration, error) {
+	id := fmt.Sprintf("w%d", i)
+	js, err := jetstream.New(f.Connect(i%3, nil))
+	if err != nil {
+		return nil, err
+	}
+	return workers.Register(ctx, js, f.cfg.Registry, workers.Info{ID: id, Model: f.cfg.Model, Endpoint: "kvr.chaos." + id,
+		Ranks: []uint32{0}, BlockSize: 16, KVBlocks: 4096, MaxBatchedTokens: 8192, MaxSeqs: 256})
+}
+
+// KillWorkersOn crashes the workers connected to node (their heartbeats
+// stop; their keys expire as after a crash) and returns their indexes.
+func (f *Fleet) KillWorkersOn(rec *Recorder, node int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var killed []int
+	for i, reg := range f.regs {
+		if i%3 != node || reg == nil {
+			continue
+		}
+		reg.Stop()
+		f.regs[i] = nil
+		f.kills = append(f.kills, Kill{Worker: f.Workers[i], At: rec.Now()})
+		killed = append(killed, i)
+	}
+	return killed
+}
+
+// RestartWorkers registers the killed workers again (new incarnations).
+func (f *Fleet) RestartWorkers(ctx context.Context, killed []int) {
+	f.t.Helper()
+	for _, i := range killed {
+		var reg *workers.Registration
+		testutil.Eventually(f.t, 30*time.Second, func() bool {
+			var err error
+			reg, err = f.register(ctx, i)
+			return err == nil
+		}, func() string { return fmt.Sprintf("worker w%d never registered again", i) })
+		f.mu.Lock()
+		f.regs[i] = reg
+		f.mu.Unlock()
+	}
+}
+
+// Kill is a worker crash the test caused.
+type Kill struct {
+	Worker string
+	At     time.Duration // on the recorder's clock
+}
+
+// Kills lists the workers killed so far.
+func (f *Fleet) Kills() []Kill {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Kill(nil), f.kills...)
 }
 
 // Departure is a worker departure an observing membership view reported.
@@ -176,13 +238,29 @@ func (f *Fleet) Departures() []Departure {
 // others, reconnecting forever. onDrop, when set, is called whenever the
 // connection drops.
 func (f *Fleet) Connect(first int, onDrop func()) *nats.Conn {
+	nc, _ := f.connect(first, onDrop)
+	return nc
+}
+
+// connect is Connect, also returning the client links the connection may
+// use (with Partitions; none otherwise).
+func (f *Fleet) connect(first int, onDrop func()) (*nats.Conn, []*natstest.Link) {
 	f.t.Helper()
-	var urls []string
+	var (
+		urls  []string
+		links []*natstest.Link
+	)
 	for i := range f.Cluster.Servers {
-		o := f.Cluster.Servers[(first+i)%len(f.Cluster.Servers)]
-		urls = append(urls, o.ClientURL())
+		n := (first + i) % len(f.Cluster.Servers)
+		if f.cfg.Partitions {
+			l := f.Cluster.ClientLink(n)
+			links = append(links, l)
+			urls = append(urls, "nats://"+l.Addr())
+			continue
+		}
+		urls = append(urls, f.Cluster.Servers[n].ClientURL())
 	}
-	opts := []nats.Option{nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
+	opts := []nats.Option{nats.DontRandomize(), nats.IgnoreDiscoveredServers(), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
 		nats.ReconnectJitter(0, 0), nats.Timeout(2 * time.Second),
 		// Writes to a stopped node fail on purpose here: no log lines.
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
@@ -196,11 +274,11 @@ func (f *Fleet) Connect(first int, onDrop func()) *nats.Conn {
 	f.mu.Lock()
 	f.conns = append(f.conns, nc)
 	f.mu.Unlock()
-	return nc
+	return nc, links
 }
 
 func (f *Fleet) startReplica(ctx context.Context, i, gen int) (*replica, error) {
-	nc := f.Connect(i%3, f.replicaDropped)
+	nc, links := f.connect(i%3, f.replicaDropped)
 	cfg := host.Config{
 		ReplicaID:      fmt.Sprintf("rep-%d.%d", i, gen),
 		Models:         []string{f.cfg.Model},
@@ -218,7 +296,7 @@ func (f *Fleet) startReplica(ctx context.Context, i, gen int) (*replica, error) 
 		_ = r.Close(context.Background())
 		return nil, err
 	}
-	return &replica{r: r, nc: nc, url: "http://" + r.HTTPAddr(), node: i % 3, gen: gen}, nil
+	return &replica{r: r, nc: nc, links: links, url: "http://" + r.HTTPAddr(), node: i % 3, gen: gen}, nil
 }
 
 // replicaDropped notes that a replica lost its connection (or closed):
@@ -423,7 +501,9 @@ func (f *Fleet) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, reg := range f.regs {
-		reg.Stop()
+		if reg != nil {
+			reg.Stop()
+		}
 	}
 	for _, rp := range f.replicas {
 		if err := rp.r.Close(ctx); err != nil && !rp.down {
