@@ -80,3 +80,24 @@ func (t *Table) mark(ctx context.Context) (uint64, error) {
 // errUnconfirmed: a leader read whose confirm kept failing with a
 // mismatch (the key kept changing) until the read's deadline.
 var errUnconfirmed = errors.New("leader read not confirmed by the majority: the key kept changing")
+
+// confirmCached confirms a cached revision directly: on a cluster a Hard
+// read then costs one quorum write instead of a leader read and a confirm.
+// false (the cache is behind, or no answer in time) sends the read to the
+// leader.
+func (t *Table) confirmCached(ctx context.Context, key string, rev uint64) bool {
+	cctx, cancel := context.WithTimeout(ctx, t.readTimeout)
+	defer cancel()
+	err := t.confirm(cctx, key, rev)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, ErrConflict):
+		t.st.confirmMismatches.Add(1)
+	case errors.Is(err, ErrFull):
+		t.st.confirmsRefused.Add(1)
+	default:
+		t.st.confirmLost.Add(1)
+	}
+	return false
+}

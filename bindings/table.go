@@ -402,6 +402,9 @@ func (t *Table) firstRead(ctx context.Context, kb []byte) (readState, error) {
 	switch {
 	case ok && st.present && st.bad == nil && st.rec.Mode == session.Hard:
 		t.st.hardReads.Add(1)
+		if t.confirmReads && t.confirmCached(ctx, string(kb), st.rev) {
+			return st, nil // the cached revision is the latest: one quorum write, no leader read
+		}
 	case ok && !st.present && t.cache.dead(&st, now):
 		// The server has dropped the marker too: nothing is stored.
 		return readState{}, nil
