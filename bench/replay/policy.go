@@ -64,6 +64,12 @@ var Catalog = []Policy{
 	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 0.1), Events: true, About: "decode_block_weight 0.1 and overlap_credit 4: the default cost's weights since the experiment (as a pipeline)"},
 	{Name: "kvrouter-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 1), Events: true, About: "Dynamo's weights with overlap_credit 4 (experiment)"},
 	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0), Events: true, About: "Dynamo's weights without the decode-blocks term (experiment)"},
+	// Issue 24's experiments on tuning parts: the default cost booking
+	// no output blocks (routers see max_tokens only), with other weights.
+	{Name: "kvrouter-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false"), Events: true, About: "default weights, no output blocks booked (experiment)"},
+	{Name: "kvrouter-c2-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2"), Events: true, About: "overlap credit 2, decode-block weight 0.1, no output blocks (experiment)"},
+	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
+	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "overlap credit 1.5, decode-block weight 0.5, no output blocks (experiment)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the first user message (the conversation's id stands in) or the prompt's opening, no cache index"},
 }
 
@@ -119,10 +125,13 @@ func LookupPolicies(names []string) ([]Policy, error) {
 }
 
 // yamlMap is a one-key YAML mapping node.
-func yamlMap(k, v string) yaml.Node {
-	return yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
-		{Kind: yaml.ScalarNode, Tag: "!!str", Value: k}, {Kind: yaml.ScalarNode, Value: v},
-	}}
+func yamlMap(kv ...string) yaml.Node {
+	n := yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: kv[i]},
+			&yaml.Node{Kind: yaml.ScalarNode, Value: kv[i+1]})
+	}
+	return n
 }
 
 // costPipeline is the parameters of a pipeline policy whose one scorer is

@@ -152,11 +152,15 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		AdapterLoadBlocks         float64  `yaml:"adapter_load_blocks"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
+		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
 	}
 	if err := decodeParams(n, &o); err != nil {
 		return nil, err
 	}
 	p := NewDefaultPolicy(o.Temperature)
+	if o.TrackOutputBlocks != nil {
+		p.NoOutputBlocks = !*o.TrackOutputBlocks
+	}
 	if o.DecodeBlockWeight != nil {
 		p.Cost.DecodeBlockWeight = *o.DecodeBlockWeight
 	}

@@ -43,10 +43,11 @@ const flapPeriod = 300 * time.Millisecond
 func (f *Fleet) Partition(ctx context.Context, rec *Recorder, split Split, down time.Duration) Fault {
 	f.t.Helper()
 	fault := Fault{Target: string(split)}
-	leader := f.NodeFor(ctx, RoleBindingsLeader)
-	if leader < 0 {
-		f.t.Fatalf("chaos: no bindings leader for %s", split)
-	}
+	leader := -1
+	testutil.Eventually(f.t, 30*time.Second, func() bool {
+		leader = f.NodeFor(ctx, RoleBindingsLeader)
+		return leader >= 0
+	}, func() string { return "no bindings leader for " + string(split) })
 	node := leader
 	if split == IsolateFollower {
 		node = (leader + 1) % len(f.Cluster.Servers)
