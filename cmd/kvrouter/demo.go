@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -309,12 +310,17 @@ func printDemoTable(w io.Writer, ps []metrics.Summary) {
 		}
 		return fmt.Sprintf("%d/%d", p.Sessions-p.SessionsMoved, p.Sessions)
 	})
-	line("routing decision p50", func(p *metrics.Summary) string {
-		if p.Route.N == 0 {
-			return "-" // not measured (the real path's client sees the whole request only)
-		}
-		return fmt.Sprintf("%.2f ms", p.Route.P50)
-	})
+	// The real path's client sees the whole request only, so no policy
+	// there has a routing decision time: the row is left out rather than
+	// printed as "-".
+	if slices.ContainsFunc(ps, func(p metrics.Summary) bool { return p.Route.N > 0 }) {
+		line("routing decision p50", func(p *metrics.Summary) string {
+			if p.Route.N == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f ms", p.Route.P50)
+		})
+	}
 	tw.Flush()
 }
 
