@@ -257,3 +257,14 @@ func runForm(t *testing.T, f form) {
 		t.Errorf("only %d routes: too little load to judge", report.Routes)
 	}
 }
+
+// partitionsOf describes the splits of a form, for the log.
+func partitionsOf(steps []planned) string {
+	n := 0
+	for _, s := range steps {
+		if s.split != "" {
+			n++
+		}
+	}
+	return fmt.Sprintf("%d partitions", n)
+}

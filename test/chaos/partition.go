@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testutil"
@@ -123,17 +122,6 @@ func (f *Fleet) cutReplicaOn(node int) {
 			l.Cut()
 		}
 	}
-}
-
-// partitionsOf describes the splits of a form, for the log.
-func partitionsOf(steps []planned) string {
-	n := 0
-	for _, s := range steps {
-		if s.split != "" {
-			n++
-		}
-	}
-	return fmt.Sprintf("%d partitions", n)
 }
 
 // window is a time span; to is zero while it lasts.
