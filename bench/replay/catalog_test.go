@@ -24,9 +24,10 @@ func TestCatalogBuilds(t *testing.T) {
 			t.Fatalf("%s: built %+v, want one scorer and the min picker", p.Name, pipe)
 		}
 		got := pipe.Scorers[0].Scorer.(scheduler.DefaultCost).Params
-		isDefault := got == scheduler.DefaultCostParams()
-		if isDefault != (p.Name == "kvrouter-dbw0.1-credit4") {
-			t.Errorf("%s: weights %+v, default %+v", p.Name, got, scheduler.DefaultCostParams())
+		// No pipeline experiment runs the default's weights since issue
+		// 24 changed them (the pipeline also books output blocks).
+		if got == scheduler.DefaultCostParams() {
+			t.Errorf("%s: weights %+v, the default's", p.Name, got)
 		}
 	}
 	want := map[string]scheduler.CostParams{

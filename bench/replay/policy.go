@@ -61,12 +61,14 @@ var Catalog = []Policy{
 	{Name: "kvrouter-dbw0.1-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline(2, 0.1), Events: true, About: "Dynamo's weights with decode_block_weight 0.1 and overlap_credit 2 (experiment)"},
 	{Name: "kvrouter-dbw0.25-credit2", RouterPolicy: "pipeline", RouterParams: costPipeline(2, 0.25), Events: true, About: "Dynamo's weights with decode_block_weight 0.25 and overlap_credit 2 (experiment)"},
 	{Name: "kvrouter-dbw0.1-credit3", RouterPolicy: "pipeline", RouterParams: costPipeline(3, 0.1), Events: true, About: "Dynamo's weights with decode_block_weight 0.1 and overlap_credit 3 (experiment)"},
-	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 0.1), Events: true, About: "decode_block_weight 0.1 and overlap_credit 4: the default cost's weights since the experiment (as a pipeline)"},
+	{Name: "kvrouter-dbw0.1-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 0.1), Events: true, About: "decode_block_weight 0.1 and overlap_credit 4: the default cost's weights from that experiment to issue 24 (as a pipeline)"},
 	{Name: "kvrouter-credit4", RouterPolicy: "pipeline", RouterParams: costPipeline(4, 1), Events: true, About: "Dynamo's weights with overlap_credit 4 (experiment)"},
 	{Name: "kvrouter-dbw0", RouterPolicy: "pipeline", RouterParams: costPipeline(1, 0), Events: true, About: "Dynamo's weights without the decode-blocks term (experiment)"},
 	// Issue 24's experiments on tuning parts: the default cost booking
-	// no output blocks (routers see max_tokens only), with other weights.
-	{Name: "kvrouter-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false"), Events: true, About: "default weights, no output blocks booked (experiment)"},
+	// no output blocks (routers see max_tokens only), with other weights;
+	// the last became the default.
+	{Name: "kvrouter-c4-ob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "true", "overlap_credit", "4", "decode_block_weight", "0.1"), Events: true, About: "the default before issue 24: overlap credit 4, decode-block weight 0.1, output blocks booked (max_tokens)"},
+	{Name: "kvrouter-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "4", "decode_block_weight", "0.1"), Events: true, About: "overlap credit 4, decode-block weight 0.1, no output blocks booked (experiment)"},
 	{Name: "kvrouter-c2-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2"), Events: true, About: "overlap credit 2, decode-block weight 0.1, no output blocks (experiment)"},
 	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
 	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "overlap credit 1.5, decode-block weight 0.5, no output blocks (experiment)"},

@@ -202,6 +202,10 @@ func TestDynamoBooksNoOutputBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defaultTracking, err := reg.BuildYAML([]byte("name: default\nparams: {track_output_blocks: true}"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		p    Policy
@@ -209,7 +213,8 @@ func TestDynamoBooksNoOutputBlocks(t *testing.T) {
 	}{
 		{"dynamo", dynamo, 10},
 		{"dynamo tracking output", tracking, 110},
-		{"default", NewDefaultPolicy(0), 110},
+		{"default", NewDefaultPolicy(0), 10},
+		{"default tracking output", defaultTracking, 110},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, Config{}, tc.p, WorkerInfo{Key: wk("a", 0), KVBlocks: 10000, Available: true})

@@ -37,14 +37,14 @@ func TestDynamoCostKnownAnswer(t *testing.T) {
 
 // Where the default's weights and Dynamo's part: a conversation turn of 27
 // blocks (512 tokens each), 20 of them cached on a worker with 16 blocks of
-// prefill queued and 150 decode blocks, against an idle worker. Dynamo moves
-// the session: holder 16+27−20 + 150+27 = 200, idle 27 + 27 = 54. The default
-// keeps it on its cache: holder max(0, 43 − 4·20) + 0.1·177 = 17.7, idle
-// 27 + 0.1·27 = 29.7.
+// prefill queued and 20 decode blocks, against an idle worker. Dynamo moves
+// the session: holder 16+27−20 + 20+27 = 70, idle 27 + 27 = 54. The default
+// keeps it on its cache: holder max(0, 43 − 1.5·20) + 0.5·47 = 36.5, idle
+// 27 + 0.5·27 = 40.5.
 func TestDefaultKeepsCacheHolder(t *testing.T) {
 	const bs = 512
 	rows := []CandidateRow{
-		{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 150},
+		{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 20},
 		{Key: wk("idle", 0)},
 	}
 	for _, tc := range []struct {
@@ -52,8 +52,8 @@ func TestDefaultKeepsCacheHolder(t *testing.T) {
 		want []float64
 		pick string
 	}{
-		{NewDynamoPolicy(0), []float64{200, 54}, "idle"},
-		{NewDefaultPolicy(0), []float64{17.7, 29.7}, "holder"},
+		{NewDynamoPolicy(0), []float64{70, 54}, "idle"},
+		{NewDefaultPolicy(0), []float64{36.5, 40.5}, "holder"},
 	} {
 		x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, rows)
 		cost := make([]float64, 2)
