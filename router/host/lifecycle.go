@@ -149,6 +149,16 @@ func checkSession(s string) *api.Error {
 	return nil
 }
 
+// Waiting is how many requests of model wait in this replica's queue now
+// (0 for a model it does not route): what kvr_queue_depth reports.
+func (r *Replica) Waiting(model string) int64 {
+	ms, ok := r.models[r.defaultModel(model)]
+	if !ok {
+		return 0
+	}
+	return ms.sched.Stats().Waiting
+}
+
 // Workers lists the workers of one model (every model when model is "")
 // with this replica's predicted load and index size per rank.
 func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
