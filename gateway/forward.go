@@ -30,6 +30,7 @@ type exchange struct {
 	cr   *clientRequest
 	body []byte
 	rq   *api.RouteRequest
+	key  string // the request key rq.RequestID was made from: a cancel's proof of ownership
 	t0   time.Time
 	span trace.Span
 
@@ -63,7 +64,8 @@ func (x *exchange) run(ctx context.Context) {
 		if allowed := x.g.retryAllowed(ctx, x.rq, uf.worker); len(allowed) > 0 && ctx.Err() == nil {
 			x.g.m.retries.Add(ctx, 1)
 			x.span.AddEvent("retry", trace.WithAttributes(attribute.String("kvr.failed_worker", uf.worker)))
-			x.rq.RequestID, x.rq.AllowedWorkers = x.g.newRequestID(), allowed
+			x.rq.RequestID, x.key = x.g.newRequestID()
+			x.rq.AllowedWorkers = allowed
 			first := uf
 			up, err = x.attempt(ctx)
 			var re *RequestError
@@ -139,7 +141,7 @@ func (x *exchange) route(ctx context.Context) error {
 	if err := x.g.router.Route(ctx, x.rq, &x.rs); err != nil {
 		if ctx.Err() != nil {
 			cctx, cancel := x.g.callContext(ctx)
-			if cerr := x.g.router.Cancel(cctx, x.rq.Model, x.rq.RequestID); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
+			if cerr := x.g.router.Cancel(cctx, x.rq.Model, x.rq.RequestID, x.key); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
 				x.g.log.Debug("cancel", "request", x.rq.RequestID, "err", cerr)
 			}
 			cancel()

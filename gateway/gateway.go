@@ -2,10 +2,8 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -368,14 +366,6 @@ func (g *Gateway) others(ctx context.Context, model, failed string) []string {
 		}
 	}
 	return out
-}
-
-// newRequestID is "<ID>-<96 random bits in hex>": the id the router books
-// under (and that cancel names), which nobody else can guess.
-func (g *Gateway) newRequestID() string {
-	var rnd [12]byte
-	_, _ = rand.Read(rnd[:]) // crypto/rand.Read never fails
-	return g.cfg.ID + "-" + hex.EncodeToString(rnd[:])
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

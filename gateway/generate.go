@@ -42,7 +42,8 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	}
 	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 
-	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
+	id, key := g.newRequestID()
+	rq := &api.RouteRequest{V: api.APIVersion, RequestID: id, Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
@@ -50,7 +51,7 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 		return
 	}
 	namespaceBlocks(rq)
-	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, t0: t0, span: span}
+	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, key: key, t0: t0, span: span}
 	x.run(ctx)
 }
 
@@ -151,4 +152,11 @@ func (g *Gateway) fail(ctx context.Context, span trace.Span, w http.ResponseWrit
 	span.SetAttributes(attribute.Int("http.response.status_code", e.Status))
 	span.SetStatus(codes.Error, e.Message)
 	g.writeError(ctx, w, e)
+}
+
+// newRequestID is "<ID>-<digest of a new request key>" and the key
+// (api.NewRequestID): the id the router books under, which nobody else can
+// guess, and the proof of ownership a cancel of it presents.
+func (g *Gateway) newRequestID() (id, key string) {
+	return api.NewRequestID(g.cfg.ID + "-")
 }

@@ -19,8 +19,9 @@ type Router interface {
 	PrefillDone(ctx context.Context, model string, r *api.RouteResponse) error
 	// Free releases the request's booking.
 	Free(ctx context.Context, model string, r *api.RouteResponse) error
-	// Cancel withdraws a request that may still be queued.
-	Cancel(ctx context.Context, model, requestID string) error
+	// Cancel withdraws a request that may still be queued; key is the
+	// request key its id was made from (api.NewRequestID).
+	Cancel(ctx context.Context, model, requestID, key string) error
 	// Workers lists the workers of one model.
 	Workers(ctx context.Context, model string) (*api.WorkersResponse, error)
 }
@@ -45,8 +46,8 @@ func (c ClientRouter) Free(ctx context.Context, model string, r *api.RouteRespon
 }
 
 // Cancel is sent to any replica of the model (the owner is not known yet).
-func (c ClientRouter) Cancel(ctx context.Context, model, requestID string) error {
-	return c.C.Cancel(ctx, model, requestID)
+func (c ClientRouter) Cancel(ctx context.Context, model, requestID, key string) error {
+	return c.C.Cancel(ctx, model, requestID, key)
 }
 
 // Workers asks one replica.
@@ -76,8 +77,8 @@ func (p ReplicaRouter) Free(ctx context.Context, model string, r *api.RouteRespo
 }
 
 // Cancel calls the replica directly.
-func (p ReplicaRouter) Cancel(ctx context.Context, model, requestID string) error {
-	return p.lifecycle(ctx, api.OpCancel, model, &api.RouteResponse{RequestID: requestID})
+func (p ReplicaRouter) Cancel(ctx context.Context, model, requestID, key string) error {
+	return p.lifecycle(ctx, api.OpCancel, model, &api.RouteResponse{RequestID: requestID, Fence: key})
 }
 
 // Workers reads the replica's membership view.

@@ -322,7 +322,7 @@ func addServeHTTPFlags(c *cmdFlags) *serveHTTPFlags {
 		maxBody:        c.integer("route-max-body-bytes", 0, "largest route request body, HTTP or NATS (0 = sized to the largest prompt a registered worker can hold, 1 MiB to 16 MiB)"),
 		forwardConc:    c.integer("forward-concurrency", host.DefaultForwardConcurrency, "lifecycle calls forwarded to other replicas at once; beyond, 529 at once"),
 		forwardTimeout: c.duration("forward-timeout", host.DefaultForwardTimeout, "longest lifecycle call forwarded to another replica"),
-		allowUnfenced:  c.boolean("lifecycle-allow-unfenced", false, "accept lifecycle calls without the booking's fence (for callers that do not pass it yet; anyone who knows a request id can then free it)"),
+		allowUnfenced:  c.boolean("lifecycle-allow-unfenced", false, "accept lifecycle calls without the booking's fence or request key (for callers that do not pass them yet; anyone who knows a request id can then free or cancel it)"),
 	}
 }
 

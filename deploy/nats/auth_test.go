@@ -40,19 +40,32 @@ const (
 )
 
 // Quoted as auth.conf says; the gateway's is digits only, which works
-// only quoted.
+// only quoted. gateway-gw-a and gateway-gw-b are two gateway instances
+// with users of their own (natsauth.WithGatewayUser).
 var passwords = map[string]string{
-	"router": `"router-pw"`, "gateway": `"20261201"`, "worker": "worker-a-pw", "worker2": "worker-b-pw",
+	"router": `"router-pw"`, "gateway": `"20261201"`, "worker": "worker-a-pw", "worker2": "worker-b-pw", "admin": `"admin-pw"`,
+	"gateway-gw-a": `"gw-a-pw"`, "gateway-gw-b": `"gw-b-pw"`,
 }
+
+// gatewayInstances are the gateways with users of their own.
+var gatewayInstances = []string{"gw-a", "gw-b"}
 
 // withSecondWorker copies auth.conf's worker block and user for a second
 // worker (user worker2, variables NATS_WORKER2_*), as deploy/nats/README.md
-// tells operators to do.
+// tells operators to do, and adds a user per gateway instance as
+// deploy/nats/gatewayusers does.
 func withSecondWorker(t *testing.T, conf string) string {
 	t.Helper()
 	out, err := natsauth.WithWorkerUser(conf, "worker2", "NATS_WORKER2")
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, g := range gatewayInstances {
+		var u natsauth.GatewayUser
+		if out, u, err = natsauth.WithGatewayUser(out, g); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(u.PasswordVar, passwords[u.User])
 	}
 	return out
 }
@@ -80,6 +93,7 @@ func prepareConf(t *testing.T) string {
 	t.Setenv("NATS_GATEWAY_PASSWORD", passwords["gateway"])
 	t.Setenv("NATS_WORKER_PASSWORD", passwords["worker"])
 	t.Setenv("NATS_WORKER2_PASSWORD", passwords["worker2"])
+	t.Setenv("NATS_ADMIN_PASSWORD", passwords["admin"])
 	for k, v := range natsauth.WorkerEnv("NATS_WORKER", model, workerA) {
 		t.Setenv(k, v)
 	}
@@ -164,6 +178,7 @@ func tokens(n int) []uint32 {
 // the real components: a router replica, worker A registered with its
 // events and load, worker B a simulated worker, and a gateway's client.
 type fleet struct {
+	srv                               *server.Server
 	router, gateway, workerA, workerB *role
 	replica                           *host.Replica
 	client                            *api.Client
@@ -179,6 +194,7 @@ func startFleet(t *testing.T) *fleet {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f := &fleet{
+		srv:     s,
 		router:  connect(t, s, "router", "_INBOX_router"),
 		gateway: connect(t, s, "gateway", "_INBOX_gateway"),
 		workerA: connect(t, s, "worker", "_INBOX_worker"),
@@ -408,6 +424,9 @@ func (f *fleet) forbiddenActs(ctx context.Context, t *testing.T) {
 		{"worker A takes worker B's generate requests", wA, sim.GenerateSubject("kvr", model, workerB), subscribe},
 		{"worker A reads the bookings", wA, api.BookingsSubject("", model), subscribe},
 		{"gateway reads the event stream", gw, "$JS.API.CONSUMER.CREATE.KVR_EVENTS", publish(`{}`)},
+		{"gateway frees as an operator", gw, api.AdminSubject("", api.OpFree, model), publish(`{"v":1,"request_id":"x"}`)},
+		{"gateway cancels as an operator on a replica", gw, api.AdminReplicaSubject("", "rep-0", api.OpCancel), publish(`{"v":1,"request_id":"x"}`)},
+		{"worker A frees as an operator", wA, api.AdminSubject("", api.OpFree, model), publish(`{"v":1,"request_id":"x"}`)},
 	}
 	for _, a := range acts {
 		t.Run(a.name, func(t *testing.T) {

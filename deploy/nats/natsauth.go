@@ -2,16 +2,20 @@
 // values of a worker user's subject variables, computed with the escapings
 // the components use (their subject builders, which escape with
 // internal/escape's SubjectToken, and workers.KeyFor), so they can never
-// drift apart, and WithWorkerUser, which adds a worker user to auth.conf's
-// text as its README says. The permission tests of auth.conf are in this
-// directory too (auth_test.go); `go run ./deploy/nats/workerenv` prints the
-// variables for one worker.
+// drift apart, WithWorkerUser, which adds a worker user to auth.conf's
+// text as its README says, and WithGatewayUser, which gives one gateway
+// instance a user and inbox of its own. The permission tests of auth.conf
+// are in this directory too (auth_test.go); `go run ./deploy/nats/workerenv`
+// prints the variables for one worker, `go run ./deploy/nats/gatewayusers`
+// writes auth.conf with a user per gateway instance.
 //
 // Where to start reading: auth.conf and README.md, then WorkerEnv.
 package natsauth
 
 import (
 	"errors"
+	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -67,4 +71,87 @@ func WithWorkerUser(conf, user, varPrefix string) (string, error) {
 	conf = conf[:start] + block + "\n" + copied + conf[start+len(block):]
 	return strings.Replace(conf, userLine, userLine+
 		"    {user: "+user+", password: $"+varPrefix+"_PASSWORD, permissions: $"+perms+"}\n", 1), nil
+}
+
+// GatewayUser is what WithGatewayUser gives one gateway instance: its NATS
+// user, the inbox prefix it must connect with (--nats-inbox-prefix), the
+// only inboxes it may read, the variable holding its password, and its
+// permissions block in auth.conf.
+type GatewayUser struct {
+	Instance    string
+	User        string // gateway-<instance>
+	Inbox       string // _INBOX_gateway_<instance>
+	PasswordVar string // NATS_GATEWAY_<INSTANCE>_PASSWORD, '-' as '_'
+	Perms       string // GATEWAY_<INSTANCE>
+}
+
+// instanceName is what a gateway instance may be called: one subject
+// token and, upper-cased, part of a configuration variable's name.
+var instanceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+
+// GatewayUserOf names the user of gateway instance (letters, digits, '-'
+// and '_', at most 64). Its inbox prefix starts with _INBOX_gateway_, a
+// token no other role's inboxes (_INBOX_router, _INBOX_gateway...) share.
+func GatewayUserOf(instance string) (GatewayUser, error) {
+	if !instanceName.MatchString(instance) {
+		return GatewayUser{}, fmt.Errorf("natsauth: gateway instance %q: want 1-64 letters, digits, '-' or '_', starting with a letter or digit", instance)
+	}
+	v := strings.ToUpper(strings.ReplaceAll(instance, "-", "_"))
+	return GatewayUser{Instance: instance, User: "gateway-" + instance, Inbox: "_INBOX_gateway_" + instance,
+		PasswordVar: "NATS_GATEWAY_" + v + "_PASSWORD", Perms: "GATEWAY_" + v}, nil
+}
+
+const (
+	gatewayBlock    = "  GATEWAY = {"
+	gatewayInbox    = `subscribe = { allow = ["_INBOX_gateway.>"] }`
+	sharedGateway   = "    {user: gateway, password: $NATS_GATEWAY_PASSWORD, permissions: $GATEWAY}\n"
+	usersStart      = "  users = [\n"
+	blockEnd        = "\n  }\n"
+	usersEnd        = "\n  ]\n"
+	errGatewayBlock = "natsauth: auth.conf's GATEWAY block or users list not found"
+)
+
+// WithGatewayUser returns conf (auth.conf's text) with a user of its own
+// for gateway instance, as deploy/nats/README.md ("One user per gateway")
+// describes: the GATEWAY block copied as GatewayUser.Perms with the
+// instance's inboxes as the only subjects it may read, and the user
+// {user: <User>, password: $<PasswordVar>, permissions: $<Perms>}. So no
+// gateway reads another's route replies, or their fences.
+func WithGatewayUser(conf, instance string) (string, GatewayUser, error) {
+	u, err := GatewayUserOf(instance)
+	if err != nil {
+		return "", u, err
+	}
+	if strings.Contains(conf, "\n  "+u.Perms+" = {") {
+		return "", u, fmt.Errorf("natsauth: auth.conf has a block %s already (gateway instance %q, or one named alike)", u.Perms, instance)
+	}
+	start := strings.Index(conf, gatewayBlock)
+	end, users := -1, strings.Index(conf, usersStart)
+	if start >= 0 {
+		end = strings.Index(conf[start:], blockEnd)
+	}
+	if start < 0 || end < 0 || users < 0 || !strings.Contains(conf[users:], usersEnd) {
+		return "", u, errors.New(errGatewayBlock)
+	}
+	block := conf[start : start+end+len(blockEnd)]
+	if !strings.Contains(block, gatewayInbox) {
+		return "", u, errors.New("natsauth: auth.conf's GATEWAY block does not subscribe to _INBOX_gateway.> alone")
+	}
+	copied := strings.Replace(block, gatewayBlock, "  "+u.Perms+" = {", 1)
+	copied = strings.Replace(copied, gatewayInbox, `subscribe = { allow = ["`+u.Inbox+`.>"] }`, 1)
+	conf = conf[:start] + block + "\n  # Gateway instance " + u.Instance + " (deploy/nats/gatewayusers).\n" + copied + conf[start+len(block):]
+	users = strings.Index(conf, usersStart)
+	at := users + strings.Index(conf[users:], usersEnd) + 1
+	line := "    {user: " + u.User + ", password: $" + u.PasswordVar + ", permissions: $" + u.Perms + "}\n"
+	return conf[:at] + line + conf[at:], u, nil
+}
+
+// WithoutSharedGateway returns conf without the shared gateway user (its
+// GATEWAY block stays, the template of WithGatewayUser's copies): once
+// every gateway has its own user, nobody holds the shared one.
+func WithoutSharedGateway(conf string) (string, error) {
+	if !strings.Contains(conf, sharedGateway) {
+		return "", errors.New("natsauth: auth.conf's shared gateway user line not found")
+	}
+	return strings.Replace(conf, sharedGateway, "", 1), nil
 }

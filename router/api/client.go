@@ -109,9 +109,27 @@ func (c *Client) Free(ctx context.Context, model string, r *RouteResponse) error
 }
 
 // Cancel withdraws a request: it leaves the queue if it is waiting, and its
-// booking is released if it was routed.
-func (c *Client) Cancel(ctx context.Context, model, requestID string) error {
-	return c.lifecycle(ctx, OpCancel, model, &RouteResponse{RequestID: requestID})
+// booking is released if it was routed. key is the request key requestID
+// was made from (NewRequestID): the proof that the caller owns it.
+func (c *Client) Cancel(ctx context.Context, model, requestID, key string) error {
+	return c.lifecycle(ctx, OpCancel, model, &RouteResponse{RequestID: requestID, Fence: key})
+}
+
+// Admin makes lifecycle call op (OpPrefillDone, OpFree, OpCancel) on any
+// client's request without its fence, on the operator's subjects
+// (AdminSubject): only an operator's NATS user may publish there. replica
+// is the replica holding the request ("" = any replica of the model).
+func (c *Client) Admin(ctx context.Context, op, model, requestID, replica string) error {
+	body, err := json.Marshal(&LifecycleRequest{V: APIVersion, RequestID: requestID, Model: model, Replica: replica})
+	if err != nil {
+		return err
+	}
+	subject := AdminSubject(c.prefix, op, model)
+	if replica != "" {
+		subject = AdminReplicaSubject(c.prefix, replica, op)
+	}
+	_, err = c.request(ctx, subject, body)
+	return err
 }
 
 func (c *Client) lifecycle(ctx context.Context, op, model string, r *RouteResponse) error {

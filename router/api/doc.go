@@ -8,7 +8,9 @@
 // header names (subjects.go), the codecs (jsondec.go, jsonenc.go), the
 // binary decision sync format replicas share their routing decisions in
 // ("KVRD", decisions.go), the trace-context carrier for NATS headers
-// (carrier.go), the NATS client (client.go), and media.go: the media field,
+// (carrier.go), the NATS client (client.go), request keys (requestkey.go:
+// ids a client makes with a key that proves it owns them, the fence of a
+// cancel before any route reply), and media.go: the media field,
 // RouteRequest.SeqHashes (the one rule from token ids, LoRA name, salt and
 // media items to the hashes a replica looks up, shared with clients that
 // hash themselves) and the client's fit under the server's max_payload

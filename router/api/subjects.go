@@ -21,6 +21,8 @@ const DefaultQueueGroup = "kvr-router"
 //	<prefix>.sessions.end.<model>     SessionRequest -> {"v":1,"ended":true} (queue group)
 //	<prefix>.replica.<replica>.<op>   the same lifecycle ops addressed to one replica
 //	<prefix>.bookings.<model>         replica booking sync (every replica, no queue group)
+//	<prefix>.admin.<op>.<model>       a lifecycle op checked against no fence: operators only (queue group)
+//	<prefix>.admin.replica.<replica>.<op>  the same, addressed to one replica
 func RouteSubject(prefix, model string) string { return subj(prefix, "route", model) }
 
 // LifecycleSubject is the queue-group subject of a lifecycle op
@@ -31,6 +33,16 @@ func LifecycleSubject(prefix, op, model string) string { return subj(prefix, op,
 // the replica that holds the request's booking (RouteResponse.Replica).
 func ReplicaSubject(prefix, replica, op string) string {
 	return PrefixOrDefault(prefix) + ".replica." + escape.SubjectToken.Escape(replica) + "." + op
+}
+
+// AdminSubject is the queue-group subject of a lifecycle op an operator
+// makes on anyone's request: the replica checks no fence, so only an
+// operator's NATS user may publish on it (deploy/nats/auth.conf).
+func AdminSubject(prefix, op, model string) string { return subj(prefix, "admin."+op, model) }
+
+// AdminReplicaSubject is AdminSubject addressed to one replica.
+func AdminReplicaSubject(prefix, replica, op string) string {
+	return PrefixOrDefault(prefix) + ".admin.replica." + escape.SubjectToken.Escape(replica) + "." + op
 }
 
 // WorkersSubject lists a model's workers as one replica sees them.

@@ -159,7 +159,8 @@ type Config struct {
 	ForwardTimeout     time.Duration
 	// AllowUnfencedLifecycle accepts lifecycle calls that carry no fence
 	// (the behaviour before fences, for callers not yet passing
-	// RouteResponse.Fence). Off by default: such a call is a 400.
+	// RouteResponse.Fence, or a request key for a cancel while queued).
+	// Off by default: such a call is a 400.
 	AllowUnfencedLifecycle bool
 
 	Telemetry Telemetry

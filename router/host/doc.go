@@ -48,8 +48,9 @@
 //   - natsapi.go and httpapi.go: the two transports over the same calls,
 //     with their bounds (one in-flight cap for both, the HTTP token,
 //     timeouts and body limit, the forwarding pool);
-//   - fence.go: generated request ids and the booking fences lifecycle
-//     calls must present;
+//   - fence.go: generated request ids, the booking fences lifecycle
+//     calls must present, and checkOwner (fence, request key or an
+//     operator's subject: who may free or cancel a request);
 //   - members.go: worker membership and load reports;
 //   - intake.go, then peersync.go: the two parts above (peer sync's two
 //     streams share one subscription helper and one batching loop,

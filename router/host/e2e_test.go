@@ -475,7 +475,7 @@ func TestEndToEnd(t *testing.T) {
 				}
 			})
 		}
-		if err := st.client.Cancel(ctx, testModel, "nope"); !errors.Is(err, api.ErrNotFound) {
+		if err := st.client.Cancel(ctx, testModel, "nope", strings.Repeat("0", api.MinRequestKeyLen)); !errors.Is(err, api.ErrNotFound) {
 			t.Fatalf("cancel unknown over NATS: %v", err)
 		}
 		// The replicas are still fine.

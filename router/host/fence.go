@@ -25,6 +25,16 @@ import (
 // fence is an HMAC-SHA256 of the booking (request id, worker, rank,
 // attempt) under a key the replica draws at New: the replica checks it
 // without storing it, and a new attempt of the same id gets a new fence.
+//
+// A request still queued has no fence yet. Its owner chose its id with
+// api.NewRequestID, which ends the id with the digest of a key only the
+// owner holds; a cancel presents that key (api.RequestKeyMatches), before
+// or after the route reply. A cancel without either is refused, so ids a
+// client makes up grant nothing to whoever guesses them. An operator's
+// calls (api.AdminSubject) skip the check: NATS permissions keep everyone
+// else off those subjects. Reply subjects are the other half: each client
+// reads only its own inbox (deploy/nats), so no client of the same role
+// sees another's fences.
 
 // requestIDRandomBytes is the randomness of a generated request id.
 const requestIDRandomBytes = 12
@@ -118,6 +128,33 @@ func (r *Replica) checkFence(fe scheduler.Fence, lr *api.LifecycleRequest) *api.
 	case lr.Attempt != 0 && lr.Attempt != fe.Attempt:
 		return api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" attempt "+strconv.FormatUint(lr.Attempt, 10)+
 			" is not its current booking (attempt "+strconv.FormatUint(fe.Attempt, 10)+")", nil).OnField("attempt")
+	}
+	return nil
+}
+
+// checkOwner admits a lifecycle call on request lr.RequestID, booked as fe
+// when booked: an operator's (admin) always; a cancel presenting the
+// request key its id was made from, always (the owner, queued or routed);
+// otherwise the booking's fence (checkFence). A cancel of a request with no
+// booking (queued, or unknown) needs its key: without one it is a
+// bad_request (unless Config.AllowUnfencedLifecycle), with a wrong one a
+// not_found, the answer for an unknown request. Other calls on a request
+// with no booking are answered not_found by the caller.
+func (r *Replica) checkOwner(op string, fe scheduler.Fence, booked bool, lr *api.LifecycleRequest, admin bool) *api.Error {
+	switch {
+	case admin:
+		return nil
+	case op == api.OpCancel && lr.Fence != "" && api.RequestKeyMatches(lr.RequestID, lr.Fence):
+		return nil
+	case booked:
+		return r.checkFence(fe, lr)
+	case op != api.OpCancel:
+		return nil
+	case lr.Fence == "" && !r.cfg.AllowUnfencedLifecycle:
+		return api.BadField("fence", "is required: cancelling request %q needs the request key its id was made from (api.NewRequestID) "+
+			"or the fence of its route reply", lr.RequestID)
+	case lr.Fence != "":
+		return api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" has no queued request or booking with this fence or key on replica "+r.id, nil).OnField("fence")
 	}
 	return nil
 }

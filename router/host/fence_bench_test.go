@@ -3,6 +3,7 @@ package host
 import (
 	"testing"
 
+	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 )
 
@@ -23,5 +24,17 @@ func BenchmarkNewRequestID(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = r.newRequestID(s)
+	}
+}
+
+// What a cancel presenting a request key pays to check it (the route pays
+// nothing for keys: they are made and kept by the client).
+func BenchmarkRequestKeyCheck(b *testing.B) {
+	id, key := api.NewRequestID("gw-a-")
+	b.ReportAllocs()
+	for b.Loop() {
+		if !api.RequestKeyMatches(id, key) {
+			b.Fatal("no match")
+		}
 	}
 }

@@ -13,19 +13,25 @@ import (
 
 // Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
 // to a request booked by this replica. A call addressed to another replica
-// (lr.Replica) is forwarded there over NATS.
+// (lr.Replica) is forwarded there over NATS. The call must prove it is the
+// request's owner's (checkOwner).
 func (r *Replica) Lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest) (*api.LifecycleResponse, error) {
-	return r.lifecycleCall(ctx, op, lr, false)
+	return r.lifecycleCall(ctx, op, lr, lifecycleVia{})
 }
 
-// lifecycleCall is Lifecycle; pooled says the caller holds a place in the
-// forwarding pool already (a NATS call being forwarded).
-func (r *Replica) lifecycleCall(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
+// lifecycleVia says how a lifecycle call arrived.
+type lifecycleVia struct {
+	pooled bool // the caller holds a place in the forwarding pool already (a NATS call being forwarded)
+	admin  bool // on the operator's subjects (api.AdminSubject): no fence is checked
+}
+
+// lifecycleCall is Lifecycle as it arrived (via).
+func (r *Replica) lifecycleCall(ctx context.Context, op string, lr *api.LifecycleRequest, via lifecycleVia) (*api.LifecycleResponse, error) {
 	if e := r.enter(); e != nil {
 		return nil, e
 	}
 	defer r.leave()
-	resp, err := r.lifecycle(ctx, op, lr, pooled)
+	resp, err := r.lifecycle(ctx, op, lr, via)
 	result := "ok"
 	if err != nil {
 		result = mapError(err).Code
@@ -34,7 +40,7 @@ func (r *Replica) lifecycleCall(ctx context.Context, op string, lr *api.Lifecycl
 	return resp, err
 }
 
-func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
+func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, via lifecycleVia) (*api.LifecycleResponse, error) {
 	switch op {
 	case api.OpPrefillDone, api.OpFree, api.OpCancel:
 	default:
@@ -54,17 +60,15 @@ func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleReq
 	}
 	lr.Model = r.defaultModel(lr.Model)
 	if lr.Replica != "" && lr.Replica != r.id {
-		return r.forwardLifecycle(ctx, op, lr, pooled)
+		return r.forwardLifecycle(ctx, op, lr, via)
 	}
 	ms, e := r.model(lr.Model)
 	if e != nil {
 		return nil, e
 	}
 	fe, ok := ms.fences.get(lr.RequestID)
-	if ok {
-		if e := r.checkFence(fe, lr); e != nil {
-			return nil, e
-		}
+	if e := r.checkOwner(op, fe, ok, lr, via.admin); e != nil {
+		return nil, e
 	}
 	var err error
 	switch {
@@ -143,6 +147,16 @@ func checkSession(s string) *api.Error {
 		return api.BadField("session_id", "is %d bytes long, the limit is %d", len(s), api.MaxSessionIDLen)
 	}
 	return nil
+}
+
+// Waiting is how many requests of model wait in this replica's queue now
+// (0 for a model it does not route): what kvr_queue_depth reports.
+func (r *Replica) Waiting(model string) int64 {
+	ms, ok := r.models[r.defaultModel(model)]
+	if !ok {
+		return 0
+	}
+	return ms.sched.Stats().Waiting
 }
 
 // Workers lists the workers of one model (every model when model is "")

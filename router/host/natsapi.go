@@ -39,7 +39,10 @@ func (r *Replica) subscribeAPI() error {
 			return err
 		}
 		for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
-			if err := qs(api.LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op)); err != nil {
+			if err := qs(api.LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op, false)); err != nil {
+				return err
+			}
+			if err := qs(api.AdminSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op, true)); err != nil {
 				return err
 			}
 		}
@@ -54,15 +57,21 @@ func (r *Replica) subscribeAPI() error {
 		}
 	}
 	for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
-		s, err := r.nc.Subscribe(api.ReplicaSubject(r.cfg.Prefix, r.id, op), r.lifecycleHandler(op))
-		if err != nil {
-			return fmt.Errorf("host: subscribe replica lifecycle: %w", err)
+		for _, admin := range []bool{false, true} {
+			subject := api.ReplicaSubject(r.cfg.Prefix, r.id, op)
+			if admin {
+				subject = api.AdminReplicaSubject(r.cfg.Prefix, r.id, op)
+			}
+			s, err := r.nc.Subscribe(subject, r.lifecycleHandler(op, admin))
+			if err != nil {
+				return fmt.Errorf("host: subscribe replica lifecycle %s: %w", subject, err)
+			}
+			_ = s.SetPendingLimits(-1, 512<<20)
+			// Replica-addressed calls must keep being answered while
+			// draining (the bookings they release are still ours), so
+			// they are drained with the API subscriptions.
+			r.apiSubs = append(r.apiSubs, s)
 		}
-		_ = s.SetPendingLimits(-1, 512<<20)
-		// Replica-addressed calls must keep being answered while draining
-		// (the bookings they release are still ours), so they are drained
-		// with the API subscriptions.
-		r.apiSubs = append(r.apiSubs, s)
 	}
 	return r.nc.Flush()
 }
@@ -205,7 +214,7 @@ func (r *Replica) replyJSON(m *nats.Msg, v any) {
 	_ = m.Respond(data)
 }
 
-func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
+func (r *Replica) lifecycleHandler(op string, admin bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		// Lifecycle calls are quick (a scheduler call, or one forward):
 		// run them off the subscription goroutine only when forwarding.
@@ -228,16 +237,16 @@ func (r *Replica) lifecycleHandler(op string) nats.MsgHandler {
 			}
 			go func() {
 				defer r.leaveForward()
-				r.answerLifecycle(ctx, m, op, &lr, true)
+				r.answerLifecycle(ctx, m, op, &lr, lifecycleVia{pooled: true, admin: admin})
 			}()
 			return
 		}
-		r.answerLifecycle(ctx, m, op, &lr, false)
+		r.answerLifecycle(ctx, m, op, &lr, lifecycleVia{admin: admin})
 	}
 }
 
-func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *api.LifecycleRequest, pooled bool) {
-	resp, err := r.lifecycleCall(ctx, op, lr, pooled)
+func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, lr *api.LifecycleRequest, via lifecycleVia) {
+	resp, err := r.lifecycleCall(ctx, op, lr, via)
 	if err != nil {
 		r.replyError(m, ctx, mapError(err))
 		return
@@ -267,15 +276,19 @@ func (r *Replica) leaveForward() { r.leaveFrom(r.fwd) }
 // booking and relays its answer, within ForwardTimeout. HTTP and
 // in-process callers pass the forwarding pool here; NATS callers were
 // admitted to it already (lifecycleHandler).
-func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, pooled bool) (*api.LifecycleResponse, error) {
-	if !pooled {
+func (r *Replica) forwardLifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, via lifecycleVia) (*api.LifecycleResponse, error) {
+	if !via.pooled {
 		if e := r.enterForward(ctx, op); e != nil {
 			return nil, e
 		}
 		defer r.leaveForward()
 	}
 	body, _ := json.Marshal(lr)
-	m := nats.NewMsg(api.ReplicaSubject(r.cfg.Prefix, lr.Replica, op))
+	subject := api.ReplicaSubject(r.cfg.Prefix, lr.Replica, op)
+	if via.admin {
+		subject = api.AdminReplicaSubject(r.cfg.Prefix, lr.Replica, op)
+	}
+	m := nats.NewMsg(subject)
 	m.Data = body
 	r.prop.Inject(ctx, api.HeaderCarrier(m.Header))
 	fctx, cancel := context.WithTimeout(ctx, r.cfg.ForwardTimeout)

@@ -56,6 +56,7 @@ func startAuthServer(t *testing.T) *server.Server {
 	t.Setenv("NATS_GATEWAY_PASSWORD", `"gateway-pw"`)
 	t.Setenv("NATS_WORKER_PASSWORD", `"worker-e0-pw"`)
 	t.Setenv("NATS_WORKER2_PASSWORD", `"worker-e1-pw"`)
+	t.Setenv("NATS_ADMIN_PASSWORD", `"admin-pw"`)
 	for prefix, worker := range map[string]string{"NATS_WORKER": "e0", "NATS_WORKER2": "e1"} {
 		for k, v := range natsauth.WorkerEnv(prefix, testModel, worker) {
 			t.Setenv(k, v)
