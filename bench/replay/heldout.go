@@ -79,10 +79,10 @@ const (
 // Every entry that runs the default cost at its default weights carries the
 // default's record (catalog_test checks it).
 var TunedOn = map[string][]Tuning{
-	"kvrouter":                defaultTuning,
-	"kvrouter-approx":         defaultTuning,
+	"kvrouter":                 defaultTuning,
+	"kvrouter-approx":          defaultTuning,
 	"kvrouter-c1.5-dbw0.5-nob": defaultTuning,
-	"true-cache":              defaultTuning,
+	"true-cache":               defaultTuning,
 }
 
 // inSample is what each policy was tuned on within part p: the policies
