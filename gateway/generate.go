@@ -24,34 +24,46 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	defer span.End()
 
 	body, rerr := readBody(w, r, g.cfg.MaxBodyBytes)
-	var cr clientRequest
+	var rq *api.RouteRequest
+	var cr *clientRequest
 	if rerr == nil {
-		cr, rerr = readRequest(kind, body)
-	}
-	var target modelTarget
-	if rerr == nil {
-		target, rerr = g.modelTarget(ctx, &cr)
-	}
-	sessionID, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
-	if rerr == nil {
-		rerr = checkSession(g.cfg.SessionHeader, sessionID, mode)
+		rq, cr, rerr = g.routeRequest(ctx, kind, r.Header, body)
 	}
 	if rerr != nil {
 		g.fail(ctx, span, w, rerr)
 		return
 	}
-	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	x := &exchange{g: g, w: w, r: r, kind: kind, cr: cr, body: body, rq: rq, t0: t0, span: span}
+	x.run(ctx)
+}
 
+// routeRequest reads a generate body of kind and the client's headers
+// (the session's) and builds the route request: the model or adapter and
+// cache_salt, the session, the prompt's tokens (prompt) in the hash
+// namespace of its adapter and salt. generate and the endpoint picker
+// (Prepare) both start here.
+func (g *Gateway) routeRequest(ctx context.Context, kind string, h http.Header, body []byte) (*api.RouteRequest, *clientRequest, *RequestError) {
+	cr, rerr := readRequest(kind, body)
+	var target modelTarget
+	if rerr == nil {
+		target, rerr = g.modelTarget(ctx, &cr)
+	}
+	sessionID, mode := h.Get(g.cfg.SessionHeader), h.Get(ModeHeader)
+	if rerr == nil {
+		rerr = checkSession(g.cfg.SessionHeader, sessionID, mode)
+	}
+	if rerr != nil {
+		return nil, nil, rerr
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
-		g.fail(ctx, span, w, rerr)
-		return
+		return nil, nil, rerr
 	}
 	namespaceBlocks(rq)
-	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, t0: t0, span: span}
-	x.run(ctx)
+	return rq, &cr, nil
 }
 
 // checkSession validates the session headers: the id's length, and the
