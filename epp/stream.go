@@ -60,6 +60,7 @@ type stream struct {
 	subset       []string // the proxy's candidate subset, when hinted
 	hinted       bool
 	body         []byte
+	bodySeen     bool // a request body message arrived
 	picked       bool // the destination went out
 
 	rq                *api.RouteRequest
@@ -77,23 +78,23 @@ func (x *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error)
 		x.path, x.method, x.header = readHeaders(v.RequestHeaders.GetHeaders())
 		x.subset, x.hinted = subsetHint(req.GetMetadataContext())
 		if v.RequestHeaders.GetEndOfStream() {
-			return x.requestDone(nil)
+			return x.requestDone(false, nil)
 		}
 	case *extprocv3.ProcessingRequest_RequestBody:
-		x.body = append(x.body, v.RequestBody.GetBody()...)
+		x.body, x.bodySeen = append(x.body, v.RequestBody.GetBody()...), true
 		if limit := x.s.g.MaxBodyBytes(); int64(len(x.body)) > limit {
 			e := &gateway.RequestError{Status: http.StatusRequestEntityTooLarge, Code: "request_too_large",
 				Message: "the request body is larger than " + strconv.FormatInt(limit, 10) + " bytes"}
 			return true, x.refuse(e)
 		}
 		if v.RequestBody.GetEndOfStream() {
-			return x.requestDone(nil)
+			return x.requestDone(true, nil)
 		}
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		if x.picked { // not sent after a body's end_of_stream; answered all the same
 			return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 		}
-		return x.requestDone(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+		return x.requestDone(x.bodySeen, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		x.checkServed(req.GetMetadataContext())
 		if err := x.send(x.responseHeaders()); err != nil {
@@ -128,9 +129,10 @@ func (x *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error)
 }
 
 // requestDone picks the destination once the request is complete and
-// answers in order: headers, the body streamed back (end_of_stream on its
-// last chunk unless trailers follow), then trailers (trailers non-nil).
-func (x *stream) requestDone(trailers *extprocv3.ProcessingResponse) (bool, error) {
+// answers in order: headers, the body streamed back when the proxy sent
+// one (end_of_stream on its last chunk unless trailers follow), then
+// trailers (trailers non-nil).
+func (x *stream) requestDone(hasBody bool, trailers *extprocv3.ProcessingResponse) (bool, error) {
 	t0 := time.Now()
 	dest, rerr := x.pick()
 	if rerr != nil {
@@ -145,7 +147,7 @@ func (x *stream) requestDone(trailers *extprocv3.ProcessingResponse) (bool, erro
 	}
 	x.picked = true
 	x.s.m.pick.Record(x.ctx, time.Since(t0).Seconds())
-	if len(x.body) > 0 || trailers == nil {
+	if hasBody {
 		for _, r := range bodyResponses(x.body, trailers == nil, true) {
 			if err := x.send(r); err != nil {
 				return true, err
