@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/gateway"
@@ -29,7 +30,8 @@ the router replicas over NATS; the answer is x-gateway-destination-endpoint
 (the pick, then --fallbacks other endpoints) in a header and in envoy.lb
 metadata. The booking ends with the reply, or when the stream is reset.
 gRPC health on the same address: liveness, readiness and the processor's
-service (SERVING once a replica answers). A pod's ip:port is the endpoint its
+service (SERVING once a replica answers); plaintext HTTP/2, or TLS with
+--tls-cert-file and --tls-key-file. A pod's ip:port is the endpoint its
 worker registered: run each bridge with --advertise-addr. docs/epp.md has the
 InferencePool deployment. SIGINT/SIGTERM drain (readiness NOT_SERVING), then
 stop once streams end (at most --shutdown-timeout).`
@@ -48,6 +50,8 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		gf        = addGatewayFlags(c)
 		fallbacks = c.integer("fallbacks", epp.DefaultFallbacks, "other endpoints listed after the pick, for the proxy's retries (negative = none)")
 		shutdown  = c.duration("shutdown-timeout", 30*time.Second, "longest wait for streams in flight when stopping")
+		tlsCert   = c.str("tls-cert-file", "", "serve gRPC over TLS with this certificate (PEM; with --tls-key-file); \"\" = plaintext HTTP/2")
+		tlsKey    = c.str("tls-key-file", "", "the private key of --tls-cert-file (PEM)")
 	)
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
@@ -57,6 +61,14 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if err := gateway.CheckTokenizer(*gf.tokenizer); err != nil {
 		return usageError{fmt.Errorf("--tokenizer: %w", err)}
+	}
+	var opts []grpc.ServerOption
+	if *tlsCert != "" || *tlsKey != "" {
+		creds, err := credentials.NewServerTLSFromFile(*tlsCert, *tlsKey)
+		if err != nil {
+			return usageError{fmt.Errorf("--tls-cert-file/--tls-key-file: %w", err)}
+		}
+		opts = append(opts, grpc.Creds(creds))
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
@@ -80,7 +92,7 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	first := g.Models()[0]
 	ready := epp.PollReady(func(ctx context.Context) error { _, err := client.Workers(ctx, first); return err }, time.Second)
-	srv, err := startEPP(epp.Config{Gateway: g, Fallbacks: *fallbacks, Ready: ready, Logger: log, Telemetry: tel}, *listen, log)
+	srv, err := startEPP(epp.Config{Gateway: g, Fallbacks: *fallbacks, Ready: ready, Logger: log, Telemetry: tel}, *listen, log, opts...)
 	if err != nil {
 		return err
 	}
@@ -110,8 +122,8 @@ type eppServer struct {
 }
 
 // startEPP serves an endpoint picker of cfg on addr (`kvrouter epp`,
-// `serve --epp-addr`).
-func startEPP(cfg epp.Config, addr string, log *slog.Logger) (*eppServer, error) {
+// `serve --epp-addr`), with opts (TLS).
+func startEPP(cfg epp.Config, addr string, log *slog.Logger, opts ...grpc.ServerOption) (*eppServer, error) {
 	s, err := epp.New(cfg)
 	if err != nil {
 		return nil, err
@@ -120,7 +132,7 @@ func startEPP(cfg epp.Config, addr string, log *slog.Logger) (*eppServer, error)
 	if err != nil {
 		return nil, fmt.Errorf("epp listen %s: %w", addr, err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	s.Register(gs)
 	e := &eppServer{epp: s, gs: gs, addr: ln.Addr().String(), done: make(chan error, 1)}
 	go func() { e.done <- gs.Serve(ln) }()
