@@ -14,7 +14,6 @@ import (
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -189,29 +188,10 @@ func TestServedByFallback(t *testing.T) {
 	if res.status != 200 || res.served == res.dest[0] {
 		t.Fatalf("status %d, served %s of %v", res.status, res.served, res.dest)
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	if n := counter(rm, "kvr_epp_served_elsewhere_total"); n != 1 {
+	if n := testutil.SumCounter(t, reader, "kvr_epp_served_elsewhere_total"); n != 1 {
 		t.Errorf("kvr_epp_served_elsewhere_total = %d, want 1", n)
 	}
 	f.waitIdle()
-}
-
-// counter is the sum of a counter's points.
-func counter(rm metricdata.ResourceMetrics, name string) int64 {
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
-				for _, p := range s.DataPoints {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
 }
 
 // 1,000 streams at once, each finishing, resetting mid-reply or before

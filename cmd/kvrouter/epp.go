@@ -16,7 +16,6 @@ import (
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
-	"github.com/kvrouter/kvrouter/internal/telemetry"
 	"github.com/kvrouter/kvrouter/router/api"
 )
 
@@ -59,9 +58,6 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return usageError{err}
 	}
-	if err := gateway.CheckTokenizer(*gf.tokenizer); err != nil {
-		return usageError{fmt.Errorf("--tokenizer: %w", err)}
-	}
 	var opts []grpc.ServerOption
 	if *tlsCert != "" || *tlsKey != "" {
 		creds, err := credentials.NewServerTLSFromFile(*tlsCert, *tlsKey)
@@ -70,11 +66,7 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return usageError{err}
-	}
-	prom, err := telemetry.NewPrometheus(true)
+	log, prom, err := gf.setup(lf, stderr)
 	if err != nil {
 		return err
 	}
