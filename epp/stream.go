@@ -169,11 +169,13 @@ func (x *stream) pick() (string, *gateway.RequestError) {
 	if x.method != http.MethodPost || (x.path != gateway.PathChat && x.path != gateway.PathCompletion) {
 		return x.passthrough()
 	}
-	rq, rerr := x.s.g.Prepare(x.ctx, x.path, x.header, x.body)
+	ctx, span := x.s.g.StartSpan(x.ctx, "epp "+x.path, x.header)
+	defer span.End()
+	rq, rerr := x.s.g.Prepare(ctx, x.path, x.header, x.body)
 	if rerr != nil {
 		return "", rerr
 	}
-	live := x.s.g.Engines(x.ctx, rq.Model)
+	live := x.s.g.Engines(ctx, rq.Model)
 	if x.hinted {
 		allowed := x.inSubset(live, rq.AllowedWorkers)
 		if len(allowed) == 0 {
@@ -182,7 +184,7 @@ func (x *stream) pick() (string, *gateway.RequestError) {
 		rq.AllowedWorkers = allowed
 	}
 	x.rq = rq
-	if rerr := x.s.g.Route(x.ctx, rq, &x.rs); rerr != nil {
+	if rerr := x.s.g.Route(ctx, rq, &x.rs); rerr != nil {
 		return "", rerr
 	}
 	x.booked, x.prefilled = true, false

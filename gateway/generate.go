@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -19,8 +18,7 @@ import (
 // forward (one retry elsewhere before the first byte) -> relay -> free.
 func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) {
 	t0 := time.Now()
-	ctx := g.tel.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := g.tracer.Start(ctx, "gateway "+kind, trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := g.StartSpan(r.Context(), "gateway "+kind, r.Header)
 	defer span.End()
 
 	body, rerr := readBody(w, r, g.cfg.MaxBodyBytes)

@@ -6,12 +6,14 @@ import (
 	"net/http"
 
 	"github.com/kvrouter/kvrouter/router/api"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // This file is what the endpoint picker (package epp) uses of the gateway
 // besides Route, PrefillDone and Free (forward.go): the same request
-// reading and tokenization as generate, the worker list, and the error
-// shape. The picker answers Envoy instead of relaying a reply, so it needs
+// reading and tokenization as generate, its server span, the worker list,
+// and the error shape. The picker answers Envoy instead of relaying a reply, so it needs
 // nothing else.
 
 // Generate paths, as the gateway serves them and the picker reads them
@@ -39,6 +41,14 @@ func (g *Gateway) Prepare(ctx context.Context, path string, h http.Header, body 
 	}
 	rq, _, rerr := g.routeRequest(ctx, kind, h, body)
 	return rq, rerr
+}
+
+// StartSpan starts the server span of one client request under the trace
+// context its headers h carry (the gateway's propagator and tracer): the
+// parent of the tokenize and route spans.
+func (g *Gateway) StartSpan(ctx context.Context, name string, h http.Header) (context.Context, trace.Span) {
+	ctx = g.tel.Propagator.Extract(ctx, propagation.HeaderCarrier(h))
+	return g.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
 }
 
 // Engine is one ready worker of a model: its id and its registered
