@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/router/api"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
@@ -271,5 +272,42 @@ func TestHealth(t *testing.T) {
 	}
 	if r, _ := (health{s: notReady}).Check(ctx, &healthpb.HealthCheckRequest{Service: HealthReadiness}); r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("readiness of a replica not caught up: %v", r.GetStatus())
+	}
+}
+
+// shedRouter is a router that sheds every request (its 529).
+type shedRouter struct{ gateway.Router }
+
+func (shedRouter) Route(context.Context, *api.RouteRequest, *api.RouteResponse) error {
+	return &api.Error{Code: api.CodeOverloaded, Status: api.StatusOverloaded, Message: "queue full"}
+}
+
+func (shedRouter) Workers(context.Context, string) (*api.WorkersResponse, error) {
+	return &api.WorkersResponse{}, nil
+}
+
+// A router that sheds gives 429 with Retry-After, the gateway's answer.
+func TestShedding429(t *testing.T) {
+	g, err := gateway.New(gateway.Config{Router: shedRouter{}, Models: []string{testModel}, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, g: g, http: &http.Client{}}
+	if f.epp, err = New(Config{Gateway: g, Logger: testLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	f.serve()
+	res := f.mustEnvoy(t, chat(chatBody(false, 4, "s", "hi"), 14))
+	if res.imm == nil || res.status != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want an immediate 429", res.status)
+	}
+	var retryAfter string
+	for _, h := range res.imm.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retryAfter = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if retryAfter == "" || !strings.Contains(string(res.imm.GetBody()), "router_overloaded") {
+		t.Errorf("retry-after %q, body %s", retryAfter, res.imm.GetBody())
 	}
 }
