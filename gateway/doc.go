@@ -24,6 +24,10 @@
 // routes as its base model's, among the workers serving it, with lora_name;
 // cache_salt routes as cache_salt (adapters.go).
 //
+// The endpoint picker (package epp) runs the same reading, tokenization,
+// routing and booking without the HTTP relay: Prepare, Route, PrefillDone,
+// Free and Engines (picker.go, forward.go) are what it calls.
+//
 // The Router is satisfied by the route API over NATS (ClientRouter, what
 // `kvrouter gateway` runs) and by an in-process replica (ReplicaRouter,
 // `kvrouter serve --openai-addr`). Telemetry goes through the OpenTelemetry

@@ -101,8 +101,8 @@ func routeError(ctx context.Context, err error) *RequestError {
 
 // writeError answers the client with e in OpenAI's shape.
 func (g *Gateway) writeError(ctx context.Context, w http.ResponseWriter, e *RequestError) {
-	if e.Status == http.StatusTooManyRequests || e.Code == api.CodeBindingsUnavailable {
-		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+	if ra := e.RetryAfter(); ra > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ra))
 	}
 	g.setWriteDeadline(w)
 	writeJSON(w, e.Status, e.body())

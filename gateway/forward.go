@@ -116,7 +116,7 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 	if x.g.cfg.APIKey != "" {
 		req.Header.Del("Authorization") // the gateway's own key, not the engine's
 	}
-	req.Header.Set(rankHeader, strconv.FormatUint(uint64(x.rs.Rank), 10))
+	req.Header.Set(RankHeader, strconv.FormatUint(uint64(x.rs.Rank), 10))
 	x.g.tel.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	up, err := x.g.http.Do(req)
 	if err != nil {
@@ -133,32 +133,45 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 	return up, nil
 }
 
-// route asks the router for a worker (in a child span). A client that
-// goes away while its request waits in the router's queue cancels it.
+// route asks the router for a worker (Gateway.Route) and holds the
+// booking it gives.
 func (x *exchange) route(ctx context.Context) error {
-	ctx, span := x.g.tracer.Start(ctx, "route")
+	if re := x.g.Route(ctx, x.rq, x.key, &x.rs); re != nil {
+		return re
+	}
+	x.booked, x.prefilled = true, false
+	return nil
+}
+
+// Route asks the router for a worker for rq, in a child span, and fills
+// rs: on success rs holds a booking the caller must free (Free). A caller
+// that goes away while its request waits in the router's queue cancels
+// it with key, the request key its id was made from (Prepare). The failure is the client's answer (routeError). The route, and
+// ctx's span, get the choice's attributes.
+func (g *Gateway) Route(ctx context.Context, rq *api.RouteRequest, key string, rs *api.RouteResponse) *RequestError {
+	parent := trace.SpanFromContext(ctx)
+	ctx, span := g.tracer.Start(ctx, "route")
 	defer span.End()
-	if err := x.g.router.Route(ctx, x.rq, &x.rs); err != nil {
+	if err := g.router.Route(ctx, rq, rs); err != nil {
 		if ctx.Err() != nil {
-			cctx, cancel := x.g.callContext(ctx)
-			if cerr := x.g.router.Cancel(cctx, x.rq.Model, x.rq.RequestID, x.key); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
-				x.g.log.Debug("cancel", "request", x.rq.RequestID, "err", cerr)
+			cctx, cancel := g.callContext(ctx)
+			if cerr := g.router.Cancel(cctx, rq.Model, rq.RequestID, key); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
+				g.log.Debug("cancel", "request", rq.RequestID, "err", cerr)
 			}
 			cancel()
 		}
 		span.SetStatus(codes.Error, err.Error())
 		return routeError(ctx, err)
 	}
-	x.booked, x.prefilled = true, false
 	outcome := api.OutcomeNone
-	if x.rs.Binding != nil {
-		outcome = x.rs.Binding.Outcome
+	if rs.Binding != nil {
+		outcome = rs.Binding.Outcome
 	}
-	attrs := []attribute.KeyValue{attribute.String("kvr.worker", workerref.Of(x.rs.Worker, x.rs.Rank).String()),
-		attribute.Int("kvr.overlap_blocks", x.rs.OverlapBlocks), attribute.String("kvr.session_outcome", outcome),
-		attribute.String("kvr.request_id", x.rs.RequestID)}
+	attrs := []attribute.KeyValue{attribute.String("kvr.worker", workerref.Of(rs.Worker, rs.Rank).String()),
+		attribute.Int("kvr.overlap_blocks", rs.OverlapBlocks), attribute.String("kvr.session_outcome", outcome),
+		attribute.String("kvr.request_id", rs.RequestID)}
 	span.SetAttributes(attrs...)
-	x.span.SetAttributes(attrs...)
+	parent.SetAttributes(attrs...)
 	return nil
 }
 
@@ -174,11 +187,7 @@ func (x *exchange) prefillDone(ctx context.Context) {
 		return
 	}
 	x.prefilled = true
-	cctx, cancel := x.g.callContext(ctx)
-	defer cancel()
-	if err := x.g.router.PrefillDone(cctx, x.rq.Model, &x.rs); err != nil {
-		x.g.log.Debug("prefill_done", "request", x.rs.RequestID, "err", err)
-	}
+	x.g.PrefillDone(ctx, x.rq.Model, &x.rs)
 }
 
 // free releases the booking, exactly once: at the end of the reply, on an
@@ -188,10 +197,28 @@ func (x *exchange) free(ctx context.Context) {
 		return
 	}
 	x.booked = false
-	cctx, cancel := x.g.callContext(ctx)
+	x.g.Free(ctx, x.rq.Model, &x.rs)
+}
+
+// PrefillDone reports the first token of the booking rs (of Route) to the
+// router, within Config.CallTimeout even when ctx has ended. A failure is
+// logged: the booking stays, and Free still releases it.
+func (g *Gateway) PrefillDone(ctx context.Context, model string, rs *api.RouteResponse) {
+	cctx, cancel := g.callContext(ctx)
 	defer cancel()
-	if err := x.g.router.Free(cctx, x.rq.Model, &x.rs); err != nil {
-		x.g.log.Warn("free", "request", x.rs.RequestID, "worker", x.rs.Worker, "err", err)
+	if err := g.router.PrefillDone(cctx, model, rs); err != nil {
+		g.log.Debug("prefill_done", "request", rs.RequestID, "err", err)
+	}
+}
+
+// Free releases the booking rs (of Route), within Config.CallTimeout even
+// when ctx has ended (a client gone away must not leak it). Call it once
+// per booking.
+func (g *Gateway) Free(ctx context.Context, model string, rs *api.RouteResponse) {
+	cctx, cancel := g.callContext(ctx)
+	defer cancel()
+	if err := g.router.Free(cctx, model, rs); err != nil {
+		g.log.Warn("free", "request", rs.RequestID, "worker", rs.Worker, "err", err)
 	}
 }
 

@@ -48,8 +48,9 @@ const (
 	HeaderSessionOutcome = "X-Kvr-Session-Outcome" // the binding outcome; "none" without a session
 )
 
-// rankHeader sends a request to one data-parallel rank, as vLLM reads it.
-const rankHeader = "X-Data-Parallel-Rank"
+// RankHeader sends a request to one data-parallel rank, as vLLM reads it
+// (the endpoint picker sets it too).
+const RankHeader = "X-Data-Parallel-Rank"
 
 // ErrConfig is returned by New for an unusable Config.
 var ErrConfig = errors.New("gateway: bad config")

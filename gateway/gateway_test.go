@@ -15,7 +15,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // longText is a prompt of n bytes (the simulator's tokenizer is
@@ -271,30 +270,10 @@ func TestConnectionRefusedRetries(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if n := counter(t, reader, "kvr_gateway_retries_total"); n == 0 {
+	if n := testutil.SumCounter(t, reader, "kvr_gateway_retries_total"); n == 0 {
 		t.Error("no retry counted")
 	}
 	f.waitIdle()
-}
-
-// counter sums an Int64 counter's points.
-func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
-				for _, p := range s.DataPoints {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
 }
 
 // GET /v1/models lists the models with live workers.

@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -19,40 +18,53 @@ import (
 // forward (one retry elsewhere before the first byte) -> relay -> free.
 func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) {
 	t0 := time.Now()
-	ctx := g.tel.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := g.tracer.Start(ctx, "gateway "+kind, trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := g.StartSpan(r.Context(), "gateway "+kind, r.Header)
 	defer span.End()
 
 	body, rerr := readBody(w, r, g.cfg.MaxBodyBytes)
-	var cr clientRequest
+	var rq *api.RouteRequest
+	var cr *clientRequest
+	var key string
 	if rerr == nil {
-		cr, rerr = readRequest(kind, body)
-	}
-	var target modelTarget
-	if rerr == nil {
-		target, rerr = g.modelTarget(ctx, &cr)
-	}
-	sessionID, mode := r.Header.Get(g.cfg.SessionHeader), r.Header.Get(ModeHeader)
-	if rerr == nil {
-		rerr = checkSession(g.cfg.SessionHeader, sessionID, mode)
+		rq, cr, key, rerr = g.routeRequest(ctx, kind, r.Header, body)
 	}
 	if rerr != nil {
 		g.fail(ctx, span, w, rerr)
 		return
 	}
-	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	x := &exchange{g: g, w: w, r: r, kind: kind, cr: cr, body: body, rq: rq, key: key, t0: t0, span: span}
+	x.run(ctx)
+}
 
+// routeRequest reads a generate body of kind and the client's headers
+// (the session's) and builds the route request: the model or adapter and
+// cache_salt, the session, the prompt's tokens (prompt) in the hash
+// namespace of its adapter and salt. generate and the endpoint picker
+// (Prepare) both start here. key is the request key the id was made from,
+// which a cancel of the queued request must carry.
+func (g *Gateway) routeRequest(ctx context.Context, kind string, h http.Header, body []byte) (*api.RouteRequest, *clientRequest, string, *RequestError) {
+	cr, rerr := readRequest(kind, body)
+	var target modelTarget
+	if rerr == nil {
+		target, rerr = g.modelTarget(ctx, &cr)
+	}
+	sessionID, mode := h.Get(g.cfg.SessionHeader), h.Get(ModeHeader)
+	if rerr == nil {
+		rerr = checkSession(g.cfg.SessionHeader, sessionID, mode)
+	}
+	if rerr != nil {
+		return nil, nil, "", rerr
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 	id, key := g.newRequestID()
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: id, Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
-		g.fail(ctx, span, w, rerr)
-		return
+		return nil, nil, "", rerr
 	}
 	namespaceBlocks(rq)
-	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, key: key, t0: t0, span: span}
-	x.run(ctx)
+	return rq, &cr, key, nil
 }
 
 // checkSession validates the session headers: the id's length, and the

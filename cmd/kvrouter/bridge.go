@@ -20,7 +20,8 @@ import (
 const bridgeAbout = `Join one vLLM or SGLang engine to a kvrouter fleet: a sidecar next to the
 engine. It follows the engine's KV events over ZMQ (one SUB per data-parallel
 rank, the replay socket for gaps) and relays them into the JetStream event
-stream; registers the worker (endpoint = --engine-url exactly as given, its
+stream; registers the worker (endpoint = --engine-url exactly as given, or
+its scheme and path on --advertise-addr, the address gateways see; its
 ranks, block size and capacity) once the engine's /health and /metrics answer,
 marks it unavailable while /health fails or its load is stale, and publishes
 the engine's /metrics as load reports every --metrics-interval. Its own
@@ -37,7 +38,8 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	nf := addNATSFlags(c, false)
 	lf := addLogFlags(c)
 	var (
-		engineURL  = c.str("engine-url", "http://127.0.0.1:8000", "the engine's HTTP base URL; registered as the worker's endpoint exactly as given")
+		engineURL  = c.str("engine-url", "http://127.0.0.1:8000", "the engine's HTTP base URL; registered as the worker's endpoint exactly as given unless --advertise-addr is set")
+		advertise  = c.str("advertise-addr", "", "the engine's host:port as gateways and Envoy see it (on Kubernetes: $(POD_IP):<engine port>, POD_IP from the downward API's status.podIP); registered with --engine-url's scheme and path (\"\" = --engine-url)")
 		kvEvents   = c.str("kv-events", "tcp://127.0.0.1:5557", "the engine's KV event PUB endpoint for rank 0 (its --kv-events-config endpoint, with a host to connect to)")
 		kvReplay   = c.str("kv-replay", "tcp://127.0.0.1:5558", "the engine's replay endpoint for rank 0 (\"\" = none: every gap is a resync)")
 		topic      = c.str("topic", "", "topic of the engine's events (its --kv-events-config topic; \"\" = every topic)")
@@ -80,7 +82,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{err}
 	}
 	cfg := bridge.Config{
-		EngineURL: *engineURL, KVEvents: *kvEvents, KVReplay: *kvReplay, Topic: *topic, Model: *model, WorkerID: id,
+		EngineURL: *engineURL, Advertise: *advertise, KVEvents: *kvEvents, KVReplay: *kvReplay, Topic: *topic, Model: *model, WorkerID: id,
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MetricsInterval: *interval, StaleIntervals: *stale, HealthInterval: *health, HealthFailures: *healthFail, ReplayTimeout: *replayTO,

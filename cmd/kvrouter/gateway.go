@@ -54,14 +54,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return usageError{err}
 	}
-	if err := gateway.CheckTokenizer(*gf.tokenizer); err != nil {
-		return usageError{fmt.Errorf("--tokenizer: %w", err)}
-	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return usageError{err}
-	}
-	prom, err := telemetry.NewPrometheus(true)
+	log, prom, err := gf.setup(lf, stderr)
 	if err != nil {
 		return err
 	}
@@ -125,6 +118,21 @@ func addGatewayFlags(c *cmdFlags) *gatewayFlags {
 		maxBody:       c.integer("max-body-bytes", gateway.DefaultMaxBodyBytes, "largest client request body (larger: 413)"),
 		tokenizer:     addTokenizerFlag(c, "tokenizer"),
 	}
+}
+
+// setup checks the flags and sets up the logger and the Prometheus
+// exporter behind /metrics (`kvrouter gateway`, `kvrouter epp`); the caller
+// shuts prom down.
+func (f *gatewayFlags) setup(lf *logFlags, stderr io.Writer) (*slog.Logger, *telemetry.Prometheus, error) {
+	if err := gateway.CheckTokenizer(*f.tokenizer); err != nil {
+		return nil, nil, usageError{fmt.Errorf("--tokenizer: %w", err)}
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	prom, err := telemetry.NewPrometheus(true)
+	return log, prom, err
 }
 
 func (f *gatewayFlags) config(r gateway.Router, models []string, tel gateway.Telemetry, log *slog.Logger) gateway.Config {

@@ -21,6 +21,8 @@ Commands:
   sim      simulated engines that speak vLLM's protocols (sim serve MODEL: OpenAI HTTP,
            /tokenize, /metrics, KV events over ZMQ with replay)
   gateway  the OpenAI-compatible gateway: OpenAI clients in, routed and booked requests out
+  epp      the Gateway API endpoint picker: an Envoy ext_proc server that picks the pod of
+           an InferencePool for each request, routed and booked as the gateway does
   demo     one command on a fresh machine: embedded NATS, simulated workers, two
            replicas, a synthetic workload, and kvrouter vs round-robin side by side
   bench    replay workloads and compare policies (bench replay), microbenchmarks
@@ -59,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runSim(ctx, args[1:], stdout, stderr)
 	case "gateway":
 		err = runGateway(ctx, args[1:], stdout, stderr)
+	case "epp":
+		err = runEPP(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

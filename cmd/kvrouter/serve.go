@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/bindings"
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/internal/telemetry"
@@ -91,6 +92,7 @@ type serveFlags struct {
 	log  *logFlags
 
 	replicaID, prefix, models, httpAddr, openaiAddr, openaiTok, queueGroup, stream *string
+	eppAddr                                                                        *string
 	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket, traceFile  *string
 	blockSize, replicas, maxSessions, inflight                                     *int
 	maxAge, sessionTTL, bindStale, snapEvery, predicted, approxTTL, deadline       *time.Duration
@@ -119,6 +121,7 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 		httpAddr:    c.str("http-addr", "127.0.0.1:8080", "HTTP API listen address (\"\" = no HTTP); loopback by default: give :8080 or a host address to open it, with --http-token"),
 		openaiAddr:  c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)"),
 		openaiTok:   addTokenizerFlag(c, "openai-tokenizer"),
+		eppAddr:     c.str("epp-addr", "", "also run the Gateway API endpoint picker (as 'kvrouter epp': Envoy ext_proc and gRPC health) in this process on this address, calling this replica directly; it reads prompts as --openai-tokenizer says (\"\" = off)"),
 		queueGroup:  c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment"),
 		stream:      c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing, else verified)"),
 		maxAge:      c.duration("event-max-age", host.DefaultEventMaxAge, "how long the event stream keeps events"),
@@ -229,20 +232,28 @@ func serveTelemetry(cfg *host.Config, traceFile string, traceRatio float64) (sto
 }
 
 // serveUntilDone starts r (and the in-process gateway with
-// --openai-addr), serves until ctx ends, then stops both gracefully. A
-// start error wins over a stop error.
+// --openai-addr, the endpoint picker with --epp-addr), serves until ctx
+// ends, then stops them gracefully. A start error wins over a stop error.
 func serveUntilDone(ctx context.Context, f *serveFlags, cfg host.Config, r *host.Replica, nc *natsconn.Conn, stdout io.Writer, log *slog.Logger) error {
 	startErr := r.Start(ctx)
 	var gw *gatewayServer
 	if startErr == nil && *f.openaiAddr != "" {
 		gw, startErr = startOpenAI(r, *f.openaiAddr, *f.openaiTok, cfg.HTTPToken, cfg.Telemetry, log)
 	}
+	var ep *eppServer
+	if startErr == nil && *f.eppAddr != "" {
+		ep, startErr = startReplicaEPP(r, *f.eppAddr, *f.openaiTok, cfg.Telemetry, log)
+	}
 	if startErr == nil {
-		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s\n", r.ID(), r.Models(), nc.Where(), orNone(r.HTTPAddr()), orNone(gw.where()))
+		fmt.Fprintf(stdout, "kvrouter replica %s ready: models %v, NATS %s, HTTP %s, OpenAI %s, EPP %s\n", r.ID(), r.Models(), nc.Where(),
+			orNone(r.HTTPAddr()), orNone(gw.where()), orNone(ep.where()))
 		<-ctx.Done()
 		log.Info("signal received: shutting down")
 	}
 	var gwErr error
+	if ep != nil {
+		ep.stop(30 * time.Second) // streams in flight still need the replica
+	}
 	if gw != nil {
 		gwErr = gw.stop(30 * time.Second) // requests in flight still need the replica
 	}
@@ -253,6 +264,17 @@ func serveUntilDone(ctx context.Context, f *serveFlags, cfg host.Config, r *host
 		return startErr
 	}
 	return closeErr
+}
+
+// startReplicaEPP runs the endpoint picker in process over r (serve
+// --epp-addr): ready while the replica is (caught up with the event
+// stream).
+func startReplicaEPP(r *host.Replica, addr, tokenizer string, tel host.Telemetry, log *slog.Logger) (*eppServer, error) {
+	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Tokenizer: tokenizer, Logger: log, Telemetry: tel})
+	if err != nil {
+		return nil, err
+	}
+	return startEPP(epp.Config{Gateway: g, Ready: r.IsReady, Logger: log, Telemetry: tel}, addr, log)
 }
 
 // startOpenAI runs the gateway in process over r (serve --openai-addr),

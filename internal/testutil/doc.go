@@ -3,5 +3,5 @@
 // condition instead of sleeping, Budget, how long a wait that only load
 // delays may take (until shortly before the test's deadline), and
 // FreePorts, a run of consecutive free ports (an engine's data-parallel
-// ranks). Embedded NATS servers for tests live in internal/natstest.
+// ranks), and SumCounter, a counter's value from a manual metric reader. Embedded NATS servers for tests live in internal/natstest.
 package testutil

@@ -20,8 +20,11 @@ var forbidden = map[string][]string{
 	"router/scheduler": {"github.com/nats-io/", module + "bindings"},
 	"bindings":         {module + "router", module + "workers"},
 	"workers":          {module + "router/host", module + "router/scheduler", module + "bindings"},
-	"workerref":        {module},
-	"session":          {module},
+	// The endpoint picker parses, tokenizes and routes only through the
+	// gateway package: no second copy of the route path.
+	"epp":       {module + "router/host", module + "router/scheduler", module + "router/index", module + "bindings", module + "workers"},
+	"workerref": {module},
+	"session":   {module},
 }
 
 // TestImportsPointDown lists every package's non-test imports with go list

@@ -111,7 +111,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	b.adapters.scraped(first.lora)
 	served, loaded, maxLoRAs := b.adapters.lists()
 	reg, err := workers.Register(ctx, b.js, b.cfg.Registry, workers.Info{
-		ID: b.cfg.WorkerID, Model: b.cfg.Model, Endpoint: b.cfg.EngineURL, Ranks: b.rankIDs(),
+		ID: b.cfg.WorkerID, Model: b.cfg.Model, Endpoint: b.cfg.endpoint(), Ranks: b.rankIDs(),
 		BlockSize: b.blockSize, KVBlocks: b.kvBlocks, MaxBatchedTokens: b.cfg.MaxBatchedTokens, MaxSeqs: b.cfg.MaxSeqs,
 		Adapters: served, LoadedAdapters: workers.SortAdapters(loaded), MaxLoRAs: maxLoRAs,
 		State:  workers.StateReady,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -44,9 +45,17 @@ var ErrBlockSize = errors.New("bridge: block size mismatch")
 
 // Config configures a Bridge for one engine.
 type Config struct {
-	// EngineURL is the engine's HTTP base URL (http://host:port), registered
-	// as the worker's endpoint exactly as given.
+	// EngineURL is the engine's HTTP base URL (http://host:port): where the
+	// bridge reaches it, registered as the worker's endpoint exactly as
+	// given unless Advertise is set.
 	EngineURL string
+	// Advertise is the engine's address as gateways and proxies see it
+	// (host:port, or a URL), when it differs from EngineURL (a sidecar
+	// reaching its engine on 127.0.0.1): the worker registers
+	// EngineURL's scheme and path on this host and port. The endpoint
+	// picker (package epp) maps an InferencePool's pod ip:port to this
+	// worker by it. "" = EngineURL.
+	Advertise string
 	// KVEvents is rank 0's PUB endpoint (tcp://host:5557); rank r uses its
 	// port + r x DPPortOffset.
 	KVEvents string
@@ -137,6 +146,8 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		return bad("engine URL %q: want http://host:port", c.EngineURL)
+	case c.Advertise != "" && c.endpoint() == "":
+		return bad("advertise address %q: want host:port or http://host:port", c.Advertise)
 	case c.Model == "":
 		return bad("model is required")
 	case c.WorkerID == "":
@@ -177,6 +188,31 @@ func (c Config) endpoints(r int) (events, replay string, err error) {
 		return "", "", fmt.Errorf("%w: kv replay endpoint for rank %d: %w", ErrConfig, r, err)
 	}
 	return events, replay, nil
+}
+
+// endpoint is the worker's registered endpoint: EngineURL, or its scheme
+// and path on Advertise's host and port ("" when Advertise is unusable).
+func (c Config) endpoint() string {
+	if c.Advertise == "" {
+		return c.EngineURL
+	}
+	eu, err := url.Parse(c.EngineURL)
+	if err != nil {
+		return ""
+	}
+	hostport := c.Advertise
+	if strings.Contains(c.Advertise, "://") {
+		au, err := url.Parse(c.Advertise)
+		if err != nil || au.Host == "" {
+			return ""
+		}
+		eu.Scheme, hostport = au.Scheme, au.Host
+	}
+	if _, port, err := net.SplitHostPort(hostport); err != nil || port == "" {
+		return ""
+	}
+	eu.Host = hostport
+	return eu.String()
 }
 
 // engineURL joins path to the engine's base URL.

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvrouter/kvrouter/internal/testutil"
+)
+
+// serve --epp-addr runs the endpoint picker in process; kvrouter epp runs
+// it over NATS against the same replica. Both are ready (gRPC health) once
+// the replica is, and answer a chat with no worker registered with an
+// immediate 503.
+func TestServeEPPAddrAndEPP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server, a replica and a picker")
+	}
+	natsPort, httpPort, eppPort, epp2Port := freePort(t), freePort(t), freePort(t), freePort(t)
+	sctx, stopServe := context.WithCancel(context.Background())
+	ectx, stopEPP := context.WithCancel(context.Background())
+	var serveOut, serveErr, eppOut, eppErr syncBuf
+	serveDone, eppDone := make(chan int, 1), make(chan int, 1)
+	go func() {
+		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--epp-addr", fmt.Sprintf("127.0.0.1:%d", eppPort),
+			"--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
+	}()
+	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), 200, 20*time.Second)
+	go func() {
+		eppDone <- run(ectx, []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", epp2Port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}, &eppOut, &eppErr)
+	}()
+	for _, port := range []int{eppPort, epp2Port} {
+		conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		hc := healthpb.NewHealthClient(conn)
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+			return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+		}, func() string { return fmt.Sprintf("port %d: readiness not SERVING", port) })
+		st, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
+		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}}}}})
+		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}})
+		m, err := st.Recv()
+		if imm := m.GetImmediateResponse(); err != nil || imm.GetStatus().GetCode() != 503 || !bytes.Contains(imm.GetBody(), []byte(`"error"`)) {
+			t.Fatalf("port %d: %v %v, want an immediate 503 in OpenAI's error shape", port, m, err)
+		}
+		cancel()
+		conn.Close()
+	}
+	stopEPP()
+	if code := <-eppDone; code != 0 {
+		t.Fatalf("epp exit %d: %s", code, eppErr.String())
+	}
+	stopServe()
+	if code := <-serveDone; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	}
+	if !strings.Contains(eppOut.String(), "kvrouter epp ready") || !strings.Contains(serveOut.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
+		t.Fatalf("banners: %q %q", eppOut.String(), serveOut.String())
+	}
+}
