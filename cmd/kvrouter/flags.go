@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/buildinfo"
 	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/natsconn"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -234,16 +235,31 @@ func addReplayFlags(c *cmdFlags, d replayDefaults) *replayFlags {
 }
 
 // logFlags configure slog.
-type logFlags struct{ level, format *string }
+type logFlags struct {
+	command       string
+	level, format *string
+}
 
 func addLogFlags(c *cmdFlags) *logFlags {
 	return &logFlags{
-		level:  c.str("log-level", "info", "log level: debug, info, warn or error (debug logs per-request events)"),
-		format: c.str("log-format", "text", "log format: text or json"),
+		command: c.name,
+		level:   c.str("log-level", "info", "log level: debug, info, warn or error (debug logs per-request events)"),
+		format:  c.str("log-format", "text", "log format: text or json"),
 	}
 }
 
+// logger builds the command's logger and writes its first line, which
+// names the command and the build (version, commit, Go) it runs.
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	log, err := l.newLogger(w)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("starting "+l.command, buildinfo.Get().LogAttrs()...)
+	return log, nil
+}
+
+func (l *logFlags) newLogger(w io.Writer) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*l.level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", *l.level)

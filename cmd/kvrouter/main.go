@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kvrouter/kvrouter/internal/buildinfo"
 )
 
 const usage = `kvrouter routes LLM requests to the worker that already holds the most of the
@@ -27,6 +29,7 @@ Commands:
            replicas, a synthetic workload, and kvrouter vs round-robin side by side
   bench    replay workloads and compare policies (bench replay), microbenchmarks
            (bench micro)
+  version  print the release and the commit this binary was built from (also --version)
 
 Run 'kvrouter <command> --help' for the flags of a command. Every flag can also
 be set with an environment variable KVR_<FLAG> (upper case, '-' as '_').
@@ -63,6 +66,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runGateway(ctx, args[1:], stdout, stderr)
 	case "epp":
 		err = runEPP(ctx, args[1:], stdout, stderr)
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, buildinfo.Get())
+		return 0
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kvrouter/kvrouter/internal/buildinfo"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -22,9 +24,11 @@ type Prometheus struct {
 }
 
 // NewPrometheus builds a MeterProvider exporting to a fresh Prometheus
-// registry, with Go runtime and process collectors when withRuntime is set.
+// registry holding kvr_build_info, with Go runtime and process collectors
+// when withRuntime is set.
 func NewPrometheus(withRuntime bool) (*Prometheus, error) {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildinfo.Collector())
 	if withRuntime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}

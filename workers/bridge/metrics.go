@@ -3,6 +3,8 @@ package bridge
 import (
 	"net/http"
 
+	"github.com/kvrouter/kvrouter/internal/buildinfo"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,6 +26,7 @@ type metrics struct {
 
 func newMetrics(withRuntime bool) *metrics {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildinfo.Collector())
 	if withRuntime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
