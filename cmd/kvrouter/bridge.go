@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/bridge"
 )
 
@@ -29,6 +30,30 @@ the engine's /metrics as load reports every --metrics-interval. Its own
 
 SIGINT/SIGTERM drain: state draining, wait for the engine's requests in flight
 (at most --drain-timeout), deregister, flush the events.`
+
+// bridgeRole is the role the bridge registers, mirroring the engine's own
+// flags: vLLM's kv_role or SGLang's disaggregation mode (not both), and an
+// SGLang prefill server's bootstrap port.
+func bridgeRole(kvTransferConfig, disaggMode string, bootstrapPort int) (workers.Role, int, error) {
+	if kvTransferConfig != "" && disaggMode != "" {
+		return "", 0, errors.New("--kv-transfer-config (vLLM) and --disaggregation-mode (SGLang) are exclusive")
+	}
+	if disaggMode != "" {
+		role, err := workers.ParseRole(disaggMode)
+		if err != nil {
+			return "", 0, fmt.Errorf("--disaggregation-mode: %w", err)
+		}
+		if role == workers.RolePrefill && bootstrapPort == 0 {
+			bootstrapPort = 8998 // SGLang's default
+		}
+		return role, bootstrapPort, nil
+	}
+	role, err := workers.RoleFromKVTransferConfig(kvTransferConfig)
+	if err != nil {
+		return "", 0, fmt.Errorf("--kv-transfer-config: %w", err)
+	}
+	return role, bootstrapPort, nil
+}
 
 func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := newFlags("kvrouter bridge", bridgeAbout)
@@ -57,6 +82,9 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		healthFail = c.integer("health-failures", bridge.DefaultHealthFailures, "failed /health checks in a row that make the worker unavailable")
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
+		kvTransfer = c.str("kv-transfer-config", "", "the vLLM engine's --kv-transfer-config JSON: its kv_role sets the worker's role (kv_producer: prefill, kv_consumer: decode, kv_both: both; docs/pd.md)")
+		disaggMode = c.str("disaggregation-mode", "", "the SGLang engine's --disaggregation-mode (prefill or decode; \"\" = not disaggregated)")
+		bootstrap  = c.integer("disaggregation-bootstrap-port", 0, "the SGLang prefill engine's --disaggregation-bootstrap-port (registered for gateways; 0 = 8998 with --disaggregation-mode prefill)")
 	)
 	ws := addWorkerSideFlags(c, 500*time.Microsecond, "the engine's requests in flight")
 	if err := c.parse(args); err != nil {
@@ -79,7 +107,12 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageError{err}
 	}
+	role, bport, err := bridgeRole(*kvTransfer, *disaggMode, *bootstrap)
+	if err != nil {
+		return usageError{err}
+	}
 	cfg := bridge.Config{
+		Role: role, BootstrapPort: bport,
 		EngineURL: *engineURL, KVEvents: *kvEvents, KVReplay: *kvReplay, Topic: *topic, Model: *model, WorkerID: id,
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
