@@ -36,6 +36,12 @@ type exchange struct {
 	rs        api.RouteResponse
 	booked    bool // rs holds a booking not yet freed
 	prefilled bool
+
+	// the prefill leg of a split route (pd.go): its booking, whether it is
+	// still held, and (SGLang) closed when its leg has ended
+	pre       *api.RouteResponse
+	preBooked bool
+	preDone   chan struct{}
 }
 
 // upstreamFailure is an attempt that failed before the first byte reached
@@ -102,11 +108,15 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 	if err := x.route(ctx); err != nil {
 		return nil, err
 	}
+	body, err := x.decodeBody(ctx)
+	if err != nil {
+		return nil, err
+	}
 	ctx, span := x.g.tracer.Start(ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("kvr.worker", x.rs.Worker), attribute.String("server.address", x.rs.Endpoint)))
 	defer span.End() // the span covers the call up to the reply's headers
 	url := engineRoot(x.rs.Endpoint) + x.r.URL.Path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(x.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, &upstreamFailure{phase: phaseConnect, worker: x.rs.Worker, err: err}
 	}
@@ -148,6 +158,8 @@ func (x *exchange) route(ctx context.Context) error {
 		return routeError(ctx, err)
 	}
 	x.booked, x.prefilled = true, false
+	x.pre, x.preDone = x.rs.PrefillBooking(), nil
+	x.preBooked = x.pre != nil
 	outcome := api.OutcomeNone
 	if x.rs.Binding != nil {
 		outcome = x.rs.Binding.Outcome
@@ -182,6 +194,10 @@ func (x *exchange) prefillDone(ctx context.Context) {
 // free releases the booking, exactly once: at the end of the reply, on an
 // upstream failure, or when the client went away.
 func (x *exchange) free(ctx context.Context) {
+	if x.preDone != nil {
+		<-x.preDone // an SGLang prefill leg ends with the request's context at the latest
+	}
+	x.freePrefill(ctx)
 	if !x.booked {
 		return
 	}
@@ -223,6 +239,9 @@ func (x *exchange) setHeaders(up *http.Response) {
 		outcome = x.rs.Binding.Outcome
 	}
 	h.Set(HeaderSessionOutcome, outcome)
+	if p := x.rs.Prefill; p != nil {
+		h.Set(HeaderPrefillWorker, workerref.Of(p.Worker, p.Rank).String())
+	}
 }
 
 // whole relays a reply that is not streamed (or an engine's refusal): the

@@ -43,7 +43,7 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
-		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
+		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens(), PD: g.cfg.PD != ""}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		g.fail(ctx, span, w, rerr)
