@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/workers"
+	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
 )
 
@@ -228,4 +229,31 @@ func chatBody(text string) []byte {
 	b, _ := json.Marshal(map[string]any{"model": testModel, "max_tokens": 8,
 		"messages": []map[string]string{{"role": "user", "content": text}}})
 	return b
+}
+
+// SGLang's mode: both legs at once with a bootstrap room; the decode
+// engine pulls the prefill engine's blocks through the prefill engine's
+// bootstrap (its registered port) and streams the reply.
+func TestPDSGLangBootstrapRoom(t *testing.T) {
+	roles := map[string]workers.Role{"p0": workers.RolePrefill, "d0": workers.RoleDecode}
+	st := startStack(t, stackOpts{replicas: 1, roles: roles})
+	var engines []*engine
+	for _, id := range []string{"p0", "d0"} {
+		e := st.startEngineWith(id, sim.Config{KVBlocks: 4096}, vllmapi.Config{Disaggregation: string(roles[id])})
+		st.startBridge(e, 0)
+		engines = append(engines, e)
+	}
+	st.waitReady(2)
+	gw := st.gatewayURL(gateway.ReplicaRouter{R: st.replicas[0]}, func(c *gateway.Config) { c.PD = gateway.PDSGLang })
+	res := st.chatTurn(gw, "sg", chatBody(longText("a bootstrap room", 600)))
+	if res.worker != "d0#0" {
+		t.Fatalf("decoded on %q, want d0#0", res.worker)
+	}
+	if n := engines[1].eng.Stats()[0].TransferredBlocks; n == 0 {
+		t.Fatal("the decode engine pulled no block")
+	}
+	if n := engines[0].eng.Stats()[0].PrefillTokens; n == 0 {
+		t.Fatal("the prefill engine computed nothing")
+	}
+	st.waitIdle()
 }

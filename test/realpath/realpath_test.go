@@ -294,6 +294,12 @@ func (st *stack) startBridge(e *engine, staleIntervals int) *bridge.Bridge {
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id), StaleIntervals: cmp.Or(staleIntervals, 20),
 		Role: st.o.roles[e.id],
 	}
+	if cfg.Role == workers.RolePrefill {
+		// An SGLang prefill engine's bootstrap: the simulator serves it on
+		// its HTTP port.
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(e.url, "http://"))
+		cfg.BootstrapPort, _ = strconv.Atoi(port)
+	}
 	nc, js := st.conn("worker:" + e.id)
 	b, err := bridge.New(cfg, nc, js)
 	if err != nil {
