@@ -31,10 +31,25 @@ the engine's /metrics as load reports every --metrics-interval. Its own
 SIGINT/SIGTERM drain: state draining, wait for the engine's requests in flight
 (at most --drain-timeout), deregister, flush the events.`
 
-// bridgeRole is the role the bridge registers, mirroring the engine's own
+// bridgePDFlags are the engine's own disaggregation flags, mirrored.
+type bridgePDFlags struct {
+	kvTransfer, disaggMode *string
+	bootstrap              *int
+}
+
+func addBridgePDFlags(c *cmdFlags) *bridgePDFlags {
+	return &bridgePDFlags{
+		kvTransfer: c.str("kv-transfer-config", "", "the vLLM engine's --kv-transfer-config JSON: its kv_role sets the worker's role (kv_producer: prefill, kv_consumer: decode, kv_both: both; docs/pd.md)"),
+		disaggMode: c.str("disaggregation-mode", "", "the SGLang engine's --disaggregation-mode (prefill or decode; \"\" = not disaggregated)"),
+		bootstrap:  c.integer("disaggregation-bootstrap-port", 0, "the SGLang prefill engine's --disaggregation-bootstrap-port (registered for gateways; 0 = 8998 with --disaggregation-mode prefill)"),
+	}
+}
+
+// role is the role the bridge registers, mirroring the engine's own
 // flags: vLLM's kv_role or SGLang's disaggregation mode (not both), and an
 // SGLang prefill server's bootstrap port.
-func bridgeRole(kvTransferConfig, disaggMode string, bootstrapPort int) (workers.Role, int, error) {
+func (f *bridgePDFlags) role() (workers.Role, int, error) {
+	kvTransferConfig, disaggMode, bootstrapPort := *f.kvTransfer, *f.disaggMode, *f.bootstrap
 	if kvTransferConfig != "" && disaggMode != "" {
 		return "", 0, errors.New("--kv-transfer-config (vLLM) and --disaggregation-mode (SGLang) are exclusive")
 	}
@@ -82,10 +97,8 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		healthFail = c.integer("health-failures", bridge.DefaultHealthFailures, "failed /health checks in a row that make the worker unavailable")
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
-		kvTransfer = c.str("kv-transfer-config", "", "the vLLM engine's --kv-transfer-config JSON: its kv_role sets the worker's role (kv_producer: prefill, kv_consumer: decode, kv_both: both; docs/pd.md)")
-		disaggMode = c.str("disaggregation-mode", "", "the SGLang engine's --disaggregation-mode (prefill or decode; \"\" = not disaggregated)")
-		bootstrap  = c.integer("disaggregation-bootstrap-port", 0, "the SGLang prefill engine's --disaggregation-bootstrap-port (registered for gateways; 0 = 8998 with --disaggregation-mode prefill)")
 	)
+	pd := addBridgePDFlags(c)
 	ws := addWorkerSideFlags(c, 500*time.Microsecond, "the engine's requests in flight")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
@@ -93,21 +106,15 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return usageError{err}
 	}
-	if *model == "" {
-		return usageError{errors.New("--model is required")}
-	}
-	id := *workerID
-	if id == "" {
-		var err error
-		if id, err = defaultWorkerID(*engineURL); err != nil {
-			return usageError{err}
-		}
+	id, err := bridgeIdentity(*model, *workerID, *engineURL)
+	if err != nil {
+		return usageError{err}
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return usageError{err}
 	}
-	role, bport, err := bridgeRole(*kvTransfer, *disaggMode, *bootstrap)
+	role, bport, err := pd.role()
 	if err != nil {
 		return usageError{err}
 	}
@@ -142,6 +149,18 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "bridge %s: engine %s, events %s, model %q, NATS %s\n", id, *engineURL, *kvEvents, *model, nc.Where())
 	return b.Run(ctx)
+}
+
+// bridgeIdentity checks that --model is given and returns the worker id:
+// --worker-id, or by default defaultWorkerID.
+func bridgeIdentity(model, workerID, engineURL string) (string, error) {
+	if model == "" {
+		return "", errors.New("--model is required")
+	}
+	if workerID != "" {
+		return workerID, nil
+	}
+	return defaultWorkerID(engineURL)
 }
 
 // defaultWorkerID is <host name>-<engine port>: stable across restarts of
