@@ -195,7 +195,17 @@ func (x *exchange) prefillDone(ctx context.Context) {
 // upstream failure, or when the client went away.
 func (x *exchange) free(ctx context.Context) {
 	if x.preDone != nil {
-		<-x.preDone // an SGLang prefill leg ends with the request's context at the latest
+		// An SGLang prefill leg has ended when its decode leg has (the
+		// decode waited for its room); a prefill engine that never answers
+		// is not waited on past CallTimeout (its leg ends with the
+		// request's context).
+		t := time.NewTimer(x.g.cfg.CallTimeout)
+		select {
+		case <-x.preDone:
+		case <-t.C:
+		}
+		t.Stop()
+		x.preDone = nil
 	}
 	x.freePrefill(ctx)
 	if !x.booked {

@@ -81,7 +81,7 @@ func (x *exchange) prefillLeg(ctx context.Context) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := x.post(ctx, "prefill", x.pre, body)
+	resp, err := x.post(ctx, "prefill", x.pre, x.rq.RequestID, body)
 	if err != nil {
 		return nil, err
 	}
@@ -138,8 +138,8 @@ func withFields(body []byte, set map[string]json.RawMessage, edit func(map[strin
 }
 
 // post sends one leg's body to rs's worker (the client's path and headers,
-// the leg's X-Request-Id shared by both legs, the rank) in a client span.
-func (x *exchange) post(ctx context.Context, leg string, rs *api.RouteResponse, body []byte) (*http.Response, error) {
+// X-Request-Id id, shared by both legs, the rank) in a client span.
+func (x *exchange) post(ctx context.Context, leg string, rs *api.RouteResponse, id string, body []byte) (*http.Response, error) {
 	ctx, span := x.g.tracer.Start(ctx, "upstream "+leg, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("kvr.worker", rs.Worker), attribute.String("server.address", rs.Endpoint)))
 	defer span.End()
@@ -152,7 +152,7 @@ func (x *exchange) post(ctx context.Context, leg string, rs *api.RouteResponse, 
 		req.Header.Del("Authorization")
 	}
 	req.Header.Set(rankHeader, strconv.FormatUint(uint64(rs.Rank), 10))
-	req.Header.Set("X-Request-Id", x.rq.RequestID)
+	req.Header.Set("X-Request-Id", id)
 	x.g.tel.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	return x.g.http.Do(req)
 }
@@ -197,10 +197,11 @@ func (x *exchange) sglangLegs(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	x.preDone = make(chan struct{})
+	pre, id, done := x.pre, x.rq.RequestID, make(chan struct{})
+	x.preDone = done
 	go func() {
-		defer close(x.preDone)
-		resp, err := x.post(ctx, "prefill", x.pre, body)
+		defer close(done)
+		resp, err := x.post(ctx, "prefill", pre, id, body)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -209,7 +210,7 @@ func (x *exchange) sglangLegs(ctx context.Context) ([]byte, error) {
 			}
 		}
 		if err != nil && ctx.Err() == nil {
-			x.g.log.Warn("SGLang prefill leg failed", "request", x.rq.RequestID, "worker", x.pre.Worker, "err", err)
+			x.g.log.Warn("SGLang prefill leg failed", "request", id, "worker", pre.Worker, "err", err)
 		}
 	}()
 	return body, nil
