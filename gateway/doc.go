@@ -18,7 +18,8 @@
 // event by event, and books: prefill_done at the first streamed token,
 // free exactly once at the end (a whole reply gets free alone), on client
 // disconnect or on upstream failure (forward.go). A failure before the first byte is
-// retried once on another worker. GET /v1/models lists the models with
+// retried once on another worker. With Config.PD a request asks for a
+// prefill/decode pair and a split one runs as two legs (pd.go, docs/pd.md). GET /v1/models lists the models with
 // live workers and the LoRA adapters those serve; every other path is 404
 // in OpenAI's error shape (errors.go). An adapter's name is a model: it
 // routes as its base model's, among the workers serving it, with lora_name;

@@ -37,6 +37,12 @@ type exchange struct {
 	rs        api.RouteResponse
 	booked    bool // rs holds a booking not yet freed
 	prefilled bool
+
+	// the prefill leg of a split route (pd.go): its booking, whether it is
+	// still held, and (SGLang) closed when its leg has ended
+	pre       *api.RouteResponse
+	preBooked bool
+	preDone   chan struct{}
 }
 
 // upstreamFailure is an attempt that failed before the first byte reached
@@ -104,11 +110,15 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 	if err := x.route(ctx); err != nil {
 		return nil, err
 	}
+	body, err := x.decodeBody(ctx)
+	if err != nil {
+		return nil, err
+	}
 	ctx, span := x.g.tracer.Start(ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("kvr.worker", x.rs.Worker), attribute.String("server.address", x.rs.Endpoint)))
 	defer span.End() // the span covers the call up to the reply's headers
 	url := engineRoot(x.rs.Endpoint) + x.r.URL.Path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(x.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, &upstreamFailure{phase: phaseConnect, worker: x.rs.Worker, err: err}
 	}
@@ -140,6 +150,8 @@ func (x *exchange) route(ctx context.Context) error {
 		return re
 	}
 	x.booked, x.prefilled = true, false
+	x.pre, x.preDone = x.rs.PrefillBooking(), nil
+	x.preBooked = x.pre != nil
 	return nil
 }
 
@@ -193,6 +205,20 @@ func (x *exchange) prefillDone(ctx context.Context) {
 // free releases the booking, exactly once: at the end of the reply, on an
 // upstream failure, or when the client went away.
 func (x *exchange) free(ctx context.Context) {
+	if x.preDone != nil {
+		// An SGLang prefill leg has ended when its decode leg has (the
+		// decode waited for its room); a prefill engine that never answers
+		// is not waited on past CallTimeout (its leg ends with the
+		// request's context).
+		t := time.NewTimer(x.g.cfg.CallTimeout)
+		select {
+		case <-x.preDone:
+		case <-t.C:
+		}
+		t.Stop()
+		x.preDone = nil
+	}
+	x.freePrefill(ctx)
 	if !x.booked {
 		return
 	}
@@ -252,6 +278,9 @@ func (x *exchange) setHeaders(up *http.Response) {
 		outcome = x.rs.Binding.Outcome
 	}
 	h.Set(HeaderSessionOutcome, outcome)
+	if p := x.rs.Prefill; p != nil {
+		h.Set(HeaderPrefillWorker, workerref.Of(p.Worker, p.Rank).String())
+	}
 }
 
 // whole relays a reply that is not streamed (or an engine's refusal): the

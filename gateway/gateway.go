@@ -46,6 +46,10 @@ const (
 	HeaderWorker         = "X-Kvr-Worker"          // w#r
 	HeaderOverlapBlocks  = "X-Kvr-Overlap-Blocks"  // leading prompt blocks the worker held
 	HeaderSessionOutcome = "X-Kvr-Session-Outcome" // the binding outcome; "none" without a session
+	// HeaderPrefillWorker (w#r) names the prefill leg's worker of a split
+	// request (Config.PD); HeaderWorker is then the decode worker. Absent
+	// when one worker served.
+	HeaderPrefillWorker = "X-Kvr-Prefill-Worker"
 )
 
 // RankHeader sends a request to one data-parallel rank, as vLLM reads it
@@ -96,8 +100,13 @@ type Config struct {
 	// HTTPClient talks to the engines; default a client whose transport
 	// keeps up to 1,024 idle connections per engine.
 	HTTPClient *http.Client
-	Logger     *slog.Logger
-	Telemetry  Telemetry
+	// PD asks the router for a prefill/decode pair for every request and
+	// runs a split request's two legs (pd.go, docs/pd.md): PDVLLM
+	// (NixlConnector's kv_transfer_params) or PDSGLang (bootstrap rooms);
+	// "" = off, every request goes to one worker.
+	PD        string
+	Logger    *slog.Logger
+	Telemetry Telemetry
 }
 
 // Gateway is the OpenAI-compatible HTTP front of the router. It is an
@@ -128,6 +137,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.SessionHeader == "" {
 		cfg.SessionHeader = DefaultSessionHeader
+	}
+	if cfg.PD != "" && cfg.PD != PDVLLM && cfg.PD != PDSGLang {
+		return nil, fmt.Errorf("%w: PD mode %q: want %q, %q or empty", ErrConfig, cfg.PD, PDVLLM, PDSGLang)
 	}
 	if cfg.ID == "" {
 		cfg.ID = "gw-" + strings.ToLower(nuid.Next()[12:])

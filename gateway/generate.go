@@ -39,7 +39,8 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 // routeRequest reads a generate body of kind and the client's headers
 // (the session's) and builds the route request: the model or adapter and
 // cache_salt, the session, the prompt's tokens (prompt) in the hash
-// namespace of its adapter and salt. generate and the endpoint picker
+// namespace of its adapter and salt, and a prefill/decode pair when the
+// gateway runs a split fleet (--pd). generate and the endpoint picker
 // (Prepare) both start here. key is the request key the id was made from,
 // which a cancel of the queued request must carry.
 func (g *Gateway) routeRequest(ctx context.Context, kind string, h http.Header, body []byte) (*api.RouteRequest, *clientRequest, string, *RequestError) {
@@ -58,7 +59,7 @@ func (g *Gateway) routeRequest(ctx context.Context, kind string, h http.Header, 
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
 	id, key := g.newRequestID()
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: id, Model: cr.Model, SessionID: sessionID,
-		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
+		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens(), PD: g.cfg.PD != ""}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		return nil, nil, "", rerr

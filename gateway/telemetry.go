@@ -26,6 +26,7 @@ type metrics struct {
 	promptUnknown metric.Int64Counter
 	retries       metric.Int64Counter
 	upstreamErrs  metric.Int64Counter
+	pdFallbacks   metric.Int64Counter
 	statusOpts    map[int]metric.AddOption // kept per status so a request allocates none
 }
 
@@ -63,6 +64,9 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		return nil, err
 	}
 	if out.upstreamErrs, err = m.Int64Counter("kvr_gateway_upstream_errors_total", metric.WithDescription("upstream failures, by phase (connect, status, stream)")); err != nil {
+		return nil, err
+	}
+	if out.pdFallbacks, err = m.Int64Counter("kvr_gateway_pd_fallbacks_total", metric.WithDescription("split requests whose prefill leg failed before the decode leg started: the decode worker served the whole request (pd.go)")); err != nil {
 		return nil, err
 	}
 	for _, st := range []int{200, 400, 404, 405, 409, 413, 429, 499, 500, 502, 503, 504} {

@@ -28,6 +28,8 @@
 //     with SubscribeLoad.
 //
 // The value format is Info (info.go), validated on both encode and decode;
+// its Role (role.go) is the worker's part in a prefill/decode-disaggregated
+// fleet;
 // a malformed entry is counted and ignored by the view. Worker ids are
 // escaped into registry keys by internal/escape's WorkerKey (KeyFor); names
 // in subjects by its SubjectToken.

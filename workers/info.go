@@ -85,6 +85,12 @@ type Info struct {
 	Adapters       []string `json:"adapters,omitempty"`
 	LoadedAdapters []string `json:"loaded_adapters,omitempty"`
 	MaxLoRAs       int      `json:"max_loras,omitempty"`
+	// Role is the worker's part in a prefill/decode-disaggregated fleet
+	// (role.go); omitted (both) for a whole engine, so such a worker
+	// writes the same value as before roles existed. BootstrapPort is an
+	// SGLang prefill server's --disaggregation-bootstrap-port (0 = none).
+	Role          Role `json:"role,omitempty"`
+	BootstrapPort int  `json:"bootstrap_port,omitempty"`
 }
 
 // wireInfo adds the format version to Info on the wire.
@@ -108,7 +114,7 @@ func (i Info) Equal(o Info) bool {
 		slices.Equal(i.Ranks, o.Ranks) && i.BlockSize == o.BlockSize && i.KVBlocks == o.KVBlocks &&
 		i.MaxBatchedTokens == o.MaxBatchedTokens && i.MaxSeqs == o.MaxSeqs && i.Epoch == o.Epoch &&
 		maps.Equal(i.Labels, o.Labels) && i.State == o.State && i.DrainDeadline.Equal(o.DrainDeadline) &&
-		i.adaptersEqual(o)
+		i.adaptersEqual(o) && i.Role.Or() == o.Role.Or() && i.BootstrapPort == o.BootstrapPort
 }
 
 // Available reports whether the worker takes new requests.
@@ -212,6 +218,12 @@ func (i Info) Validate() error {
 	}
 	if err := i.validateAdapters(); err != nil {
 		return err
+	}
+	if !i.Role.Valid() {
+		return bad("role", "%q, want %q, %q or %q", i.Role, RolePrefill, RoleDecode, RoleBoth)
+	}
+	if i.BootstrapPort < 0 || i.BootstrapPort > 65535 {
+		return bad("bootstrap_port", "%d, not a port", i.BootstrapPort)
 	}
 	if !i.State.Valid() {
 		return bad("state", "%q, want %q, %q or %q", i.State, StateReady, StateDraining, StateUnavailable)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/workers"
 	"github.com/kvrouter/kvrouter/workers/bridge"
 )
 
@@ -30,6 +31,45 @@ the engine's /metrics as load reports every --metrics-interval. Its own
 
 SIGINT/SIGTERM drain: state draining, wait for the engine's requests in flight
 (at most --drain-timeout), deregister, flush the events.`
+
+// bridgePDFlags are the engine's own disaggregation flags, mirrored.
+type bridgePDFlags struct {
+	kvTransfer, disaggMode *string
+	bootstrap              *int
+}
+
+func addBridgePDFlags(c *cmdFlags) *bridgePDFlags {
+	return &bridgePDFlags{
+		kvTransfer: c.str("kv-transfer-config", "", "the vLLM engine's --kv-transfer-config JSON: its kv_role sets the worker's role (kv_producer: prefill, kv_consumer: decode, kv_both: both; docs/pd.md)"),
+		disaggMode: c.str("disaggregation-mode", "", "the SGLang engine's --disaggregation-mode (prefill or decode; \"\" = not disaggregated)"),
+		bootstrap:  c.integer("disaggregation-bootstrap-port", 0, "the SGLang prefill engine's --disaggregation-bootstrap-port (registered for gateways; 0 = 8998 with --disaggregation-mode prefill)"),
+	}
+}
+
+// role is the role the bridge registers, mirroring the engine's own
+// flags: vLLM's kv_role or SGLang's disaggregation mode (not both), and an
+// SGLang prefill server's bootstrap port.
+func (f *bridgePDFlags) role() (workers.Role, int, error) {
+	kvTransferConfig, disaggMode, bootstrapPort := *f.kvTransfer, *f.disaggMode, *f.bootstrap
+	if kvTransferConfig != "" && disaggMode != "" {
+		return "", 0, errors.New("--kv-transfer-config (vLLM) and --disaggregation-mode (SGLang) are exclusive")
+	}
+	if disaggMode != "" {
+		role, err := workers.ParseRole(disaggMode)
+		if err != nil {
+			return "", 0, fmt.Errorf("--disaggregation-mode: %w", err)
+		}
+		if role == workers.RolePrefill && bootstrapPort == 0 {
+			bootstrapPort = 8998 // SGLang's default
+		}
+		return role, bootstrapPort, nil
+	}
+	role, err := workers.RoleFromKVTransferConfig(kvTransferConfig)
+	if err != nil {
+		return "", 0, fmt.Errorf("--kv-transfer-config: %w", err)
+	}
+	return role, bootstrapPort, nil
+}
 
 func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := newFlags("kvrouter bridge", bridgeAbout)
@@ -60,6 +100,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
 	)
+	pd := addBridgePDFlags(c)
 	ws := addWorkerSideFlags(c, 500*time.Microsecond, "the engine's requests in flight")
 	if err := c.parse(args); err != nil {
 		if helpRequested(err) {
@@ -67,21 +108,20 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return usageError{err}
 	}
-	if *model == "" {
-		return usageError{errors.New("--model is required")}
-	}
-	id := *workerID
-	if id == "" {
-		var err error
-		if id, err = defaultWorkerID(*engineURL); err != nil {
-			return usageError{err}
-		}
+	id, err := bridgeIdentity(*model, *workerID, *engineURL)
+	if err != nil {
+		return usageError{err}
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return usageError{err}
 	}
+	role, bport, err := pd.role()
+	if err != nil {
+		return usageError{err}
+	}
 	cfg := bridge.Config{
+		Role: role, BootstrapPort: bport,
 		EngineURL: *engineURL, Advertise: *advertise, KVEvents: *kvEvents, KVReplay: *kvReplay, Topic: *topic, Model: *model, WorkerID: id,
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
@@ -111,6 +151,18 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "bridge %s: engine %s, events %s, model %q, NATS %s\n", id, *engineURL, *kvEvents, *model, nc.Where())
 	return b.Run(ctx)
+}
+
+// bridgeIdentity checks that --model is given and returns the worker id:
+// --worker-id, or by default defaultWorkerID.
+func bridgeIdentity(model, workerID, engineURL string) (string, error) {
+	if model == "" {
+		return "", errors.New("--model is required")
+	}
+	if workerID != "" {
+		return workerID, nil
+	}
+	return defaultWorkerID(engineURL)
 }
 
 // defaultWorkerID is <host name>-<engine port>: stable across restarts of

@@ -108,6 +108,7 @@ type gatewayFlags struct {
 	workersTTL, callTimeout *time.Duration
 	maxBody                 *int
 	tokenizer               *string
+	pd                      *string
 }
 
 func addGatewayFlags(c *cmdFlags) *gatewayFlags {
@@ -117,6 +118,7 @@ func addGatewayFlags(c *cmdFlags) *gatewayFlags {
 		callTimeout:   c.duration("call-timeout", gateway.DefaultCallTimeout, "longest tokenize or lifecycle call"),
 		maxBody:       c.integer("max-body-bytes", gateway.DefaultMaxBodyBytes, "largest client request body (larger: 413)"),
 		tokenizer:     addTokenizerFlag(c, "tokenizer"),
+		pd:            c.str("pd", "", "prefill/decode disaggregation: vllm (NixlConnector's kv_transfer_params, two legs in turn) or sglang (bootstrap rooms, both legs at once); every request then asks the router for a pair (\"\" = off; docs/pd.md)"),
 	}
 }
 
@@ -137,7 +139,7 @@ func (f *gatewayFlags) setup(lf *logFlags, stderr io.Writer) (*slog.Logger, *tel
 
 func (f *gatewayFlags) config(r gateway.Router, models []string, tel gateway.Telemetry, log *slog.Logger) gateway.Config {
 	return gateway.Config{Router: r, Models: models, SessionHeader: *f.sessionHeader, WorkersTTL: *f.workersTTL,
-		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Tokenizer: *f.tokenizer, Telemetry: tel, Logger: log}
+		CallTimeout: *f.callTimeout, MaxBodyBytes: int64(*f.maxBody), Tokenizer: *f.tokenizer, PD: *f.pd, Telemetry: tel, Logger: log}
 }
 
 // gatewayKeyFlags are `kvrouter gateway`'s API key and write bound.

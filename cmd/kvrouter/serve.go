@@ -108,6 +108,7 @@ type serveFlags struct {
 	limits streamLimitFlags
 	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
 	departureGrace *time.Duration
+	pdSingle       *int
 }
 
 func addServeFlags(c *cmdFlags) *serveFlags {
@@ -156,6 +157,8 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 		limits: addStreamLimitFlags(c),
 		departureGrace: c.duration("departure-grace", workers.DefaultDepartureGrace,
 			"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)"),
+		pdSingle: c.integer("pd-single-max-tokens", host.DefaultPDSingleMaxTokens,
+			"a route asking for a prefill/decode pair goes to one `both` worker when at most this many prompt tokens are uncached there (negative = always split; docs/pd.md)"),
 	}
 }
 
@@ -195,6 +198,7 @@ func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	}
 	f.limits.apply(&cfg)
 	cfg.Registry.DepartureGrace = *f.departureGrace
+	cfg.PDSingleMaxTokens = *f.pdSingle
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false

@@ -67,6 +67,7 @@ type simServeFlags struct {
 	speedup                                 *float64
 	shutdown                                *time.Duration
 	lora                                    *simLoRAFlags
+	pd                                      *simPDFlags
 
 	// The simulated model's rendering (not vLLM flags).
 	bos, noRender *bool
@@ -89,6 +90,7 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		count:       c.integer("count", 1, "number of engines in this process, on consecutive ports (not a vLLM flag)"),
 		shutdown:    c.duration("shutdown-timeout", 10*time.Second, "longest wait for requests in flight when stopping (not a vLLM flag)"),
 		lora:        addSimLoRAFlags(c),
+		pd:          addSimPDFlags(c),
 		imageTokens: c.integer("sim-image-tokens", vllmapi.DefaultImageTokens, "placeholder tokens an image_url content part expands to (not a vLLM flag: vLLM's count depends on the model and the image)"),
 	}
 	f.bos = c.boolean("bos-token", false, "the tokenizer has a BOS token (id 256), put in front of a prompt whose request has add_special_tokens (the default of completions), as Llama's (not a vLLM flag)")
@@ -175,6 +177,9 @@ type simServeConfig struct {
 	adapters                []vllmapi.Adapter
 
 	bos, noRender bool // vllmapi.Config.BOS and DisableRender
+	// prefill/decode disaggregation (sim_pd.go)
+	kvTransfer *vllmapi.KVTransferConfig
+	disagg     string
 }
 
 func (f *simServeFlags) config(model string) (simServeConfig, error) {
@@ -230,6 +235,9 @@ func (f *simServeFlags) config(model string) (simServeConfig, error) {
 		}
 		cfg.events = ev
 	}
+	if err := f.pd.apply(&cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, f.lora.apply(&cfg)
 }
 
@@ -267,7 +275,8 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}
 		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, ImageTokens: cfg.imageTokens, Logger: log,
-			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA, BOS: cfg.bos, DisableRender: cfg.noRender})
+			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA, BOS: cfg.bos, DisableRender: cfg.noRender,
+			KVTransfer: cfg.transferFor(i, ec.Worker), Disaggregation: cfg.disagg})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}

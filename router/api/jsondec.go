@@ -624,6 +624,8 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 			r.ExpectedOutputTokens, e = d.int("expected_output_tokens", MaxOutputTokens)
 		case "deadline_ms":
 			r.DeadlineMS, e = d.int("deadline_ms", int(MaxDeadline/time.Millisecond))
+		case "pd":
+			r.PD, e = d.boolean("pd")
 		default:
 			e = d.skipValue(string(key))
 		}
@@ -719,4 +721,15 @@ func (d *decoder) workerRef(field string, w *WorkerRef) *Error {
 		return d.errf(field+".worker", "is required")
 	}
 	return nil
+}
+
+// boolean reads true or false.
+func (d *decoder) boolean(field string) (bool, *Error) {
+	if d.pos < len(d.buf) && d.buf[d.pos] == 't' {
+		return true, d.literal(field, "true")
+	}
+	if d.pos < len(d.buf) && d.buf[d.pos] == 'f' {
+		return false, d.literal(field, "false")
+	}
+	return false, d.unexpected(field, "true or false")
 }

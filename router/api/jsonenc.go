@@ -115,6 +115,41 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 		}
 		dst = append(dst, '}')
 	}
+	return append(appendPD(dst, r), '}')
+}
+
+// appendPD appends the prefill/decode fields of r, as json.Marshal would.
+func appendPD(dst []byte, r *RouteResponse) []byte {
+	if r.PD != "" {
+		dst = append(dst, `,"pd":`...)
+		dst = AppendJSONString(dst, r.PD)
+	}
+	if r.PDReason != "" {
+		dst = append(dst, `,"pd_reason":`...)
+		dst = AppendJSONString(dst, r.PDReason)
+	}
+	p := r.Prefill
+	if p == nil {
+		return dst
+	}
+	dst = append(dst, `,"prefill":{"request_id":`...)
+	dst = AppendJSONString(dst, p.RequestID)
+	dst = append(dst, `,"worker":`...)
+	dst = AppendJSONString(dst, p.Worker)
+	dst = append(dst, `,"rank":`...)
+	dst = strconv.AppendUint(dst, uint64(p.Rank), 10)
+	dst = append(dst, `,"endpoint":`...)
+	dst = AppendJSONString(dst, p.Endpoint)
+	dst = append(dst, `,"overlap_blocks":`...)
+	dst = strconv.AppendInt(dst, int64(p.OverlapBlocks), 10)
+	dst = append(dst, `,"attempt":`...)
+	dst = strconv.AppendUint(dst, p.Attempt, 10)
+	dst = append(dst, `,"fence":`...)
+	dst = AppendJSONString(dst, p.Fence)
+	if p.BootstrapPort != 0 {
+		dst = append(dst, `,"bootstrap_port":`...)
+		dst = strconv.AppendInt(dst, int64(p.BootstrapPort), 10)
+	}
 	return append(dst, '}')
 }
 
@@ -202,6 +237,10 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 			key(kv.k)
 			dst = strconv.AppendInt(dst, int64(kv.v), 10)
 		}
+	}
+	if r.PD {
+		key("pd")
+		dst = append(dst, "true"...)
 	}
 	return append(dst, '}')
 }

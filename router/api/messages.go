@@ -90,6 +90,13 @@ type RouteRequest struct {
 	Priority             int `json:"priority,omitempty"`               // higher first
 	ExpectedOutputTokens int `json:"expected_output_tokens,omitempty"` // for load prediction
 	DeadlineMS           int `json:"deadline_ms,omitempty"`            // longest queue wait; 0 = replica default
+
+	// PD asks for a prefill/decode pair (docs/pd.md): the worker named in
+	// the response decodes (the session's binding and the pin apply to
+	// it), and RouteResponse.Prefill names the worker that prefills, unless
+	// the replica decides one worker serves the whole request
+	// (RouteResponse.PD "single").
+	PD bool `json:"pd,omitempty"`
 }
 
 // Binding outcomes as they appear in RouteResponse.Binding.Outcome and in the
@@ -131,6 +138,56 @@ type RouteResponse struct {
 	Replica       string       `json:"replica"`        // replica holding the booking: echo it in lifecycle calls
 	QueueWaitUS   int64        `json:"queue_wait_us"`
 	Binding       *BindingInfo `json:"binding,omitempty"`
+	// PD answers a request that asked for a prefill/decode pair: PDSplit
+	// (Prefill names the prefill leg's worker and booking) or PDSingle
+	// (the worker above serves the whole request; PDReason says why).
+	// Empty when the request did not ask.
+	PD       string        `json:"pd,omitempty"`
+	PDReason string        `json:"pd_reason,omitempty"`
+	Prefill  *PrefillRoute `json:"prefill,omitempty"`
+}
+
+// PD route outcomes (RouteResponse.PD) and the reasons for PDSingle
+// (RouteResponse.PDReason), as they also appear in kvr_pd_routes_total.
+const (
+	PDSplit  = "split"
+	PDSingle = "single"
+
+	PDReasonShort     = "short"             // the decode worker's uncached prompt is at most the replica's single-worker limit
+	PDReasonSame      = "same_worker"       // the prefill choice was the decode worker itself
+	PDReasonNoPrefill = "no_prefill_worker" // no prefill-capable worker could be booked
+)
+
+// PrefillRoute is the prefill leg of a split request: its own request id
+// (the route's id with PrefillSuffix) and booking, held by the same replica
+// as the decode leg's (RouteResponse.Replica). Release it with the
+// lifecycle calls on PrefillBooking.
+type PrefillRoute struct {
+	RequestID     string `json:"request_id"`
+	Worker        string `json:"worker"`
+	Rank          uint32 `json:"rank"`
+	Endpoint      string `json:"endpoint"`
+	OverlapBlocks int    `json:"overlap_blocks"`
+	Attempt       uint64 `json:"attempt"`
+	Fence         string `json:"fence"`
+	// BootstrapPort is the worker's registered SGLang bootstrap port (0 =
+	// none registered).
+	BootstrapPort int `json:"bootstrap_port,omitempty"`
+}
+
+// PrefillSuffix makes the prefill leg's request id from the route's.
+const PrefillSuffix = "-prefill"
+
+// PrefillBooking is the prefill leg as a route response of its own, the
+// form the lifecycle calls take (nil when the route is not split).
+func (r *RouteResponse) PrefillBooking() *RouteResponse {
+	p := r.Prefill
+	if p == nil {
+		return nil
+	}
+	return &RouteResponse{V: r.V, RequestID: p.RequestID, Model: r.Model, Worker: p.Worker, Rank: p.Rank,
+		Endpoint: p.Endpoint, OverlapBlocks: p.OverlapBlocks, PromptBlocks: r.PromptBlocks, Attempt: p.Attempt,
+		Fence: p.Fence, Replica: r.Replica}
 }
 
 // LifecycleRequest is the body of prefill_done, free and cancel. Over HTTP
@@ -189,6 +246,9 @@ type WorkerStatus struct {
 	Adapters       []string `json:"adapters,omitempty"`
 	LoadedAdapters []string `json:"loaded_adapters,omitempty"`
 	MaxLoRAs       int      `json:"max_loras,omitempty"`
+	// Role is the worker's part in a prefill/decode-disaggregated fleet:
+	// "prefill", "decode" or "both" (docs/pd.md).
+	Role string `json:"role"`
 }
 
 // ReportedLoad is a worker rank's last load report and its age.

@@ -95,6 +95,13 @@ type Config struct {
 	ApproxTTL       time.Duration
 	ApproxMaxBlocks int
 
+	// PDSingleMaxTokens is the single-worker rule of a route that asks for
+	// a prefill/decode pair (pd.go, docs/pd.md): when the decode worker
+	// chosen is a `both` worker and at most this many prompt tokens are
+	// uncached there, it serves the whole request (default 512; negative:
+	// always split when a prefill worker is available).
+	PDSingleMaxTokens int
+
 	// DefaultDeadline bounds a route when the request gives no
 	// deadline_ms (default 30 s): its wait in the scheduler queue and, for
 	// a session, the binding read and commit (route.go).
@@ -209,6 +216,7 @@ const (
 	DefaultPredictedTTL        = 5 * time.Second
 	DefaultApproxTTL           = index.DefaultApproxTTL
 	DefaultDeadline            = 30 * time.Second
+	DefaultPDSingleMaxTokens   = 512
 	DefaultMaxInFlight         = 8192
 	DefaultBookingSyncInterval = 2 * time.Millisecond
 	DefaultBookingSyncBuffer   = 65536
@@ -360,6 +368,9 @@ func (c *Config) normalizeRouting() error {
 	}
 	if c.PolicyRegistry == nil {
 		c.PolicyRegistry = scheduler.NewRegistry()
+	}
+	if c.PDSingleMaxTokens == 0 {
+		c.PDSingleMaxTokens = DefaultPDSingleMaxTokens
 	}
 	if c.DefaultDeadline == 0 {
 		c.DefaultDeadline = DefaultDeadline

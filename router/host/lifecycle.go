@@ -183,7 +183,7 @@ func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
 				ws := api.WorkerStatus{Worker: w.ID, Rank: rank, Model: w.Model, Endpoint: w.Endpoint, State: string(w.State),
 					BlockSize: w.BlockSize, KVBlocks: w.KVBlocks, MaxBatchedTokens: w.MaxBatchedTokens, MaxSeqs: w.MaxSeqs,
 					Epoch: w.Epoch, Labels: w.Labels, IndexedBlocks: ms.index.WorkerBlocks(workerKeyOf(w.ID, rank)),
-					Adapters: w.Adapters, LoadedAdapters: w.LoadedAdapters, MaxLoRAs: w.MaxLoRAs}
+					Adapters: w.Adapters, LoadedAdapters: w.LoadedAdapters, MaxLoRAs: w.MaxLoRAs, Role: string(w.Role.Or())}
 				if l, ok := loads[workerKeyOf(w.ID, rank)]; ok {
 					ws.Load = &l
 				}

@@ -103,8 +103,20 @@ func (r *Replica) upsert(ms *modelState, i workers.Info, available, draining boo
 			MaxSeqs:          i.MaxSeqs,
 			Available:        available,
 			Draining:         draining,
+			Role:             schedulerRole(i.Role),
 		})
 	}
+}
+
+// schedulerRole is a registry role as the scheduler's.
+func schedulerRole(r workers.Role) scheduler.Role {
+	switch r.Or() {
+	case workers.RolePrefill:
+		return scheduler.RolePrefill
+	case workers.RoleDecode:
+		return scheduler.RoleDecode
+	}
+	return scheduler.RoleBoth
 }
 
 func (r *Replica) onDepart(i workers.Info) {

@@ -104,7 +104,7 @@ func (r *Replica) observeScheduling(m metric.Meter) error {
 // or as naming another worker than their key or subject (issue 16).
 func (r *Replica) observeMembership(m metric.Meter) error {
 	o := observables{m: m}
-	workersG := o.gauge("kvr.workers", "Workers in the registry, per model and state.")
+	workersG := o.gauge("kvr.workers", "Workers in the registry, per model, state and role (prefill, decode or both).")
 	suspect := o.gauge("kvr.workers.suspect", "Workers whose registry key vanished without a deregistration, waiting (at most the departure grace) for it to come back.")
 	suspected := o.counter("kvr.workers.suspected", "Times a worker's registry key vanished without a deregistration (each then came back or departed).")
 	returned := o.counter("kvr.workers.returned", "Suspect workers whose registry key came back within the departure grace: not departed.")
@@ -113,12 +113,14 @@ func (r *Replica) observeMembership(m metric.Meter) error {
 	malformed, mismatched, invalid := causeAttr("malformed"), causeAttr("mismatched"), causeAttr("invalid")
 	return o.register(func(_ context.Context, ob metric.Observer) error {
 		for _, name := range r.modelList {
-			counts := map[string]int64{}
+			type stateRole struct{ state, role string }
+			counts := map[stateRole]int64{}
 			for _, w := range r.models[name].workerList() {
-				counts[string(w.State)]++
+				counts[stateRole{string(w.State), string(w.Role.Or())}]++
 			}
-			for state, n := range counts {
-				ob.ObserveInt64(workersG, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name), attribute.String("state", state))))
+			for k, n := range counts {
+				ob.ObserveInt64(workersG, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("model", name),
+					attribute.String("state", k.state), attribute.String("role", k.role))))
 			}
 		}
 		if mem := r.mem.Load(); mem != nil {

@@ -117,6 +117,12 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 	}
 	r.commit(ms, &sel.dec, hashes, t0)
 	r.reply(ctx, ms, req, resp, &sel.dec, res, s)
+	if req.PD {
+		if err := r.routePD(ctx, ms, req, resp, s, hashes, t0); err != nil {
+			sel.release()
+			return err
+		}
+	}
 	return nil
 }
 
@@ -156,6 +162,9 @@ func (r *Replica) requirement(req *api.RouteRequest, hashes []kvevents.SeqHash, 
 		ID: req.RequestID, Model: req.Model, SeqHashes: hashes, Tokens: tokens,
 		ExpectedOutput: req.ExpectedOutputTokens, Priority: req.Priority, Allowed: allowed,
 		SessionID: req.SessionID, RoutingKey: req.RoutingKey, Deadline: t0.Add(deadline), Overlaps: s.sov,
+	}
+	if req.PD {
+		sr.Leg = scheduler.LegDecode
 	}
 	if req.Pin != nil {
 		s.sel.pin = req.Pin.Target()
@@ -383,8 +392,8 @@ func (r *Replica) validate(req *api.RouteRequest) (*modelState, session.Mode, *a
 			return nil, session.Unset, api.BadField("allowed_workers", "entry %d is empty", i)
 		}
 	}
-	if len(req.RequestID) > api.MaxRequestIDLen {
-		return nil, session.Unset, api.BadField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), api.MaxRequestIDLen)
+	if limit := api.MaxRequestIDLen - pdSuffixLen(req.PD); len(req.RequestID) > limit {
+		return nil, session.Unset, api.BadField("request_id", "is %d bytes long, the limit is %d", len(req.RequestID), limit)
 	}
 	return ms, mode, nil
 }

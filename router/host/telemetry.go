@@ -43,6 +43,7 @@ type metrics struct {
 	snapshots       metric.Int64Counter
 	bookingSync     metric.Int64Counter
 	decisionSync    metric.Int64Counter
+	pdRoutes        metric.Int64Counter
 	// unregistered counts event batches of workers not in the registry, by
 	// result (held, released, dropped); unregisteredOpts are its attributes.
 	unregistered     metric.Int64Counter
@@ -116,6 +117,9 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	must(e)
 	x.decisionSync, e = m.Int64Counter("kvr.decision_sync.decisions",
 		metric.WithDescription("Routing decisions shared between replicas for the predicted index, by direction (sent, applied; bad counts undecodable messages)."))
+	must(e)
+	x.pdRoutes, e = m.Int64Counter("kvr.pd.routes",
+		metric.WithDescription("Routes that asked for a prefill/decode pair, by mode (split, single) and the single-worker reason (short, same_worker, no_prefill_worker)."))
 	must(e)
 	x.unregistered, e = m.Int64Counter("kvr.events.unregistered",
 		metric.WithDescription("KV event batches of workers not in the registry, by result: held (waiting for the registration), released (applied when it came), dropped."))

@@ -77,6 +77,9 @@ type DefaultPolicy struct {
 	// NoOutputBlocks books a request's prompt blocks only, not its expected
 	// output (OutputBlockTracker): Dynamo's accounting by default.
 	NoOutputBlocks bool
+	// Decode weighs the decode leg of a split request (pd.go); zero =
+	// DefaultDecodeCostParams. The decode leg always takes the minimum.
+	Decode DecodeCostParams
 }
 
 // NewDefaultPolicy returns the default policy at temperature t: the
@@ -109,6 +112,13 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		return 0, ErrNoCandidate
 	}
 	only := c.hasAff && c.anyAffinityTarget()
+	if x.Request != nil && x.Request.Leg == LegDecode {
+		dp := p.Decode
+		if dp == (DecodeCostParams{}) {
+			dp = DefaultDecodeCostParams()
+		}
+		return pickMinDecodeCost(x, c, &dp, only), nil
+	}
 	if p.Temperature <= 0 {
 		if !only && c.plain() && p.Cost.DecodeActiveRequestWeight == 0 {
 			return pickMinCostPlain(x, c, &p.Cost), nil

@@ -65,6 +65,11 @@
 //
 // # Where to start reading
 //
+// Prefill/decode disaggregation (pd.go): worker roles (WorkerInfo.Role) and
+// request legs (Request.Leg) narrow eligibility by role, and the default
+// policy scores a decode leg with DecodeCostParams; the host asks for the two
+// legs as two requests (docs/pd.md).
+//
 // pinrule.go (applyPinRule, then selectWorker), then queue.go (submit, pump,
 // admit), then policy.go (Policy, Candidates), cost.go (DefaultPolicy) and
 // registry.go (NewRegistry lists every builtin by name), then booking.go.

@@ -11,11 +11,14 @@ import (
 
 // slot flags. A slot is one (worker, rank).
 const (
-	fLive       uint8 = 1 << iota // slot holds a registered (worker, rank)
-	fAvail                        // registered and not draining
-	fOverloaded                   // over an overload threshold: not a candidate
-	fBusy                         // over a queue threshold (or overloaded)
-	fDraining                     // not available, but serves the Hard sessions bound to it
+	fLive        uint8 = 1 << iota // slot holds a registered (worker, rank)
+	fAvail                         // registered and not draining
+	fOverloaded                    // over an overload threshold: not a candidate
+	fBusy                          // over a queue threshold (or overloaded)
+	fDraining                      // not available, but serves the Hard sessions bound to it
+	fPrefillOnly                   // RolePrefill: a candidate for prefill legs only
+	fDecodeOnly                    // RoleDecode: not a candidate for prefill legs
+	fRoles       = fPrefillOnly | fDecodeOnly
 )
 
 // eligibleMask/eligibleWant: a slot is a candidate when live, available and
@@ -87,6 +90,11 @@ type fleet struct {
 	order     []int32 // live slots sorted by (worker, rank): deterministic candidate order
 	elig      []int32 // eligible slots in that order, rebuilt lazily when eligDirty
 	eligDirty bool
+	// roled counts the live slots with a role other than RoleBoth; while
+	// it is 0 no request's candidates are narrowed by role and the
+	// selection paths skip the role test. eligLeg are elig per leg (pd.go).
+	roled   int
+	eligLeg [numLegs][]int32
 
 	workers   []worker
 	freeWIDs  []int32
@@ -225,6 +233,7 @@ func (f *fleet) upsert(info WorkerInfo, th *Thresholds) (slot int32, added bool)
 		s = f.newSlot()
 		f.claimSlot(s, info.Key)
 	}
+	f.setRole(s, info.Role)
 	f.flags[s] &^= fAvail | fDraining
 	switch {
 	case info.Available:
@@ -321,6 +330,9 @@ func (f *fleet) remove(name string, freed []int32) []int32 {
 		if f.free(s) {
 			f.nonBusy--
 		}
+		if f.flags[s]&fRoles != 0 {
+			f.roled--
+		}
 		f.flags[s] = 0
 		f.key[s] = workerref.Target{}
 		f.freeSlots = append(f.freeSlots, s)
@@ -405,7 +417,7 @@ func over(load, capacity int64, frac float64) bool {
 // eligibleSlots is every eligible slot in (worker, rank) order: the
 // candidate set of a request without an allowed set, kept between
 // selections so that building it costs nothing while eligibility is stable.
-func (f *fleet) eligibleSlots() []int32 {
+func (f *fleet) eligibleSlots(leg Leg) []int32 {
 	if f.eligDirty {
 		f.elig = f.elig[:0]
 		for _, s := range f.order {
@@ -413,7 +425,13 @@ func (f *fleet) eligibleSlots() []int32 {
 				f.elig = append(f.elig, s)
 			}
 		}
+		if f.roled > 0 {
+			f.splitByLeg()
+		}
 		f.eligDirty = false
+	}
+	if f.roled > 0 {
+		return f.eligLeg[leg]
 	}
 	return f.elig
 }

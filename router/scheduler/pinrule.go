@@ -301,7 +301,7 @@ func (c *core) collectAll(w *waiter) {
 	fl := c.fl
 	cs := &c.cands
 	if w.allowed == nil {
-		cs.slots, cs.owned = fl.eligibleSlots(), false
+		cs.slots, cs.owned = fl.eligibleSlots(w.req.Leg), false
 		return
 	}
 	cs.slots, cs.owned = cs.own[:0], true
@@ -311,7 +311,7 @@ func (c *core) collectAll(w *waiter) {
 			continue
 		}
 		for _, s := range fl.workers[wid].slots {
-			if fl.eligible(s) {
+			if fl.eligible(s) && c.legOK(w, s) {
 				cs.slots = append(cs.slots, s)
 			}
 		}
@@ -333,7 +333,7 @@ func (c *core) collectRows(w *waiter, t workerref.Target, bound bool) {
 	if w.allows(t.Worker) {
 		var one [1]int32
 		for _, s := range fl.slotsOf(fl.resolve(t), &one) {
-			if fl.eligible(s) || bound && fl.eligibleBound(s) {
+			if (fl.eligible(s) || bound && fl.eligibleBound(s)) && c.legOK(w, s) {
 				cs.slots = append(cs.slots, s)
 			}
 		}

@@ -156,27 +156,30 @@ func (c *core) checkSchedulable(w *waiter) error {
 		}
 		var one [1]int32
 		for _, s := range fl.slotsOf(fl.resolve(*t), &one) {
-			if fl.schedulable(s) {
+			if fl.schedulable(s) && c.legOK(w, s) {
 				return nil
 			}
 		}
-		return fmt.Errorf("%w: pinned target %s is unknown or unavailable", ErrNoEligibleWorker, t)
+		return fmt.Errorf("%w: pinned target %s is unknown, unavailable or not a %s worker", ErrNoEligibleWorker, t, w.req.Leg)
 	}
 	if c.hardTargetDraining(w, fl.eligibleBound) {
 		return nil // a draining worker still serves the Hard sessions bound to it
 	}
 	if w.allowed == nil {
 		for _, s := range fl.order {
-			if fl.schedulable(s) {
+			if fl.schedulable(s) && c.legOK(w, s) {
 				return nil
 			}
+		}
+		if fl.roled > 0 {
+			return fmt.Errorf("%w: no available worker takes %s legs", ErrNoEligibleWorker, w.req.Leg)
 		}
 		return fmt.Errorf("%w: no available worker", ErrNoEligibleWorker)
 	}
 	for _, name := range w.allowed {
 		if wid := fl.widOf(name); wid >= 0 {
 			for _, s := range fl.workers[wid].slots {
-				if fl.schedulable(s) {
+				if fl.schedulable(s) && c.legOK(w, s) {
 					return nil
 				}
 			}
@@ -200,12 +203,20 @@ func (c *core) canAdmit(w *waiter) bool {
 		return false
 	}
 	if w.allowed == nil {
-		return true
+		if fl.roled == 0 {
+			return true
+		}
+		for _, s := range fl.order {
+			if fl.free(s) && fl.serves(s, w.req.Leg) {
+				return true
+			}
+		}
+		return false
 	}
 	for _, name := range w.allowed {
 		if wid := fl.widOf(name); wid >= 0 {
 			for _, s := range fl.workers[wid].slots {
-				if fl.free(s) {
+				if fl.free(s) && c.legOK(w, s) {
 					return true
 				}
 			}
@@ -226,7 +237,7 @@ func (c *core) hardTargetDraining(w *waiter, ok func(int32) bool) bool {
 	fl := c.fl
 	var one [1]int32
 	for _, s := range fl.slotsOf(fl.resolve(*t), &one) {
-		if fl.flags[s]&fDraining != 0 && ok(s) {
+		if fl.flags[s]&fDraining != 0 && ok(s) && c.legOK(w, s) {
 			return true
 		}
 	}

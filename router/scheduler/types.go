@@ -54,6 +54,11 @@ type Request struct {
 	// (the default cost charges the others a load: adapters.go).
 	Adapter         string
 	AdapterResident []string
+	// Leg is the part of a prefill/decode-disaggregated request this
+	// scheduling request is for (LegWhole: not split). It limits the
+	// candidates by role (Role.Serves) and, for LegDecode under the default
+	// policy, selects by the decode cost (pd.go).
+	Leg Leg
 }
 
 // Fence identifies one booking: a request on a worker at one attempt. A
@@ -96,6 +101,9 @@ type WorkerInfo struct {
 	// Draining: not Available, but still serving the sessions bound to it:
 	// a Hard requirement naming it is served there (see the pin rule).
 	Draining bool
+	// Role is the worker's part in a disaggregated fleet (pd.go): which
+	// legs it is a candidate for.
+	Role Role
 }
 
 // LoadReport is a worker's own view of its load, used to correct the

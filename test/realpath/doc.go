@@ -19,5 +19,7 @@
 // without render endpoints, ...) over which the router's predicted overlap
 // must equal the engine's cached_tokens, one row per shape; agent_test.go
 // runs an agent workload (tool calls and results) through the same check
-// and compares its hit ratio with and without tool definitions.
+// and compares its hit ratio with and without tool definitions; pd_test.go
+// runs a prefill/decode-disaggregated fleet (docs/pd.md) through a gateway
+// in PD mode, vLLM's and SGLang's protocols.
 package realpath

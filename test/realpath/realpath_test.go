@@ -106,6 +106,9 @@ type engine struct {
 	// tokenizeCalls and renderCalls count the /tokenize and render
 	// requests that reached the engine.
 	tokenizeCalls, renderCalls atomic.Int64
+	// intercept, when set, serves the engine's requests in its place (it
+	// may call next, the engine's face): pd_test.go records and fails legs.
+	intercept atomic.Pointer[func(w http.ResponseWriter, r *http.Request, next http.Handler)]
 }
 
 type stackOpts struct {
@@ -130,6 +133,9 @@ type stackOpts struct {
 	// ranks is each engine's data-parallel ranks (0: 1). With more, each
 	// rank's event sockets listen on consecutive ports, as vLLM's.
 	ranks int
+	// roles are the engines' roles in a disaggregated fleet, by engine id,
+	// as their bridges register them (absent: both).
+	roles map[string]workers.Role
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -243,6 +249,10 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 		case strings.HasSuffix(r.URL.Path, "/render"):
 			e.renderCalls.Add(1)
 		}
+		if f := e.intercept.Load(); f != nil {
+			(*f)(w, r, api)
+			return
+		}
 		api.ServeHTTP(w, r)
 	})}
 	runCtx, stop := context.WithCancel(context.Background())
@@ -282,6 +292,13 @@ func (st *stack) startBridge(e *engine, staleIntervals int) *bridge.Bridge {
 		MetricsInterval: 50 * time.Millisecond, HealthInterval: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second,
 		Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}, Registry: testRegistry(),
 		DrainWait: 2 * time.Second, Logger: testLogger().With("bridge", e.id), StaleIntervals: cmp.Or(staleIntervals, 20),
+		Role: st.o.roles[e.id],
+	}
+	if cfg.Role == workers.RolePrefill {
+		// An SGLang prefill engine's bootstrap: the simulator serves it on
+		// its HTTP port.
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(e.url, "http://"))
+		cfg.BootstrapPort, _ = strconv.Atoi(port)
 	}
 	nc, js := st.conn("worker:" + e.id)
 	b, err := bridge.New(cfg, nc, js)
@@ -567,11 +584,16 @@ func (st *stack) indexed(r *host.Replica, worker string, rank uint32) int {
 	return -1
 }
 
-// gatewayURL starts a gateway over router and returns its base URL.
-func (st *stack) gatewayURL(router gateway.Router) string {
+// gatewayURL starts a gateway over router (its Config changed by opts)
+// and returns its base URL.
+func (st *stack) gatewayURL(router gateway.Router, opts ...func(*gateway.Config)) string {
 	st.t.Helper()
-	g, err := gateway.New(gateway.Config{Router: router, Models: []string{testModel}, WorkersTTL: 100 * time.Millisecond,
-		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: testLogger()})
+	cfg := gateway.Config{Router: router, Models: []string{testModel}, WorkersTTL: 100 * time.Millisecond,
+		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: testLogger()}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	g, err := gateway.New(cfg)
 	if err != nil {
 		st.t.Fatal(err)
 	}

@@ -116,6 +116,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		Adapters: served, LoadedAdapters: workers.SortAdapters(loaded), MaxLoRAs: maxLoRAs,
 		State:  workers.StateReady,
 		Labels: map[string]string{"engine_format": b.cfg.EngineFormat},
+		Role:   b.cfg.Role, BootstrapPort: b.cfg.BootstrapPort,
 	})
 	if err != nil {
 		b.closeRanks(context.Background())

@@ -70,6 +70,11 @@ type Config struct {
 	DataParallelSize int
 	DPPortOffset     int
 	EngineFormat     string // FormatVLLM (default) or FormatSGLang
+	// Role is the engine's part in a prefill/decode-disaggregated fleet,
+	// registered as is ("" = both; docs/pd.md); BootstrapPort an SGLang
+	// prefill server's bootstrap port (0 = none).
+	Role          workers.Role
+	BootstrapPort int
 	// BlockSize is the engine's block size; 0 = read it from the engine's
 	// vllm:cache_config_info (SGLang exports none: give it).
 	BlockSize int

@@ -37,10 +37,13 @@ type request struct {
 	tokens    []uint32
 	promptLen int
 	maxTokens int
-	hashes    []kvevents.SeqHash // sequence hashes of the full blocks hashed so far
-	blocks    []int32            // physical blocks held, in sequence order
-	computed  int
-	scheduled int // tokens in the step in flight
+	// transferred is Request.Transferred: leading prompt blocks whose KV
+	// arrived by transfer (transfer.go).
+	transferred int
+	hashes      []kvevents.SeqHash // sequence hashes of the full blocks hashed so far
+	blocks      []int32            // physical blocks held, in sequence order
+	computed    int
+	scheduled   int // tokens in the step in flight
 
 	admitted     bool
 	cachedTokens int // prompt tokens found in the cache at first admission
@@ -77,6 +80,9 @@ type Stats struct {
 	ModelTime     time.Duration // sum of step model times
 	Stalls        uint64        // steps with work but nothing schedulable (a bug if ever > 0)
 	LoRALoads     uint64        // adapters loaded onto the rank (Config.MaxLoRAs > 0)
+	// TransferredBlocks counts prompt blocks taken from a KV transfer
+	// instead of computed (Request.Transferred).
+	TransferredBlocks uint64
 }
 
 // core is one rank: a KV cache, a scheduler and its step loop.
@@ -328,7 +334,8 @@ func (c *core) admitWaiting(st *stepPlan) {
 			continue
 		}
 		hit, inLRU := c.prefixHits(r)
-		computed := hit * bs
+		start := c.transferStart(r, hit)
+		computed := start * bs
 		n := min(len(r.tokens)-computed, st.budget)
 		need := c.blocksFor(computed+n) - hit
 		if c.cache.available()-inLRU-need < c.wmark {
@@ -337,6 +344,7 @@ func (c *core) admitWaiting(st *stepPlan) {
 		c.takeWaiting(i)
 		c.admit(r, hit)
 		c.grow(r, need)
+		c.adoptTransferred(r, hit, start)
 		r.state = stateRunning
 		c.running = append(c.running, r)
 		c.addToPlan(r, n, st)

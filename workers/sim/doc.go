@@ -11,6 +11,9 @@
 //     vLLM v1's unified form (running requests first, newest preempted when
 //     memory runs out, then waiting requests FIFO), chunked prefill under
 //     MaxBatchedTokens, at most MaxSeqs running, an admission watermark;
+//   - KV transfers (transfer.go): a request whose leading prompt blocks
+//     arrived from a prefill engine (Request.Transferred) skips their
+//     prefill and caches them; HeldPrefix names the blocks a rank holds.
 //   - LoRA adapters and cache salts (lora.go): a request's adapter and salt
 //     are in its hash seed (kvevents.SeedFor); with Config.MaxLoRAs, at
 //     most that many adapters per rank are resident (least recently used

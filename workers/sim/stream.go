@@ -48,6 +48,12 @@ type Request struct {
 	// past the trace time still charges the queueing from the trace time.
 	// It must not be after the rank's clock (ErrFutureArrival).
 	Arrival time.Time
+
+	// Transferred is how many leading full prompt blocks arrived from a
+	// prefill engine (a KV transfer, transfer.go): at its first admission
+	// the request starts after them, as if they were cached, and they
+	// become cached here. 0 = none.
+	Transferred int
 }
 
 // Chunk is a run of generated tokens, in order.

@@ -32,6 +32,7 @@ type sampling struct {
 	// client would send while the reply keeps the trace's length.
 	SimOutputTokens *int    `json:"sim_output_tokens"`
 	CacheSalt       *string `json:"cache_salt"` // vLLM's prefix-cache isolation (lora.go)
+	disaggFields            // kv_transfer_params (vLLM) and the bootstrap fields (SGLang): pd.go
 }
 
 type completionRequest struct {
@@ -120,6 +121,8 @@ type completionReply struct {
 	Model   string             `json:"model"`
 	Choices []completionChoice `json:"choices"`
 	Usage   *usage             `json:"usage,omitempty"`
+	// KVTransferParams is a prefill leg's (pd.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type chatDelta struct {
@@ -143,12 +146,13 @@ type chatChoice struct {
 }
 
 type chatReply struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
+	ID               string            `json:"id"`
+	Object           string            `json:"object"`
+	Created          int64             `json:"created"`
+	Model            string            `json:"model"`
+	Choices          []chatChoice      `json:"choices"`
+	Usage            *usage            `json:"usage,omitempty"`
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"` // a prefill leg's (pd.go)
 }
 
 type tokenizeReply struct {

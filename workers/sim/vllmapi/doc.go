@@ -27,7 +27,11 @@
 //   - LoRA adapters and cache salts (lora.go): adapters served under their
 //     names (GET /v1/models with parent and root), loaded and unloaded at
 //     run time, vllm:lora_requests_info; a request's adapter and
-//     cache_salt handed to the engine, which hashes them.
+//     cache_salt handed to the engine, which hashes them;
+//   - prefill/decode disaggregation: vLLM's NixlConnector protocol
+//     (pd.go: kv_transfer_params out of a prefill leg, into a decode leg,
+//     the transfer's modelled time) and SGLang's bootstrap rooms
+//     (bootstrap.go); docs/pd.md.
 //   - images (media.go): image_url content parts expand into
 //     Config.ImageTokens placeholders, identified by their uuid or a content
 //     hash as vLLM identifies them, handed to the engine as sim.Request.Media;

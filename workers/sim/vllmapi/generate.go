@@ -30,6 +30,13 @@ type job struct {
 	lora         string // the adapter ("" = the base model), its id and the cache salt (lora.go)
 	loraID       int
 	salt         string
+	// disaggregation (pd.go, bootstrap.go): the request's fields, whether
+	// it is a vLLM prefill leg, the blocks its KV transfer brought, an
+	// SGLang prefill leg's room
+	disagg       disaggFields
+	remoteDecode bool
+	transferred  int
+	room         *room
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -139,6 +146,7 @@ func (s *Server) newJob(r *http.Request, chat bool, sp sampling, tokens []uint32
 		includeUsage: sp.Stream && sp.StreamOptions != nil && sp.StreamOptions.IncludeUsage,
 		rank:         rank,
 		created:      time.Now().Unix(),
+		disagg:       sp.disaggFields,
 	}
 	if e := s.jobKeys(&sp, &j); e != nil {
 		return job{}, e
@@ -187,9 +195,13 @@ func (s *Server) newID(chat bool) string {
 // the request, and the engine frees its blocks.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	ctx := r.Context()
-	st, err := s.eng.Submit(ctx, sim.Request{ID: j.id, Tokens: j.tokens, Media: j.media, MaxTokens: j.maxTokens, Rank: j.rank, Vocab: fillerVocab,
-		LoRA: j.lora, LoRAID: j.loraID, CacheSalt: j.salt})
+	if e := s.prepareDisagg(ctx, &j, &j.disagg); e != nil {
+		writeError(w, e)
+		return
+	}
+	st, err := s.eng.Submit(ctx, j.simRequest())
 	if err != nil {
+		s.finishBootstrap(j, err)
 		writeError(w, submitError(err))
 		return
 	}
@@ -203,6 +215,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		res, ok = s.whole(ctx, w, j, st)
 	}
 	if !ok {
+		s.finishBootstrap(j, errors.New("the prefill leg's client went away"))
 		// The client left first: the result comes once the engine has
 		// dropped the request; count it then.
 		go func() {
@@ -211,6 +224,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		}()
 		return
 	}
+	s.finishBootstrap(j, res.Err)
 	s.metrics.observe(j.rank, res)
 }
 
@@ -278,18 +292,22 @@ func (s *Server) whole(ctx context.Context, w http.ResponseWriter, j job, st *si
 		return res, true
 	}
 	text := string(appendText(nil, out))
+	var kv *kvTransferParams
+	if j.remoteDecode {
+		kv = s.transferParams(j)
+	}
 	if j.chat {
 		writeJSON(w, http.StatusOK, chatReply{
 			ID: j.id, Object: "chat.completion", Created: j.created, Model: j.model,
 			Choices: []chatChoice{{Message: &chatReplyMessage{Role: "assistant", Content: text, ToolCalls: []string{}}, FinishReason: &j.finish}},
-			Usage:   usageOf(res),
+			Usage:   usageOf(res), KVTransferParams: kv,
 		})
 		return res, true
 	}
 	writeJSON(w, http.StatusOK, completionReply{
 		ID: j.id, Object: "text_completion", Created: j.created, Model: j.model,
 		Choices: []completionChoice{{Text: text, FinishReason: &j.finish}},
-		Usage:   usageOf(res),
+		Usage:   usageOf(res), KVTransferParams: kv,
 	})
 	return res, true
 }

@@ -31,7 +31,8 @@ type metrics struct {
 	queries *prometheus.CounterVec
 	hits    *prometheus.CounterVec
 	success *prometheus.CounterVec
-	ranks   []string // label value of each rank
+	xfer    *prometheus.CounterVec // the simulator's own: blocks pulled by KV transfers (pd.go)
+	ranks   []string               // label value of each rank
 	model   string
 }
 
@@ -59,7 +60,9 @@ func newMetrics(s *Server) (*metrics, error) {
 		Help: "Prefix cache hits, in terms of number of cached tokens."}, labels)
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 		Help: "Count of successfully processed requests."}, append([]string{"finished_reason"}, labels...))
-	for _, c := range []prometheus.Collector{m.engine, m.ttft, m.itl, m.prompt, m.gen, m.queries, m.hits, m.success} {
+	m.xfer = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvr_sim:kv_transfer_blocks_total",
+		Help: "Prompt blocks a decode leg pulled from its prefill engine (not counting those it held)."}, labels)
+	for _, c := range []prometheus.Collector{m.engine, m.ttft, m.itl, m.prompt, m.gen, m.queries, m.hits, m.success, m.xfer} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -74,6 +77,11 @@ func newMetrics(s *Server) (*metrics, error) {
 		m.success.WithLabelValues(sim.FinishLength, m.model, r)
 	}
 	return m, nil
+}
+
+// transferred counts n blocks pulled by a decode leg on rank.
+func (m *metrics) transferred(rank uint32, n int) {
+	m.xfer.WithLabelValues(m.model, m.ranks[rank]).Add(float64(n))
 }
 
 func (m *metrics) handler() http.Handler {

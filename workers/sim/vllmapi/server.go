@@ -46,6 +46,11 @@ type Config struct {
 	// DisableRender leaves out POST /v1/chat/completions/render and
 	// /v1/completions/render (404), as a vLLM from before them.
 	DisableRender bool
+	// KVTransfer is the engine's --kv-transfer-config and transfer model
+	// (pd.go); nil = no KV connector. Disaggregation is SGLang's
+	// --disaggregation-mode (prefill or decode; "" = off; bootstrap.go).
+	KVTransfer     *KVTransferConfig
+	Disaggregation string
 }
 
 // Server is the vLLM-compatible HTTP face of one simulated engine. It is an
@@ -57,9 +62,11 @@ type Server struct {
 	mux      *http.ServeMux
 	metrics  *metrics
 	nextID   atomic.Uint64
-	inflight []atomic.Int64 // requests in flight per rank
-	started  int64          // unix seconds, the models' "created"
-	lora     *loras         // the adapters served (lora.go)
+	inflight []atomic.Int64    // requests in flight per rank
+	started  int64             // unix seconds, the models' "created"
+	lora     *loras            // the adapters served (lora.go)
+	transfer *KVTransferConfig // Config.KVTransfer with defaults (pd.go)
+	rooms    rooms             // SGLang bootstrap rooms (bootstrap.go)
 }
 
 // New builds a server over cfg.Engine.
@@ -86,6 +93,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := checkDisaggConfig(&cfg); err != nil {
+		return nil, err
+	}
 	s := &Server{
 		cfg:      cfg,
 		eng:      cfg.Engine,
@@ -106,6 +116,17 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.DisableRender {
 		s.mux.HandleFunc("POST /v1/chat/completions/render", s.renderChat)
 		s.mux.HandleFunc("POST /v1/completions/render", s.renderCompletion)
+	}
+	if cfg.KVTransfer != nil || cfg.Disaggregation != "" {
+		tc := KVTransferConfig{}
+		if cfg.KVTransfer != nil {
+			tc = *cfg.KVTransfer
+		}
+		tc = tc.withDefaults()
+		s.transfer = &tc
+	}
+	if cfg.Disaggregation == DisaggPrefill {
+		s.mux.HandleFunc("GET /kvr/bootstrap/{room}", s.bootstrap)
 	}
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /detokenize", s.detokenize)
