@@ -177,12 +177,18 @@ func (f *Fleet) KillWorkersOn(rec *Recorder, node int) []int {
 func (f *Fleet) RestartWorkers(ctx context.Context, killed []int) {
 	f.t.Helper()
 	for _, i := range killed {
-		var reg *workers.Registration
-		testutil.Eventually(f.t, 30*time.Second, func() bool {
-			var err error
-			reg, err = f.register(ctx, i)
-			return err == nil
-		}, func() string { return fmt.Sprintf("worker w%d never registered again", i) })
+		var (
+			reg     *workers.Registration
+			lastErr error
+		)
+		// The old incarnation's key must expire first (its TTL, counted by
+		// the registry's stream leader, which may itself be electing).
+		testutil.Eventually(f.t, 90*time.Second, func() bool {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			reg, lastErr = f.register(rctx, i)
+			return lastErr == nil
+		}, func() string { return fmt.Sprintf("worker w%d never registered again: %v", i, lastErr) })
 		f.mu.Lock()
 		f.regs[i] = reg
 		f.mu.Unlock()
