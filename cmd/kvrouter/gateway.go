@@ -39,12 +39,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	nf := addNATSFlags(c, false)
 	lf := addLogFlags(c)
 	var (
-		listen     = c.str("listen", "127.0.0.1:8000", "HTTP address of the OpenAI API (and /metrics)")
-		prefix     = c.str("prefix", api.DefaultPrefix, "first token of the router's NATS subjects")
-		models     = c.str("models", "default", "models the gateway serves, comma separated (another model is 404)")
-		gf         = addGatewayFlags(c)
-		shutdown   = c.duration("shutdown-timeout", 30*time.Second, "longest wait for requests in flight when stopping")
-		tf         = addTraceFlags(c, "requests")
+		listen   = c.str("listen", "127.0.0.1:8000", "HTTP address of the OpenAI API (and /metrics)")
+		prefix   = c.str("prefix", api.DefaultPrefix, "first token of the router's NATS subjects")
+		models   = c.str("models", "default", "models the gateway serves, comma separated (another model is 404)")
+		gf       = addGatewayFlags(c)
+		shutdown = c.duration("shutdown-timeout", 30*time.Second, "longest wait for requests in flight when stopping")
+		tf       = addTraceFlags(c, "requests")
 	)
 	kf := addGatewayKeyFlags(c)
 	if err := c.parse(args); err != nil {
