@@ -40,7 +40,8 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 		g.fail(ctx, span, w, rerr)
 		return
 	}
-	span.SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	span.SetAttributes(attribute.String(attrModel, cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	requestAttrs(span, kind, &cr, sessionID)
 
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: g.newRequestID(), Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens()}
@@ -48,6 +49,9 @@ func (g *Gateway) generate(w http.ResponseWriter, r *http.Request, kind string) 
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		g.fail(ctx, span, w, rerr)
 		return
+	}
+	if n := len(rq.TokenIDs); n > 0 && span.IsRecording() {
+		span.SetAttributes(attribute.Int(attrInputTokens, n))
 	}
 	namespaceBlocks(rq)
 	x := &exchange{g: g, w: w, r: r, kind: kind, cr: &cr, body: body, rq: rq, t0: t0, span: span}
@@ -126,6 +130,7 @@ func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientReque
 	}
 	ctx, span := g.tracer.Start(ctx, "tokenize", trace.WithAttributes(attribute.String("kvr.worker", e.worker)))
 	defer span.End()
+	engineCallAttrs(span, kind, cr.Model, e.root)
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	t0 := time.Now()

@@ -106,6 +106,8 @@ type engine struct {
 	// tokenizeCalls and renderCalls count the /tokenize and render
 	// requests that reached the engine.
 	tokenizeCalls, renderCalls atomic.Int64
+	// traceparent is the header of the latest generate request.
+	traceparent atomic.Pointer[string]
 }
 
 type stackOpts struct {
@@ -130,6 +132,8 @@ type stackOpts struct {
 	// ranks is each engine's data-parallel ranks (0: 1). With more, each
 	// rank's event sockets listen on consecutive ports, as vLLM's.
 	ranks int
+	// tel is the replicas' telemetry (zero: no spans, no metrics).
+	tel host.Telemetry
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -163,7 +167,7 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	st.t.Helper()
 	cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
 		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, HTTPAddr: "127.0.0.1:0",
-		Logger: testLogger().With("replica", i)}
+		Logger: testLogger().With("replica", i), Telemetry: st.o.tel}
 	if eventsOnly {
 		cfg.PredictedTTL, cfg.DecisionSyncBuffer = -1, -1
 	}
@@ -242,6 +246,9 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 			e.tokenizeCalls.Add(1)
 		case strings.HasSuffix(r.URL.Path, "/render"):
 			e.renderCalls.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/completions"):
+			tp := r.Header.Get("traceparent")
+			e.traceparent.Store(&tp)
 		}
 		api.ServeHTTP(w, r)
 	})}
@@ -570,8 +577,14 @@ func (st *stack) indexed(r *host.Replica, worker string, rank uint32) int {
 // gatewayURL starts a gateway over router and returns its base URL.
 func (st *stack) gatewayURL(router gateway.Router) string {
 	st.t.Helper()
+	return st.gatewayURLWith(router, gateway.Telemetry{})
+}
+
+// gatewayURLWith is gatewayURL reporting to tel.
+func (st *stack) gatewayURLWith(router gateway.Router, tel gateway.Telemetry) string {
+	st.t.Helper()
 	g, err := gateway.New(gateway.Config{Router: router, Models: []string{testModel}, WorkersTTL: 100 * time.Millisecond,
-		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: testLogger()})
+		HTTPClient: &http.Client{Transport: &http.Transport{}}, Logger: testLogger(), Telemetry: tel})
 	if err != nil {
 		st.t.Fatal(err)
 	}
