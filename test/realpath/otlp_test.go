@@ -157,4 +157,3 @@ func names(spans map[string]otlptest.Span) []string {
 	}
 	return out
 }
-
