@@ -104,10 +104,9 @@ func rows() []row {
 		{"KV events", []panel{
 			{"Event lag", "short", "Stream messages a replica has not consumed yet.",
 				[]query{{"max by (instance) (kvr_events_lag)", "{{instance}}"}}},
-			{"Resyncs and gaps", "ops", "Replicas' index resyncs by kind, event-id gaps, and the bridges' published resyncs by reason.",
-				[]query{{"sum by (kind) (rate(kvr_events_resyncs_total" + rate + "))", "replica {{kind}}"},
-					{"sum(rate(kvr_events_gaps_total" + rate + "))", "replica gaps"},
-					{"sum(rate(kvr_bridge_gaps_total" + rate + "))", "bridge gaps"}}},
+			{"Resyncs and gaps", "ops", "Replicas' index resyncs by kind (gap, new_epoch) and event-id gaps. A bridge's own gaps and resyncs (kvr_bridge_gaps_total, kvr_bridge_resyncs_total) have series only once one happened.",
+				[]query{{"sum by (kind) (rate(kvr_events_resyncs_total" + rate + "))", "{{kind}}"},
+					{"sum(rate(kvr_events_gaps_total" + rate + "))", "gaps"}}},
 			{"Events applied and rejected", "ops", "Event batches applied to the index, and messages rejected by cause.",
 				[]query{{"sum(rate(kvr_events_batches_total" + rate + "))", "applied"},
 					{"sum by (cause) (rate(kvr_events_rejected_total" + rate + "))", "rejected {{cause}}"}}},

@@ -52,7 +52,7 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	rec := otlptest.StartGRPC(t)
 	repTr, stopRep := startOTLP(t, rec, "kvrouter")
 	gwTr, stopGW := startOTLP(t, rec, "kvrouter-gateway")
-	st := startStack(t, stackOpts{engines: 1, replicas: 1, kvBlocks: 1024, tel: host.Telemetry{TracerProvider: repTr.TracerProvider()}})
+	st := startStack(t, stackOpts{engines: 1, replicas: 1, kvBlocks: 1024, staleIntervals: 50, tel: host.Telemetry{TracerProvider: repTr.TracerProvider()}})
 	gtel := gateway.Telemetry{TracerProvider: gwTr.TracerProvider()}
 	gw := st.gatewayURLWith(gateway.ClientRouter{C: api.NewClient(natstest.Connect(t, st.srv), "", gtel.Propagator)}, gtel)
 
