@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/common/expfmt"
@@ -65,22 +64,11 @@ func TestDashboardQueriesNameLiveMetrics(t *testing.T) {
 	st.waitReady(1)
 	gw := st.gatewayURLWith(gateway.ClientRouter{C: api.NewClient(natstest.Connect(t, st.srv), "", nil)}, gateway.Telemetry{MeterProvider: gwProm.Provider})
 	for i, session := range []string{"", "dash-1", "dash-1"} {
-		body := `{"model":"` + testModel + `","max_tokens":32,"stream":` + map[bool]string{true: "true", false: "false"}[i == 2] +
-			`,"messages":[{"role":"user","content":"` + longText("dashboard", 300) + `"}]}`
-		req, _ := http.NewRequest(http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+		headers := map[string]string{}
 		if session != "" {
-			req.Header.Set(gateway.DefaultSessionHeader, session)
+			headers[gateway.DefaultSessionHeader] = session
 		}
-		resp, err := st.http.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, out)
-		}
+		st.chatOK(gw, longText("dashboard", 300), 32, i == 2, headers) // the last streams: inter-token latency
 	}
 	st.waitIdle()
 

@@ -2,6 +2,7 @@ package realpath
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -57,20 +58,8 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	gw := st.gatewayURLWith(gateway.ClientRouter{C: api.NewClient(natstest.Connect(t, st.srv), "", gtel.Propagator)}, gtel)
 
 	const traceID, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	body := `{"model":"` + testModel + `","max_tokens":4,"messages":[{"role":"user","content":"` + longText("trace me", 200) + `"}]}`
-	req, _ := http.NewRequest(http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("traceparent", "00-"+traceID+"-"+clientSpan+"-01")
-	req.Header.Set(gateway.DefaultSessionHeader, "conv-otlp")
-	resp, err := st.http.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.StatusCode, out)
-	}
+	st.chatOK(gw, longText("trace me", 200), 4, false, map[string]string{
+		"traceparent": "00-" + traceID + "-" + clientSpan + "-01", gateway.DefaultSessionHeader: "conv-otlp"})
 	st.waitIdle() // the booking is freed: every span of the request has ended
 	stopGW()
 	stopRep()
@@ -146,6 +135,27 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	}
 	if tp := st.engines[0].traceparent.Load(); tp == nil || *tp != "00-"+traceID+"-"+up.SpanID()+"-01" {
 		t.Errorf("engine got traceparent %v, want the upstream span %s", tp, up.SpanID())
+	}
+}
+
+// chatOK posts one chat message to the gateway at gw with headers and
+// fails the test unless the answer is a 200.
+func (st *stack) chatOK(gw, content string, maxTokens int, stream bool, headers map[string]string) {
+	st.t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":%q}]}`, testModel, maxTokens, stream, content)
+	req, _ := http.NewRequest(http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := st.http.Do(req)
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		st.t.Fatalf("chat %s: status %d: %s", headers, resp.StatusCode, out)
 	}
 }
 
