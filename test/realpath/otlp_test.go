@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/telemetry"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
+	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
 
@@ -48,12 +49,15 @@ func startOTLP(t *testing.T, rec *otlptest.Receiver, service string) (*telemetry
 // under the gateway's route span (the context crossed NATS in the
 // message headers), and under it the index lookup, the binding read, the
 // queue wait, the selection and the binding commit. The engine receives
-// the upstream span as its traceparent. Attributes carry the GenAI names.
+// the upstream span as its traceparent and continues the trace with its
+// own llm_request span, as vLLM does. Attributes carry the GenAI names.
 func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	rec := otlptest.StartGRPC(t)
 	repTr, stopRep := startOTLP(t, rec, "kvrouter")
 	gwTr, stopGW := startOTLP(t, rec, "kvrouter-gateway")
-	st := startStack(t, stackOpts{engines: 1, replicas: 1, kvBlocks: 1024, staleIntervals: 50, tel: host.Telemetry{TracerProvider: repTr.TracerProvider()}})
+	engTr, stopEng := startOTLP(t, rec, "kvrouter-sim")
+	st := startStack(t, stackOpts{engines: 1, replicas: 1, kvBlocks: 1024, staleIntervals: 50, tel: host.Telemetry{TracerProvider: repTr.TracerProvider()},
+		face: func(fc *vllmapi.Config) { fc.TracerProvider = engTr.TracerProvider() }})
 	gtel := gateway.Telemetry{TracerProvider: gwTr.TracerProvider()}
 	gw := st.gatewayURLWith(gateway.ClientRouter{C: api.NewClient(natstest.Connect(t, st.srv), "", gtel.Propagator)}, gtel)
 
@@ -63,6 +67,7 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	st.waitIdle() // the booking is freed: every span of the request has ended
 	stopGW()
 	stopRep()
+	stopEng()
 
 	spans := map[string]otlptest.Span{}
 	for _, s := range rec.Spans() {
@@ -92,6 +97,7 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	route := get("route", "kvrouter-gateway", root.SpanID(), internal)
 	up := get("upstream", "kvrouter-gateway", root.SpanID(), tracepb.Span_SPAN_KIND_CLIENT)
 	rr := get("kvrouter.route", "kvrouter", route.SpanID(), tracepb.Span_SPAN_KIND_SERVER)
+	llm := get("llm_request", "kvrouter-sim", up.SpanID(), tracepb.Span_SPAN_KIND_SERVER)
 	for _, name := range []string{"index.lookup", "bindings.read", "scheduler.queue_wait", "scheduler.select", "bindings.commit"} {
 		get(name, "kvrouter", rr.SpanID(), internal)
 	}
@@ -124,6 +130,9 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 		{rr, "kvr.worker", "e0#0"},
 		{spans["bindings.commit"], "kvr.binding.outcome", "created"},
 		{spans["scheduler.select"], "kvr.worker", "e0#0"},
+		{llm, "gen_ai.request.model", testModel},
+		{llm, "gen_ai.usage.output_tokens", "4"},
+		{llm, "gen_ai.usage.input_tokens", root.Attr("gen_ai.usage.input_tokens")},
 	}
 	for _, a := range attrs {
 		if got := a.s.Attr(a.key); got != a.value {

@@ -3,6 +3,7 @@ package vllmapi
 import (
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net/http"
@@ -46,6 +47,10 @@ type Config struct {
 	// DisableRender leaves out POST /v1/chat/completions/render and
 	// /v1/completions/render (404), as a vLLM from before them.
 	DisableRender bool
+	// TracerProvider receives one llm_request span per generate request,
+	// continuing the caller's traceparent, as vLLM started with
+	// --otlp-traces-endpoint does (trace.go). nil: no spans.
+	TracerProvider trace.TracerProvider
 }
 
 // Server is the vLLM-compatible HTTP face of one simulated engine. It is an
