@@ -53,16 +53,6 @@ func (s Span) Attr(key string) string {
 	return ""
 }
 
-// Has reports whether the span has attribute key.
-func (s Span) Has(key string) bool {
-	for _, kv := range s.Attributes {
-		if kv.Key == key {
-			return true
-		}
-	}
-	return false
-}
-
 func valueString(v *commonpb.AnyValue) string {
 	switch x := v.GetValue().(type) {
 	case *commonpb.AnyValue_StringValue:
