@@ -32,7 +32,8 @@
 // The Router is satisfied by the route API over NATS (ClientRouter, what
 // `kvrouter gateway` runs) and by an in-process replica (ReplicaRouter,
 // `kvrouter serve --openai-addr`). Telemetry goes through the OpenTelemetry
-// API only (telemetry.go); exporters are set up by the command.
+// API only (telemetry.go: metrics; genai.go: the GenAI conventions' span
+// attributes); exporters are set up by the command.
 //
 // It does not route (router/host does), hold bookings (the replicas do) or
 // parse the engine's replies beyond finding SSE event boundaries and the

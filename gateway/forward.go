@@ -115,8 +115,9 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 		return nil, err
 	}
 	ctx, span := x.g.tracer.Start(ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("kvr.worker", x.rs.Worker), attribute.String("server.address", x.rs.Endpoint)))
+		trace.WithAttributes(attribute.String("kvr.worker", x.rs.Worker)))
 	defer span.End() // the span covers the call up to the reply's headers
+	engineCallAttrs(span, x.kind, x.cr.Model, x.rs.Endpoint)
 	url := engineRoot(x.rs.Endpoint) + x.r.URL.Path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {

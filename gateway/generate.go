@@ -56,13 +56,18 @@ func (g *Gateway) routeRequest(ctx context.Context, kind string, h http.Header, 
 	if rerr != nil {
 		return nil, nil, "", rerr
 	}
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.request.model", cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(attribute.String(attrModel, cr.Model), attribute.Bool("kvr.stream", cr.Stream))
+	requestAttrs(span, kind, &cr, sessionID)
 	id, key := g.newRequestID()
 	rq := &api.RouteRequest{V: api.APIVersion, RequestID: id, Model: cr.Model, SessionID: sessionID,
 		SessionMode: mode, ExpectedOutputTokens: cr.outputTokens(), PD: g.cfg.PD != ""}
 	target.apply(rq)
 	if rerr = g.prompt(ctx, kind, &cr, body, rq); rerr != nil {
 		return nil, nil, "", rerr
+	}
+	if n := len(rq.TokenIDs); n > 0 && span.IsRecording() {
+		span.SetAttributes(attribute.Int(attrInputTokens, n))
 	}
 	namespaceBlocks(rq)
 	return rq, &cr, key, nil
@@ -140,6 +145,7 @@ func (g *Gateway) tokenizeOnce(ctx context.Context, kind string, cr *clientReque
 	}
 	ctx, span := g.tracer.Start(ctx, "tokenize", trace.WithAttributes(attribute.String("kvr.worker", e.worker)))
 	defer span.End()
+	engineCallAttrs(span, kind, cr.Model, e.root)
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	t0 := time.Now()

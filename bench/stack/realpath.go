@@ -43,6 +43,9 @@ type RealConfig struct {
 	// their load report period (default 100 ms).
 	MetricsInterval time.Duration
 	Logger          *slog.Logger
+	// Gateway is the gateway's telemetry (zero: none); the replicas'
+	// is in their Config.
+	Gateway gateway.Telemetry
 }
 
 // Real is the real path a request takes in production, in one process:
@@ -144,8 +147,8 @@ func StartReal(ctx context.Context, cfg RealConfig) (r *Real, err error) {
 		return r, err
 	}
 	r.gwClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	g, err := gateway.New(gateway.Config{Router: gateway.ClientRouter{C: api.NewClient(nc, "", nil)}, Models: []string{cfg.Model},
-		HTTPClient: r.gwClient, Logger: cfg.Logger})
+	g, err := gateway.New(gateway.Config{Router: gateway.ClientRouter{C: api.NewClient(nc, "", cfg.Gateway.Propagator)}, Models: []string{cfg.Model},
+		HTTPClient: r.gwClient, Logger: cfg.Logger, Telemetry: cfg.Gateway})
 	if err != nil {
 		return r, fmt.Errorf("stack: gateway: %w", err)
 	}

@@ -92,6 +92,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if *f.quiet {
 			stderr = io.Discard
 		}
+		// Spans of the real path's replicas and gateway, as serve's and
+		// gateway's flags send them (the nats path has no gateway).
+		tracing, err := f.spans.start(ctx, "kvrouter-demo", slog.New(slog.NewTextHandler(stderr, nil)))
+		if err != nil {
+			return err
+		}
+		defer tracing.Shutdown(context.Background())
+		rc.tracer = tracing.TracerProvider()
 		return runRealDemo(ctx, rc, stdout, stderr)
 	case "nats":
 		return runNATSDemo(ctx, f, mode, pols, stdout, stderr)
@@ -108,6 +116,7 @@ type demoFlags struct {
 	out, path                  *string
 	quiet, showNotes, baseSess *bool
 	turns                      *int
+	spans                      traceFlags
 }
 
 func addDemoFlags(c *cmdFlags) *demoFlags {
@@ -127,6 +136,7 @@ func addDemoFlags(c *cmdFlags) *demoFlags {
 		baseSess:  c.boolean("baseline-sessions", false, "send session ids to the baseline policies too (by default they run without affinity, as deployed elsewhere)"),
 		path:      c.str("path", "real", "real: vLLM-faced engines with ZMQ events, bridges, replicas, a gateway and an OpenAI-compatible client; nats: NATS-native simulated workers and the replay harness (--trace, --policies, --out need nats)"),
 		turns:     c.integer("turns", 4, "with --path real: turns per chat session"),
+		spans:     addTraceFlags(c, "requests (with --path real)"),
 	}
 }
 

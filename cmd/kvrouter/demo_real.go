@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvrouter/kvrouter/bench/metrics"
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/stack"
@@ -47,6 +49,8 @@ type realDemoConfig struct {
 	sessionMode                 replay.SessionMode // kvrouter's session bindings
 	baseSessions                bool
 	log                         *slog.Logger
+	// tracer receives the replicas' and the gateway's spans (nil: none).
+	tracer trace.TracerProvider
 }
 
 // realPolicy is one side of the comparison.
@@ -109,10 +113,12 @@ func startRealStack(ctx context.Context, cfg realDemoConfig, policy string) (*st
 	var hcs []host.Config
 	for i := range cfg.replicas {
 		hcs = append(hcs, host.Config{ReplicaID: fmt.Sprintf("demo-r%d", i), Models: []string{realModel},
-			Registry: demoRegistry(cfg.log), Policy: scheduler.PolicyConfig{Name: policy}, Logger: cfg.log})
+			Registry: demoRegistry(cfg.log), Policy: scheduler.PolicyConfig{Name: policy}, Logger: cfg.log,
+			Telemetry: host.Telemetry{TracerProvider: cfg.tracer}})
 	}
 	st, err := stack.StartReal(ctx, stack.RealConfig{Model: realModel, Engines: cfg.engines, KVBlocks: cfg.kvBlocks,
-		BlockSize: realBlock, Speedup: cfg.speedup, Replicas: hcs, Registry: demoRegistry(cfg.log), Logger: cfg.log})
+		BlockSize: realBlock, Speedup: cfg.speedup, Replicas: hcs, Registry: demoRegistry(cfg.log), Logger: cfg.log,
+		Gateway: gateway.Telemetry{TracerProvider: cfg.tracer}})
 	if err != nil {
 		return nil, nil, err
 	}

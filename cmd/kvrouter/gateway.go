@@ -39,13 +39,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	nf := addNATSFlags(c, false)
 	lf := addLogFlags(c)
 	var (
-		listen     = c.str("listen", "127.0.0.1:8000", "HTTP address of the OpenAI API (and /metrics)")
-		prefix     = c.str("prefix", api.DefaultPrefix, "first token of the router's NATS subjects")
-		models     = c.str("models", "default", "models the gateway serves, comma separated (another model is 404)")
-		gf         = addGatewayFlags(c)
-		shutdown   = c.duration("shutdown-timeout", 30*time.Second, "longest wait for requests in flight when stopping")
-		traceFile  = c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)")
-		traceRatio = c.float("trace-sample", 1, "fraction of requests traced when --trace-file is set (parent decisions are honoured)")
+		listen   = c.str("listen", "127.0.0.1:8000", "HTTP address of the OpenAI API (and /metrics)")
+		prefix   = c.str("prefix", api.DefaultPrefix, "first token of the router's NATS subjects")
+		models   = c.str("models", "default", "models the gateway serves, comma separated (another model is 404)")
+		gf       = addGatewayFlags(c)
+		shutdown = c.duration("shutdown-timeout", 30*time.Second, "longest wait for requests in flight when stopping")
+		tf       = addTraceFlags(c, "requests")
 	)
 	kf := addGatewayKeyFlags(c)
 	if err := c.parse(args); err != nil {
@@ -59,15 +58,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer prom.Shutdown(context.Background())
-	tel := gateway.Telemetry{MeterProvider: prom.Provider}
-	if *traceFile != "" {
-		tf, err := telemetry.OpenTraceFile(*traceFile, *traceRatio, "kvrouter-gateway")
-		if err != nil {
-			return err
-		}
-		defer tf.Shutdown(context.Background())
-		tel.TracerProvider = tf.Provider
+	tracing, err := tf.start(ctx, "kvrouter-gateway", log)
+	if err != nil {
+		return err
 	}
+	defer tracing.Shutdown(context.Background())
+	tel := gateway.Telemetry{MeterProvider: prom.Provider, TracerProvider: tracing.TracerProvider()}
 	nc, err := natsconn.Open(ctx, nf.config("kvrouter-gateway"), log)
 	if err != nil {
 		return err

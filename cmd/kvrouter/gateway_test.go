@@ -20,7 +20,7 @@ func TestGatewayHelpDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	for _, name := range []string{"listen", "nats-url", "nats-creds", "nats-tls-ca", "embedded-nats", "prefix", "models", "session-header",
-		"workers-ttl", "call-timeout", "max-body-bytes", "tokenizer", "shutdown-timeout", "trace-file", "trace-sample", "log-level"} {
+		"workers-ttl", "call-timeout", "max-body-bytes", "tokenizer", "shutdown-timeout", "trace-file", "trace-sample", "otlp-endpoint", "otlp-protocol", "log-level"} {
 		line := ""
 		for _, l := range strings.Split(out.String(), "\n") {
 			if strings.HasPrefix(l, "  --"+name+" ") {

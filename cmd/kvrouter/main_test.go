@@ -38,9 +38,9 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 func TestHelpListsEveryFlag(t *testing.T) {
 	want := map[string][]string{
 		"serve": {"nats-url", "nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-tls-ca", "embedded-nats", "data-dir",
-			"models", "http-addr", "queue-group", "policy", "policy-file", "session-mode", "snapshot-interval", "log-level", "trace-file", "approximate", "approx-ttl"},
+			"models", "http-addr", "queue-group", "policy", "policy-file", "session-mode", "snapshot-interval", "log-level", "trace-file", "otlp-endpoint", "otlp-protocol", "approximate", "approx-ttl"},
 		"worker": {"sim", "count", "model", "kv-blocks", "block-size", "speedup", "nats-url", "embedded-nats"},
-		"demo":   {"trace", "workers", "replicas", "speedup", "policies", "session-mode"},
+		"demo":   {"trace", "workers", "replicas", "speedup", "policies", "session-mode", "otlp-endpoint"},
 	}
 	for cmd, names := range want {
 		t.Run(cmd, func(t *testing.T) {

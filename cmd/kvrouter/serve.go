@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return usageError{err}
 	}
-	stopTelemetry, err := serveTelemetry(&cfg, *f.traceFile, *f.traceRatio)
+	stopTelemetry, err := serveTelemetry(ctx, &cfg, f.trace, log)
 	if err != nil {
 		return err
 	}
@@ -93,12 +93,12 @@ type serveFlags struct {
 
 	replicaID, prefix, models, httpAddr, openaiAddr, openaiTok, queueGroup, stream *string
 	eppAddr                                                                        *string
-	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket, traceFile  *string
+	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket             *string
 	blockSize, replicas, maxSessions, inflight                                     *int
 	maxAge, sessionTTL, bindStale, snapEvery, predicted, approxTTL, deadline       *time.Duration
 	syncEvery                                                                      *time.Duration
 	strict, loadSnap, approximate                                                  *bool
-	traceRatio                                                                     *float64
+	trace                                                                          traceFlags
 
 	// The bounded index and the events it takes (host.IndexLimits).
 	idxBytes, idxEntries, idxPerWorker *int
@@ -145,8 +145,7 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 		deadline:    c.duration("queue-deadline", host.DefaultDeadline, "longest a route may take when the request gives no deadline_ms: the queue wait, and a session's binding read and commit (then 503 bindings_unavailable)"),
 		inflight:    c.integer("max-in-flight", host.DefaultMaxInFlight, "route requests handled at once over NATS and HTTP together; beyond, 529 at once"),
 		syncEvery:   c.duration("booking-sync-interval", host.DefaultBookingSyncInterval, "longest delay before a booking change is published to the other replicas"),
-		traceFile:   c.str("trace-file", "", "write OpenTelemetry spans as JSON lines to this file (\"\" = no tracing)"),
-		traceRatio:  c.float("trace-sample", 1, "fraction of routes traced when --trace-file is set (parent decisions are honoured)"),
+		trace:       addTraceFlags(c, "routes"),
 
 		idxBytes:     c.integer("index-max-bytes", 0, "memory budget of the prefix index, all models together, in bytes (0 = a quarter of the memory limit: cgroup, GOMEMLIMIT or physical memory; -1 = no cap)"),
 		idxEntries:   c.integer("index-max-entries", 0, "cap on (block, worker) entries of each model's index, instead of one derived from --index-max-bytes (0 = derived; -1 = no cap)"),
@@ -211,26 +210,23 @@ func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	return cfg, nil
 }
 
-// serveTelemetry sets up the Prometheus exporter behind /metrics and, with
-// a trace file, the span exporter; stop shuts them down.
-func serveTelemetry(cfg *host.Config, traceFile string, traceRatio float64) (stop func(), err error) {
+// serveTelemetry sets up the Prometheus exporter behind /metrics and the
+// span exporters the trace flags ask for; stop shuts them down.
+func serveTelemetry(ctx context.Context, cfg *host.Config, tf traceFlags, log *slog.Logger) (stop func(), err error) {
 	prom, err := telemetry.NewPrometheus(true)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MetricsHandler = prom.Handler
 	cfg.Telemetry.MeterProvider = prom.Provider
-	if traceFile == "" {
-		return func() { prom.Shutdown(context.Background()) }, nil
-	}
-	tf, err := telemetry.OpenTraceFile(traceFile, traceRatio, "kvrouter")
+	tracing, err := tf.start(ctx, "kvrouter", log)
 	if err != nil {
 		prom.Shutdown(context.Background())
 		return nil, err
 	}
-	cfg.Telemetry.TracerProvider = tf.Provider
+	cfg.Telemetry.TracerProvider = tracing.TracerProvider()
 	return func() {
-		tf.Shutdown(context.Background())
+		tracing.Shutdown(context.Background())
 		prom.Shutdown(context.Background())
 	}, nil
 }

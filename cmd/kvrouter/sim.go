@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net"
@@ -71,6 +72,8 @@ type simServeFlags struct {
 
 	// The simulated model's rendering (not vLLM flags).
 	bos, noRender *bool
+	// Where the engines' llm_request spans go, as serve's and gateway's.
+	trace traceFlags
 }
 
 func addSimServeFlags(c *cmdFlags) *simServeFlags {
@@ -94,6 +97,7 @@ func addSimServeFlags(c *cmdFlags) *simServeFlags {
 		imageTokens: c.integer("sim-image-tokens", vllmapi.DefaultImageTokens, "placeholder tokens an image_url content part expands to (not a vLLM flag: vLLM's count depends on the model and the image)"),
 	}
 	f.bos = c.boolean("bos-token", false, "the tokenizer has a BOS token (id 256), put in front of a prompt whose request has add_special_tokens (the default of completions), as Llama's (not a vLLM flag)")
+	f.trace = addTraceFlags(c, "requests")
 	f.noRender = c.boolean("disable-render-endpoints", false, "serve no POST /v1/chat/completions/render and /v1/completions/render, as a vLLM from before them (not a vLLM flag)")
 	// Accepted for launch scripts written for vLLM; the simulator ignores them.
 	c.float("gpu-memory-utilization", 0.9, "ignored (vLLM flag)")
@@ -130,6 +134,12 @@ func runSimServe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return usageError{err}
 	}
+	tracing, err := f.trace.start(ctx, "kvrouter-sim", log)
+	if err != nil {
+		return err
+	}
+	defer tracing.Shutdown(context.Background())
+	cfg.tracer = tracing.TracerProvider()
 	engines, err := startSimEngines(cfg, log)
 	if err != nil {
 		return err
@@ -180,6 +190,8 @@ type simServeConfig struct {
 	// prefill/decode disaggregation (sim_pd.go)
 	kvTransfer *vllmapi.KVTransferConfig
 	disagg     string
+	// tracer receives the engines' spans (nil: none).
+	tracer trace.TracerProvider
 }
 
 func (f *simServeFlags) config(model string) (simServeConfig, error) {
@@ -276,7 +288,8 @@ func startSimEngines(cfg simServeConfig, log *slog.Logger) ([]*simEngine, error)
 		}
 		api, err := vllmapi.New(vllmapi.Config{Engine: se.eng, Model: cfg.served, MaxModelLen: cfg.maxModelLen, ImageTokens: cfg.imageTokens, Logger: log,
 			EnableLoRA: cfg.enableLoRA, Adapters: cfg.adapters, RuntimeLoRA: cfg.runtimeLoRA, BOS: cfg.bos, DisableRender: cfg.noRender,
-			KVTransfer: cfg.transferFor(i, ec.Worker), Disaggregation: cfg.disagg})
+			KVTransfer: cfg.transferFor(i, ec.Worker), Disaggregation: cfg.disagg,
+			TracerProvider: cfg.tracer})
 		if err != nil {
 			return fail(usageError{fmt.Errorf("engine %d: %w", i, err)})
 		}

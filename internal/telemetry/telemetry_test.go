@@ -32,11 +32,11 @@ func TestPrometheusServesMetrics(t *testing.T) {
 // Spans end up in the trace file as JSON lines once the provider shuts down.
 func TestTraceFileWritesSpans(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	tf, err := OpenTraceFile(path, 1, "kvrouter-test")
+	tf, err := StartTracing(context.Background(), TraceOptions{File: path, SampleRatio: 1, Service: "kvrouter-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, span := tf.Provider.Tracer("test").Start(context.Background(), "kvrouter.route")
+	_, span := tf.TracerProvider().Tracer("test").Start(context.Background(), "kvrouter.route")
 	span.End()
 	if err := tf.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestTraceFileWritesSpans(t *testing.T) {
 	if err := json.Unmarshal(data, &js); err != nil || js.Name != "kvrouter.route" || len(js.TraceID) != 32 {
 		t.Fatalf("trace file %q: %v %+v", data, err, js)
 	}
-	if _, err := OpenTraceFile(filepath.Join(t.TempDir(), "missing", "x.jsonl"), 1, "x"); err == nil {
+	if _, err := StartTracing(context.Background(), TraceOptions{File: filepath.Join(t.TempDir(), "missing", "x.jsonl"), SampleRatio: 1, Service: "x"}); err == nil {
 		t.Fatal("trace file in a missing directory: no error")
 	}
 }

@@ -3,22 +3,16 @@ package telemetry
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
-	"os"
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // JSONSpanExporter writes finished spans as JSON lines, one span per line.
-// It lets `kvrouter serve --trace-file` show traces without an OTLP
-// collector (the module has no OTLP exporter dependency); production setups
-// pass their own TracerProvider to the replica instead.
+// It lets `--trace-file` show traces without an OTLP collector
+// (StartTracing); --otlp-endpoint sends them to one.
 type JSONSpanExporter struct {
 	mu  sync.Mutex
 	enc *json.Encoder
@@ -78,31 +72,3 @@ func (e *JSONSpanExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 
 // Shutdown flushes nothing: every span is written when exported.
 func (e *JSONSpanExporter) Shutdown(context.Context) error { return nil }
-
-// TraceFile is a TracerProvider that writes sampled spans as JSON lines to
-// a file (kvrouter serve --trace-file).
-type TraceFile struct {
-	Provider *sdktrace.TracerProvider
-	f        *os.File
-}
-
-// OpenTraceFile creates path and a provider batching spans into it, sampling
-// sampleRatio of new traces (parents' decisions are honoured), with
-// service.name set to service.
-func OpenTraceFile(path string, sampleRatio float64, service string) (*TraceFile, error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: trace file: %w", err)
-	}
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(NewJSONSpanExporter(f)),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(sampleRatio))),
-		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", service))),
-	)
-	return &TraceFile{Provider: tp, f: f}, nil
-}
-
-// Shutdown flushes the spans still batched and closes the file.
-func (t *TraceFile) Shutdown(ctx context.Context) error {
-	return errors.Join(t.Provider.Shutdown(ctx), t.f.Close())
-}

@@ -9,14 +9,15 @@ import (
 
 // registerObservers registers the gauges and counters read at collection
 // time, one callback per area: scheduling (queue depth, bookings,
-// per-worker predicted load), membership, readiness, and the two parts'
+// per-worker predicted load), membership, readiness, the bindings table's
+// reads, the NATS connection, and the two parts'
 // own: event intake (index size, event lag and rejects: intake.go) and
 // replica sync (dropped changes: peersync.go). Index.Stats locks each
 // shard briefly, which is fine at scrape frequency and never on the
 // request path.
 func (r *Replica) registerObservers(m metric.Meter) error {
 	for _, register := range []func(metric.Meter) error{
-		r.observeScheduling, r.observeMembership, r.observeReady, r.intake.observe, r.peers.observe,
+		r.observeScheduling, r.observeMembership, r.observeReady, r.observeBindings, r.observeNATS, r.intake.observe, r.peers.observe,
 	} {
 		if err := register(m); err != nil {
 			return err
@@ -145,13 +146,53 @@ func (r *Replica) observeReady(m metric.Meter) error {
 	o := observables{m: m}
 	ready := o.gauge("kvr.ready", "1 when the replica serves requests (caught up with the event stream), else 0.")
 	return o.register(func(_ context.Context, ob metric.Observer) error {
-		v := int64(0)
-		if r.IsReady() {
-			v = 1
-		}
-		ob.ObserveInt64(ready, v)
+		ob.ObserveInt64(ready, boolGauge(r.IsReady()))
 		return nil
 	})
+}
+
+// observeBindings registers what the bindings table's reads cost: first
+// reads sent to the stream leader because the local cache could not show
+// it was fresh (staleness fallbacks) and all leader reads, whether the
+// cache may answer now, and restarted watches (the table's Stats).
+func (r *Replica) observeBindings(m metric.Meter) error {
+	o := observables{m: m}
+	stale := o.counter("kvr.bindings.stale_fallbacks", "Session binding reads sent to the stream leader because the local cache could not show it was at most --bindings-max-staleness behind.")
+	leader := o.counter("kvr.bindings.leader_reads", "Session binding reads from the stream leader (Hard bindings, staleness fallbacks, confirmed misses).")
+	fresh := o.gauge("kvr.bindings.cache_fresh", "1 when the local bindings cache is shown fresh enough to answer Soft reads, else 0.")
+	restarts := o.counter("kvr.bindings.watch_restarts", "Bindings watches ended or found stalled and started again.")
+	return o.register(func(_ context.Context, ob metric.Observer) error {
+		table := r.tableObs.Load()
+		if table == nil {
+			return nil
+		}
+		st := table.Stats()
+		ob.ObserveInt64(stale, int64(st.StaleFallbacks))
+		ob.ObserveInt64(leader, int64(st.LeaderReads))
+		ob.ObserveInt64(fresh, boolGauge(st.CacheFresh))
+		ob.ObserveInt64(restarts, int64(st.WatchRestarts))
+		return nil
+	})
+}
+
+// observeNATS registers the replica's NATS connection: whether it is
+// connected and how often it reconnected.
+func (r *Replica) observeNATS(m metric.Meter) error {
+	o := observables{m: m}
+	connected := o.gauge("kvr.nats.connected", "1 while the replica's NATS connection is up, else 0.")
+	reconnects := o.counter("kvr.nats.reconnects", "Reconnections of the replica's NATS connection.")
+	return o.register(func(_ context.Context, ob metric.Observer) error {
+		ob.ObserveInt64(connected, boolGauge(r.nc.IsConnected()))
+		ob.ObserveInt64(reconnects, int64(r.nc.Stats().Reconnects))
+		return nil
+	})
+}
+
+func boolGauge(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func causeAttr(c string) metric.ObserveOption {

@@ -52,6 +52,7 @@ type Replica struct {
 	modelList []string
 
 	table     *bindings.Table
+	tableObs  atomic.Pointer[bindings.Table] // table, for metric callbacks that may run during Start
 	mem       atomic.Pointer[workers.Membership]
 	loadSub   *workers.LoadSubscription
 	loadStats atomic.Pointer[workers.LoadSubscription] // loadSub, for metric callbacks that may run during Start
@@ -225,6 +226,7 @@ func (r *Replica) startBindings(ctx context.Context) error {
 		return err
 	}
 	r.table = table
+	r.tableObs.Store(table)
 	return nil
 }
 

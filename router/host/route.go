@@ -210,6 +210,7 @@ func (r *Replica) selectAndBind(ctx context.Context, req *api.RouteRequest, mode
 		_, err := s.choose(ctx, nil)
 		return bindings.Result{}, err
 	}
+	s.tel.binding()
 	res, err := r.table.RouteMode(ctx, req.Model, req.SessionID, mode, s.choose)
 	s.tel.bound(&res)
 	if err != nil && s.sel.schedErr == nil && bindingsUnanswered(err) {

@@ -247,6 +247,9 @@ type routeTelemetry struct {
 	rec     bool
 	t0      time.Time
 	selDone time.Time // end of the latest selection, where the binding commit starts
+	// readFrom is when the bindings table was called, until the first
+	// selection: the binding read (zero once recorded, or without one).
+	readFrom time.Time
 }
 
 // start opens the route span (only with a real TracerProvider: the no-op
@@ -293,9 +296,13 @@ func (t *routeTelemetry) request(req *api.RouteRequest) {
 	if !t.rec {
 		return
 	}
-	t.span.SetAttributes(attribute.String("kvr.model", req.Model), attribute.String("kvr.request_id", req.RequestID))
+	// gen_ai.* beside kvr.*: the GenAI conventions' names for the model
+	// and the conversation, so a trace backend groups the route with the
+	// gateway's and the engine's spans.
+	t.span.SetAttributes(attribute.String("kvr.model", req.Model), attribute.String("gen_ai.request.model", req.Model),
+		attribute.String("kvr.request_id", req.RequestID))
 	if req.SessionID != "" {
-		t.span.SetAttributes(attribute.String("kvr.session_id", req.SessionID))
+		t.span.SetAttributes(attribute.String("kvr.session_id", req.SessionID), attribute.String("gen_ai.conversation.id", req.SessionID))
 	}
 }
 
@@ -319,11 +326,23 @@ func (t *routeTelemetry) scheduled(start time.Time, d *scheduler.Decision) {
 	if waitEnd.After(end) {
 		waitEnd = end
 	}
+	if !t.readFrom.IsZero() {
+		spanAt(t.ctx, t.r.tracer, "bindings.read", t.readFrom, start)
+		t.readFrom = time.Time{}
+	}
 	spanAt(t.ctx, t.r.tracer, "scheduler.queue_wait", start, waitEnd)
 	spanAt(t.ctx, t.r.tracer, "scheduler.select", waitEnd, end,
 		attribute.String("kvr.policy", d.Policy), attribute.String("kvr.worker", d.Worker.String()),
 		attribute.Bool("kvr.hard_fallback", d.HardFallback))
 	t.selDone = end
+}
+
+// binding marks the start of the bindings table's call: the binding read
+// runs from here to the first selection.
+func (t *routeTelemetry) binding() {
+	if t.rec {
+		t.readFrom = time.Now()
+	}
 }
 
 // bound records the binding commit, from the latest selection to now.

@@ -109,6 +109,8 @@ type engine struct {
 	// intercept, when set, serves the engine's requests in its place (it
 	// may call next, the engine's face): pd_test.go records and fails legs.
 	intercept atomic.Pointer[func(w http.ResponseWriter, r *http.Request, next http.Handler)]
+	// traceparent is the header of the latest generate request.
+	traceparent atomic.Pointer[string]
 }
 
 type stackOpts struct {
@@ -136,6 +138,8 @@ type stackOpts struct {
 	// roles are the engines' roles in a disaggregated fleet, by engine id,
 	// as their bridges register them (absent: both).
 	roles map[string]workers.Role
+	// tel is the replicas' telemetry (zero: no spans, no metrics).
+	tel host.Telemetry
 }
 
 func startStack(t *testing.T, o stackOpts) *stack {
@@ -169,7 +173,7 @@ func (st *stack) startReplica(ctx context.Context, i int, eventsOnly bool) {
 	st.t.Helper()
 	cfg := host.Config{ReplicaID: fmt.Sprintf("rep-%d", i), Models: []string{testModel}, Registry: testRegistry(),
 		Bindings: bindings.Config{IdleTTL: 10 * time.Second, MarkerTTL: time.Second}, HTTPAddr: "127.0.0.1:0",
-		Logger: testLogger().With("replica", i)}
+		Logger: testLogger().With("replica", i), Telemetry: st.o.tel}
 	if eventsOnly {
 		cfg.PredictedTTL, cfg.DecisionSyncBuffer = -1, -1
 	}
@@ -248,6 +252,9 @@ func (st *stack) startEngineWith(id string, sc sim.Config, fc vllmapi.Config) *e
 			e.tokenizeCalls.Add(1)
 		case strings.HasSuffix(r.URL.Path, "/render"):
 			e.renderCalls.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/completions"):
+			tp := r.Header.Get("traceparent")
+			e.traceparent.Store(&tp)
 		}
 		if f := e.intercept.Load(); f != nil {
 			(*f)(w, r, api)
@@ -600,6 +607,12 @@ func (st *stack) gatewayURL(router gateway.Router, opts ...func(*gateway.Config)
 	s := httptest.NewServer(g)
 	st.t.Cleanup(func() { s.CloseClientConnections(); s.Close() })
 	return s.URL
+}
+
+// gatewayURLWith is gatewayURL reporting to tel.
+func (st *stack) gatewayURLWith(router gateway.Router, tel gateway.Telemetry) string {
+	st.t.Helper()
+	return st.gatewayURL(router, func(c *gateway.Config) { c.Telemetry = tel })
 }
 
 // waitIdle waits until no replica holds a booking on any worker.

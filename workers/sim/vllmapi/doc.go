@@ -24,6 +24,9 @@
 //     one;
 //   - /metrics (metrics.go): vLLM's Prometheus names, gauges read from the
 //     engine at scrape time, counters and histograms in model time;
+//   - traces (trace.go): with Config.TracerProvider, one llm_request span
+//     per generate request continuing the caller's traceparent, as vLLM
+//     with --otlp-traces-endpoint;
 //   - LoRA adapters and cache salts (lora.go): adapters served under their
 //     names (GET /v1/models with parent and root), loaded and unloaded at
 //     run time, vllm:lora_requests_info; a request's adapter and

@@ -207,6 +207,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 	}
 	s.inflight[j.rank].Add(1)
 	defer s.inflight[j.rank].Add(-1)
+	span := s.startSpan(r, &j)
 	var res sim.Result
 	var ok bool
 	if j.stream {
@@ -221,11 +222,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j job) {
 		go func() {
 			res, _ := st.Wait(context.Background())
 			s.metrics.observe(j.rank, res)
+			endSpan(span, res)
 		}()
 		return
 	}
 	s.finishBootstrap(j, res.Err)
 	s.metrics.observe(j.rank, res)
+	endSpan(span, res)
 }
 
 func submitError(err error) *Error {

@@ -3,6 +3,7 @@ package vllmapi
 import (
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net/http"
@@ -51,6 +52,10 @@ type Config struct {
 	// --disaggregation-mode (prefill or decode; "" = off; bootstrap.go).
 	KVTransfer     *KVTransferConfig
 	Disaggregation string
+	// TracerProvider receives one llm_request span per generate request,
+	// continuing the caller's traceparent, as vLLM started with
+	// --otlp-traces-endpoint does (trace.go). nil: no spans.
+	TracerProvider trace.TracerProvider
 }
 
 // Server is the vLLM-compatible HTTP face of one simulated engine. It is an
