@@ -144,13 +144,7 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 3-node cluster with faults takes about a minute")
 	}
-	f := shortForm()
-	if os.Getenv("KVR_CHAOS_LONG") == "1" {
-		f = longForm()
-	}
-	for run := 1; run <= runsOf(t); run++ {
-		t.Run(fmt.Sprintf("%s-%d", f.name, run), func(t *testing.T) { runForm(t, f) })
-	}
+	runForms(t, shortForm, longForm)
 }
 
 // TestPartitions is issue 25's partition nemesis: the same fleet, load and
@@ -164,9 +158,15 @@ func TestPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 3-node cluster with partitions takes about a minute")
 	}
-	f := partitionShort()
+	runForms(t, partitionShort, partitionLong)
+}
+
+// runForms runs the short form, or the long one with KVR_CHAOS_LONG=1,
+// KVR_CHAOS_RUNS times.
+func runForms(t *testing.T, short, long func() form) {
+	f := short()
 	if os.Getenv("KVR_CHAOS_LONG") == "1" {
-		f = partitionLong()
+		f = long()
 	}
 	for run := 1; run <= runsOf(t); run++ {
 		t.Run(fmt.Sprintf("%s-%d", f.name, run), func(t *testing.T) { runForm(t, f) })
