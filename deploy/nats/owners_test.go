@@ -33,10 +33,11 @@ func TestGatewaysOwnTheirBookings(t *testing.T) {
 		return err == nil && len(ws.Workers) == 2
 	}, func() string { return "gateway A does not see both workers" })
 
-	// A's running booking fills worker A's KV cache; A's second request,
+	// A's running booking fills worker A's KV cache with its prompt (the
+	// default books no output blocks); A's second request,
 	// pinned there too, waits in the queue.
 	pin := &api.WorkerRef{Worker: workerA}
-	running, err := a.Route(ctx, &api.RouteRequest{Model: model, TokenIDs: f.prompt, Pin: pin, ExpectedOutputTokens: 1024*16 - 64})
+	running, err := a.Route(ctx, &api.RouteRequest{Model: model, TokenIDs: tokens(1024 * 16), Pin: pin})
 	if err != nil {
 		t.Fatalf("gateway A routes: %v", err)
 	}

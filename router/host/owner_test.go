@@ -15,7 +15,8 @@ import (
 // cancelled only with the request key its id was made from; a routed one
 // with its fence or that key; an operator's subjects need neither.
 
-// queueBehind books the whole KV cache of worker sim-0 (so it is busy) and
+// queueBehind books the whole KV cache of worker sim-0 with a long prompt
+// (so it is busy) and
 // routes a request pinned to it with a key-made id, which waits in the
 // queue; it returns the blocker's reply, the waiting request's id and key,
 // and where the waiting route's outcome arrives.
@@ -23,8 +24,9 @@ func queueBehind(t *testing.T, st *stack, client string) (blocker *api.RouteResp
 	t.Helper()
 	ctx := ctxT(t)
 	pin := &api.WorkerRef{Worker: "sim-0"}
-	blocker, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 64), Pin: pin,
-		ExpectedOutputTokens: 4096*16 - 64})
+	// The prompt's blocks are booked (the default books no output blocks:
+	// a router knows max_tokens, not the reply's length).
+	blocker, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 4096*16), Pin: pin})
 	if err != nil {
 		t.Fatal(err)
 	}
