@@ -222,7 +222,7 @@ func TestMovesAndAnswers(t *testing.T) {
 	if r.Errors["binding_rejected (no allowed_workers)"] != 2 { // the Soft one and the unrestricted Hard one
 		t.Errorf("errors by code %v: the unrestricted refusals not counted apart", r.Errors)
 	}
-	if r.Errors["overloaded"] != 1 || r.Errors["transport"] != 1 || r.Errors["transport (client connection dropped)"] != 1 {
+	if r.Errors["overloaded"] != 1 || r.Errors["transport"] != 1 || r.Errors["transport (excused: a connection dropped or the network was cut)"] != 1 {
 		t.Errorf("errors by code %v", r.Errors)
 	}
 }
