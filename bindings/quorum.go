@@ -62,6 +62,7 @@ func (t *Table) confirm(ctx context.Context, key string, rev uint64) error {
 	// Through js, not t.publish: tests replace that to fault binding writes.
 	_, err := t.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequenceForSubject(rev, t.kvPre+key))
 	if err = t.asFull(classifyWrite(err)); err != nil {
+		t.countUnconfirmed(err)
 		return fmt.Errorf("confirm of revision %d: %w", rev, err)
 	}
 	return nil
@@ -88,16 +89,17 @@ var errUnconfirmed = errors.New("leader read not confirmed by the majority: the 
 func (t *Table) confirmCached(ctx context.Context, key string, rev uint64) bool {
 	cctx, cancel := context.WithTimeout(ctx, t.readTimeout)
 	defer cancel()
-	err := t.confirm(cctx, key, rev)
+	return t.confirm(cctx, key, rev) == nil
+}
+
+// countUnconfirmed counts a confirm that failed, by why.
+func (t *Table) countUnconfirmed(err error) {
 	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, ErrConflict):
-		t.st.confirmMismatches.Add(1)
 	case errors.Is(err, ErrFull):
 		t.st.confirmsRefused.Add(1)
+	case errors.Is(err, ErrConflict):
+		t.st.confirmMismatches.Add(1)
 	default:
 		t.st.confirmLost.Add(1)
 	}
-	return false
 }

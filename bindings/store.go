@@ -223,13 +223,10 @@ func (t *Table) leaderReadTry(ctx context.Context, key string, deadline time.Tim
 	case err == nil:
 		return st, nil
 	case errors.Is(err, ErrFull):
-		t.st.confirmsRefused.Add(1) // see quorum.go: no proof to be had
-		return st, nil
+		return st, nil // see quorum.go: no proof to be had
 	case errors.Is(err, ErrConflict):
-		t.st.confirmMismatches.Add(1)
 		return readState{}, fmt.Errorf("%w: %w", errUnconfirmed, err)
 	default:
-		t.st.confirmLost.Add(1)
 		return readState{}, err
 	}
 }
