@@ -93,7 +93,11 @@ func inSample(pols []Policy, p *workload.PartInfo) map[string][]Tuning {
 		return out
 	}
 	for _, pol := range pols {
-		for _, t := range TunedOn[pol.Name] {
+		// A parameterised variant ("kvrouter{overlap_credit=2}") carries
+		// its base entry's record: its weights are one more point of the
+		// same search.
+		base, _, _ := strings.Cut(pol.Name, "{")
+		for _, t := range TunedOn[base] {
 			if t.touches(p) {
 				out[pol.Name] = append(out[pol.Name], t)
 			}

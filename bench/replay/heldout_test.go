@@ -101,3 +101,45 @@ func TestTuningRecordsCoverTheDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestParameterisedPolicies(t *testing.T) {
+	cases := []struct {
+		arg     string
+		names   []string
+		wantErr bool
+	}{
+		{arg: "kvrouter{overlap_credit=2,decode_block_weight=1},llmd", names: []string{"kvrouter{overlap_credit=2,decode_block_weight=1}", "llmd"}},
+		{arg: "kvrouter, kvrouter{overlap_credit=3}", names: []string{"kvrouter", "kvrouter{overlap_credit=3}"}},
+		{arg: "kvrouter{overlap_credit}", wantErr: true},
+		{arg: "kvrouter{overlap_credit=2", wantErr: true},
+		{arg: "nosuch{a=1}", wantErr: true},
+	}
+	for _, c := range cases {
+		pols, err := LookupPolicies([]string{c.arg})
+		if (err != nil) != c.wantErr {
+			t.Fatalf("%q: err %v, want error %v", c.arg, err, c.wantErr)
+		}
+		if c.wantErr {
+			continue
+		}
+		var got []string
+		for _, p := range pols {
+			got = append(got, p.Name)
+		}
+		if strings.Join(got, "|") != strings.Join(c.names, "|") {
+			t.Fatalf("%q: policies %q, want %q", c.arg, got, c.names)
+		}
+	}
+	pols, err := LookupPolicies([]string{"kvrouter{overlap_credit=2}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pols[0].RouterPolicy != "default" || len(pols[0].RouterParams.Content) != 2 || pols[0].RouterParams.Content[1].Value != "2" {
+		t.Fatalf("parameters not carried: %+v", pols[0])
+	}
+	// A variant carries its base entry's tuning record.
+	p := &workload.PartInfo{Workload: "synthetic:rag", Part: workload.PartTune}
+	if got := inSample(pols, p); len(got["kvrouter{overlap_credit=2}"]) == 0 {
+		t.Fatalf("variant has no tuning record on rag's tuning part: %v", got)
+	}
+}

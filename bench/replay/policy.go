@@ -87,7 +87,7 @@ func LookupPolicies(names []string) ([]Policy, error) {
 	var out []Policy
 	seen := map[string]bool{}
 	for _, arg := range names {
-		for _, n := range strings.Split(arg, ",") {
+		for _, n := range splitPolicies(arg) {
 			n = strings.TrimSpace(n)
 			if n == "" {
 				continue
@@ -110,7 +110,10 @@ func LookupPolicies(names []string) ([]Policy, error) {
 				}
 				continue
 			}
-			p, ok := policyByName(n)
+			p, ok, err := policyWithParams(n)
+			if err != nil {
+				return nil, err
+			}
 			if !ok {
 				return nil, fmt.Errorf("%w: unknown policy %q (want one of %s, peers or all)", ErrConfig, n, strings.Join(catalogNames(), ", "))
 			}
@@ -126,7 +129,59 @@ func LookupPolicies(names []string) ([]Policy, error) {
 	return out, nil
 }
 
-// yamlMap is a one-key YAML mapping node.
+// splitPolicies splits a policy list at the commas outside braces, so that
+// "kvrouter{overlap_credit=2,decode_block_weight=1},llmd" is two policies.
+func splitPolicies(arg string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i, r := range arg {
+		switch r {
+		case '{':
+			depth++
+		case '}':
+			depth--
+		case ',':
+			if depth == 0 {
+				out = append(out, arg[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, arg[start:])
+}
+
+// policyWithParams resolves "name{key=value,...}": the catalog policy name
+// with its router parameters replaced by the mapping given (the keys of the
+// policy's YAML parameters, e.g. overlap_credit for kvrouter), so that a
+// weight can be tried without a catalog entry. The label keeps the braces,
+// so that reports say what ran. A plain name is looked up as it is.
+func policyWithParams(n string) (Policy, bool, error) {
+	open := strings.IndexByte(n, '{')
+	if open < 0 {
+		p, ok := policyByName(n)
+		return p, ok, nil
+	}
+	if !strings.HasSuffix(n, "}") {
+		return Policy{}, false, fmt.Errorf("%w: policy %q: parameters must end with }", ErrConfig, n)
+	}
+	p, ok := policyByName(n[:open])
+	if !ok {
+		return Policy{}, false, nil
+	}
+	var kv []string
+	for _, f := range strings.Split(n[open+1:len(n)-1], ",") {
+		k, v, found := strings.Cut(strings.TrimSpace(f), "=")
+		if !found || k == "" || v == "" {
+			return Policy{}, false, fmt.Errorf("%w: policy %q: parameter %q is not key=value", ErrConfig, n, f)
+		}
+		kv = append(kv, strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	p.Name, p.RouterParams = n, yamlMap(kv...)
+	p.About += " (parameters " + n[open:] + ")"
+	return p, true, nil
+}
+
+// yamlMap is a YAML mapping of the key-value pairs given.
 func yamlMap(kv ...string) yaml.Node {
 	n := yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
 	for i := 0; i+1 < len(kv); i += 2 {

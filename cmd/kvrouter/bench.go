@@ -114,7 +114,7 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 			speedupUsage:  "run the workload this many times faster than real time (workers' clocks too)",
 			kvBlocksUsage: "KV blocks per worker (0 = 1 Mi tokens' worth at the block size)",
 			sessionUsage:  "session ids and binding mode: none, hard or soft (the peers bind with their own affinity)",
-			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl); true-cache reads the engines' true caches (a diagnostic)",
+			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl); true-cache reads the engines' true caches (a diagnostic); name{key=value,...} runs a policy with other parameters, e.g. kvrouter{overlap_credit=2}",
 		}),
 		kind:          c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix); --seed s (1-100) generates seed s for --part tune, s+100 for eval"),
 		part:          c.str("part", "", "held-out part to replay: eval (the default) or tune (the default with --calibrate); traces split by time (first half tunes), generated workloads by seed"),
