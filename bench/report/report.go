@@ -56,7 +56,10 @@ type Workload struct {
 
 // Setup describes the stack it was replayed on.
 type Setup struct {
-	Workers     int     `json:"workers"`
+	Workers int `json:"workers"`
+	// Fleet is the PD policies' prefill/decode split ("4p4d"); empty when
+	// every policy ran on an aggregated fleet.
+	Fleet       string  `json:"fleet,omitempty"`
 	Replicas    int     `json:"replicas"`
 	KVBlocks    int     `json:"kv_blocks"`
 	BlockSize   int     `json:"block_size"`
