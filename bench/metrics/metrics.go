@@ -369,24 +369,26 @@ func (a *accumulator) addWorker(r *Record, prefill int64) {
 	if r.Worker == "" {
 		return
 	}
-	l := a.loads[r.Worker]
-	if l == nil {
-		l = &WorkerTotals{Worker: r.Worker}
-		a.loads[r.Worker] = l
-	}
+	l := a.worker(r.Worker)
 	l.Requests++
 	if r.PrefillWorker != "" {
 		// a split request served both its workers; its prefill ran on
 		// the prefill worker
-		l = a.loads[r.PrefillWorker]
-		if l == nil {
-			l = &WorkerTotals{Worker: r.PrefillWorker}
-			a.loads[r.PrefillWorker] = l
-		}
+		l = a.worker(r.PrefillWorker)
 		l.Requests++
 	}
 	l.PrefillTokens += prefill
 	l.CachedBlocks += int64(r.CachedBlocks)
+}
+
+// worker is w's totals, made on first use.
+func (a *accumulator) worker(w string) *WorkerTotals {
+	l := a.loads[w]
+	if l == nil {
+		l = &WorkerTotals{Worker: w}
+		a.loads[w] = l
+	}
+	return l
 }
 
 func (a *accumulator) addSession(s *Summary, r *Record) {
