@@ -50,6 +50,18 @@ type Record struct {
 	Finish       time.Duration // workload time of the last token
 	Route        time.Duration // routing decision, wall clock
 	QueueWait    time.Duration // part of Route spent waiting in the router's queue, wall clock
+
+	// A request split over a prefill and a decode worker (docs/pd.md):
+	// PrefillWorker prefilled it (CachedBlocks and RouterBlocks are that
+	// engine's), Worker decoded it. DecodeHeldBlocks are the prompt blocks
+	// the decode engine already held (not transferred), TransferBlocks
+	// those it pulled, Transfer their time and PrefillLeg the prefill
+	// leg's (engine queue and compute), in workload time.
+	PrefillWorker    string
+	DecodeHeldBlocks int
+	TransferBlocks   int
+	Transfer         time.Duration
+	PrefillLeg       time.Duration
 }
 
 // Recorder collects records concurrently.
@@ -171,6 +183,27 @@ type Summary struct {
 	// Diagnostics are what the stack measured about itself during the
 	// run (for example how far two replicas' views drifted apart).
 	Diagnostics []string `json:"diagnostics,omitempty"`
+
+	// PD is set for a policy that asked for prefill/decode pairs
+	// (Options.PD).
+	PD *PDSummary `json:"pd,omitempty"`
+}
+
+// PDSummary is what a prefill/decode split did, over the served requests.
+// Time per output token is Summary.ITL (each request's mean inter-token
+// latency, on its decode engine).
+type PDSummary struct {
+	Split  int `json:"split"`  // served over a prefill and a decode worker
+	Single int `json:"single"` // served whole by one worker (the single-worker rule)
+	// PrefillHit is the split requests' prompt blocks cached on their
+	// prefill engine over their prompt blocks; DecodeHit the prompt blocks
+	// their decode engine already held, not transferred.
+	PrefillHit float64 `json:"prefill_hit"`
+	DecodeHit  float64 `json:"decode_hit"`
+	// TransferBlocks is the mean of blocks pulled per split request.
+	TransferBlocks float64 `json:"transfer_blocks_mean"`
+	Transfer       Dist    `json:"transfer"`    // transfer time, workload time
+	PrefillLeg     Dist    `json:"prefill_leg"` // prefill leg (engine queue and compute), workload time
 }
 
 // LoadSamples is the number of points of Summary.LoadOverTime.
@@ -211,6 +244,7 @@ type Options struct {
 	BlockSize  int      // tokens per engine block, for prefill token counts
 	Workers    []string // every worker of the fleet, so idle ones show in the spread
 	Wall       time.Duration
+	PD         bool // the policy asked for prefill/decode pairs: fill Summary.PD
 }
 
 // Summarize aggregates records. Latency and hit figures cover the requests
@@ -237,6 +271,42 @@ type accumulator struct {
 	first, last                      time.Duration // served requests' first arrival (-1 = none) and last token
 	sessionWorkers                   map[string]map[string]struct{}
 	sessionLast                      map[string]string
+	pd                               pdAccumulator
+}
+
+// pdAccumulator gathers the split requests' figures (PDSummary).
+type pdAccumulator struct {
+	split, single                     int
+	prompt, cached, held, transferred int64
+	transfer, prefillLeg              []float64
+}
+
+func (p *pdAccumulator) add(r *Record) {
+	if r.PrefillWorker == "" {
+		p.single++
+		return
+	}
+	p.split++
+	p.prompt += int64(r.PromptBlocks)
+	p.cached += int64(min(r.CachedBlocks, r.PromptBlocks))
+	p.held += int64(min(r.DecodeHeldBlocks, r.PromptBlocks))
+	p.transferred += int64(r.TransferBlocks)
+	p.transfer = append(p.transfer, ms(r.Transfer))
+	p.prefillLeg = append(p.prefillLeg, ms(r.PrefillLeg))
+}
+
+func (p *pdAccumulator) summary() *PDSummary {
+	out := &PDSummary{Split: p.split, Single: p.single}
+	if p.prompt > 0 {
+		out.PrefillHit = float64(p.cached) / float64(p.prompt)
+		out.DecodeHit = float64(p.held) / float64(p.prompt)
+	}
+	if p.split > 0 {
+		out.TransferBlocks = float64(p.transferred) / float64(p.split)
+	}
+	out.Transfer, _ = dist(p.transfer, false)
+	out.PrefillLeg, _ = dist(p.prefillLeg, false)
+	return out
 }
 
 func newAccumulator(opt Options) *accumulator {
@@ -290,20 +360,35 @@ func (a *accumulator) add(s *Summary, r *Record) {
 	a.last = max(a.last, r.Finish, r.Arrival+r.E2E)
 	a.addWorker(r, prefill)
 	a.addSession(s, r)
+	if a.opt.PD {
+		a.pd.add(r)
+	}
 }
 
 func (a *accumulator) addWorker(r *Record, prefill int64) {
 	if r.Worker == "" {
 		return
 	}
-	l := a.loads[r.Worker]
-	if l == nil {
-		l = &WorkerTotals{Worker: r.Worker}
-		a.loads[r.Worker] = l
-	}
+	l := a.worker(r.Worker)
 	l.Requests++
+	if r.PrefillWorker != "" {
+		// a split request served both its workers; its prefill ran on
+		// the prefill worker
+		l = a.worker(r.PrefillWorker)
+		l.Requests++
+	}
 	l.PrefillTokens += prefill
 	l.CachedBlocks += int64(r.CachedBlocks)
+}
+
+// worker is w's totals, made on first use.
+func (a *accumulator) worker(w string) *WorkerTotals {
+	l := a.loads[w]
+	if l == nil {
+		l = &WorkerTotals{Worker: w}
+		a.loads[w] = l
+	}
+	return l
 }
 
 func (a *accumulator) addSession(s *Summary, r *Record) {
@@ -360,6 +445,9 @@ func (a *accumulator) finish(s *Summary, sorted []Record) {
 		if len(ws) > 1 {
 			s.SessionsMoved++
 		}
+	}
+	if a.opt.PD {
+		s.PD = a.pd.summary()
 	}
 }
 

@@ -76,6 +76,7 @@ func Checks(r *report.Report) []report.Check {
 		x := kv.HitRatio / tc.HitRatio
 		out = append(out, report.Check{Name: "kvrouter hit ratio vs true-cache's", Want: "≥ 95 %", Got: fmt.Sprintf("%.1f %% (%.1f %% vs %.1f %%)", 100*x, 100*kv.HitRatio, 100*tc.HitRatio), Pass: x >= 0.95})
 	}
+	out = append(out, pdChecks(r)...)
 	out = append(out, peerChecks(r, kv)...)
 	if kv != nil && r.Setup.SessionMode == string(SessionHard) {
 		out = append(out, report.Check{Name: "Hard sessions never move while their worker is alive", Want: "0 moved", Got: fmt.Sprintf("%d of %d", kv.SessionsMoved, kv.Sessions), Pass: kv.SessionsMoved == 0})
@@ -83,9 +84,36 @@ func Checks(r *report.Report) []report.Check {
 	return out
 }
 
+// Issue 28's targets for a split fleet (pd.go): the aggregated fleet's
+// TTFT p99 at least PDLoad times its unloaded value, and KV-aware split
+// routing's TTFT p99 at least PDGain times lower than round-robin
+// pairing's.
+const (
+	PDLoad = 5.0
+	PDGain = 1.5
+)
+
+// pdChecks are issue 28's targets, when the split policies ran.
+func pdChecks(r *report.Report) []report.Check {
+	kv, agg, rr := r.Policy("kvrouter-pd"), r.Policy("kvrouter"), r.Policy("round-robin-pd")
+	var out []report.Check
+	if agg != nil && (kv != nil || rr != nil) && r.Unloaded != nil && r.Unloaded.P99 > 0 {
+		x := agg.TTFT.P99 / r.Unloaded.P99
+		out = append(out, report.Check{Name: "load level: aggregated kvrouter p99 TTFT vs unloaded p99", Want: fmt.Sprintf("≥ %gx", PDLoad),
+			Got: fmt.Sprintf("%.1fx (%.0f / %.0f ms)", x, agg.TTFT.P99, r.Unloaded.P99), Pass: x >= PDLoad})
+	}
+	if kv != nil && rr != nil && kv.TTFT.P99 > 0 {
+		x := rr.TTFT.P99 / kv.TTFT.P99
+		out = append(out, report.Check{Name: "kvrouter-pd p99 TTFT lower than round-robin pairing's", Want: fmt.Sprintf("≥ %gx", PDGain),
+			Got: fmt.Sprintf("%.2fx (%.0f vs %.0f ms)", x, kv.TTFT.P99, rr.TTFT.P99), Pass: x >= PDGain})
+	}
+	return out
+}
+
 // peerChecks are issue 17's targets against the peers' algorithms, on
 // kvrouter's first path: the lowest TTFT p50 and p99 of every deployable
-// policy (true-cache reads the engines on the client: no router can), and
+// policy on an aggregated fleet (true-cache reads the engines on the
+// client: no router can; split fleets are pdChecks'), and
 // a p99 at least 1.2x lower than the best peer's.
 func peerChecks(r *report.Report, kv *metrics.Summary) []report.Check {
 	if kv == nil {
@@ -98,11 +126,13 @@ func peerChecks(r *report.Report, kv *metrics.Summary) []report.Check {
 	var best *metrics.Summary
 	lowest50, lowest99 := true, true
 	var beat50, beat99 []string
+	compared := 0
 	for i := range r.Policies {
 		p := &r.Policies[i]
-		if p.Path != kv.Path || p.Policy == kv.Policy || p.Policy == trueCacheName || p.Done == 0 {
+		if p.Path != kv.Path || p.Policy == kv.Policy || p.Policy == trueCacheName || p.Done == 0 || p.PD != nil {
 			continue
 		}
+		compared++
 		if p.TTFT.P50 < kv.TTFT.P50 {
 			lowest50 = false
 			beat50 = append(beat50, p.Policy)
@@ -114,6 +144,9 @@ func peerChecks(r *report.Report, kv *metrics.Summary) []report.Check {
 		if peer[p.Policy] && (best == nil || p.TTFT.P99 < best.TTFT.P99) {
 			best = p
 		}
+	}
+	if compared == 0 {
+		return nil // nothing to be lowest among (a split-fleet run: pdChecks)
 	}
 	lower := func(names []string) string {
 		if len(names) == 0 {

@@ -27,6 +27,13 @@
 // max_tokens (Config.MaxTokens, the workload's cap by default), never a
 // request's output length, which only the engine is told.
 //
+// Prefill/decode split fleets (pd.go): with Config.Fleet, the PD policies
+// (kvrouter-pd, round-robin-pd) run on prefill and decode workers, each
+// request asking for a pair and running its two legs as the gateway does;
+// the others run on an aggregated fleet of the same size. Summaries then
+// carry the hit ratio per side, the transfer and the prefill leg
+// (metrics.PDSummary).
+//
 // Held-out protocol (heldout.go): Config.Part names the part of the
 // workload replayed; TunedOn records what each catalog entry was tuned on;
 // Run refuses an evaluation part a policy was tuned on (ErrInSample) unless

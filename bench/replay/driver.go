@@ -48,7 +48,7 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 		}
 	}
 	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
-		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start),
+		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start), PD: pol.PD,
 	})
 	sum.Path = path.Name
 	sum.Diagnostics = diag
@@ -76,6 +76,9 @@ func (c *Config) stackConfig(pol Policy) (StackConfig, error) {
 		Replicas: c.Replicas, Speedup: c.Speedup, SessionMode: c.SessionMode, Seed: c.Seed, Probe: pol.TrueCache,
 		MaxBatchedTokens: c.MaxBatchedTokens, MaxSeqs: c.MaxSeqs, RouteDeadline: c.RouteDeadline,
 		QueueThreshold: c.QueueThreshold,
+	}
+	if pol.PD {
+		sc.Fleet, sc.Transfer = c.Fleet, c.transferModel()
 	}
 	op, ok := peerOperation(pol)
 	if !ok {
@@ -115,8 +118,8 @@ func newDriver(cfg *Config, pol Policy, sessions SessionMode, stack Stack, n int
 	if fs, ok := stack.(FrontendStack); ok {
 		d.front = fs.Frontend()
 	}
-	if pol.TrueCache && d.front != nil {
-		return nil, fmt.Errorf("%w: true-cache cannot run over a frontend", ErrConfig)
+	if (pol.TrueCache || pol.PD) && d.front != nil {
+		return nil, fmt.Errorf("%w: %s cannot run over a frontend", ErrConfig, pol.Name)
 	}
 	if pol.TrueCache {
 		probe := stack.Probe()
@@ -198,7 +201,7 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	// no conversation has none, and chwbl keys its prompt's opening.
 	rr := RouteRequest{
 		ID: r.ID, Model: cfg.Model, BlockHashes: p.blockHashes, BlockSize: cfg.BlockSize,
-		InputTokens: r.InputLength, ExpectedOutput: p.maxTokens, RoutingKey: r.Session,
+		InputTokens: r.InputLength, ExpectedOutput: p.maxTokens, RoutingKey: r.Session, PD: d.pol.PD,
 	}
 	if d.sessions != SessionNone && r.Session != "" && !d.pol.TrueCache {
 		rr.SessionID = r.Session
@@ -220,30 +223,14 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	rec.Worker = routed.Worker
 	rec.QueueWait = routed.QueueWait
 	rec.RouterBlocks = routed.Overlap
-	var once sync.Once
-	first := func() {
-		once.Do(func() {
-			if bk != nil {
-				d.truth.prefillDone(bk)
-			}
-			if err := d.router.PrefillDone(ctx, routed); err != nil && ctx.Err() == nil {
-				cfg.Logf("%s: prefill_done %s: %v", d.pol.Name, rr.ID, err)
-			}
-		})
+	if routed.Prefill != nil {
+		d.split(ctx, p, rr.ID, routed, &rec)
+		return
 	}
-	reply, gerr := d.gen.Generate(ctx, routed.Endpoint, p.generateRequest(rr.ID, d.blockTokens()), first)
-	first() // a request that failed before its first token still leaves the prefill load
-	if err := d.router.Free(ctx, routed); err != nil && ctx.Err() == nil {
-		cfg.Logf("%s: free %s: %v", d.pol.Name, rr.ID, err)
-	}
+	reply, gerr := d.gen.Generate(ctx, routed.Endpoint, p.generateRequest(rr.ID, d.blockTokens()), d.firstToken(ctx, rr.ID, routed, bk))
+	d.free(ctx, rr.ID, routed)
 	if gerr != nil {
-		rec.Outcome = metrics.Failed
-		rec.Code = "generate"
-		var re *sim.RemoteError
-		if errors.As(gerr, &re) {
-			rec.Code = "worker_" + re.Code
-		}
-		d.finish(rec)
+		d.generateFailed(ctx, rr.ID, nil, &rec, gerr, "")
 		return
 	}
 	// Workload time = time queued in the router (scaled by the speed-up) +
@@ -259,6 +246,31 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	rec.E2E = wait + msDur(reply.E2EMs)
 	rec.Finish = r.Arrival + rec.E2E
 	d.finish(rec)
+}
+
+// firstToken is the callback of a request's first token: prefill_done on
+// its booking (and true-cache's, bk, when not nil), once. A request that
+// failed before its first token still leaves the prefill load: free
+// releases it all.
+func (d *driver) firstToken(ctx context.Context, id string, routed *Routed, bk *booking) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if bk != nil {
+				d.truth.prefillDone(bk)
+			}
+			if err := d.router.PrefillDone(ctx, routed); err != nil && ctx.Err() == nil {
+				d.cfg.Logf("%s: prefill_done %s: %v", d.pol.Name, id, err)
+			}
+		})
+	}
+}
+
+// free releases a booking.
+func (d *driver) free(ctx context.Context, id string, routed *Routed) {
+	if err := d.router.Free(ctx, routed); err != nil && ctx.Err() == nil {
+		d.cfg.Logf("%s: free %s: %v", d.pol.Name, id, err)
+	}
 }
 
 func (d *driver) blockTokens() int {

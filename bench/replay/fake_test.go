@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -25,8 +26,16 @@ type fakeStack struct {
 	workers []string
 	rr      int
 	rnd     *rand.Rand
+	// a split fleet's (StackConfig.Fleet): the prefill leg's round-robin
+	// counter, the legs by the role of the worker they reached, and
+	// decode legs that came before their prefill leg (under mu)
+	rrPrefill                          int
+	prefillLegs, decodeLegs, wrongRole int
+	prefilled                          map[string]bool
+	unordered                          int
 	// accounting checked by tests
 	routes, prefills, frees atomic.Int64
+	prefillFrees            atomic.Int64 // frees of a split route's prefill booking
 	sessions, pins          atomic.Int64
 	routingKeys             atomic.Int64 // routes whose routing key is their session id
 	rejectEvery             int
@@ -96,17 +105,32 @@ func (r *fakeRouter) Route(ctx context.Context, req *RouteRequest) (*Routed, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expected[req.ID] = req.ExpectedOutput
-	var w string
-	switch {
-	case req.Pin != "" || req.Prefer != "":
+	if req.Pin != "" || req.Prefer != "" {
 		s.pins.Add(1)
-		w = req.Pin + req.Prefer
+		w := req.Pin + req.Prefer
+		return &Routed{Worker: w, Endpoint: "ep." + w, Handle: req.BlockHashes}, nil
+	}
+	if !req.PD {
+		w := s.pick(req, s.workers, &s.rr)
+		return &Routed{Worker: w, Endpoint: "ep." + w, Handle: req.BlockHashes}, nil
+	}
+	// a split fleet: the prefill workers first (Fleet.Roles), each leg
+	// chosen among its own role with its own round-robin counter
+	pre, dec := s.workers[:s.cfg.Fleet.Prefill], s.workers[s.cfg.Fleet.Prefill:]
+	d, p := s.pick(req, dec, &s.rr), s.pick(req, pre, &s.rrPrefill)
+	return &Routed{Worker: d, Endpoint: "ep." + d, Handle: "decode",
+		Prefill: &Routed{Worker: p, Endpoint: "ep." + p, Handle: "prefill"}}, nil
+}
+
+// pick is the crude policy over cands (under mu).
+func (s *fakeStack) pick(req *RouteRequest, cands []string, rr *int) string {
+	switch {
 	case s.cfg.Policy.RouterPolicy == "round-robin":
-		w = s.workers[s.rr%len(s.workers)]
-		s.rr++
+		*rr++
+		return cands[(*rr-1)%len(cands)]
 	case s.cfg.Policy.RouterPolicy == "default" && s.cfg.Policy.Events:
-		best := -1
-		for _, c := range s.workers {
+		best, w := -1, ""
+		for _, c := range cands {
 			k := 0
 			for k < len(req.BlockHashes) && s.caches[c][req.BlockHashes[k]] {
 				k++
@@ -115,13 +139,11 @@ func (r *fakeRouter) Route(ctx context.Context, req *RouteRequest) (*Routed, err
 				best, w = k, c
 			}
 		}
-		if best == 0 {
-			w = s.workers[s.rnd.IntN(len(s.workers))]
+		if best > 0 {
+			return w
 		}
-	default:
-		w = s.workers[s.rnd.IntN(len(s.workers))]
 	}
-	return &Routed{Worker: w, Endpoint: "ep." + w, Handle: req.BlockHashes}, nil
+	return cands[s.rnd.IntN(len(cands))]
 }
 
 func (r *fakeRouter) PrefillDone(ctx context.Context, x *Routed) error {
@@ -130,7 +152,11 @@ func (r *fakeRouter) PrefillDone(ctx context.Context, x *Routed) error {
 }
 
 func (r *fakeRouter) Free(ctx context.Context, x *Routed) error {
-	(*fakeStack)(r).frees.Add(1)
+	s := (*fakeStack)(r)
+	s.frees.Add(1)
+	if x.Handle == "prefill" {
+		s.prefillFrees.Add(1)
+	}
 	return nil
 }
 
@@ -145,7 +171,6 @@ func (g *fakeGen) Generate(ctx context.Context, endpoint string, req *sim.Genera
 	}
 	hs := kvevents.SeqHashes(nil, toks, s.cfg.BlockSize, kvevents.SeedFor("", ""))
 	s.mu.Lock()
-	s.generated[req.RequestID] = req.MaxTokens
 	k := 0
 	for k < len(hs) && s.caches[w][uint64(hs[k])] {
 		k++
@@ -153,10 +178,48 @@ func (g *fakeGen) Generate(ctx context.Context, endpoint string, req *sim.Genera
 	for _, h := range hs {
 		s.caches[w][uint64(h)] = true
 	}
+	out := &sim.GenerateReply{RequestID: req.RequestID, Done: true, Worker: w, PromptTokens: len(toks), CachedTokens: k * s.cfg.BlockSize,
+		OutputTokens: req.MaxTokens}
+	uncached := len(toks) - k*s.cfg.BlockSize
+	switch {
+	case req.RemoteDecode:
+		s.leg(w, req.RequestID, true)
+		if req.MaxTokens != 1 {
+			s.wrongRole++ // a prefill leg generates one token
+		}
+		out.RemoteBlocks = len(hs)
+	case req.RemoteBlocks > 0:
+		s.leg(w, req.RequestID, false)
+		out.PulledBlocks = max(0, req.RemoteBlocks-k)
+		out.TransferMs = 0.1 * float64(out.PulledBlocks)
+		uncached = len(toks) - req.RemoteBlocks*s.cfg.BlockSize
+		s.generated[req.RequestID] = req.MaxTokens
+	default:
+		s.generated[req.RequestID] = req.MaxTokens
+	}
 	s.mu.Unlock()
 	first()
-	uncached := len(toks) - k*s.cfg.BlockSize
-	ttft := sim.DefaultTiming().PrefillMs(uncached)
-	return &sim.GenerateReply{RequestID: req.RequestID, Done: true, Worker: w, PromptTokens: len(toks), CachedTokens: k * s.cfg.BlockSize,
-		OutputTokens: req.MaxTokens, TTFTMs: ttft, ITLMs: 10, E2EMs: ttft + 10*float64(req.MaxTokens-1)}, nil
+	out.TTFTMs = sim.DefaultTiming().PrefillMs(uncached)
+	out.ITLMs, out.E2EMs = 10, out.TTFTMs+10*float64(req.MaxTokens-1)
+	return out, nil
+}
+
+// leg counts a split request's leg on worker w (under mu).
+func (s *fakeStack) leg(w, id string, prefill bool) {
+	isPrefill := slices.Index(s.workers, w) < s.cfg.Fleet.Prefill
+	if isPrefill != prefill {
+		s.wrongRole++
+	}
+	if s.prefilled == nil {
+		s.prefilled = map[string]bool{}
+	}
+	if prefill {
+		s.prefillLegs++
+		s.prefilled[id] = true
+		return
+	}
+	s.decodeLegs++
+	if !s.prefilled[id] {
+		s.unordered++
+	}
 }

@@ -82,6 +82,7 @@ var TunedOn = map[string][]Tuning{
 	"kvrouter":                 defaultTuning,
 	"kvrouter-approx":          defaultTuning,
 	"kvrouter-c1.5-dbw0.5-nob": defaultTuning,
+	"kvrouter-pd":              defaultTuning, // the default cost on the prefill leg
 	"true-cache":               defaultTuning,
 }
 

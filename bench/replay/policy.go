@@ -31,7 +31,10 @@ type Policy struct {
 	// the engines' true caches and sends it as a Soft preference.
 	TrueCache bool
 	// Peer marks another router's algorithm (the report sets them apart).
-	Peer  bool
+	Peer bool
+	// PD runs the policy on the run's prefill/decode fleet (Config.Fleet),
+	// every request asking for a pair (pd.go).
+	PD    bool
 	About string
 }
 
@@ -72,6 +75,9 @@ var Catalog = []Policy{
 	{Name: "kvrouter-c2-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2"), Events: true, About: "overlap credit 2, decode-block weight 0.1, no output blocks (experiment)"},
 	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
 	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "overlap credit 1.5, decode-block weight 0.5, no output blocks (experiment)"},
+	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
+	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},
+	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, About: "split fleet, round-robin pairing (the peers' simple proxies): the next prefill worker and the next decode worker, each in turn"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the first user message (the conversation's id stands in) or the prompt's opening, no cache index"},
 }
 

@@ -26,14 +26,20 @@ type Config struct {
 	// same arrival times and seed.
 	Paths []PathConfig
 
-	Model       string  // default "bench"
-	Workers     int     // default 8
-	KVBlocks    int     // per worker; default 1 Mi tokens' worth (Dynamo's mocker: 16,384 x 64)
-	BlockSize   int     // default 512 for block-id workloads (one Mooncake block), else 16
-	Replicas    int     // default 1
-	Speedup     float64 // default 10: the workload runs 10x faster than real time
-	SessionMode SessionMode
-	Seed        uint64
+	Model   string // default "bench"
+	Workers int    // default 8, or the split fleet's size
+	// Fleet splits the workers for the PD policies (pd.go); the others
+	// run on an aggregated fleet of the same size. Zero = aggregated.
+	Fleet Fleet
+	// TransferGBps is the decode engines' KV transfer bandwidth in GB/s
+	// of model time (0 = sim.DefaultTransferGBps).
+	TransferGBps float64
+	KVBlocks     int     // per worker; default 1 Mi tokens' worth (Dynamo's mocker: 16,384 x 64)
+	BlockSize    int     // default 512 for block-id workloads (one Mooncake block), else 16
+	Replicas     int     // default 1
+	Speedup      float64 // default 10: the workload runs 10x faster than real time
+	SessionMode  SessionMode
+	Seed         uint64
 	// Runs repeats the whole comparison this many times (default 1), run r
 	// with seed Seed + r; every figure of the report is then the median
 	// over the runs, with its spread (metrics.RunSpread).
@@ -83,7 +89,11 @@ func (c *Config) normalize() error {
 		return err
 	}
 	if len(c.Policies) == 0 {
-		ps, err := LookupPolicies(DefaultPolicies)
+		names := DefaultPolicies
+		if c.Fleet.Split() {
+			names = PDPolicies
+		}
+		ps, err := LookupPolicies(names)
 		if err != nil {
 			return err
 		}
@@ -118,6 +128,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Workers == 0 {
 		c.Workers = 8
+		if c.Fleet.Split() {
+			c.Workers = c.Fleet.Prefill + c.Fleet.Decode
+		}
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = 16
@@ -178,6 +191,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: max in flight %d", ErrConfig, c.MaxInFlight)
 	}
 	if _, err := ParseSessionMode(string(c.SessionMode)); err != nil {
+		return err
+	}
+	if err := c.checkPD(); err != nil {
 		return err
 	}
 	if c.Workload.BlockTokens > 0 && c.Workload.BlockTokens%c.BlockSize != 0 && c.BlockSize%c.Workload.BlockTokens != 0 {
@@ -260,7 +276,7 @@ func (c *Config) newReport(w *workload.Workload) *report.Report {
 			Part: c.Part, MaxTokens: c.MaxTokens,
 		},
 		Setup: report.Setup{
-			Workers: c.Workers, Replicas: c.Replicas, KVBlocks: c.KVBlocks, BlockSize: c.BlockSize,
+			Workers: c.Workers, Fleet: c.Fleet.String(), Replicas: c.Replicas, KVBlocks: c.KVBlocks, BlockSize: c.BlockSize,
 			Speedup: c.Speedup, SessionMode: string(c.SessionMode), Seed: c.Seed, GoVersion: runtime.Version(), Runs: c.Runs,
 		},
 	}

@@ -10,7 +10,8 @@ import (
 // medianOfRuns folds one (policy, path)'s summaries from repeated runs into
 // one: every figure the tables show (hit ratio, TTFT, E2E and ITL
 // quantiles, throughput, request and prefill spread, router queue wait and
-// route time p50/p99, sessions moved) is the median over the runs, with the
+// route time p50/p99, sessions moved, a split's hit per side, transfer
+// and prefill leg) is the median over the runs, with the
 // lowest and highest of the main ones in Runs; what only the charts and the
 // counts show (CDF, per-worker load, load over time, rejections by code) is
 // the run whose TTFT p99 is the median, so the charts show a real run.
@@ -61,6 +62,22 @@ func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 	out.Queue.P99, _ = med(func(s *metrics.Summary) float64 { return s.Queue.P99 })
 	out.Route.P50, _ = med(func(s *metrics.Summary) float64 { return s.Route.P50 })
 	out.Route.P99, _ = med(func(s *metrics.Summary) float64 { return s.Route.P99 })
+	out.ITL.P99, _ = med(func(s *metrics.Summary) float64 { return s.ITL.P99 })
+	if out.PD != nil {
+		pd := *out.PD
+		pdMed := func(get func(*metrics.PDSummary) float64) float64 {
+			v, _ := med(func(s *metrics.Summary) float64 { return get(s.PD) })
+			return v
+		}
+		pd.PrefillHit = pdMed(func(p *metrics.PDSummary) float64 { return p.PrefillHit })
+		pd.DecodeHit = pdMed(func(p *metrics.PDSummary) float64 { return p.DecodeHit })
+		pd.TransferBlocks = pdMed(func(p *metrics.PDSummary) float64 { return p.TransferBlocks })
+		pd.Transfer.P50 = pdMed(func(p *metrics.PDSummary) float64 { return p.Transfer.P50 })
+		pd.Transfer.P99 = pdMed(func(p *metrics.PDSummary) float64 { return p.Transfer.P99 })
+		pd.PrefillLeg.P50 = pdMed(func(p *metrics.PDSummary) float64 { return p.PrefillLeg.P50 })
+		pd.PrefillLeg.P99 = pdMed(func(p *metrics.PDSummary) float64 { return p.PrefillLeg.P99 })
+		out.PD = &pd
+	}
 	moved, _ := med(func(s *metrics.Summary) float64 { return float64(s.SessionsMoved) })
 	out.SessionsMoved = int(math.Round(moved))
 	if out.UpperBound > 0 {

@@ -23,6 +23,7 @@ type RouteRequest struct {
 	RoutingKey     string // what prefix-hashing policies key on (chwbl); empty = the prompt's opening
 	Pin            string // exact worker, empty = let the router choose
 	Prefer         string // Soft preference: taken while the worker is a candidate
+	PD             bool   // ask for a prefill/decode pair (docs/pd.md)
 }
 
 // Routed is the route API's answer. Handle is the adapter's own state for
@@ -35,6 +36,9 @@ type Routed struct {
 	QueueWait time.Duration
 	Binding   string
 	Handle    any
+	// Prefill is the prefill leg of a split PD route (its worker, endpoint,
+	// overlap and booking), nil when Worker serves the whole request.
+	Prefill *Routed
 }
 
 // RouteError is a refusal by the route API. Rejected marks the refusals a
@@ -122,9 +126,14 @@ func ParseSessionMode(s string) (SessionMode, error) {
 
 // StackConfig is what a stack is built from.
 type StackConfig struct {
-	Policy      Policy
-	Model       string
-	Workers     int
+	Policy  Policy
+	Model   string
+	Workers int
+	// Fleet splits the workers into prefill and decode roles (their sum is
+	// Workers); zero = every worker both. Transfer is the decode engines'
+	// KV transfer model.
+	Fleet       Fleet
+	Transfer    sim.TransferModel
 	KVBlocks    int // per worker
 	BlockSize   int
 	Replicas    int

@@ -234,7 +234,9 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 		Engine: sim.Config{
 			Model: cfg.Model, Prefix: s.opt.Prefix, BlockSize: cfg.BlockSize, KVBlocks: cfg.KVBlocks,
 			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxSeqs: cfg.MaxSeqs, Speedup: cfg.Speedup,
+			Transfer: cfg.Transfer,
 		},
+		Roles:      cfg.Fleet.Roles(),
 		NewEmitter: newEmitter,
 		Registry:   registryConfig(s.opt.Logger),
 		// Load reports every second of model time, as a real worker would:
@@ -411,7 +413,7 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 	hr := api.RouteRequest{
 		V: api.APIVersion, RequestID: req.ID, Model: req.Model, BlockHashes: req.BlockHashes, BlockSize: req.BlockSize,
 		InputTokens: req.InputTokens, SessionID: req.SessionID, ExpectedOutputTokens: req.ExpectedOutput,
-		RoutingKey: req.RoutingKey,
+		RoutingKey: req.RoutingKey, PD: req.PD,
 	}
 	if req.Pin != "" {
 		hr.Pin = &api.WorkerRef{Worker: req.Pin}
@@ -435,6 +437,9 @@ func (r *router) Route(ctx context.Context, req *replay.RouteRequest) (*replay.R
 		QueueWait: time.Duration(resp.QueueWaitUS) * time.Microsecond}
 	if resp.Binding != nil {
 		out.Binding = resp.Binding.Outcome
+	}
+	if p := resp.Prefill; p != nil {
+		out.Prefill = &replay.Routed{Worker: p.Worker, Endpoint: p.Endpoint, Overlap: p.OverlapBlocks, Handle: resp.PrefillBooking()}
 	}
 	return out, nil
 }

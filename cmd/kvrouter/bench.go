@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/stack"
 	"github.com/kvrouter/kvrouter/bench/workload"
+	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
 const benchUsage = `Usage: kvrouter bench <command> [flags]
@@ -97,12 +99,14 @@ Examples:
 // benchReplayFlags are bench replay's own flags beside replayFlags.
 type benchReplayFlags struct {
 	*replayFlags
-	kind, part, out, title, paths, targets               *string
+	kind, part, out, title, paths, targets, fleet        *string
 	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
 	maxTokens                                            *int
 	start, window, deadline                              *time.Duration
-	queueTh                                              *float64
+	queueTh, transferGBps                                *float64
 	quiet, allowInSample, calibrate, describe            *bool
+	// given are the flags set on the command line or by their variable.
+	given map[string]bool
 }
 
 func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
@@ -137,6 +141,8 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 		calibrate:     c.boolean("calibrate", false, "find the load levels instead of comparing: the --load at which round-robin's TTFT p99 reaches each --calibrate-targets multiple of its unloaded value"),
 		targets:       c.str("calibrate-targets", "3,10", "with --calibrate: multiples of the unloaded TTFT p99 to find, comma separated"),
 		describe:      c.boolean("describe", false, "print the workload, its part, max_tokens, infinite-cache bound and unloaded TTFT, and exit"),
+		fleet:         c.str("fleet", "", "prefill/decode split fleet NpMd (e.g. 4p4d: 4 prefill and 4 decode workers) for the PD policies (kvrouter-pd, round-robin-pd); the others run on an aggregated fleet of the same size; default policies then "+strings.Join(replay.PDPolicies, ",")+" (\"\" = aggregated; docs/pd.md)"),
+		transferGBps:  c.float("kv-transfer-gbps", sim.DefaultTransferGBps, "with --fleet: the decode engines' KV transfer bandwidth in GB/s of model time (a block is 128 KiB per token, an 8B model in bf16)"),
 	}
 }
 
@@ -148,6 +154,8 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := c.parse(args); err != nil {
 		return err
 	}
+	f.given = map[string]bool{}
+	c.Visit(func(fl *flag.Flag) { f.given[fl.Name] = true })
 	cfg, err := f.config(stderr)
 	if err != nil {
 		return err
@@ -159,8 +167,12 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return calibrateReplay(ctx, stdout, cfg, *f.targets)
 	}
 	st := cfg.Workload.Stats()
+	pols := replay.PolicyNames(cfg.Policies)
+	if cfg.Policies == nil {
+		pols = strings.Join(replay.PDPolicies, ",")
+	}
 	fmt.Fprintf(stderr, "replaying %s (%s part): %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
-		cfg.Workload.Name, cfg.Part.Part, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, replay.PolicyNames(cfg.Policies), *f.paths)
+		cfg.Workload.Name, cfg.Part.Part, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, pols, *f.paths)
 	began := time.Now()
 	rep, err := replay.Run(ctx, cfg)
 	if err != nil {
@@ -185,9 +197,19 @@ func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
 	if err != nil {
 		return replay.Config{}, err
 	}
-	pols, err := replay.LookupPolicies([]string{*f.policies})
+	fleet, err := replay.ParseFleet(*f.fleet)
 	if err != nil {
 		return replay.Config{}, err
+	}
+	var pols []replay.Policy // nil: the run's defaults (replay.PDPolicies with a split fleet)
+	if !fleet.Split() || f.given["policies"] {
+		if pols, err = replay.LookupPolicies([]string{*f.policies}); err != nil {
+			return replay.Config{}, err
+		}
+	}
+	workers := *f.workers
+	if fleet.Split() && !f.given["workers"] {
+		workers = fleet.Prefill + fleet.Decode
 	}
 	w, part, err := f.workload()
 	if err != nil {
@@ -199,7 +221,7 @@ func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
 	}
 	cfg := replay.Config{
 		Workload: w, Part: part, AllowInSample: *f.allowInSample, Policies: pols, Paths: rpaths, Runs: *f.runs,
-		Workers: *f.workers, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
+		Workers: workers, Fleet: fleet, TransferGBps: *f.transferGBps, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
 		KVBlocks: *f.kvBlocks, BlockSize: *f.blockSize, LoadScale: *f.load, MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs,
 		MaxOutputTokens: *f.maxOut, MaxTokens: *f.maxTokens, QueueThreshold: *f.queueTh,
 		RouteDeadline: *f.deadline, Title: *f.title,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kvrouter/kvrouter/workers/sim"
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
 )
 
@@ -22,8 +23,8 @@ func addSimPDFlags(c *cmdFlags) *simPDFlags {
 	return &simPDFlags{
 		kvTransfer: c.str("kv-transfer-config", "", "vLLM's KV connector config, JSON: {\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}; the engine then answers a prefill leg (kv_transfer_params do_remote_decode) with the blocks it holds and pulls them on a decode leg (do_remote_prefill); side channel from VLLM_NIXL_SIDE_CHANNEL_HOST/_PORT (\"\" = no connector)"),
 		disagg:     c.str("disaggregation-mode", "", "SGLang's disaggregation mode: prefill (serves GET /kvr/bootstrap/{room} on its HTTP port) or decode (\"\" = off)"),
-		gbps:       c.float("kv-transfer-gbps", vllmapi.DefaultTransferGBps, "simulated KV transfer bandwidth in GB/s of model time (not a vLLM flag)"),
-		blockBytes: c.integer("kv-block-bytes", vllmapi.DefaultTransferBlockBytes, "bytes of one KV block, for the transfer time (not a vLLM flag)"),
+		gbps:       c.float("kv-transfer-gbps", sim.DefaultTransferGBps, "simulated KV transfer bandwidth in GB/s of model time (not a vLLM flag)"),
+		blockBytes: c.integer("kv-block-bytes", sim.DefaultTransferBlockBytes, "bytes of one KV block, for the transfer time (not a vLLM flag)"),
 	}
 }
 
@@ -36,9 +37,10 @@ func (f *simPDFlags) apply(cfg *simServeConfig) error {
 		return fmt.Errorf("--kv-transfer-config (vLLM) and --disaggregation-mode (SGLang) are exclusive")
 	}
 	cfg.disagg = *f.disagg
+	cfg.engine.Transfer = sim.TransferModel{BandwidthGBps: *f.gbps, BlockBytes: int64(*f.blockBytes)}
 	if *f.kvTransfer == "" {
 		if cfg.disagg != "" {
-			cfg.kvTransfer = &vllmapi.KVTransferConfig{Connector: "NixlConnector", BandwidthGBps: *f.gbps, BlockBytes: int64(*f.blockBytes)}
+			cfg.kvTransfer = &vllmapi.KVTransferConfig{Connector: "NixlConnector"}
 		}
 		return nil
 	}
@@ -49,7 +51,6 @@ func (f *simPDFlags) apply(cfg *simServeConfig) error {
 	if kc.Connector != "NixlConnector" {
 		return fmt.Errorf("--kv-transfer-config: kv_connector %q: the simulator speaks NixlConnector only", kc.Connector)
 	}
-	kc.BandwidthGBps, kc.BlockBytes = *f.gbps, int64(*f.blockBytes)
 	kc.Host = os.Getenv("VLLM_NIXL_SIDE_CHANNEL_HOST")
 	if p := os.Getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); p != "" {
 		n, err := strconv.Atoi(p)

@@ -73,3 +73,23 @@ func TestDecodeCost(t *testing.T) {
 		t.Fatalf("decode leg went to %v, want d1 (d2 has 4 active requests)", d.Worker)
 	}
 }
+
+// Round robin cycles each leg's candidates on its own: split requests,
+// one decode and one prefill selection each, visit every decode and every
+// prefill worker (round-robin pairing), not every other one.
+func TestRoundRobinPerLeg(t *testing.T) {
+	h := newHarness(t, Config{}, RoundRobin{}, roled("p0", RolePrefill), roled("p1", RolePrefill),
+		roled("d0", RoleDecode), roled("d1", RoleDecode))
+	seen := map[string]int{}
+	for i := range 4 {
+		for _, leg := range []Leg{LegDecode, LegPrefill} {
+			d := h.admitted(h.submit(&Request{ID: leg.String() + string(rune('a'+i)), Tokens: 10, Leg: leg}))
+			seen[d.Worker.Worker]++
+		}
+	}
+	for _, w := range []string{"p0", "p1", "d0", "d1"} {
+		if seen[w] != 2 {
+			t.Fatalf("legs per worker %v, want 2 on each", seen)
+		}
+	}
+}

@@ -158,7 +158,7 @@ func (c *core) runPolicy(x *Context, soft *workerref.Target) (int32, int, error)
 		x.aff, x.hasAff = *soft, true
 		cs.aff, cs.hasAff = c.fl.resolve(*soft), true
 	}
-	c.seq++
+	c.seq[x.Request.Leg]++
 	var i int
 	var err error
 	if c.defaultPolicy != nil {
@@ -210,7 +210,7 @@ func (c *core) context(w *waiter) *Context {
 	x.invBS = c.invBS
 	x.RequestBlocks = len(r.SeqHashes)
 	x.PromptTokens = r.Tokens
-	x.Seq = c.seq
+	x.Seq = c.seq[r.Leg]
 	x.rng = &c.rng
 	return x
 }

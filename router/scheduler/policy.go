@@ -62,7 +62,7 @@ type Context struct {
 	BlockSize     int
 	RequestBlocks int    // prompt blocks with a sequence hash (full blocks)
 	PromptTokens  int    // ISL
-	Seq           uint64 // selections made by this scheduler so far (round robin)
+	Seq           uint64 // selections of this request's leg made by this scheduler so far (round robin)
 
 	aff    workerref.Target
 	hasAff bool

@@ -16,12 +16,15 @@ import (
 // core is the scheduler's state. It is owned by one goroutine at a time:
 // the caller of a method before Start, the actor after it.
 type core struct {
-	cfg     Config
-	th      Thresholds
-	fl      *fleet
-	policy  Policy
-	rng     rng
-	seq     uint64 // selections
+	cfg    Config
+	th     Thresholds
+	fl     *fleet
+	policy Policy
+	rng    rng
+	// seq counts selections per request leg: round robin then cycles each
+	// leg's candidates on its own (one shared counter would send a split
+	// request's two legs, two selections apart, to every other worker).
+	seq     [numLegs]uint64
 	attempt uint64
 	evSeq   uint64
 

@@ -77,6 +77,13 @@ type Config struct {
 	// NewEpoch returns the epoch of a new incarnation; nil = workers.NewEpoch
 	// (random, non-zero, below 2^53).
 	NewEpoch func() uint64
+
+	// Role is the worker's part in a prefill/decode-disaggregated fleet, as
+	// it registers (Info); "" = both. The engine itself serves any request.
+	Role workers.Role
+	// Transfer models the KV transfer of a decode leg (Pull); zero fields
+	// take the defaults.
+	Transfer TransferModel
 }
 
 func (c Config) withDefaults() Config {
@@ -115,6 +122,7 @@ func (c Config) withDefaults() Config {
 	if c.NewEpoch == nil {
 		c.NewEpoch = workers.NewEpoch
 	}
+	c.Transfer = c.Transfer.withDefaults()
 	return c
 }
 
@@ -142,6 +150,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: speedup %g (want > 0)", ErrBadConfig, c.Speedup)
 	case c.MaxLoRAs < 0 || c.LoRALoadTime < 0:
 		return fmt.Errorf("%w: max loras %d, lora load time %v (want >= 0)", ErrBadConfig, c.MaxLoRAs, c.LoRALoadTime)
+	case !c.Role.Valid():
+		return fmt.Errorf("%w: role %q (want prefill, decode or both)", ErrBadConfig, c.Role)
 	}
-	return nil
+	return c.Transfer.validate()
 }

@@ -13,7 +13,10 @@
 //     MaxBatchedTokens, at most MaxSeqs running, an admission watermark;
 //   - KV transfers (transfer.go): a request whose leading prompt blocks
 //     arrived from a prefill engine (Request.Transferred) skips their
-//     prefill and caches them; HeldPrefix names the blocks a rank holds.
+//     prefill and caches them; HeldPrefix names the blocks a rank holds;
+//     Pull waits a decode leg's transfer time (Config.Transfer), for both
+//     faces (the NATS endpoint's remote_decode/remote_blocks, vllmapi's
+//     kv_transfer_params); Config.Role is what the worker registers as.
 //   - LoRA adapters and cache salts (lora.go): a request's adapter and salt
 //     are in its hash seed (kvevents.SeedFor); with Config.MaxLoRAs, at
 //     most that many adapters per rank are resident (least recently used

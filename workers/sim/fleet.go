@@ -26,6 +26,9 @@ type FleetConfig struct {
 	// NewEmitter are set per worker. Leave Clock nil (wall clock): a shared
 	// VirtualClock would add the workers' step times up.
 	Engine Config
+	// Roles are the workers' roles by index (a prefill/decode fleet);
+	// workers past its end take Engine.Role.
+	Roles []workers.Role
 
 	// NewEmitter makes the emitter of one worker's rank for one epoch, e.g.
 	// PublisherFactory(js, ...). nil = events are dropped.
@@ -83,6 +86,9 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	for i := range cfg.Count {
 		ec := cfg.Engine
 		ec.Worker = cfg.IDPrefix + "-" + strconv.Itoa(i)
+		if i < len(cfg.Roles) {
+			ec.Role = cfg.Roles[i]
+		}
 		ec.NewEmitter = nil
 		if cfg.NewEmitter != nil {
 			worker, mk := ec.Worker, cfg.NewEmitter

@@ -87,5 +87,6 @@ func (e *Engine) Info() workers.Info {
 		MaxSeqs:          e.cfg.MaxSeqs,
 		Epoch:            e.Epoch(),
 		Labels:           map[string]string{"engine": "sim"},
+		Role:             e.cfg.Role,
 	}
 }

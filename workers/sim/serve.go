@@ -39,6 +39,13 @@ type GenerateRequest struct {
 	MaxTokens   int      `json:"max_tokens"`
 	LoRAName    string   `json:"lora_name,omitempty"`
 	Rank        uint32   `json:"rank,omitempty"` // data-parallel rank
+	// Prefill/decode disaggregation (docs/pd.md), the NATS face of vLLM's
+	// kv_transfer_params: RemoteDecode marks a prefill leg, whose final
+	// message names the prompt blocks it holds (RemoteBlocks); a decode
+	// leg's RemoteBlocks are the leading prompt blocks its prefill engine
+	// holds, pulled (Engine.Pull) before the request runs.
+	RemoteDecode bool `json:"remote_decode,omitempty"`
+	RemoteBlocks int  `json:"remote_blocks,omitempty"`
 }
 
 // Tokens returns the request's prompt tokens, expanding block ids.
@@ -93,6 +100,15 @@ type GenerateReply struct {
 	E2EMs        float64 `json:"e2e_ms,omitempty"`
 	Error        string  `json:"error,omitempty"`
 	Code         string  `json:"code,omitempty"`
+	// RemoteBlocks answers a prefill leg (GenerateRequest.RemoteDecode):
+	// the leading full prompt blocks the engine holds for the decode
+	// engine. PulledBlocks and TransferMs answer a decode leg: the blocks
+	// it transferred (those it did not hold) and the transfer's model
+	// time, which is not part of TTFTMs (the engine's clock starts when the
+	// request is submitted, after the transfer).
+	RemoteBlocks int     `json:"remote_blocks,omitempty"`
+	PulledBlocks int     `json:"pulled_blocks,omitempty"`
+	TransferMs   float64 `json:"transfer_ms,omitempty"`
 }
 
 // Error codes of a final message.
@@ -271,7 +287,15 @@ func (s *Server) handle(m *nats.Msg) {
 		s.fail(m.Reply, req.RequestID, err)
 		return
 	}
-	st, err := s.e.Submit(s.ctx, Request{ID: req.RequestID, Tokens: tokens, MaxTokens: req.MaxTokens, LoRA: req.LoRAName, Rank: req.Rank})
+	sreq := Request{ID: req.RequestID, Tokens: tokens, MaxTokens: req.MaxTokens, LoRA: req.LoRAName, Rank: req.Rank}
+	var pulled Pulled
+	if req.RemoteBlocks > 0 && !req.RemoteDecode {
+		if pulled, err = s.e.Pull(s.ctx, &sreq, min(req.RemoteBlocks, len(tokens)/s.e.cfg.BlockSize)); err != nil {
+			s.fail(m.Reply, req.RequestID, err)
+			return
+		}
+	}
+	st, err := s.e.Submit(s.ctx, sreq)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrDuplicateRequest) {
 			s.bad.Add(1)
@@ -294,6 +318,11 @@ func (s *Server) handle(m *nats.Msg) {
 	}
 	res, _ := st.Result()
 	fin := finalReply(res)
+	fin.PulledBlocks, fin.TransferMs = pulled.Blocks, ms(pulled.Time)
+	if req.RemoteDecode && res.Err == nil {
+		held, _ := s.e.HeldPrefix(sreq) // the rank was checked by Submit
+		fin.RemoteBlocks = len(held)
+	}
 	s.publish(m.Reply, &fin)
 }
 

@@ -33,7 +33,7 @@
 //     cache_salt handed to the engine, which hashes them;
 //   - prefill/decode disaggregation: vLLM's NixlConnector protocol
 //     (pd.go: kv_transfer_params out of a prefill leg, into a decode leg,
-//     the transfer's modelled time) and SGLang's bootstrap rooms
+//     whose transfer the engine times: sim.Engine.Pull) and SGLang's bootstrap rooms
 //     (bootstrap.go); docs/pd.md.
 //   - images (media.go): image_url content parts expand into
 //     Config.ImageTokens placeholders, identified by their uuid or a content

@@ -10,14 +10,14 @@ package vllmapi
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/kvrouter/kvrouter/workers/sim"
 )
 
-// KVTransferConfig is the engine's --kv-transfer-config (vLLM) and the
-// transfer model. A nil *KVTransferConfig in Config means no connector:
-// kv_transfer_params are ignored, as vLLM ignores them then.
+// KVTransferConfig is the engine's --kv-transfer-config (vLLM). A nil
+// *KVTransferConfig in Config means no connector: kv_transfer_params are
+// ignored, as vLLM ignores them then. The transfer's time is the engine's
+// (sim.Config.Transfer, sim.Engine.Pull), shared with the NATS face.
 type KVTransferConfig struct {
 	Connector string `json:"kv_connector"` // NixlConnector (the only one simulated)
 	Role      string `json:"kv_role"`      // kv_producer, kv_consumer, kv_both: NixlConnector ignores it, so does the simulator
@@ -27,22 +27,10 @@ type KVTransferConfig struct {
 	EngineID string `json:"engine_id"`
 	Host     string `json:"-"`
 	Port     int    `json:"-"`
-	// BandwidthGBps and BlockBytes model a transfer: blocks × BlockBytes /
-	// (BandwidthGBps × 10⁹) seconds of model time (then divided by the
-	// engine's speed-up), plus Latency.
-	BandwidthGBps float64       `json:"-"`
-	BlockBytes    int64         `json:"-"`
-	Latency       time.Duration `json:"-"`
 }
 
-// Defaults of the transfer model: an 8B model's 16-token block in bf16 is
-// 2 MiB; 25 GB/s is one 200 Gb/s NIC; 1 ms of handshake.
-const (
-	DefaultTransferGBps       = 25
-	DefaultTransferBlockBytes = 2 << 20
-	DefaultTransferLatency    = time.Millisecond
-	DefaultSideChannelPort    = 5600
-)
+// DefaultSideChannelPort is NixlConnector's default side channel port.
+const DefaultSideChannelPort = 5600
 
 // kvTransferParams is vLLM's kv_transfer_params, both directions.
 type kvTransferParams struct {
@@ -64,7 +52,7 @@ type disaggFields struct {
 	BootstrapRoom    *uint64           `json:"bootstrap_room"`
 }
 
-// withDefaults fills the transfer model's defaults.
+// withDefaults fills the side channel's defaults.
 func (c KVTransferConfig) withDefaults() KVTransferConfig {
 	if c.Host == "" {
 		c.Host = "localhost"
@@ -72,26 +60,7 @@ func (c KVTransferConfig) withDefaults() KVTransferConfig {
 	if c.Port == 0 {
 		c.Port = DefaultSideChannelPort
 	}
-	if c.BandwidthGBps == 0 {
-		c.BandwidthGBps = DefaultTransferGBps
-	}
-	if c.BlockBytes == 0 {
-		c.BlockBytes = DefaultTransferBlockBytes
-	}
-	if c.Latency == 0 {
-		c.Latency = DefaultTransferLatency
-	}
 	return c
-}
-
-// transferTime is the wall time of pulling n blocks.
-func (s *Server) transferTime(n int) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	c := s.transfer
-	model := c.Latency + time.Duration(float64(n)*float64(c.BlockBytes)/(c.BandwidthGBps*1e9)*float64(time.Second))
-	return time.Duration(float64(model) / s.eng.Config().Speedup)
 }
 
 // prepareDisagg reads j's disaggregation fields: a vLLM prefill leg
@@ -121,25 +90,21 @@ func (s *Server) prepareDisagg(ctx context.Context, j *job, d *disaggFields) *Er
 	return nil
 }
 
-// pullBlocks waits the transfer time of the prompt blocks the prefill
-// engine holds (remote) less those this engine holds already, and sets
+// pullBlocks pulls the prompt blocks the prefill engine holds (remote)
+// less those this engine holds already (sim.Engine.Pull) and sets
 // j.transferred.
 func (s *Server) pullBlocks(ctx context.Context, j *job, remote int) *Error {
-	held, err := s.eng.HeldPrefix(j.simRequest())
-	if err != nil {
+	req := j.simRequest()
+	p, err := s.eng.Pull(ctx, &req, remote)
+	s.metrics.transferred(j.rank, p.Blocks)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return badRequest("request cancelled during the KV transfer: %v", ctx.Err())
+	case err != nil:
 		return internal("%v", err)
 	}
-	n := max(0, remote-len(held))
-	j.transferred = remote
-	s.metrics.transferred(j.rank, n)
-	t := time.NewTimer(s.transferTime(n))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return badRequest("request cancelled during the KV transfer: %v", ctx.Err())
-	}
+	j.transferred = req.Transferred
+	return nil
 }
 
 // transferParams is what a prefill leg answers with: the blocks it holds,
