@@ -85,16 +85,9 @@ func (o *Overlaps) Get(k workerref.Target) int {
 // abandoned for a list.
 const listMax = 16
 
-// Lookup touches the table ahead of the block it works on, so that the
-// cache misses of a large index overlap instead of queueing: lookAhead
-// blocks at first, then one more for each block matched, up to maxAhead.
-// A prompt that matches far keeps many misses in flight (cold lookups are
-// bound by memory latency); one that stops early wastes few touches.
-const (
-	lookAhead = 4
-	maxAhead  = 48
-	mixRing   = 64 // > maxAhead, a power of two
-)
+// lookAhead is how many blocks ahead Lookup touches the table, so that
+// the cache misses of a large index overlap instead of queueing.
+const lookAhead = 4
 
 // Lookup computes, for every (worker, rank), how many leading blocks of
 // hashes it holds, into out (reset first). It runs on the caller's
@@ -118,11 +111,14 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		return
 	}
 	x.initCands(v, big, opt, epoch, out)
-	// mixed[d%mixRing] holds mix(hashes[d]) for the blocks touched ahead;
-	// touched is the next block to touch.
-	var mixed [mixRing]uint64
+	// mixed[d%16] holds mix(hashes[d]) for the blocks touched ahead.
+	var mixed [16]uint64
 	var sink uint64
-	touched := 1
+	for k := 1; k <= lookAhead && k < len(hashes); k++ {
+		m := mix(uint64(hashes[k]))
+		mixed[k&15] = m
+		sink += x.shardOf(m).touch(m)
+	}
 	depth := 1
 	for ; depth < len(hashes); depth++ {
 		n := len(out.cand)
@@ -136,12 +132,12 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 			out.EarlyExited = true
 			break
 		}
-		for end := min(len(hashes), depth+min(depth-1+lookAhead, maxAhead)+1); touched < end; touched++ {
-			m := mix(uint64(hashes[touched]))
-			mixed[touched&(mixRing-1)] = m
+		if a := depth + lookAhead; a < len(hashes) {
+			m := mix(uint64(hashes[a]))
+			mixed[a&15] = m
 			sink += x.shardOf(m).touch(m)
 		}
-		m := mixed[depth&(mixRing-1)]
+		m := mixed[depth&15]
 		v, big, ok = x.shardOf(m).get(uint64(hashes[depth]), m)
 		if !ok {
 			break
