@@ -42,8 +42,7 @@ type Overlaps struct {
 
 	// parallel to Workers while a lookup runs: the slot and the slot
 	// owner seen, for the final reuse check.
-	slots []uint32
-	infos []*slotInfo
+	seen []cand
 
 	// candidate state: a list (few workers) or a bitmap over slots.
 	cand   []cand
@@ -66,8 +65,7 @@ func (o *Overlaps) Reset() {
 	o.Workers = o.Workers[:0]
 	o.Total = 0
 	o.EarlyExited = false
-	o.slots = o.slots[:0]
-	o.infos = o.infos[:0]
+	o.seen = o.seen[:0]
 	o.cand = o.cand[:0]
 	o.bitmap = false
 	o.nbits = 0
@@ -166,15 +164,16 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		// changed hands. (No assignment happened otherwise.)
 		w := 0
 		for i := range out.Workers {
-			if x.info(out.slots[i]) == out.infos[i] {
-				out.Workers[w], out.slots[w], out.infos[w] = out.Workers[i], out.slots[i], out.infos[i]
+			if x.info(out.seen[i].slot) == out.seen[i].info {
+				out.Workers[w], out.seen[w] = out.Workers[i], out.seen[i]
 				w++
 			}
 		}
-		out.Workers, out.slots, out.infos = out.Workers[:w], out.slots[:w], out.infos[:w]
+		out.Workers, out.seen = out.Workers[:w], out.seen[:w]
 	}
-	for i := range out.Workers {
-		out.Total = max(out.Total, out.Workers[i].Blocks)
+	// Entries are recorded in scan order, so the last one matched deepest.
+	if n := len(out.Workers); n > 0 {
+		out.Total = out.Workers[n-1].Blocks
 	}
 }
 
@@ -185,8 +184,7 @@ func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
 
 func (o *Overlaps) record(slot uint32, info *slotInfo, blocks int) {
 	o.Workers = append(o.Workers, WorkerOverlap{Key: info.key, Blocks: blocks})
-	o.slots = append(o.slots, slot)
-	o.infos = append(o.infos, info)
+	o.seen = append(o.seen, cand{slot, info})
 }
 
 // usable resolves slot to its owner if the owner may take part in this
@@ -359,13 +357,31 @@ func (x *Index) recordSlot(s uint32, depth int, epoch uint64, out *Overlaps) {
 
 // drainBitmap records every candidate left in the bitmap at depth and
 // switches to list mode with an empty list.
+//
+// It may record a thousand workers, so it works on local slice headers
+// and reads the slot table once: loaded after the block sets that named
+// these slots, it holds every owner those sets imply (allocSlot publishes
+// an owner before any of its blocks).
 func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
+	owners := x.slots.Load().p
+	ws, seen := out.Workers, out.seen
+	if n := len(ws) + out.nbits; n > cap(ws) {
+		ws, seen = slices.Grow(ws, n-len(ws)), slices.Grow(seen, n-len(seen))
+	}
 	for w, word := range out.bits {
 		for ; word != 0; word &= word - 1 {
-			x.recordSlot(uint32(w)*64+uint32(bits.TrailingZeros64(word)), depth, epoch, out)
+			s := uint32(w)*64 + uint32(bits.TrailingZeros64(word))
+			if int(s) >= len(owners) {
+				continue
+			}
+			if info := owners[s].Load(); info != nil && info.assignedAt <= epoch {
+				ws = append(ws, WorkerOverlap{Key: info.key, Blocks: depth})
+				seen = append(seen, cand{s, info})
+			}
 		}
 		out.bits[w] = 0
 	}
+	out.Workers, out.seen = ws, seen
 	out.bitmap = false
 	out.nbits = 0
 	out.cand = out.cand[:0]
