@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,8 +71,17 @@ func stubEngine(tb testing.TB, promptTokens int, render bool) *httptest.Server {
 			_ = rc.Flush()
 		}
 	})
-	s := httptest.NewServer(mux)
+	s := labelledServer("engine", mux)
 	tb.Cleanup(s.Close)
+	return s
+}
+
+// labelledServer starts a test server whose goroutines carry the pprof
+// label role, so that a CPU profile of a benchmark splits the process's
+// time between the engine stub, the gateway and the load generator.
+func labelledServer(role string, h http.Handler) *httptest.Server {
+	s := httptest.NewUnstartedServer(h)
+	pprof.Do(context.Background(), pprof.Labels("role", role), func(context.Context) { s.Start() })
 	return s
 }
 
@@ -277,6 +287,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.SetParallelism(8)
 			t0, c0 := time.Now(), cpuTime()
 			b.RunParallel(func(pb *testing.PB) {
+				pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("role", "client")))
 				for pb.Next() {
 					resp, err := hc.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 					if err != nil {
@@ -325,7 +336,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 	chunk := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok"}}]}` + "\n\n"
 	_, span := tracenoop.NewTracerProvider().Tracer("").Start(context.Background(), "")
 	rq := &api.RouteRequest{Model: testModel}
-	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	eng := labelledServer("engine", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
@@ -336,7 +347,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	b.Cleanup(eng.Close)
-	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	gw := labelledServer("gateway", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		up, err := g.http.Get(eng.URL + "/?" + r.URL.RawQuery)
 		if err != nil {
 			b.Error(err)
