@@ -285,9 +285,9 @@ func (x *exchange) setHeaders(up *http.Response) {
 }
 
 // whole relays a reply that is not streamed (or an engine's refusal): the
-// whole body, then free (run's deferred call).
+// whole body, flushed, then free (run's deferred call).
 func (x *exchange) whole(ctx context.Context, up *http.Response) {
-	data, err := io.ReadAll(up.Body)
+	data, err := readAll(up.Body, up.ContentLength)
 	if err != nil {
 		x.g.m.upstreamError(ctx, phaseStream)
 		x.w.Header().Del("Content-Type")
@@ -295,8 +295,13 @@ func (x *exchange) whole(ctx context.Context, up *http.Response) {
 		return
 	}
 	x.g.setWriteDeadline(x.w)
+	// With its length, the reply can be flushed whole now: the client
+	// has it before the free that follows (a round trip to the router
+	// over NATS), not when the handler returns.
+	x.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	x.w.WriteHeader(up.StatusCode)
 	_, _ = x.w.Write(data)
+	_ = http.NewResponseController(x.w).Flush()
 	x.g.m.ttft.Record(ctx, time.Since(x.t0).Seconds())
 	x.g.m.answered(ctx, up.StatusCode)
 	x.span.SetAttributes(attribute.Int("http.response.status_code", up.StatusCode))
