@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,8 +71,17 @@ func stubEngine(tb testing.TB, promptTokens int, render bool) *httptest.Server {
 			_ = rc.Flush()
 		}
 	})
-	s := httptest.NewServer(mux)
+	s := labelledServer("engine", mux)
 	tb.Cleanup(s.Close)
+	return s
+}
+
+// labelledServer starts a test server whose goroutines carry the pprof
+// label role, so that a CPU profile of a benchmark splits the process's
+// time between the engine stub, the gateway and the load generator.
+func labelledServer(role string, h http.Handler) *httptest.Server {
+	s := httptest.NewUnstartedServer(h)
+	pprof.Do(context.Background(), pprof.Labels("role", role), func(context.Context) { s.Start() })
 	return s
 }
 
@@ -115,31 +127,65 @@ func firstToken(b *testing.B, hc *http.Client, base string, body []byte) time.Du
 }
 
 func reportPercentiles(b *testing.B, ds []time.Duration) {
-	slices.Sort(ds)
-	b.ReportMetric(float64(ds[len(ds)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds()), "p99-µs")
+	p50, p99 := percentiles(ds)
+	b.ReportMetric(µs(p50), "p50-µs")
+	b.ReportMetric(µs(p99), "p99-µs")
 }
+
+// percentiles sorts ds and returns its p50 and p99.
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[len(ds)*99/100]
+}
+
+func µs(d time.Duration) float64 { return float64(d) / 1e3 }
 
 // BenchmarkTTFT is time to first token, on loopback, of the same streaming
 // request straight to the engine and through the gateway (in process over
-// the replica, and over NATS); the overhead is the difference of the two.
-// Tokenize and route are measured alone as well. 2,048-character prompt.
+// the replica, and over NATS), 2,048-character prompt. Each iteration sends
+// one request of each, in turn, so that the three see the same noise; the
+// overhead is the gateway's percentile minus the engine's (p50 minus p50,
+// p99 minus p99). p50-µs and p99-µs are the gateway's in process. Its
+// parts (tokenize, route) are BenchmarkTTFTParts.
 func BenchmarkTTFT(b *testing.B) {
 	const promptTokens = 2048
 	f, eng := benchFleet(b, promptTokens, false)
 	body := []byte(`{"model":"m","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("x", promptTokens) + `"}]}`)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	b.Cleanup(hc.CloseIdleConnections)
-	run := func(b *testing.B, base string) {
-		ds := make([]time.Duration, 0, b.N)
-		for b.Loop() {
-			ds = append(ds, firstToken(b, hc, base, body))
-		}
-		reportPercentiles(b, ds)
+	bases := []string{eng.URL, f.gateway(nil, nil), f.gateway(f.natsRouter(), nil)}
+	for _, base := range bases { // connections and the render probe before the clock
+		firstToken(b, hc, base, body)
 	}
-	b.Run("direct", func(b *testing.B) { run(b, eng.URL) })
-	b.Run("gateway-inprocess", func(b *testing.B) { run(b, f.gateway(nil, nil)) })
-	b.Run("gateway-nats", func(b *testing.B) { run(b, f.gateway(f.natsRouter(), nil)) })
+	ds := make([][]time.Duration, len(bases))
+	i := 0
+	for b.Loop() {
+		for k := range bases {
+			j := (i + k) % len(bases)
+			ds[j] = append(ds[j], firstToken(b, hc, bases[j], body))
+		}
+		i++
+	}
+	direct50, direct99 := percentiles(ds[0])
+	in50, in99 := percentiles(ds[1])
+	nats50, nats99 := percentiles(ds[2])
+	b.ReportMetric(µs(in50), "p50-µs")
+	b.ReportMetric(µs(in99), "p99-µs")
+	b.ReportMetric(µs(direct50), "direct-p50-µs")
+	b.ReportMetric(µs(direct99), "direct-p99-µs")
+	b.ReportMetric(µs(in50-direct50), "overhead-p50-µs")
+	b.ReportMetric(µs(in99-direct99), "overhead-p99-µs")
+	b.ReportMetric(µs(nats50-direct50), "nats-overhead-p50-µs")
+	b.ReportMetric(µs(nats99-direct99), "nats-overhead-p99-µs")
+}
+
+// BenchmarkTTFTParts times the parts of the gateway's TTFT alone: the
+// /tokenize call of BenchmarkTTFT's prompt and the route call (in process
+// and over NATS) of its 2,048 tokens.
+func BenchmarkTTFTParts(b *testing.B) {
+	const promptTokens = 2048
+	f, eng := benchFleet(b, promptTokens, false)
+	body := []byte(`{"model":"m","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("x", promptTokens) + `"}]}`)
 	b.Run("tokenize", func(b *testing.B) {
 		g, _ := New(Config{Router: ReplicaRouter{R: f.replicas[0]}, Models: []string{testModel}})
 		cr, _ := readRequest(kindChat, body)
@@ -223,7 +269,10 @@ func BenchmarkTTFTRender(b *testing.B) {
 
 // BenchmarkThroughput is non-streaming requests per second through one
 // gateway (in process over the replica, and over NATS), small prompts,
-// engine stub, replica and gateway sharing the machine.
+// engine stub, replica and gateway sharing the machine. cpu-µs/req is the
+// process's CPU time per request (load generator, gateway, replica, NATS
+// and engine stub together): the figure that holds when other jobs share
+// the cores and req/s does not.
 func BenchmarkThroughput(b *testing.B) {
 	f, _ := benchFleet(b, 32, false)
 	body := []byte(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a small prompt of about thirty two"}]}`)
@@ -236,8 +285,9 @@ func BenchmarkThroughput(b *testing.B) {
 			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 			defer hc.CloseIdleConnections()
 			b.SetParallelism(8)
-			t0 := time.Now()
+			t0, c0 := time.Now(), cpuTime()
 			b.RunParallel(func(pb *testing.PB) {
+				pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("role", "client")))
 				for pb.Next() {
 					resp, err := hc.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 					if err != nil {
@@ -253,6 +303,7 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "req/s")
+			b.ReportMetric(µs(cpuTime()-c0)/float64(b.N), "cpu-µs/req")
 		})
 	}
 }
@@ -265,31 +316,90 @@ func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 func (d *discardWriter) Flush()                      {}
 
-// BenchmarkStreamRelay relays a stream of n token events: allocs/op must
-// not grow with n (no allocation per chunk beyond the chunk itself, which
-// the relay does not copy).
+// BenchmarkStreamRelay relays a stream of n token events through the
+// gateway's relay (exchange.stream; no tokenize, no route) from an engine
+// to a client, both over loopback HTTP, the engine writing and flushing
+// event after event as fast as it can. Each iteration also sends the same
+// stream from the engine straight to the client; cpu-ns/token is the
+// process's CPU time of the relayed streams minus that of the direct ones,
+// per token event: the relay's own cost, system calls included, on both
+// of its connections. allocs/chunk is the relay alone (in memory, to a
+// writer that keeps nothing), per event: it must not grow with n (no
+// allocation per chunk beyond the chunk itself, which the relay does not
+// copy).
 func BenchmarkStreamRelay(b *testing.B) {
 	g, err := New(Config{Router: fakeRouter{}, Models: []string{testModel}})
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(g.http.CloseIdleConnections)
 	chunk := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok"}}]}` + "\n\n"
+	_, span := tracenoop.NewTracerProvider().Tracer("").Start(context.Background(), "")
+	rq := &api.RouteRequest{Model: testModel}
+	eng := labelledServer("engine", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for range n {
+			_, _ = io.WriteString(w, chunk)
+			_ = rc.Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	b.Cleanup(eng.Close)
+	gw := labelledServer("gateway", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		up, err := g.http.Get(eng.URL + "/?" + r.URL.RawQuery)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer up.Body.Close()
+		x := exchange{g: g, w: w, r: r, rq: rq, span: span, booked: true}
+		x.stream(r.Context(), up)
+	}))
+	b.Cleanup(gw.Close)
+	hc := &http.Client{Transport: &http.Transport{}}
+	b.Cleanup(hc.CloseIdleConnections)
+	buf := make([]byte, 64<<10)
+	// get reads one stream from base and returns the process CPU time it took.
+	get := func(url string, want int64) time.Duration {
+		c0 := cpuTime()
+		resp, err := hc.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.CopyBuffer(io.Discard, resp.Body, buf)
+		resp.Body.Close()
+		if err != nil || n != want {
+			b.Fatalf("read %d bytes of %d: %v", n, want, err)
+		}
+		return cpuTime() - c0
+	}
 	for _, n := range []int{1, 100, 1000} {
 		b.Run(fmt.Sprintf("chunks=%d", n), func(b *testing.B) {
 			stream := []byte(strings.Repeat(chunk, n) + "data: [DONE]\n\n")
+			q := "/?n=" + strconv.Itoa(n)
+			get(eng.URL+q, int64(len(stream))) // connections before the clock
+			get(gw.URL+q, int64(len(stream)))
+			var direct, relayed time.Duration
+			i := 0
+			b.ReportAllocs()
+			b.SetBytes(int64(len(stream)))
+			for b.Loop() {
+				if i%2 == 0 {
+					direct += get(eng.URL+q, int64(len(stream)))
+					relayed += get(gw.URL+q, int64(len(stream)))
+				} else {
+					relayed += get(gw.URL+q, int64(len(stream)))
+					direct += get(eng.URL+q, int64(len(stream)))
+				}
+				i++
+			}
+			b.ReportMetric(float64(relayed-direct)/float64(i*n), "cpu-ns/token")
 			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 			w := &discardWriter{h: http.Header{}}
 			rd := bytes.NewReader(stream)
 			up := &http.Response{StatusCode: 200, Body: io.NopCloser(rd)}
-			_, span := tracenoop.NewTracerProvider().Tracer("").Start(context.Background(), "")
-			rq := &api.RouteRequest{Model: testModel}
-			b.ReportAllocs()
-			b.SetBytes(int64(len(stream)))
-			for b.Loop() {
-				rd.Reset(stream)
-				x := exchange{g: g, w: w, r: req, rq: rq, span: span, booked: true}
-				x.stream(context.Background(), up)
-			}
 			b.ReportMetric(float64(testing.AllocsPerRun(1, func() {
 				rd.Reset(stream)
 				x := exchange{g: g, w: w, r: req, rq: rq, span: span, booked: true}
@@ -297,4 +407,13 @@ func BenchmarkStreamRelay(b *testing.B) {
 			}))/float64(n), "allocs/chunk")
 		})
 	}
+}
+
+// cpuTime is the CPU time (user and system) this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

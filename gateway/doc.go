@@ -15,7 +15,8 @@
 // (media.go). It routes them
 // through a Router (route, prefill done, free, cancel; router.go), forwards
 // the client's body unchanged to the chosen engine, streams the reply back
-// event by event, and books: prefill_done at the first streamed token,
+// event by event (events already read from the engine go out in one
+// write), and books: prefill_done at the first streamed token,
 // free exactly once at the end (a whole reply gets free alone), on client
 // disconnect or on upstream failure (forward.go). A failure before the first byte is
 // retried once on another worker. With Config.PD a request asks for a

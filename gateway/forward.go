@@ -285,9 +285,9 @@ func (x *exchange) setHeaders(up *http.Response) {
 }
 
 // whole relays a reply that is not streamed (or an engine's refusal): the
-// whole body, then free (run's deferred call).
+// whole body, flushed, then free (run's deferred call).
 func (x *exchange) whole(ctx context.Context, up *http.Response) {
-	data, err := io.ReadAll(up.Body)
+	data, err := readAll(up.Body, up.ContentLength)
 	if err != nil {
 		x.g.m.upstreamError(ctx, phaseStream)
 		x.w.Header().Del("Content-Type")
@@ -295,8 +295,13 @@ func (x *exchange) whole(ctx context.Context, up *http.Response) {
 		return
 	}
 	x.g.setWriteDeadline(x.w)
+	// With its length, the reply can be flushed whole now: the client
+	// has it before the free that follows (a round trip to the router
+	// over NATS), not when the handler returns.
+	x.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	x.w.WriteHeader(up.StatusCode)
 	_, _ = x.w.Write(data)
+	_ = http.NewResponseController(x.w).Flush()
 	x.g.m.ttft.Record(ctx, time.Since(x.t0).Seconds())
 	x.g.m.answered(ctx, up.StatusCode)
 	x.span.SetAttributes(attribute.Int("http.response.status_code", up.StatusCode))
@@ -315,8 +320,13 @@ var (
 	dataPrefix   = []byte("data:")
 )
 
-// stream relays Server-Sent Events as they arrive, flushing at the end of
-// each event (its blank line). The first event carrying tokens is the
+// stream relays Server-Sent Events as they arrive. An event is flushed at
+// its blank line unless the whole next event has already been read from
+// the engine (flushLater): the events the engine wrote while the relay was
+// busy go out in one write instead of one each (a system call per event
+// on each side is where the relay's CPU goes: BenchmarkStreamRelay,
+// docs/benchmarks/gateway.md), and no event waits for the network. The
+// first token is flushed at once. The first event carrying tokens is the
 // first token: prefill_done. After the first byte an upstream failure ends
 // the stream with an error event; a client that goes away ends it (the
 // engine's request is cancelled with the upstream context).
@@ -335,6 +345,7 @@ func (x *exchange) stream(ctx context.Context, up *http.Response) {
 
 	var (
 		done, tokens bool // [DONE] seen; this event carries tokens
+		pending      bool // bytes written and not flushed
 		last         time.Time
 		status       = http.StatusOK
 	)
@@ -345,22 +356,27 @@ func (x *exchange) stream(ctx context.Context, up *http.Response) {
 				done = done || bytes.HasPrefix(line, dataDone)
 				tokens = !done && !bytes.Contains(line, roleOnly) && !bytes.Contains(line, emptyChoices)
 			}
-			if now := time.Now(); now.Sub(moved) >= time.Second {
-				moved = now
-				_ = rc.SetWriteDeadline(now.Add(x.g.cfg.WriteTimeout))
-			}
 			if _, werr := x.w.Write(line); werr != nil {
 				status = api.StatusCanceled // the client went away
 				break
 			}
+			pending = true
 			if isBlank(line) {
-				if ferr := rc.Flush(); ferr != nil {
-					status = api.StatusCanceled
-					break
+				now := time.Now()
+				first := tokens && !x.prefilled
+				if first || !flushLater(br) {
+					if now.Sub(moved) >= time.Second {
+						moved = now
+						_ = rc.SetWriteDeadline(now.Add(x.g.cfg.WriteTimeout))
+					}
+					if ferr := rc.Flush(); ferr != nil {
+						status = api.StatusCanceled
+						break
+					}
+					pending = false
 				}
 				if tokens {
-					now := time.Now()
-					if !x.prefilled {
+					if first {
 						x.g.m.ttft.Record(ctx, now.Sub(x.t0).Seconds())
 						x.prefillDone(ctx)
 					} else {
@@ -372,6 +388,9 @@ func (x *exchange) stream(ctx context.Context, up *http.Response) {
 		}
 		if err == nil || errors.Is(err, bufio.ErrBufferFull) {
 			continue
+		}
+		if pending {
+			_ = rc.Flush() // what the engine sent before its body ended or broke
 		}
 		if done && errors.Is(err, io.EOF) {
 			break
@@ -393,6 +412,24 @@ func (x *exchange) stream(ctx context.Context, up *http.Response) {
 	x.g.m.answered(ctx, status)
 	x.span.SetAttributes(attribute.Int("http.response.status_code", status))
 }
+
+// flushLater reports whether the flush at the end of an event can wait for
+// the next one: br already holds the whole next event (up to its blank
+// line), so relaying it needs no read from the network. Reading more than
+// that would make a client wait for the engine.
+func flushLater(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	next, _ := br.Peek(n)
+	return bytes.Contains(next, blankLF) || bytes.Contains(next, blankCRLF)
+}
+
+var (
+	blankLF   = []byte("\n\n")
+	blankCRLF = []byte("\n\r\n")
+)
 
 // errorEvent ends a broken stream: an error event in OpenAI's shape (the
 // SDKs turn it into a stream error), then [DONE].

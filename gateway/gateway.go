@@ -202,6 +202,9 @@ func newTransport() *http.Transport {
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false, // engines speak HTTP/1.1
+		// The gateway relays the engine's bytes: asking for gzip would
+		// have the transport inflate them on the way.
+		DisableCompression: true,
 	}
 }
 
@@ -391,6 +394,30 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
+// readAll is io.ReadAll into a buffer of size bytes (the body's
+// Content-Length; -1 when unknown), so that a body of known length is
+// read without the copies of a growing buffer. Only the first MiB is
+// allocated before it arrives: a length is only announced.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	if size <= 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, min(size, 1<<20)+1) // +1: the read that finds EOF needs room
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) { // longer than announced: let append grow it
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
 // readBody reads a client body of at most limit bytes. Once it is read
 // the connection's read deadline (the server's ReadTimeout, which bounds
 // reading a request) is lifted: it would otherwise cancel a long reply.
@@ -400,7 +427,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *Req
 		e.Status, e.Code = http.StatusRequestEntityTooLarge, "request_too_large"
 		return nil, e
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength)
 	if err == nil {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	}

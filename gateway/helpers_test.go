@@ -235,7 +235,7 @@ func (f *fleet) gateway(router Router, mutate func(*Config)) string {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	s := httptest.NewServer(g)
+	s := labelledServer("gateway", g)
 	f.t.Cleanup(func() {
 		s.CloseClientConnections()
 		s.Close()

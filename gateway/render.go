@@ -195,7 +195,7 @@ func (g *Gateway) post(ctx context.Context, url string, body []byte) ([]byte, er
 		return nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8*DefaultMaxBodyBytes))
+	data, err := readAll(io.LimitReader(resp.Body, 8*DefaultMaxBodyBytes), min(resp.ContentLength, 8*DefaultMaxBodyBytes))
 	if err != nil {
 		return nil, fmt.Errorf("POST %s: reading the reply: %w", url, err)
 	}

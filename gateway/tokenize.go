@@ -69,7 +69,10 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
 	}
 }
 
-var tokensKey = []byte(`"tokens"`)
+var (
+	tokensKey = []byte(`"tokens"`)
+	comma     = []byte(",")
+)
 
 // idsPlaceholder takes the place of the id array cutIDArray read: an empty
 // array in a spelling no encoder writes, so that a caller decoding the rest
@@ -96,7 +99,9 @@ func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 		return nil, nil, false
 	}
 	j++
-	ids, n, err := parseTokenIDs(data[j:], nil)
+	// Sized by the commas (an upper bound, counted fast) so the array is
+	// not copied as it grows.
+	ids, n, err := parseTokenIDs(data[j:], make([]uint32, 0, min(bytes.Count(data[j:], comma)+1, api.MaxTokens)))
 	if err != nil {
 		return nil, nil, false
 	}
@@ -107,7 +112,7 @@ func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 
 // decodeTokenizeReply reads a /tokenize reply. encoding/json spent most of a
 // 2,048-token tokenize call scanning and decoding the id array through
-// reflection (BenchmarkTTFT/tokenize, docs/gateway.md), so the fast path
+// reflection (BenchmarkTTFTParts/tokenize, docs/gateway.md), so the fast path
 // reads the array by hand and gives encoding/json the rest of the reply
 // (with idsPlaceholder in its place); it is taken only when the reply's
 // count agrees with the ids read. Anything else goes through encoding/json
