@@ -15,6 +15,31 @@ type Doc struct {
 	Results *Results
 	Targets []Target
 	Notes   []string
+	// Kept is hand-written Markdown carried over from the previous file
+	// (Kept, between KeptBegin and KeptEnd), written after the header.
+	Kept string
+}
+
+// KeptBegin and KeptEnd enclose the hand-written sections of the
+// benchmarks file (measurements by hand, per issue) that a regeneration
+// keeps: the generated tables around them are replaced.
+const (
+	KeptBegin = "<!-- bench micro keeps what follows, to the end marker: hand-written sections -->"
+	KeptEnd   = "<!-- end of the hand-written sections -->"
+)
+
+// Kept returns the hand-written part of a previous benchmarks file,
+// markers included, or "" when it has none.
+func Kept(previous string) string {
+	i := strings.Index(previous, KeptBegin)
+	if i < 0 {
+		return ""
+	}
+	j := strings.Index(previous[i:], KeptEnd)
+	if j < 0 {
+		return ""
+	}
+	return previous[i : i+j+len(KeptEnd)]
 }
 
 // Row is one target evaluated.
@@ -66,6 +91,9 @@ func Markdown(w io.Writer, d Doc) error {
 	}
 	for _, n := range d.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	if d.Kept != "" {
+		b.WriteString("\n" + d.Kept + "\n")
 	}
 	rows := Evaluate(d.Results, d.Targets)
 	b.WriteString("\n## Targets from the issues\n\n| issue | goal | benchmark | figure | target | |\n|---|---|---|---:|---:|---|\n")

@@ -178,3 +178,34 @@ func FuzzParse(f *testing.F) {
 		_ = Markdown(&out, Doc{Results: res, Targets: Targets})
 	})
 }
+
+// A regeneration keeps the hand-written sections of the file it replaces
+// and drops the old generated tables.
+func TestKeptSections(t *testing.T) {
+	hand := KeptBegin + "\n\n## Issue 24: by hand\n\nfigures\n\n" + KeptEnd
+	prev := "# Benchmarks\n\nold header\n\n" + hand + "\n\n## Targets from the issues\n\nold table\n"
+	cases := []struct {
+		name, prev, want string
+	}{
+		{"kept", prev, hand},
+		{"no markers", "# Benchmarks\n\nold table\n", ""},
+		{"no end marker", KeptBegin + "\n## Issue 1\n", ""},
+	}
+	for _, c := range cases {
+		if got := Kept(c.prev); got != c.want {
+			t.Fatalf("%s: Kept = %q, want %q", c.name, got, c.want)
+		}
+	}
+	res, _ := Parse(strings.NewReader(sample))
+	var b bytes.Buffer
+	if err := Markdown(&b, Doc{Results: res, Kept: Kept(prev)}); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	if !strings.Contains(md, "## Issue 24: by hand\n\nfigures") || strings.Contains(md, "old table") {
+		t.Fatalf("regenerated file:\n%s", md)
+	}
+	if strings.Index(md, "## Issue 24") > strings.Index(md, "## Targets from the issues") {
+		t.Fatal("hand-written sections must come before the generated tables")
+	}
+}

@@ -547,10 +547,13 @@ func analysisNotes(out string) []string {
 }
 
 // writeMicroDoc writes doc as Markdown to the file out, creating its
-// directory.
+// directory; the hand-written sections of the file it replaces are kept.
 func writeMicroDoc(out string, doc micro.Doc) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return fmt.Errorf("bench micro: %w", err)
+	}
+	if prev, err := os.ReadFile(out); err == nil {
+		doc.Kept = micro.Kept(string(prev))
 	}
 	f, err := os.Create(out)
 	if err != nil {
