@@ -80,7 +80,7 @@ func appendBookingBatch(dst []byte, b *bookingBatch) []byte {
 const maxBookingBatch = 512
 
 // shareBooking queues a local booking change for the peers. It must not
-// block: it runs in the scheduler's actor.
+// block: it runs under the scheduler's lock.
 func (p *peerSync) shareBooking(ms *modelState, ev scheduler.BookingEvent) {
 	select {
 	case ms.peers.bookings <- ev:

@@ -4,10 +4,12 @@
 //
 // # What it owns
 //
-//   - The admission actor (scheduler.go): one goroutine per Scheduler
-//     (Start) serialises admit, select and book, so two selections never
-//     both see a worker's spare capacity (a replica never oversubscribes
-//     its own view). Its inputs and outputs (Request, Decision, WorkerInfo,
+//   - The admission point (scheduler.go): one lock per Scheduler
+//     serialises admit, select and book, so two selections never both see
+//     a worker's spare capacity (a replica never oversubscribes its own
+//     view). Every call runs on its caller's goroutine under that lock (no
+//     hand-off to another goroutine and back); the goroutine Start runs
+//     only fires the deadline timer and the guard. Its inputs and outputs (Request, Decision, WorkerInfo,
 //     BookingEvent) are in types.go, its Config in config.go.
 //   - The queue (queue.go): strict priority tiers; FCFS or WSPT (shortest
 //     uncached work first) inside a tier; per-class limits (ErrOverloaded,
