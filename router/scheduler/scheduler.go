@@ -322,6 +322,9 @@ func (s *Scheduler) call(cmd command) error {
 	return s.exec(cmd)
 }
 
+// waiterPool holds waiters of calls answered at once (never queued).
+var waiterPool = sync.Pool{New: func() any { return new(waiter) }}
+
 // post runs cmd like call; it names the calls whose only failure is
 // ErrClosed (membership, load reports, remote bookings, thresholds).
 func (s *Scheduler) post(cmd command) error { return s.call(cmd) }
@@ -339,21 +342,28 @@ func (s *Scheduler) Schedule(ctx context.Context, r *Request) (Decision, error) 
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("scheduler: request %q: %w", r.ID, err)
 	}
-	w := &waiter{req: r, dlIndex: -1}
+	w := waiterPool.Get().(*waiter)
+	w.req, w.dlIndex = r, -1
 	s.mu.Lock()
 	switch {
 	case s.closed:
 		s.mu.Unlock()
+		waiterPool.Put(w)
 		return Decision{}, ErrClosed
 	case !s.started:
 		s.mu.Unlock()
+		waiterPool.Put(w)
 		return Decision{}, ErrNotStarted
 	}
 	s.c.submit(w)
 	s.mu.Unlock()
 	if w.answered {
 		// Admitted or refused at once, on this goroutine: the common case.
-		return w.res.d, w.res.err
+		// Nothing else holds w then (it was never queued), so it is reused.
+		res := w.res
+		*w = waiter{}
+		waiterPool.Put(w)
+		return res.d, res.err
 	}
 	// Queued: the call that frees capacity admits w and answers on w.reply
 	// (made when w was queued, under mu).
