@@ -49,7 +49,7 @@
 //     OutputBlockTracker).
 //   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
 //     blocks shared with other active requests on a worker counted once,
-//     via per-hash refcounts) and active requests; PrefillDone, Free and
+//     via per-hash refcounts in an open-addressing table, holders.go) and active requests; PrefillDone, Free and
 //     Rollback fenced by (request id, worker, attempt); a guard that expires
 //     bookings whose request vanished; remote bookings from other replicas
 //     (OnBookingChange / ApplyRemote) and worker load reports (ObserveLoad)
