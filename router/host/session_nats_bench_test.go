@@ -3,7 +3,6 @@ package host
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/router/api"
@@ -43,18 +42,5 @@ func benchRouteNATSSession(b *testing.B, c *natstest.Cluster, mode string) {
 		req.SessionID, req.SessionMode = fmt.Sprintf("bench-%s-%d", mode, i%64), mode
 		bodies[i] = api.AppendRouteRequest(nil, &req)
 	}
-	subject := api.RouteSubject("", testModel)
-	nc := natstest.Connect(b, st.srv)
-	var resp api.RouteResponse
-	var lc []byte
-	for i := 0; i < 200; i++ { // warm up: create the 64 bindings
-		routeOnce(b, nc, subject, bodies[i%len(bodies)], &resp, lc)
-	}
-	lat := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		lat = append(lat, routeOnce(b, nc, subject, bodies[i%len(bodies)], &resp, lc))
-	}
-	b.StopTimer()
-	reportQuantiles(b, lat, 0.5, 0.99)
+	measureLatency(b, natstest.Connect(b, st.srv), bodies) // the warm-up creates the 64 bindings
 }
