@@ -96,6 +96,22 @@ func TestRouteResponseMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+func TestLifecycleResponseMatchesEncodingJSON(t *testing.T) {
+	for _, c := range []LifecycleResponse{
+		{V: 1, RequestID: "r-1", Op: OpFree, Replica: "rep-0"},
+		{RequestID: "r<1>&\u2028\x00\"", Op: OpPrefillDone, Replica: "a\xff"},
+		{},
+	} {
+		want, err := json.Marshal(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := AppendLifecycleResponse(nil, &c); string(got) != string(want) {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	}
+}
+
 func TestRouteRequestRoundTrip(t *testing.T) {
 	in := RouteRequest{V: 1, RequestID: "r", Model: "m", TokenIDs: []uint32{1, 2}, BlockSize: 16,
 		SessionID: "s", Pin: &WorkerRef{Worker: "w", Rank: 1, HasRank: true}, Prefer: &WorkerRef{Worker: "p"},

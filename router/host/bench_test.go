@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
-	"sort"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,7 +27,21 @@ import (
 // announced through real KV events, and nReplicas replicas.
 func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 	b.Helper()
-	st := startStack(b, stackOpts{replicas: nReplicas, mutate: func(i int, c *Config) {
+	return benchStackOn(b, nWorkers, nReplicas, nil)
+}
+
+// benchStackOn is benchStack on the given cluster (node 0; every stream
+// and bucket, the bindings bucket included, with three replicas), or on
+// a new embedded server when c is nil.
+func benchStackOn(b *testing.B, nWorkers, nReplicas int, c *natstest.Cluster) (*stack, [][]uint32) {
+	b.Helper()
+	opts := stackOpts{replicas: nReplicas}
+	streamReplicas := 1
+	if c != nil {
+		opts.srv, streamReplicas = c.Servers[0], len(c.Servers)
+	}
+	opts.mutate = func(i int, c *Config) {
+		c.StreamReplicas = streamReplicas
 		c.HTTPAddr = ""
 		c.Telemetry = Telemetry{} // no-op providers: measure the router, not the exporter
 		c.MetricsHandler = nil
@@ -36,10 +52,12 @@ func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 		if d, err := time.ParseDuration(os.Getenv("KVR_BENCH_PREDTTL")); err == nil {
 			c.PredictedTTL = d
 		}
-	}})
+	}
+	st := startStack(b, opts)
 	ctx := context.Background()
 	rc := testRegistry()
 	rc.TTL, rc.Heartbeat = 30*time.Second, 5*time.Second
+	rc.Replicas = streamReplicas
 	// A few shared prefixes cached on each worker, as events.
 	prefixes := make([][]uint32, 16)
 	for i := range prefixes {
@@ -57,7 +75,7 @@ func benchStack(b *testing.B, nWorkers, nReplicas int) (*stack, [][]uint32) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, p := range prefixes[w%len(prefixes):][:2] {
+		for _, p := range [][]uint32{prefixes[w%len(prefixes)], prefixes[(w+1)%len(prefixes)]} {
 			h := kvevents.SeqHashes(nil, p, 16, kvevents.HashSeed)
 			ev := kvevents.Event{Kind: kvevents.KindStored}
 			for j, x := range h {
@@ -179,26 +197,27 @@ func BenchmarkRouteNATS(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("%s/replicas=%d/latency", c.form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
-			reqs := benchRequests(prefixes, 512, hashes)
-			subject := api.RouteSubject("", testModel)
-			nc := natstest.Connect(b, st.srv)
-			var resp api.RouteResponse
-			var lc []byte
-			for i := 0; i < 200; i++ { // warm up
-				routeOnce(b, nc, subject, reqs[i%len(reqs)], &resp, lc)
-			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				lat = append(lat, routeOnce(b, nc, subject, reqs[i%len(reqs)], &resp, lc))
-			}
-			b.StopTimer()
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-			q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
-			b.ReportMetric(q(0.5), "p50-µs")
-			b.ReportMetric(q(0.99), "p99-µs")
+			measureLatency(b, natstest.Connect(b, st.srv), benchRequests(prefixes, 512, hashes))
 		})
 	}
+}
+
+// measureLatency routes bodies round and round from one client, after 200
+// warm-up requests, and reports the p50 and p99 client to client.
+func measureLatency(b *testing.B, nc *nats.Conn, bodies [][]byte) {
+	subject := api.RouteSubject("", testModel)
+	var resp api.RouteResponse
+	var lc []byte
+	for i := 0; i < 200; i++ {
+		routeOnce(b, nc, subject, bodies[i%len(bodies)], &resp, lc)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		lat = append(lat, routeOnce(b, nc, subject, bodies[i%len(bodies)], &resp, lc))
+	}
+	b.StopTimer()
+	reportQuantiles(b, lat, 0.5, 0.99)
 }
 
 // cpuTime is the CPU time (user + system) used by this process so far.
@@ -212,14 +231,15 @@ func cpuTime() time.Duration {
 
 // BenchmarkRouteInProcess is Replica.Route without NATS: decode excluded,
 // hashing, lookup, scheduling and booking included (the replica's own cost
-// per route).
-func BenchmarkRouteInProcess(b *testing.B) { benchRouteInProcess(b, nil) }
+// per route), with 32 workers (issue 29's fleet). p50-µs is the median
+// route, ns/op the mean of route and free.
+func BenchmarkRouteInProcess(b *testing.B) { benchRouteInProcess(b, 32, nil) }
 
 // benchRouteInProcess routes 64 request bodies round and round through
-// Replica.Route, freeing each booking at once; edit, when set, changes
-// each decoded request first.
-func benchRouteInProcess(b *testing.B, edit func(i int, req *api.RouteRequest)) {
-	st, prefixes := benchStack(b, 8, 1)
+// Replica.Route on nWorkers workers, freeing each booking at once; edit,
+// when set, changes each decoded request first.
+func benchRouteInProcess(b *testing.B, nWorkers int, edit func(i int, req *api.RouteRequest)) {
+	st, prefixes := benchStack(b, nWorkers, 1)
 	r := st.replicas[0]
 	ms := r.models[testModel]
 	bodies := benchRequests(prefixes, 64, false)
@@ -233,17 +253,35 @@ func benchRouteInProcess(b *testing.B, edit func(i int, req *api.RouteRequest)) 
 		}
 	}
 	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		req := reqs[i%len(reqs)]
 		req.RequestID = ""
 		var resp api.RouteResponse
+		t0 := time.Now()
 		if err := r.Route(ctx, &req, &resp); err != nil {
 			b.Fatal(err)
 		}
+		lat = append(lat, time.Since(t0))
 		fe, _ := ms.fences.get(resp.RequestID)
 		_ = ms.sched.Free(fe)
 		ms.fences.del(fe)
+	}
+	b.StopTimer()
+	reportQuantiles(b, lat, 0.5)
+}
+
+// reportQuantiles reports the given quantiles of lat as p<q>-µs metrics
+// (0.5 is p50-µs, 0.99 p99-µs).
+func reportQuantiles(b *testing.B, lat []time.Duration, qs ...float64) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	for _, q := range qs {
+		v := float64(lat[int(q*float64(len(lat)-1))].Nanoseconds()) / 1e3
+		b.ReportMetric(v, "p"+strconv.Itoa(int(math.Round(q*100)))+"-µs")
 	}
 }

@@ -19,7 +19,8 @@
 //     booking change, into the peers' schedulers) and decision sync (each
 //     routing decision, into the peers' predicted or approximate index).
 //     The request path hands it its side (peerSharer: shareBooking,
-//     shareDecision) and never waits: the buffers are bounded and drop.
+//     shareDecision) and never waits: the buffers (mailbox.go: one
+//     publisher wake-up per batch, not per change) are bounded and drop.
 //
 // It does not own the wire contract (messages, errors, subjects, codecs,
 // the decision sync format and the client are in router/api; booking sync's

@@ -69,6 +69,9 @@ type stackOpts struct {
 	replicas   int
 	mutate     func(i int, c *Config)
 	maxPayload int32 // the server's max_payload; 0 = 8 MiB
+	// srv, when set, is the server to use (a cluster's node) instead of a
+	// new embedded one.
+	srv *server.Server
 }
 
 func startStack(t testing.TB, o stackOpts) *stack {
@@ -76,7 +79,10 @@ func startStack(t testing.TB, o stackOpts) *stack {
 	if o.maxPayload == 0 {
 		o.maxPayload = 8 << 20
 	}
-	st := &stack{t: t, srv: natstest.Start(t, natstest.WithMaxPayload(o.maxPayload))}
+	st := &stack{t: t, srv: o.srv}
+	if st.srv == nil {
+		st.srv = natstest.Start(t, natstest.WithMaxPayload(o.maxPayload))
+	}
 	st.nc, st.js = natstest.JetStream(t, st.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -114,7 +114,7 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 }
 
 // refresh recomputes a long waiter's overlaps from the index (called from
-// the scheduler's actor; lookups are lock-free).
+// the scheduler under its lock; lookups are lock-free).
 func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) []scheduler.Overlap {
 	var ov index.Overlaps
 	if ms.approx {
@@ -135,8 +135,8 @@ func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) [
 
 func (ms *modelState) close() { ms.sched.Close() }
 
-// onBookingChange is the scheduler's hook: it must not block (it runs in
-// the scheduler's actor). A freed booking of this replica loses its fence;
+// onBookingChange is the scheduler's hook: it must not block (it runs
+// under the scheduler's lock). A freed booking of this replica loses its fence;
 // every change goes to the peers.
 func (r *Replica) onBookingChange(ms *modelState, ev scheduler.BookingEvent) {
 	if ev.Kind == scheduler.BookingFree && ev.Replica == r.id {

@@ -151,12 +151,14 @@ func (r *Replica) handleRoute(m *nats.Msg) {
 		return
 	}
 	s.out = api.AppendRouteResponse(s.out[:0], &s.resp)
-	reply := &nats.Msg{Subject: m.Reply, Data: s.out}
 	if sc := trace.SpanContextFromContext(spanCtx); sc.IsValid() {
-		reply.Header = nats.Header{}
+		reply := &nats.Msg{Subject: m.Reply, Data: s.out, Header: nats.Header{}}
 		r.prop.Inject(spanCtx, api.HeaderCarrier(reply.Header))
+		err = r.nc.PublishMsg(reply)
+	} else {
+		err = r.nc.Publish(m.Reply, s.out) // no header: no message to allocate
 	}
-	if err := r.nc.PublishMsg(reply); err != nil {
+	if err != nil {
 		// The client will never learn where to go: release the booking.
 		r.rollbackReply(&s.resp)
 		r.log.Debug("route reply not sent; booking rolled back", "request_id", s.resp.RequestID, "err", err)
@@ -254,7 +256,7 @@ func (r *Replica) answerLifecycle(ctx context.Context, m *nats.Msg, op string, l
 	if m.Reply == "" {
 		return // fire-and-forget call
 	}
-	r.replyJSON(m, resp)
+	_ = m.Respond(api.AppendLifecycleResponse(nil, resp))
 }
 
 // enterForward admits one forwarded lifecycle call into the forwarding

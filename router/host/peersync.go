@@ -40,21 +40,21 @@ var _ peerSharer = (*peerSync)(nil)
 // modelSync is one model's replica sync state: its outgoing buffers and
 // counters.
 type modelSync struct {
-	bookings chan scheduler.BookingEvent // local booking changes to publish
-	dropped  atomic.Uint64               // booking changes dropped (buffer full)
+	bookings *mailbox[scheduler.BookingEvent] // local booking changes to publish
+	dropped  atomic.Uint64                    // booking changes dropped (buffer full)
 
-	decisions  chan decisionOut // local decisions to share with the peers; nil when off
-	decDropped atomic.Uint64    // decisions not shared (buffer full)
-	decBad     atomic.Uint64    // undecodable decision messages received
-	decApplied atomic.Uint64    // peers' decisions recorded
+	decisions  *mailbox[decisionOut] // local decisions to share with the peers; nil when off
+	decDropped atomic.Uint64         // decisions not shared (buffer full)
+	decBad     atomic.Uint64         // undecodable decision messages received
+	decApplied atomic.Uint64         // peers' decisions recorded
 }
 
 // init makes the outgoing buffers: decisions only when the model has a
 // predicted index to feed and decision sync is on.
 func (s *modelSync) init(bookings, decisions int, predicted bool) {
-	s.bookings = make(chan scheduler.BookingEvent, bookings)
+	s.bookings = newMailbox[scheduler.BookingEvent](bookings, maxBookingBatch)
 	if predicted && decisions > 0 {
-		s.decisions = make(chan decisionOut, decisions)
+		s.decisions = newMailbox[decisionOut](decisions, api.MaxDecisionsPerMsg)
 	}
 }
 
@@ -103,38 +103,41 @@ func (p *peerSync) subscribe(subject string, h nats.MsgHandler) error {
 // (its Kvr-Replica header), so it is dropped before decoding.
 func (p *peerSync) ownEcho(m *nats.Msg) bool { return m.Header.Get(api.HeaderReplica) == p.id }
 
-// runBatches is the loop of one outgoing sync stream: it hands each item
-// of in to add (which reports a full batch, flushed at once), flushes a
-// batch at most every after its first item, and on stop adds what is
-// still queued and flushes a last time.
-func runBatches[T any](stop <-chan struct{}, in <-chan T, every time.Duration, add func(T) (full bool), flush func()) {
+// runBatches is the loop of one outgoing sync stream: it hands the items
+// of in to add (which reports a full batch, flushed at once) and flushes,
+// at most every after a batch's first item, or at once when in holds a
+// full batch; on stop it does so a last time. It sleeps between the
+// first item and the flush (in wakes it for neither the items between
+// nor, below a full batch, their number).
+func runBatches[T any](stop <-chan struct{}, in *mailbox[T], every time.Duration, add func(T) (full bool), flush func()) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	armed := false
-	for {
-		select {
-		case it := <-in:
+	var items []T
+	send := func() {
+		items = in.take(items)
+		for _, it := range items {
 			if add(it) {
 				flush()
+			}
+		}
+		flush()
+	}
+	for {
+		select {
+		case <-in.wake:
+			if in.len() >= in.full {
+				send()
 			} else if !armed {
 				timer.Reset(every)
 				armed = true
 			}
 		case <-timer.C:
 			armed = false
-			flush()
+			send()
 		case <-stop:
-			for {
-				select {
-				case it := <-in:
-					if add(it) {
-						flush()
-					}
-				default:
-					flush()
-					return
-				}
-			}
+			send()
+			return
 		}
 	}
 }

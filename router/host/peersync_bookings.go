@@ -80,11 +80,9 @@ func appendBookingBatch(dst []byte, b *bookingBatch) []byte {
 const maxBookingBatch = 512
 
 // shareBooking queues a local booking change for the peers. It must not
-// block: it runs in the scheduler's actor.
+// block: it runs under the scheduler's lock.
 func (p *peerSync) shareBooking(ms *modelState, ev scheduler.BookingEvent) {
-	select {
-	case ms.peers.bookings <- ev:
-	default:
+	if !ms.peers.bookings.put(ev) {
 		if ms.peers.dropped.Add(1)&1023 == 1 {
 			p.log.Warn("booking sync buffer full: changes dropped (load reports will correct)", "model", ms.name,
 				"dropped", ms.peers.dropped.Load())

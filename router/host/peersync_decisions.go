@@ -38,9 +38,7 @@ func (p *peerSync) shareDecision(ms *modelState, k workerref.Target, hashes []kv
 	}
 	hp := hashPool.Get().(*[]kvevents.SeqHash)
 	*hp = append((*hp)[:0], hashes[:min(len(hashes), api.MaxDecisionHashes)]...)
-	select {
-	case ms.peers.decisions <- decisionOut{key: k, hashes: hp}:
-	default:
+	if !ms.peers.decisions.put(decisionOut{key: k, hashes: hp}) {
 		hashPool.Put(hp)
 		if ms.peers.decDropped.Add(1)&1023 == 1 {
 			p.log.Warn("decision sync buffer full: decisions dropped (peers' predicted indexes miss them)",

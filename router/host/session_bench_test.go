@@ -11,5 +11,5 @@ import (
 // per request (64 sessions, each bound by its first request): the binding
 // read and commit, and the route deadline's context, included.
 func BenchmarkRouteInProcessSession(b *testing.B) {
-	benchRouteInProcess(b, func(i int, req *api.RouteRequest) { req.SessionID = "bench-" + strconv.Itoa(i) })
+	benchRouteInProcess(b, 8, func(i int, req *api.RouteRequest) { req.SessionID = "bench-" + strconv.Itoa(i) })
 }

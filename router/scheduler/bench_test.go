@@ -168,9 +168,9 @@ func BenchmarkSelectionUnderHard(b *testing.B) {
 	cpu.report(b)
 }
 
-// BenchmarkSchedule is a full Schedule call through the actor (validation,
-// channel round trip, admission, selection, booking of 128 prompt blocks)
-// followed by Free.
+// BenchmarkSchedule is a full Schedule call (validation, the scheduler's
+// lock, admission, selection, booking of 128 prompt blocks) followed by
+// Free.
 func BenchmarkSchedule(b *testing.B) {
 	for _, n := range []int{32, 2048} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {

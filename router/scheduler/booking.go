@@ -105,49 +105,10 @@ type remoteBooking struct {
 
 // addRef records that a booking on slot names hash h; it reports whether h
 // became active on that worker (a new unique decode block).
-func (c *core) addRef(h kvevents.SeqHash, slot int32) bool {
-	hs, ok := c.holders[h]
-	for i := range hs {
-		if hs[i].slot == slot {
-			hs[i].n++
-			return false
-		}
-	}
-	if !ok {
-		if n := len(c.holderPool); n > 0 {
-			hs = c.holderPool[n-1][:0]
-			c.holderPool = c.holderPool[:n-1]
-		}
-	}
-	c.holders[h] = append(hs, holder{slot: slot, n: 1})
-	return true
-}
+func (c *core) addRef(h kvevents.SeqHash, slot int32) bool { return c.holders.add(h, slot) }
 
 // decRef undoes addRef; it reports whether h left the worker.
-func (c *core) decRef(h kvevents.SeqHash, slot int32) bool {
-	hs := c.holders[h]
-	for i := range hs {
-		if hs[i].slot != slot {
-			continue
-		}
-		if hs[i].n--; hs[i].n > 0 {
-			return false
-		}
-		last := len(hs) - 1
-		hs[i] = hs[last]
-		hs = hs[:last]
-		if last == 0 {
-			delete(c.holders, h)
-			if len(c.holderPool) < 4096 {
-				c.holderPool = append(c.holderPool, hs)
-			}
-		} else {
-			c.holders[h] = hs
-		}
-		return true
-	}
-	return false
-}
+func (c *core) decRef(h kvevents.SeqHash, slot int32) bool { return c.holders.dec(h, slot) }
 
 // book records the predicted load of an admitted request on slot.
 func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking {

@@ -64,8 +64,8 @@ func TestBookingLoadAndSharedPrefix(t *testing.T) {
 	if l := h.loads()[wk("a", 0)]; l != (TargetLoad{Key: wk("a", 0), Available: true}) {
 		t.Fatalf("after free: %+v", l)
 	}
-	if len(h.c.holders) != 0 || len(h.c.bookings) != 0 {
-		t.Fatalf("leftover state: %d holders, %d bookings", len(h.c.holders), len(h.c.bookings))
+	if h.c.holders.len() != 0 || len(h.c.bookings) != 0 {
+		t.Fatalf("leftover state: %d holders, %d bookings", h.c.holders.len(), len(h.c.bookings))
 	}
 }
 
@@ -324,8 +324,8 @@ func TestRemoveWorker(t *testing.T) {
 	if err := h.s.Free(d.Fence); !errors.Is(err, ErrUnknownBooking) {
 		t.Fatal(err)
 	}
-	if len(h.c.holders) != 0 || h.s.Stats().Bookings != 0 {
-		t.Fatalf("holders %d bookings %d", len(h.c.holders), h.s.Stats().Bookings)
+	if h.c.holders.len() != 0 || h.s.Stats().Bookings != 0 {
+		t.Fatalf("holders %d bookings %d", h.c.holders.len(), h.s.Stats().Bookings)
 	}
 	if ls := h.loads(); len(ls) != 1 {
 		t.Fatalf("loads %v", ls)

@@ -119,7 +119,7 @@ type QueueConfig struct {
 
 // Classifier is a plugin that may suggest a target for a request. Its target
 // is always Soft: it can neither replace nor clear a Hard requirement. It is
-// called from the scheduler's actor and must be fast and side-effect free.
+// called under the scheduler's lock and must be fast and side-effect free.
 type Classifier interface {
 	Classify(r *Request) (workerref.Target, bool)
 }
@@ -131,7 +131,8 @@ type ClassifierFunc func(r *Request) (workerref.Target, bool)
 func (f ClassifierFunc) Classify(r *Request) (workerref.Target, bool) { return f(r) }
 
 // RefreshFunc returns fresh overlaps for a request that waited long; it
-// appends to dst and returns it. Called from the actor: no I/O, be quick.
+// appends to dst and returns it. Called under the scheduler's lock: no
+// I/O, be quick, do not call the scheduler.
 type RefreshFunc func(r *Request, dst []Overlap) []Overlap
 
 // Config configures a Scheduler. The zero value is usable (after defaults).
@@ -163,7 +164,9 @@ type Config struct {
 	LoadReportTTL time.Duration `yaml:"load_report_ttl"`
 	// GuardInterval: how often the guard expires bookings. Default 30 s.
 	GuardInterval time.Duration `yaml:"guard_interval"`
-	// CommandBuffer is the actor's inbox size. Default 1,024.
+	// CommandBuffer is accepted and checked but no longer used: calls run
+	// under the scheduler's lock, with no inbox (kept so that existing
+	// configurations still load). Default 1,024.
 	CommandBuffer int `yaml:"command_buffer"`
 	// Seed makes random choices reproducible (with HasSeed). A policy that
 	// implements Seeded can supply it too; Config wins.

@@ -4,10 +4,12 @@
 //
 // # What it owns
 //
-//   - The admission actor (scheduler.go): one goroutine per Scheduler
-//     (Start) serialises admit, select and book, so two selections never
-//     both see a worker's spare capacity (a replica never oversubscribes
-//     its own view). Its inputs and outputs (Request, Decision, WorkerInfo,
+//   - The admission point (scheduler.go): one lock per Scheduler
+//     serialises admit, select and book, so two selections never both see
+//     a worker's spare capacity (a replica never oversubscribes its own
+//     view). Every call runs on its caller's goroutine under that lock (no
+//     hand-off to another goroutine and back); the goroutine Start runs
+//     only fires the deadline timer and the guard. Its inputs and outputs (Request, Decision, WorkerInfo,
 //     BookingEvent) are in types.go, its Config in config.go.
 //   - The queue (queue.go): strict priority tiers; FCFS or WSPT (shortest
 //     uncached work first) inside a tier; per-class limits (ErrOverloaded,
@@ -47,7 +49,7 @@
 //     OutputBlockTracker).
 //   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
 //     blocks shared with other active requests on a worker counted once,
-//     via per-hash refcounts) and active requests; PrefillDone, Free and
+//     via per-hash refcounts in an open-addressing table, holders.go) and active requests; PrefillDone, Free and
 //     Rollback fenced by (request id, worker, attempt); a guard that expires
 //     bookings whose request vanished; remote bookings from other replicas
 //     (OnBookingChange / ApplyRemote) and worker load reports (ObserveLoad)

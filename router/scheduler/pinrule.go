@@ -190,7 +190,8 @@ func (c *core) blocks(n int64) int64 {
 }
 
 // callPolicy runs the policy, turning a panic in it (a custom policy's bug)
-// into ErrPolicy for this request instead of a dead actor.
+// into ErrPolicy for this request instead of a crashed caller holding the
+// scheduler's lock.
 func (c *core) callPolicy(x *Context, cs *Candidates) (i int, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -269,23 +270,29 @@ func (c *core) prepare(w *waiter) {
 	// Prompt blocks already active on a worker are counted once there. The
 	// hashes are a prefix chain and bookings hold whole chains, so the first
 	// hash no worker holds ends the walk.
-	if len(c.holders) > 0 {
+	if c.holders.len() > 0 {
 		for _, h := range r.SeqHashes {
-			hs := c.holders[h]
-			if len(hs) == 0 {
+			first, more, ok := c.holders.holdersOf(h)
+			if !ok {
 				break
 			}
-			for _, hd := range hs {
-				if c.shared[hd.slot] == 0 {
-					c.shTouched = append(c.shTouched, hd.slot)
-				}
-				c.shared[hd.slot]++
+			c.countShared(first.slot)
+			for _, hd := range more {
+				c.countShared(hd.slot)
 			}
 		}
 	}
 	total := c.blocks(int64(r.Tokens) + c.bookedOutput(r) + int64(c.cfg.BlockSize) - 1)
 	cs.anyShared = len(c.shTouched) > 0
 	cs.newBlks = max(total, int64(len(r.SeqHashes)))
+}
+
+// countShared counts one more active prompt block of the request on slot.
+func (c *core) countShared(slot int32) {
+	if c.shared[slot] == 0 {
+		c.shTouched = append(c.shTouched, slot)
+	}
+	c.shared[slot]++
 }
 
 func (c *core) unprepare() {

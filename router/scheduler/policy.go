@@ -11,7 +11,7 @@ import (
 // a policy as anything but a narrowed candidate set); a Soft target arrives
 // as Context.Affinity. Policies are pure: they must not keep per-request
 // state or book anything (booking happens only in the queue), and they are
-// called from the scheduler's single actor goroutine, so a Policy shared by
+// called under the scheduler's lock, one call at a time, so a Policy shared by
 // several schedulers must be safe for concurrent use (builtins are: they
 // hold only configuration). Select returns an index into c (after any
 // Retain the policy did), or an error wrapping ErrNoCandidate when nothing

@@ -12,7 +12,7 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// waiter is one Schedule call inside the actor: admitted at once or queued.
+// waiter is one Schedule call inside the core: admitted at once or queued.
 type waiter struct {
 	req      *Request // the caller's; valid while the caller waits in Schedule
 	plan     pinPlan
@@ -29,7 +29,12 @@ type waiter struct {
 	lane     *lane // nil: the tier's shared queue
 	queued   bool
 	done     bool
+	// reply carries the answer of a queued waiter to its caller; nil until
+	// it is queued: a waiter answered within submit, on its caller's
+	// goroutine, gets res instead (answered).
 	reply    chan result
+	res      result
+	answered bool
 	// booking handed over in the reply (for abandonment after admission)
 	fence Fence
 }
@@ -37,6 +42,16 @@ type waiter struct {
 type result struct {
 	d   Decision
 	err error
+}
+
+// answer gives w its result: on reply once it was queued (its caller
+// waits there), else in res for the caller that is still inside submit.
+func (w *waiter) answer(res result) {
+	if w.reply != nil {
+		w.reply <- res
+		return
+	}
+	w.res, w.answered = res, true
 }
 
 func (w *waiter) overlaps() []Overlap {
@@ -91,7 +106,7 @@ func newQueueState() queueState {
 	}
 }
 
-// submit is a new Schedule call arriving at the actor.
+// submit is a new Schedule call arriving at the core.
 func (c *core) submit(w *waiter) {
 	r := w.req
 	if _, dup := c.bookings[r.ID]; dup {
@@ -312,6 +327,9 @@ func (c *core) insert(q []*waiter, w *waiter) []*waiter {
 }
 
 func (c *core) enqueue(w *waiter) {
+	if w.reply == nil {
+		w.reply = make(chan result, 1) // the caller will wait on it
+	}
 	q := &c.q
 	q.seq++
 	w.seq = q.seq
@@ -471,10 +489,10 @@ func (c *core) admit(w *waiter, now time.Time) {
 	w.fence = b.fence()
 	w.done = true
 	c.stats.admitted.Add(1)
-	w.reply <- result{d: Decision{
+	w.answer(result{d: Decision{
 		Worker: b.key, OverlapBlocks: overlap, Fence: w.fence, Waited: now.Sub(w.arrived),
 		HardFallback: fellBack, Policy: c.policy.Name(),
-	}}
+	}})
 	if c.onAdmit != nil {
 		c.onAdmit(w, slot)
 	}
@@ -483,7 +501,7 @@ func (c *core) admit(w *waiter, now time.Time) {
 func (c *core) reject(w *waiter, err error) {
 	c.dequeue(w)
 	w.done = true
-	w.reply <- result{err: err}
+	w.answer(result{err: err})
 }
 
 // abandon handles a caller that stopped waiting (context done): a queued
@@ -558,7 +576,7 @@ func (c *core) expireDeadlines(now time.Time) {
 	c.rearm()
 }
 
-// rearm tells the actor when the next deadline falls.
+// rearm sets the deadline timer to the next deadline.
 func (c *core) rearm() {
 	if c.setTimer == nil {
 		return

@@ -28,11 +28,10 @@ type core struct {
 	attempt uint64
 	evSeq   uint64
 
-	bookings   map[string]*booking
-	holders    map[kvevents.SeqHash][]holder
-	holderPool [][]holder
-	hashPool   [][]kvevents.SeqHash
-	remote     map[remoteKey]*remoteBooking
+	bookings map[string]*booking
+	holders  holderTable // per-hash refcounts of active prompt blocks (holders.go)
+	hashPool [][]kvevents.SeqHash
+	remote   map[remoteKey]*remoteBooking
 
 	q       queueState
 	pumping bool
@@ -63,7 +62,7 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 		fl:       newFleet(),
 		policy:   p,
 		bookings: map[string]*booking{},
-		holders:  map[kvevents.SeqHash][]holder{},
+		holders:  newHolderTable(),
 		remote:   map[remoteKey]*remoteBooking{},
 		q:        newQueueState(),
 		stats:    st,
@@ -91,8 +90,15 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 	return c
 }
 
-// Scheduler is one replica's admission actor: the queue, eligibility, the
+// Scheduler is one replica's admission point: the queue, eligibility, the
 // pin rule, the policy and load booking. Create with New, run with Start.
+//
+// Every call runs on its caller's goroutine under mu, the one lock of the
+// core: admit, select and book are serialised as they would be in an actor
+// (two selections never both see a worker's spare capacity, booking events
+// leave in order), without handing each request to another goroutine and
+// back. The goroutine Start runs only fires the deadline timer and the
+// guard, under the same lock.
 type Scheduler struct {
 	cfg   Config
 	th    atomic.Pointer[Thresholds]
@@ -100,12 +106,11 @@ type Scheduler struct {
 	c     *core
 	fn    atomic.Pointer[func(BookingEvent)]
 
-	mu      sync.Mutex // guards started/closed and direct core access before Start
+	mu      sync.Mutex // guards the core, started and closed
 	started bool
 	closed  bool
-	cmds    chan command
-	done    chan struct{} // closed when the actor has exited
-	stop    chan struct{} // closed by Close
+	done    chan struct{} // closed once closed and queued requests failed
+	stop    chan struct{} // closed by Close: the timer goroutine exits
 	wg      sync.WaitGroup
 }
 
@@ -137,7 +142,6 @@ type command struct {
 	load  LoadReport
 	ev    BookingEvent
 	fn    func(*core)
-	reply chan error
 	loads *[]TargetLoad
 }
 
@@ -153,7 +157,6 @@ func New(cfg Config, p Policy) (*Scheduler, error) {
 	}
 	s := &Scheduler{
 		cfg:  full,
-		cmds: make(chan command, full.CommandBuffer),
 		done: make(chan struct{}),
 		stop: make(chan struct{}),
 	}
@@ -179,8 +182,9 @@ func (s *Scheduler) Replica() string { return s.cfg.Replica }
 func (s *Scheduler) Policy() Policy { return s.c.policy }
 
 // OnBookingChange sets the function that receives this replica's booking
-// changes (for the host to publish to other replicas). It is called from the
-// actor, in order, and must not block: hand the event to a bounded buffer.
+// changes (for the host to publish to other replicas). It is called under
+// the scheduler's lock, in order, and must not block nor call the
+// scheduler: hand the event to a bounded buffer.
 func (s *Scheduler) OnBookingChange(fn func(BookingEvent)) {
 	if fn == nil {
 		s.fn.Store(nil)
@@ -189,7 +193,8 @@ func (s *Scheduler) OnBookingChange(fn func(BookingEvent)) {
 	s.fn.Store(&fn)
 }
 
-// Start runs the admission actor until ctx is done or Close is called.
+// Start runs the deadline timer and the guard until ctx is done or Close
+// is called; from then on Schedule admits requests.
 func (s *Scheduler) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -200,33 +205,6 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		return fmt.Errorf("scheduler: already started")
 	}
 	s.started = true
-	s.wg.Add(1)
-	go s.run(ctx)
-	return nil
-}
-
-// Close stops the actor; queued requests fail with ErrClosed. It waits for
-// the actor to exit and is safe to call more than once.
-func (s *Scheduler) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	started := s.started
-	close(s.stop)
-	s.mu.Unlock()
-	if started {
-		s.wg.Wait()
-	} else {
-		close(s.done)
-	}
-	return nil
-}
-
-func (s *Scheduler) run(ctx context.Context) {
-	defer s.wg.Done()
 	c := s.c
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -237,68 +215,82 @@ func (s *Scheduler) run(ctx context.Context) {
 		}
 	}
 	c.rearm()
+	s.wg.Add(1)
+	go s.run(ctx, timer)
+	return nil
+}
+
+// Close stops the scheduler; queued requests fail with ErrClosed, and so
+// does every later call. It waits for the timer goroutine to exit and is
+// safe to call more than once.
+func (s *Scheduler) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closeLocked()
+	close(s.stop)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// closeLocked fails everything still queued and refuses every later call.
+// The caller holds mu.
+func (s *Scheduler) closeLocked() {
+	s.closed = true
+	c := s.c
+	for _, w := range c.q.byID {
+		c.reject(w, ErrClosed)
+	}
+	if c.setTimer != nil {
+		c.setTimer(time.Time{})
+	}
+	close(s.done)
+}
+
+// run fires the deadline timer and the guard until ctx is done or Close.
+func (s *Scheduler) run(ctx context.Context, timer *time.Timer) {
+	defer s.wg.Done()
 	guard := time.NewTicker(s.cfg.GuardInterval)
 	defer guard.Stop()
-	defer func() {
-		timer.Stop()
-		// fail everything still queued, then stop accepting
-		for _, w := range c.q.byID {
-			c.reject(w, ErrClosed)
-		}
-		close(s.done)
-		// commands already in the inbox get ErrClosed
-		for {
-			select {
-			case cmd := <-s.cmds:
-				s.refuse(cmd)
-			default:
-				return
-			}
-		}
-	}()
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			s.mu.Lock()
+			if !s.closed {
+				s.closeLocked()
+			}
+			s.mu.Unlock()
 			return
 		case <-s.stop:
 			return
 		case <-timer.C:
-			c.expireDeadlines(c.cfg.Now())
+			_ = s.call(command{op: opFunc, fn: func(c *core) { c.expireDeadlines(c.cfg.Now()) }})
 		case <-guard.C:
-			c.guard(c.cfg.Now())
-		case cmd := <-s.cmds:
-			s.exec(cmd)
+			_ = s.call(command{op: opGuard})
 		}
 	}
 }
 
-func (s *Scheduler) refuse(cmd command) {
-	switch {
-	case cmd.op == opSchedule:
-		cmd.w.reply <- result{err: ErrClosed}
-	case cmd.reply != nil:
-		cmd.reply <- ErrClosed
-	}
-}
-
-// exec runs one command on the core (in the actor, or under mu before Start).
-func (s *Scheduler) exec(cmd command) {
+// exec runs one command on the core. The caller holds mu.
+func (s *Scheduler) exec(cmd command) error {
 	c := s.c
-	var err error
 	switch cmd.op {
 	case opSchedule:
 		c.submit(cmd.w)
-		return
 	case opAbandon:
 		c.abandon(cmd.w)
 	case opPrefillDone:
-		err = c.prefillDone(cmd.fence)
+		return c.prefillDone(cmd.fence)
 	case opFree:
-		err = c.free(cmd.fence, false)
+		return c.free(cmd.fence, false)
 	case opRollback:
-		err = c.free(cmd.fence, true)
+		return c.free(cmd.fence, true)
 	case opCancel:
-		err = c.cancel(cmd.id)
+		return c.cancel(cmd.id)
 	case opUpsert:
 		c.upsertWorker(cmd.info)
 	case opRemove:
@@ -306,7 +298,7 @@ func (s *Scheduler) exec(cmd command) {
 	case opLoad:
 		c.observeLoad(cmd.load)
 	case opRemote:
-		err = c.applyRemote(cmd.ev)
+		return c.applyRemote(cmd.ev)
 	case opThresholds:
 		c.th = *s.th.Load()
 		c.fl.refreshAll(&c.th)
@@ -318,78 +310,27 @@ func (s *Scheduler) exec(cmd command) {
 	case opFunc:
 		cmd.fn(c)
 	}
-	if cmd.reply != nil {
-		cmd.reply <- err
-	}
+	return nil
 }
 
-var replyPool = sync.Pool{New: func() any { return make(chan error, 1) }}
-
-// call runs cmd and waits for its result. Before Start it runs it directly.
+// call runs cmd on the core under mu and returns its result; after Close
+// it answers ErrClosed. Before Start it runs all the same, so direct calls
+// are serialised as they are afterwards.
 func (s *Scheduler) call(cmd command) error {
-	if ran, err := s.runUnstarted(cmd); ran {
-		return err
-	}
-	ch := replyPool.Get().(chan error)
-	cmd.reply = ch
-	select {
-	case s.cmds <- cmd:
-	case <-s.done:
-		return ErrClosed
-	}
-	select {
-	case err := <-ch:
-		replyPool.Put(ch)
-		return err
-	case <-s.done:
-		select {
-		case err := <-ch:
-			replyPool.Put(ch)
-			return err
-		default:
-			return ErrClosed // ch is dropped: a late reply must not reach another caller
-		}
-	}
-}
-
-// runUnstarted handles cmd without the actor when there is none: after
-// Close it answers ErrClosed, before Start it runs cmd on the caller's
-// goroutine under s.mu (so direct calls are serialised as the actor would).
-// ran is false once the actor runs; the caller then sends cmd to it.
-func (s *Scheduler) runUnstarted(cmd command) (ran bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return true, ErrClosed
-	}
-	if s.started {
-		return false, nil
-	}
-	cmd.reply = nil
-	s.execDirect(cmd, &err)
-	return true, err
-}
-
-// post queues cmd without waiting for it to run. Before Start it runs it
-// directly.
-func (s *Scheduler) post(cmd command) error {
-	if ran, err := s.runUnstarted(cmd); ran {
-		return err
-	}
-	select {
-	case s.cmds <- cmd:
-		return nil
-	case <-s.done:
 		return ErrClosed
 	}
+	return s.exec(cmd)
 }
 
-func (s *Scheduler) execDirect(cmd command, err *error) {
-	ch := make(chan error, 1)
-	cmd.reply = ch
-	s.exec(cmd)
-	*err = <-ch
-}
+// waiterPool holds waiters of calls answered at once (never queued).
+var waiterPool = sync.Pool{New: func() any { return new(waiter) }}
+
+// post runs cmd like call; it names the calls whose only failure is
+// ErrClosed (membership, load reports, remote bookings, thresholds).
+func (s *Scheduler) post(cmd command) error { return s.call(cmd) }
 
 // Schedule admits r, waiting in the router's queue while every worker it
 // may use is busy, picks a worker under the pin rule and the policy, and
@@ -401,23 +342,34 @@ func (s *Scheduler) Schedule(ctx context.Context, r *Request) (Decision, error) 
 		s.stats.badInput.Add(1)
 		return Decision{}, err
 	}
-	s.mu.Lock()
-	started, closed := s.started, s.closed
-	s.mu.Unlock()
-	if closed {
-		return Decision{}, ErrClosed
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("scheduler: request %q: %w", r.ID, err)
 	}
-	if !started {
+	w := waiterPool.Get().(*waiter)
+	w.req, w.dlIndex = r, -1
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		waiterPool.Put(w)
+		return Decision{}, ErrClosed
+	case !s.started:
+		s.mu.Unlock()
+		waiterPool.Put(w)
 		return Decision{}, ErrNotStarted
 	}
-	w := &waiter{req: r, reply: make(chan result, 1), dlIndex: -1}
-	select {
-	case s.cmds <- command{op: opSchedule, w: w}:
-	case <-s.done:
-		return Decision{}, ErrClosed
-	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("scheduler: request %q: %w", r.ID, ctx.Err())
+	s.c.submit(w)
+	s.mu.Unlock()
+	if w.answered {
+		// Admitted or refused at once, on this goroutine: the common case.
+		// Nothing else holds w then (it was never queued), so it is reused.
+		res := w.res
+		*w = waiter{}
+		waiterPool.Put(w)
+		return res.d, res.err
 	}
+	// Queued: the call that frees capacity admits w and answers on w.reply
+	// (made when w was queued, under mu).
 	select {
 	case res := <-w.reply:
 		return res.d, res.err
@@ -429,8 +381,8 @@ func (s *Scheduler) Schedule(ctx context.Context, r *Request) (Decision, error) 
 			return Decision{}, ErrClosed
 		}
 	case <-ctx.Done():
-		// The actor decides: leave the queue, or roll back a booking made
-		// in the meantime. Its answer is final, so the reply is dropped.
+		// Under mu the queue decides: leave it, or roll back a booking
+		// made in the meantime. Its answer is final, so the reply is dropped.
 		if err := s.call(command{op: opAbandon, w: w}); err != nil && err != ErrClosed {
 			return Decision{}, err
 		}
@@ -560,28 +512,14 @@ type TargetLoad struct {
 
 // Loads returns the load view, sorted by (worker, rank).
 func (s *Scheduler) Loads(ctx context.Context) ([]TargetLoad, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	var out []TargetLoad
-	s.mu.Lock()
-	if !s.started && !s.closed {
-		out = s.c.snapshot()
-		s.mu.Unlock()
-		return out, nil
+	if err := s.call(command{op: opSnapshot, loads: &out}); err != nil {
+		return nil, err
 	}
-	s.mu.Unlock()
-	ch := make(chan error, 1)
-	select {
-	case s.cmds <- command{op: opSnapshot, loads: &out, reply: ch}:
-	case <-s.done:
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	select {
-	case <-ch:
-		return out, nil
-	case <-s.done:
-		return nil, ErrClosed
-	}
+	return out, nil
 }
 
 func (c *core) snapshot() []TargetLoad {
@@ -672,5 +610,5 @@ func (s *Scheduler) Stats() Stats {
 	}
 }
 
-// do runs fn on the core inside the actor (tests).
+// do runs fn on the core under the scheduler's lock (tests).
 func (s *Scheduler) do(fn func(*core)) error { return s.call(command{op: opFunc, fn: fn}) }

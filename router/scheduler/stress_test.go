@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// TestStress drives every entry point concurrently through the actor:
+// TestStress drives every entry point concurrently:
 // scheduling with random deadlines and cancellations, lifecycle calls,
 // membership churn, remote events, load reports and threshold changes. It
 // checks that nothing deadlocks, every call returns a documented error, and
@@ -64,6 +65,10 @@ func TestStress(t *testing.T) {
 				if err != nil {
 					continue
 				}
+				// Hold the booking while others run: calls run on their
+				// caller under the scheduler's lock, so without a yield the
+				// bookings of the callers barely overlap and nothing queues.
+				runtime.Gosched()
 				if rnd.IntN(2) == 0 {
 					note(s.PrefillDone(d.Fence))
 				}
@@ -130,8 +135,8 @@ func TestStress(t *testing.T) {
 		}
 	}
 	if err := s.do(func(c *core) {
-		if len(c.holders) != 0 || len(c.q.byID) != 0 || c.q.dl.Len() != 0 || len(c.q.tiers) != 0 {
-			t.Errorf("state left: holders %d queued %d deadlines %d tiers %d", len(c.holders), len(c.q.byID), c.q.dl.Len(), len(c.q.tiers))
+		if c.holders.len() != 0 || len(c.q.byID) != 0 || c.q.dl.Len() != 0 || len(c.q.tiers) != 0 {
+			t.Errorf("state left: holders %d queued %d deadlines %d tiers %d", c.holders.len(), len(c.q.byID), c.q.dl.Len(), len(c.q.tiers))
 		}
 	}); err != nil {
 		t.Fatal(err)
