@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -199,6 +200,7 @@ func runForm(t *testing.T, f form) {
 	started := time.Since(start)
 
 	rec := NewRecorder()
+	watch := fleet.watchRevisions(rec)
 	load := f.load
 	load.Spread = f.warm + f.cool
 	for _, s := range f.steps {
@@ -223,12 +225,13 @@ func runForm(t *testing.T, f form) {
 	sleep(ctx, f.cool)
 	clients.Stop()
 	ops := rec.Ops()
+	revs := watch.Stop()
 
 	cfg := checkConfig
 	cfg.Kills = fleet.Kills()
-	cfg.VisualizeTo = os.Getenv("KVR_CHAOS_OUT")
-	if cfg.VisualizeTo == "" {
-		cfg.VisualizeTo = t.TempDir()
+	cfg.VisualizeTo = outDir(t)
+	if err := WriteHistory(cfg.VisualizeTo, ops, revs); err != nil {
+		t.Error(err)
 	}
 	checkStart := time.Now()
 	report, err := Check(ops, cfg)
@@ -248,6 +251,13 @@ func runForm(t *testing.T, f form) {
 		departs = append(departs, fmt.Sprintf("%s at %.3fs", d.Worker, rec.At(d.At).Seconds()))
 	}
 	t.Logf("worker departures seen by an observing membership view (all false: no worker stops): %d %v", len(departs), departs)
+	if len(report.NonLinear) > 0 {
+		if path, err := report.WriteRejected(cfg.VisualizeTo, revs); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("the rejected sessions' whole histories, with the revisions of their keys: %s", path)
+		}
+	}
 	if report.Failed() {
 		t.Errorf("fault test failed: %s\n%s", figures, report.Summary(4))
 	} else {
@@ -256,6 +266,21 @@ func runForm(t *testing.T, f form) {
 	if report.Routes < 500 {
 		t.Errorf("only %d routes: too little load to judge", report.Routes)
 	}
+}
+
+// outDir is where a run's history, the revisions of the bindings and, on a
+// rejection, porcupine's visualisation and the rejected sessions' histories
+// go: KVR_CHAOS_OUT/<run> (kept), else the test's temporary directory.
+func outDir(t *testing.T) string {
+	root := os.Getenv("KVR_CHAOS_OUT")
+	if root == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(root, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("chaos: KVR_CHAOS_OUT: %v", err)
+	}
+	return dir
 }
 
 // partitionsOf describes the splits of a form, for the log.
