@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,9 +137,9 @@ var checkConfig = CheckConfig{
 // cluster with R3 buckets, clients routing Hard and Soft sessions over HTTP
 // and NATS while nodes are stopped and restarted, every request recorded
 // and the whole history checked (check.go). KVR_CHAOS_LONG=1 runs the long
-// form, KVR_CHAOS_RUNS=N repeats it, KVR_CHAOS_OUT=dir keeps the porcupine
-// visualisation there, KVR_CHAOS_STRICT=1 makes the replicas read every
-// binding from the stream leader.
+// form, KVR_CHAOS_RUNS=N repeats it, KVR_CHAOS_OUT=dir keeps each run's
+// history and diagnostics in dir/<run> (outDir), KVR_CHAOS_STRICT=1 makes
+// the replicas read every binding from the stream leader.
 //
 // Fails before issue 15's fixes (see docs/faults.md).
 func TestFaults(t *testing.T) {
@@ -196,6 +197,10 @@ func runForm(t *testing.T, f form) {
 	// replicas' --strict-reads), the control run of the checkers.
 	fc.Bindings.StrictReads = os.Getenv("KVR_CHAOS_STRICT") == "1"
 	fc.Partitions = f.partitions
+	out := outDir(t)
+	if os.Getenv("KVR_CHAOS_OUT") != "" {
+		fc.Logger = warnLog(t, filepath.Join(out, "replicas.log"))
+	}
 	fleet := StartFleet(t, fc)
 	started := time.Since(start)
 
@@ -229,7 +234,7 @@ func runForm(t *testing.T, f form) {
 
 	cfg := checkConfig
 	cfg.Kills = fleet.Kills()
-	cfg.VisualizeTo = outDir(t)
+	cfg.VisualizeTo = out
 	if err := WriteHistory(cfg.VisualizeTo, ops, revs); err != nil {
 		t.Error(err)
 	}
@@ -268,9 +273,12 @@ func runForm(t *testing.T, f form) {
 	}
 }
 
-// outDir is where a run's history, the revisions of the bindings and, on a
-// rejection, porcupine's visualisation and the rejected sessions' histories
-// go: KVR_CHAOS_OUT/<run> (kept), else the test's temporary directory.
+// outDir is where a run's history (history.jsonl), the revisions of the
+// bindings the test's watch saw (revisions.jsonl), the replicas' warnings
+// (replicas.log) and, on a rejection, porcupine's visualisation
+// (hard-sessions.html) and the rejected sessions' whole histories
+// (rejected.txt) go: KVR_CHAOS_OUT/<run> (kept), else the test's temporary
+// directory (the logs only with KVR_CHAOS_OUT).
 func outDir(t *testing.T) string {
 	root := os.Getenv("KVR_CHAOS_OUT")
 	if root == "" {
@@ -281,6 +289,17 @@ func outDir(t *testing.T) string {
 		t.Fatalf("chaos: KVR_CHAOS_OUT: %v", err)
 	}
 	return dir
+}
+
+// warnLog is a logger of the fleet's warnings (a watch lost, a write
+// answered as a conflict that landed) into path, kept with the run.
+func warnLog(t *testing.T, path string) *slog.Logger {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatalf("chaos: replicas' log: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() }) // after the fleet's own cleanup, registered later
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // partitionsOf describes the splits of a form, for the log.

@@ -31,6 +31,7 @@ type Revision struct {
 	Writer  string        `json:"writer,omitempty"`
 	Nonce   string        `json:"nonce,omitempty"`
 	Stored  time.Time     `json:"stored"`            // the stream's timestamp (server clock)
+	At      time.Duration `json:"at"`                // the same on the recorder's clock (one machine, one clock)
 	Seen    time.Duration `json:"seen"`              // when the watch delivered it, on the recorder's clock
 	Session string        `json:"session,omitempty"` // the session part of the key
 }
@@ -77,7 +78,7 @@ func (f *Fleet) watchRevisions(rec *Recorder) *revisions {
 func (rv *revisions) add(m jetstream.Msg, prefix string, rec *Recorder) {
 	r := Revision{Key: strings.TrimPrefix(m.Subject(), prefix), Seen: rec.Now(), Op: m.Headers().Get("KV-Operation")}
 	if md, err := m.Metadata(); err == nil {
-		r.Seq, r.Stored = md.Sequence.Stream, md.Timestamp
+		r.Seq, r.Stored, r.At = md.Sequence.Stream, md.Timestamp, rec.At(md.Timestamp)
 	}
 	if _, s, err := bindings.ParseKey(r.Key); err == nil {
 		r.Session = s
@@ -139,10 +140,10 @@ func (r *Report) WriteRejected(dir string, revs map[string][]Revision) (string, 
 
 func revLine(r *Revision) string {
 	if r.Op != "" {
-		return fmt.Sprintf("{rev %d seen %8.3fs: %s, stored %s}", r.Seq, r.Seen.Seconds(), r.Op, r.Stored.Format("15:04:05.000"))
+		return fmt.Sprintf("{rev %d stored %8.3fs seen %8.3fs: %s}", r.Seq, r.At.Seconds(), r.Seen.Seconds(), r.Op)
 	}
-	return fmt.Sprintf("{rev %d seen %8.3fs: %s v%d by %s nonce %s, stored %s}", r.Seq, r.Seen.Seconds(), r.Worker, r.Version,
-		r.Writer, r.Nonce, r.Stored.Format("15:04:05.000"))
+	return fmt.Sprintf("{rev %d stored %8.3fs seen %8.3fs: %s v%d by %s nonce %s}", r.Seq, r.At.Seconds(), r.Seen.Seconds(),
+		r.Worker, r.Version, r.Writer, r.Nonce)
 }
 
 // WriteHistory writes every request of the run, one JSON object a line,
