@@ -77,10 +77,11 @@ func (c *commit) run() (Result, error) {
 // A value carrying one of our nonces is our write whatever its answer said:
 // not only a write that got no answer, also one answered as a conflict. A
 // JetStream publish can be answered twice, and the first answer wins: a
-// second copy of it (delivered again while the network heals) is refused
-// by the leader's pre-check, at once, as a conflict with the first, which
-// commits a moment later. Taking that for another writer's binding made
-// the create that wrote it report fresh (issue 25's partition run 4).
+// stream leader that processes two copies of one write (seen right after
+// an election while a node was cut off) refuses the second at once as a
+// conflict (10164) with the first, which commits a moment later. Taking
+// that for another writer's binding made the create that wrote it report
+// fresh (issue 25's partition run 4, docs/faults.md).
 func (c *commit) round() (Result, error) {
 	if err := c.check(); err != nil {
 		c.t.st.malformed.Add(1)
