@@ -55,6 +55,9 @@ func (f *Fleet) watchRevisions(rec *Recorder) *revisions {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rv := &revisions{stop: cancel, done: make(chan struct{})}
+	// Stopped before the fleet closes its connections (cleanups run last
+	// in, first out), also when the test ends early.
+	f.t.Cleanup(func() { rv.Stop() })
 	prefix := "$KV." + BindingsStream[len("KV_"):] + "."
 	cons, err := js.OrderedConsumer(ctx, BindingsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + f.cfg.Model + ".>"}})
@@ -97,7 +100,8 @@ func (rv *revisions) add(m jetstream.Msg, prefix string, rec *Recorder) {
 	rv.mu.Unlock()
 }
 
-// Stop ends the watch and returns what it saw, by session.
+// Stop ends the watch and returns what it saw, by session. It may be
+// called more than once.
 func (rv *revisions) Stop() map[string][]Revision {
 	rv.stop()
 	<-rv.done
