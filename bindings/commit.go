@@ -19,9 +19,9 @@ import (
 // (workerref.Target.Agrees).
 //
 // Start at run and round; then one method per outcome: create, renew,
-// reject, rebind, and for the writes that did not simply land, ambiguous (a
-// write whose outcome was unknown turned out ours) and lost (a Soft re-bind
-// lost to another writer).
+// reject, rebind, and for the writes that did not simply land, ours (a
+// write that got no answer, or a conflict, turned out to have landed) and
+// lost (a Soft re-bind lost to another writer).
 //
 // It lives for one Route call only, which is why it holds ctx.
 type commit struct {
@@ -38,9 +38,9 @@ type commit struct {
 	base   uint64                    // nonces of this call: base-<write index>
 	writes int                       // writes made so far
 	intent [maxAttemptsLimit]Outcome // what each write meant, if it lands late
-	// unknown is set once a write of ours went unanswered and was not seen
-	// landed: a later state carrying one of our nonces is that write.
-	unknown bool
+	// unanswered has bit i set when write i got no answer (else it was
+	// answered, by a conflict, when it did not land): for the counters.
+	unanswered uint32
 	// lostSoft is set when a Soft re-bind to wanted lost to a writer that
 	// moved the binding: keep theirs (KeptOther) unless the value turns out
 	// to be ours.
@@ -73,14 +73,23 @@ func (c *commit) run() (Result, error) {
 // round decides once on cur. Before the rule applies, cur is checked: a
 // malformed value ends Route, and a value that is one of our own writes or
 // the result of a lost Soft re-bind settles it.
+//
+// A value carrying one of our nonces is our write whatever its answer said:
+// not only a write that got no answer, also one answered as a conflict. A
+// JetStream publish can be answered twice, and the first answer wins: a
+// stream leader that processes two copies of one write (seen right after
+// an election while a node was cut off) refuses the second at once as a
+// conflict (10164) with the first, which commits a moment later. Taking
+// that for another writer's binding made the create that wrote it report
+// fresh (issue 25's partition run 4, docs/faults.md).
 func (c *commit) round() (Result, error) {
 	if err := c.check(); err != nil {
 		c.t.st.malformed.Add(1)
 		return c.fail(err)
 	}
-	if c.unknown && c.cur.present {
-		if i, ok := nonceIndex(c.cur.rec.Nonce, c.base); ok {
-			return c.ambiguous(i)
+	if c.writes > 0 && c.cur.present {
+		if i, ok := nonceIndex(c.cur.rec.Nonce, c.base); ok && i < c.writes {
+			return c.ours(i)
 		}
 	}
 	if c.lostSoft {
@@ -258,16 +267,22 @@ func (c *commit) write(want Outcome, rec *record, now time.Time) (st readState, 
 	rec.Nonce = makeNonce(c.base, c.writes)
 	c.intent[c.writes] = want
 	st, landed, amb, err := c.t.tryWrite(c.ctx, c.key, rec, c.cur.rev, now)
+	if amb {
+		c.unanswered |= 1 << c.writes
+	}
 	c.writes++
-	c.unknown = c.unknown || amb
 	return st, landed, err
 }
 
-// ambiguous settles Route when cur is write i of ours, whose outcome was
-// unknown: it landed after all (a later write of ours then lost to it), so
-// Route ends as that write meant.
-func (c *commit) ambiguous(i int) (Result, error) {
-	c.t.st.ambiguousLanded.Add(1)
+// ours settles Route when cur is write i of ours that was not seen to land
+// (it got no answer, or a conflict): it landed after all (a later write of
+// ours may then have lost to it), so Route ends as that write meant.
+func (c *commit) ours(i int) (Result, error) {
+	if c.unanswered&(1<<i) != 0 {
+		c.t.st.ambiguousLanded.Add(1)
+	} else {
+		c.t.st.conflictsLanded.Add(1)
+	}
 	b := c.cur.rec.binding(c.cur.rev)
 	return c.done(c.intent[i], b.Target, b), nil
 }

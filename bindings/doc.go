@@ -6,8 +6,8 @@
 // protocol (read, select, create / renew / re-bind / reject / keep the other
 // writer's), and the host calls it once per request that has a session id.
 // Then the commit type in commit.go, the commit rule at work: run and round,
-// then one method per outcome (create, renew, reject, rebind, and ambiguous
-// and lost for writes that did not simply land). Then store.go (the raw
+// then one method per outcome (create, renew, reject, rebind, and ours and
+// lost for writes that did not simply land). Then store.go (the raw
 // JetStream operations: leader reads through $JS.API.STREAM.MSG.GET,
 // conditional writes that keep the per-key TTL, and the mapping of codes
 // 10071 and 10164 to ErrConflict, built on internal/jskv, which workers

@@ -120,6 +120,7 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 	}
 	if errors.Is(err, ErrConflict) {
 		t.st.conflicts.Add(1)
+		cerr := err
 		st, err = t.leaderRead(ctx, key)
 		// On R3 a conflict (10164) can mean that another write to the key
 		// is still in flight: the leader still shows the revision we
@@ -133,6 +134,11 @@ func (t *Table) tryWrite(ctx context.Context, key string, rec *record, expect ui
 			case <-time.After(wait):
 			}
 			st, err = t.leaderRead(ctx, key)
+		}
+		if err == nil && st.present && st.bad == nil && st.rec.Nonce == rec.Nonce {
+			// The write in flight was this one: the conflict answered a
+			// second copy of it (commit.round settles it as ours).
+			t.cfg.Logger.Warn("bindings: a write answered as a conflict landed", "key", key, "revision", st.rev, "nonce", rec.Nonce, "conflict", cerr)
 		}
 		return st, false, false, err
 	}

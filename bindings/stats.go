@@ -18,6 +18,11 @@ type Stats struct {
 	// read. AmbiguousLanded counts those that turned out to have landed;
 	// Unresolved those the leader could not be asked about in time.
 	Ambiguous, AmbiguousLanded, Unresolved uint64
+	// ConflictsLanded is writes answered as conflicts that had landed all
+	// the same: the conflict answered a second copy of the write (a
+	// publish delivered twice while the network heals), refused by the
+	// leader while the first copy was in flight (commit.round).
+	ConflictsLanded uint64
 	// InFlightWaits is re-reads after a conflict that found the key
 	// unchanged because the winning write was still in flight (R3).
 	InFlightWaits uint64
@@ -93,6 +98,7 @@ type counters struct {
 	writes, conflicts                        atomic.Uint64
 	ambiguous, ambiguousLanded, unresolved   atomic.Uint64
 	exhausted, waits, inFlightWaits          atomic.Uint64
+	conflictsLanded                          atomic.Uint64
 	badInput, malformed, selectErrors, ended atomic.Uint64
 	leaderReads, readRetries                 atomic.Uint64
 	staleFallbacks, hardReads                atomic.Uint64
@@ -123,6 +129,7 @@ func (t *Table) Stats() Stats {
 		AmbiguousLanded:   c.ambiguousLanded.Load(),
 		Unresolved:        c.unresolved.Load(),
 		InFlightWaits:     c.inFlightWaits.Load(),
+		ConflictsLanded:   c.conflictsLanded.Load(),
 		Exhausted:         c.exhausted.Load(),
 		Waits:             c.waits.Load(),
 		BadInput:          c.badInput.Load(),

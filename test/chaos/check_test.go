@@ -61,6 +61,14 @@ func TestLinearizability(t *testing.T) {
 			route(0, "s", Hard, 0, 10, "created", "w1", 1),
 			route(1, "s", Hard, 1, 12, "fresh", "w1", 1),
 		}, true},
+		{"fresh v1 with no create before it (a create that reported fresh, issue 25)", []Op{
+			route(0, "s", Hard, 0, 10, "fresh", "w1", 1),
+			route(1, "s", Hard, 20, 30, "fresh", "w1", 1),
+		}, false},
+		{"fresh v1 after a failed route (its create may have landed)", []Op{
+			failed(0, "s", Hard, 0, 10, "bindings_unavailable"),
+			route(1, "s", Hard, 20, 30, "fresh", "w1", 1),
+		}, true},
 		{"two creates on different workers", []Op{
 			route(0, "s", Hard, 0, 10, "created", "w1", 1),
 			route(1, "s", Hard, 20, 30, "created", "w2", 1),

@@ -6,7 +6,8 @@
 // (check.go): a porcupine model of one session's binding for the Hard
 // sessions (model.go), a staleness bound for the Soft ones (staleness.go),
 // no Hard session served by two workers, and every request answered in
-// time with a documented code.
+// time with a documented code; revisions.go watches the bindings' revisions
+// and writes what a run keeps for its analysis (KVR_CHAOS_OUT).
 //
 // Start reading at fault_test.go (TestFaults: what runs, in what order,
 // and what is checked), then check.go. docs/faults.md says how to run the

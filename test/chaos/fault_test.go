@@ -3,7 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -135,9 +137,9 @@ var checkConfig = CheckConfig{
 // cluster with R3 buckets, clients routing Hard and Soft sessions over HTTP
 // and NATS while nodes are stopped and restarted, every request recorded
 // and the whole history checked (check.go). KVR_CHAOS_LONG=1 runs the long
-// form, KVR_CHAOS_RUNS=N repeats it, KVR_CHAOS_OUT=dir keeps the porcupine
-// visualisation there, KVR_CHAOS_STRICT=1 makes the replicas read every
-// binding from the stream leader.
+// form, KVR_CHAOS_RUNS=N repeats it, KVR_CHAOS_OUT=dir keeps each run's
+// history and diagnostics in dir/<run> (outDir), KVR_CHAOS_STRICT=1 makes
+// the replicas read every binding from the stream leader.
 //
 // Fails before issue 15's fixes (see docs/faults.md).
 func TestFaults(t *testing.T) {
@@ -195,10 +197,15 @@ func runForm(t *testing.T, f form) {
 	// replicas' --strict-reads), the control run of the checkers.
 	fc.Bindings.StrictReads = os.Getenv("KVR_CHAOS_STRICT") == "1"
 	fc.Partitions = f.partitions
+	out := outDir(t)
+	if os.Getenv("KVR_CHAOS_OUT") != "" {
+		fc.Logger = warnLog(t, filepath.Join(out, "replicas.log"))
+	}
 	fleet := StartFleet(t, fc)
 	started := time.Since(start)
 
 	rec := NewRecorder()
+	watch := fleet.watchRevisions(rec)
 	load := f.load
 	load.Spread = f.warm + f.cool
 	for _, s := range f.steps {
@@ -223,12 +230,13 @@ func runForm(t *testing.T, f form) {
 	sleep(ctx, f.cool)
 	clients.Stop()
 	ops := rec.Ops()
+	revs := watch.Stop()
 
 	cfg := checkConfig
 	cfg.Kills = fleet.Kills()
-	cfg.VisualizeTo = os.Getenv("KVR_CHAOS_OUT")
-	if cfg.VisualizeTo == "" {
-		cfg.VisualizeTo = t.TempDir()
+	cfg.VisualizeTo = out
+	if err := WriteHistory(cfg.VisualizeTo, ops, revs); err != nil {
+		t.Error(err)
 	}
 	checkStart := time.Now()
 	report, err := Check(ops, cfg)
@@ -248,6 +256,13 @@ func runForm(t *testing.T, f form) {
 		departs = append(departs, fmt.Sprintf("%s at %.3fs", d.Worker, rec.At(d.At).Seconds()))
 	}
 	t.Logf("worker departures seen by an observing membership view (all false: no worker stops): %d %v", len(departs), departs)
+	if len(report.NonLinear) > 0 {
+		if path, err := report.WriteRejected(cfg.VisualizeTo, revs); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("the rejected sessions' whole histories, with the revisions of their keys: %s", path)
+		}
+	}
 	if report.Failed() {
 		t.Errorf("fault test failed: %s\n%s", figures, report.Summary(4))
 	} else {
@@ -256,6 +271,35 @@ func runForm(t *testing.T, f form) {
 	if report.Routes < 500 {
 		t.Errorf("only %d routes: too little load to judge", report.Routes)
 	}
+}
+
+// outDir is where a run's history (history.jsonl), the revisions of the
+// bindings the test's watch saw (revisions.jsonl), the replicas' warnings
+// (replicas.log) and, on a rejection, porcupine's visualisation
+// (hard-sessions.html) and the rejected sessions' whole histories
+// (rejected.txt) go: KVR_CHAOS_OUT/<run> (kept), else the test's temporary
+// directory (the logs only with KVR_CHAOS_OUT).
+func outDir(t *testing.T) string {
+	root := os.Getenv("KVR_CHAOS_OUT")
+	if root == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(root, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("chaos: KVR_CHAOS_OUT: %v", err)
+	}
+	return dir
+}
+
+// warnLog is a logger of the fleet's warnings (a watch lost, a write
+// answered as a conflict that landed) into path, kept with the run.
+func warnLog(t *testing.T, path string) *slog.Logger {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatalf("chaos: replicas' log: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() }) // after the fleet's own cleanup, registered later
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // partitionsOf describes the splits of a form, for the log.
