@@ -70,7 +70,8 @@ const (
 	queueTuningNote = "the router queue threshold 8 swept on the first 1,000 requests and confirmed on the first 2,000 " +
 		"(docs/benchmarks.md, Issue 17)"
 	weightsTuningNote = "the default cost's weights (overlap credit 1.5, decode-block weight 0.5, no output blocks) " +
-		"chosen among five on the tuning parts, 3 runs each (docs/benchmarks.md, Issue 24)"
+		"chosen among five on the tuning parts at speed-up 10, 3 runs each, and kept against four others at speed-up 3, " +
+		"6 runs each (docs/benchmarks.md, Issue 24)"
 )
 
 // TunedOn records, per catalog entry, the workloads its configuration was
