@@ -136,7 +136,7 @@ type RouteResponse struct {
 	Attempt       uint64       `json:"attempt"`        // booking attempt: echo it in prefill_done and free
 	Fence         string       `json:"fence"`          // the booking's secret: lifecycle calls must present it
 	Replica       string       `json:"replica"`        // replica holding the booking: echo it in lifecycle calls
-	QueueWaitUS   int64        `json:"queue_wait_us"`
+	QueueWaitUS   int64        `json:"queue_wait_us"`  // time in the router's queue; a PD route's counts both legs'
 	Binding       *BindingInfo `json:"binding,omitempty"`
 	// PD answers a request that asked for a prefill/decode pair: PDSplit
 	// (Prefill names the prefill leg's worker and booking) or PDSingle

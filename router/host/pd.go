@@ -32,7 +32,15 @@ func (r *Replica) routePD(ctx context.Context, ms *modelState, req *api.RouteReq
 		pr := s.sel.req
 		pr.ID, pr.Leg, pr.ExpectedOutput = req.RequestID+api.PrefillSuffix, scheduler.LegPrefill, 1
 		pr.Pinned, pr.Affinity, pr.SessionID = nil, nil, ""
+		w0 := time.Now()
 		d, err := ms.sched.Schedule(ctx, &pr)
+		// The route's queue wait is both legs': a client adds it to the
+		// legs' own times for the request's TTFT.
+		waited := d.Waited
+		if err != nil {
+			waited = time.Since(w0)
+		}
+		resp.QueueWaitUS += waited.Microseconds()
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return err
@@ -43,10 +51,12 @@ func (r *Replica) routePD(ctx context.Context, ms *modelState, req *api.RouteReq
 			r.rollback(ms, d.Fence)
 			reason = api.PDReasonSame
 		default:
+			// The decode booking drops its prefill tokens (the decode
+			// engine pulls the prompt) but is not marked prefill-done:
+			// the client's prefill_done at the decode leg's first token
+			// restarts its expiry clock, as a whole request's.
 			r.commit(ms, &d, hashes, t0)
-			// The decode worker pulls the prompt's KV instead of computing
-			// it: its booking keeps no prefill tokens.
-			_ = ms.sched.PrefillDone(dec.Fence)
+			r.serveWhole(ms, dec.Fence, false)
 			resp.PD = api.PDSplit
 			resp.Prefill = &api.PrefillRoute{RequestID: pr.ID, Worker: d.Worker.Worker, Rank: d.Worker.Rank,
 				Endpoint: ms.endpoint(d.Worker.Worker), OverlapBlocks: d.OverlapBlocks, Attempt: d.Fence.Attempt,
@@ -55,9 +65,18 @@ func (r *Replica) routePD(ctx context.Context, ms *modelState, req *api.RouteReq
 			return nil
 		}
 	}
+	r.serveWhole(ms, dec.Fence, true) // the decode worker computes the prompt
 	resp.PD, resp.PDReason = api.PDSingle, reason
 	r.m.pdRoute(ctx, api.PDSingle, reason)
 	return nil
+}
+
+// serveWhole tells the scheduler whether the decode booking f serves the
+// whole request (its worker's prefill load).
+func (r *Replica) serveWhole(ms *modelState, f scheduler.Fence, whole bool) {
+	if err := ms.sched.ServeWhole(f, whole); err != nil {
+		r.log.Debug("decode booking", "fence", f.String(), "whole", whole, "err", err)
+	}
 }
 
 // singleReason is THE SINGLE-WORKER RULE of a PD route: the decode worker

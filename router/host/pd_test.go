@@ -2,8 +2,11 @@ package host
 
 import (
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -79,5 +82,118 @@ func TestPDRoute(t *testing.T) {
 			t.Fatalf("whole request: %+v %v", resp, err)
 		}
 		_ = st.client.Free(ctx, testModel, resp)
+	}
+}
+
+// pdClock is a scheduler clock a test moves by hand.
+type pdClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *pdClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *pdClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// startPDStack is one replica on a fake scheduler clock (with ttl as the
+// booking TTL and the guard running every few milliseconds) and one
+// prefill and one decode worker with maxBatched tokens per step.
+func startPDStack(t *testing.T, ttl time.Duration, maxBatched int) (*stack, *pdClock) {
+	clock := &pdClock{t: time.Now()}
+	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
+		c.Scheduler.Now, c.Scheduler.BookingTTL, c.Scheduler.GuardInterval = clock.Now, ttl, 5*time.Millisecond
+	}})
+	ctx := ctxT(t)
+	for id, role := range map[string]workers.Role{"p-0": workers.RolePrefill, "d-0": workers.RoleDecode} {
+		reg, err := workers.Register(ctx, st.js, testRegistry(), workers.Info{ID: id, Model: testModel,
+			Endpoint: "http://" + id, Ranks: []uint32{0}, BlockSize: st.replicas[0].cfg.BlockSize,
+			KVBlocks: 4096, MaxBatchedTokens: maxBatched, MaxSeqs: 256, Role: role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(reg.Stop)
+	}
+	st.waitWorkers(2)
+	return st, clock
+}
+
+// The decode booking of a split route lives as a whole request's booking
+// does: its expiry clock restarts at the decode leg's first token
+// (prefill_done), not at the route, so a long prefill leg followed by a
+// decode leg does not lose it. Here the prefill leg's booking, untouched
+// since the route, expires while the decode booking, touched at its first
+// token, is kept and freed.
+func TestPDDecodeBookingOutlivesPrefillLeg(t *testing.T) {
+	st, clock := startPDStack(t, 10*time.Second, 1<<20)
+	ctx := ctxT(t)
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
+	if err != nil || resp.PD != api.PDSplit {
+		t.Fatalf("route: %+v %v, want a split", resp, err)
+	}
+	clock.Advance(8 * time.Second) // the prefill leg runs, then the decode leg's first token
+	if err := st.client.PrefillDone(ctx, testModel, resp); err != nil {
+		t.Fatalf("decode leg's prefill_done: %v", err)
+	}
+	clock.Advance(8 * time.Second) // the decode leg streams on
+	sched := st.replicas[0].models[testModel].sched
+	testutil.Eventually(t, 10*time.Second, func() bool { return sched.Stats().Expired >= 1 },
+		func() string { return "the prefill leg's booking never expired (the guard did not run)" })
+	if n := sched.Stats().Expired; n != 1 {
+		t.Fatalf("%d bookings expired, want only the prefill leg's", n)
+	}
+	if err := st.client.Free(ctx, testModel, resp); err != nil {
+		t.Fatalf("free the decode leg after a long prefill leg: %v", err)
+	}
+}
+
+// A split route's queue wait is the whole router queue, its prefill leg's
+// wait included: the wait a client adds to the legs' times for the
+// request's TTFT. The decode worker is not held up meanwhile: its booking
+// charges no prefill tokens.
+func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
+	st, clock := startPDStack(t, time.Hour, 128) // busy at 8 × 128 tokens of prefill
+	ctx := ctxT(t)
+	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
+	if err != nil || first.PD != api.PDSplit {
+		t.Fatalf("route: %+v %v, want a split", first, err)
+	}
+	type routed struct {
+		resp *api.RouteResponse
+		err  error
+	}
+	done := make(chan routed, 1)
+	go func() {
+		resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(2, 2048), PD: true})
+		done <- routed{resp, err}
+	}()
+	r := st.replicas[0]
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.Waiting(testModel) == 1 },
+		func() string { return "the second route's prefill leg does not wait" })
+	st.waitWorker("d-0", func(ws api.WorkerStatus) bool {
+		return ws.Load != nil && ws.Load.ActiveRequests == 2 && ws.Load.PrefillTokens == 0
+	})
+	clock.Advance(5 * time.Second)
+	if err := st.client.Free(ctx, testModel, first.PrefillBooking()); err != nil {
+		t.Fatal(err)
+	}
+	second := <-done
+	if second.err != nil || second.resp.PD != api.PDSplit {
+		t.Fatalf("second route: %+v %v, want a split", second.resp, second.err)
+	}
+	if w := time.Duration(second.resp.QueueWaitUS) * time.Microsecond; w < 5*time.Second {
+		t.Fatalf("queue wait %v, want the prefill leg's 5 s", w)
+	}
+	for _, rs := range []*api.RouteResponse{second.resp.PrefillBooking(), second.resp, first} {
+		if err := st.client.Free(ctx, testModel, rs); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

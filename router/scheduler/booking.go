@@ -70,11 +70,14 @@ func (c *core) bookedOutput(r *Request) int64 {
 
 // booking is the load one admitted request holds on one worker.
 type booking struct {
-	id          string
-	slot        int32
-	key         workerref.Target
-	attempt     uint64
-	prefill     int64 // uncached prompt tokens, until prefill is done
+	id      string
+	slot    int32
+	key     workerref.Target
+	attempt uint64
+	prefill int64 // uncached prompt tokens, until prefill is done
+	// pulled is a decode leg's uncached prompt tokens not charged as
+	// prefill: its engine pulls them from the prefill leg's (serveWhole).
+	pulled      int64
 	private     int64 // decode blocks not named by a seq hash (partial block + output)
 	hashes      []kvevents.SeqHash
 	touched     time.Time // admission or prefill-done: the expiry clock
@@ -121,6 +124,14 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 	b := &booking{
 		id: r.ID, slot: slot, key: c.fl.key[slot], attempt: c.attempt,
 		prefill: uncached, private: max(0, total-hashed), touched: now,
+	}
+	if r.Leg == LegDecode && c.fl.flags[slot]&fDecodeOnly != 0 {
+		// A decode engine pulls the prompt from the prefill leg's engine:
+		// charging it as prefill here would hold decode legs in the queue
+		// for prefill their worker never runs, while their prefill legs
+		// wait for a prefill worker. A both worker keeps the charge until
+		// the route splits: it may serve the request whole.
+		b.prefill, b.pulled = 0, uncached
 	}
 	if n := len(c.hashPool); n > 0 {
 		b.hashes = c.hashPool[n-1][:0]
@@ -207,6 +218,38 @@ func (c *core) prefillDone(f Fence) error {
 	return nil
 }
 
+// serveWhole moves a decode leg's uncached prompt tokens onto its worker's
+// prefill load (whole: the decode worker computes the prompt, a PD route's
+// single-worker outcome) or off it (the route split: the decode engine
+// pulls the prompt). Peers hear a repeated add of the same attempt with
+// the new prefill tokens.
+func (c *core) serveWhole(f Fence, whole bool) error {
+	b, err := c.fenced(f)
+	if err != nil {
+		return err
+	}
+	if b.prefillDone {
+		return nil
+	}
+	move := b.pulled
+	if !whole {
+		move = -b.prefill
+	}
+	if move == 0 {
+		return nil
+	}
+	b.prefill += move
+	b.pulled -= move
+	c.fl.lPrefill[b.slot] += move
+	c.fl.refresh(b.slot, &c.th)
+	c.emit(BookingEvent{Kind: BookingAdd, RequestID: b.id, Worker: b.key.Worker, Rank: b.key.Rank,
+		Attempt: b.attempt, PrefillTokens: int(b.prefill), Blocks: len(b.hashes) + int(b.private), At: c.cfg.Now()})
+	if move < 0 {
+		c.pump()
+	}
+	return nil
+}
+
 func (c *core) free(f Fence, rollback bool) error {
 	b, err := c.fenced(f)
 	if err != nil {
@@ -249,7 +292,8 @@ func (c *core) applyRemote(ev BookingEvent) error {
 		}
 		if have {
 			if rb.attempt == ev.Attempt {
-				return nil // duplicate delivery
+				c.remoteServeWhole(rb, ev)
+				return nil // else a duplicate delivery
 			}
 			c.dropRemote(k, rb) // a newer attempt replaces the old one
 		}
@@ -286,6 +330,19 @@ func (c *core) applyRemote(ev BookingEvent) error {
 	}
 	c.pump()
 	return nil
+}
+
+// remoteServeWhole applies a repeated add of the same attempt: a peer's
+// serveWhole moved a decode leg's prompt tokens onto or off its worker's
+// prefill load (a duplicate delivery changes nothing).
+func (c *core) remoteServeWhole(rb *remoteBooking, ev BookingEvent) {
+	move := int64(max(0, ev.PrefillTokens)) - rb.prefill
+	if rb.prefillDone || move == 0 {
+		return
+	}
+	rb.prefill += move
+	c.fl.rPrefill[rb.slot] += move
+	c.fl.refresh(rb.slot, &c.th)
 }
 
 func (c *core) dropRemote(k remoteKey, rb *remoteBooking) {

@@ -70,7 +70,9 @@
 // Prefill/decode disaggregation (pd.go): worker roles (WorkerInfo.Role) and
 // request legs (Request.Leg) narrow eligibility by role, and the default
 // policy scores a decode leg with DecodeCostParams; the host asks for the two
-// legs as two requests (docs/pd.md).
+// legs as two requests (docs/pd.md). A decode leg on a decode-only worker
+// charges it no prefill; Scheduler.ServeWhole moves a decode leg's prompt
+// tokens onto or off its worker's prefill load (booking.go).
 //
 // pinrule.go (applyPinRule, then selectWorker), then queue.go (submit, pump,
 // admit), then policy.go (Policy, Candidates), cost.go (DefaultPolicy) and

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/workerref"
@@ -90,6 +91,99 @@ func TestRoundRobinPerLeg(t *testing.T) {
 	for _, w := range []string{"p0", "p1", "d0", "d1"} {
 		if seen[w] != 2 {
 			t.Fatalf("legs per worker %v, want 2 on each", seen)
+		}
+	}
+}
+
+// Each side of a split request is gated and scored by its own work. A
+// decode leg's booking charges its worker no prefill tokens (the decode
+// engine pulls the prompt from the prefill leg's engine): decode legs are
+// not held in the router queue by prefill the decode worker never runs,
+// while their prefill legs wait for a prefill worker. Its prompt blocks
+// still count as the decode worker's KV load.
+func TestDecodeLegChargesNoPrefill(t *testing.T) {
+	d, p := roled("d", RoleDecode), roled("p", RolePrefill)
+	d.MaxBatchedTokens, p.MaxBatchedTokens = 100, 100 // busy at 8 × 100 prefill tokens
+	h := newHarness(t, Config{Thresholds: DefaultThresholds(), ThresholdsSet: true}, NewDefaultPolicy(0), d, p)
+	for i := range 3 {
+		h.admitted(h.submit(&Request{ID: fmt.Sprint("r", i), Tokens: 500, SeqHashes: hashes(31, uint64(i)), Leg: LegDecode}))
+	}
+	l := h.loads()[wk("d", 0)]
+	if l.PrefillTokens != 0 || l.DecodeBlocks != 3*32 || l.ActiveRequests != 3 || l.Busy {
+		t.Fatalf("decode worker after 3 decode legs of 500 tokens: %+v, want no prefill, 96 decode blocks (31 hashed + 1 partial each), not busy", l)
+	}
+	// The prefill side is gated by its prefill queue: the second 500-token
+	// prefill leg reaches 8 × 100 tokens, the third waits.
+	h.admitted(h.submit(&Request{ID: "r0-prefill", Tokens: 500, Leg: LegPrefill, ExpectedOutput: 1}))
+	h.admitted(h.submit(&Request{ID: "r1-prefill", Tokens: 500, Leg: LegPrefill, ExpectedOutput: 1}))
+	w := h.submit(&Request{ID: "r2-prefill", Tokens: 500, Leg: LegPrefill, ExpectedOutput: 1})
+	h.waiting(w)
+	if l := h.loads()[wk("p", 0)]; l.PrefillTokens != 1000 || !l.Busy {
+		t.Fatalf("prefill worker: %+v, want 1000 prefill tokens, busy", l)
+	}
+	if l := h.loads()[wk("d", 0)]; l.PrefillTokens != 0 {
+		t.Fatalf("decode worker: %+v, want no prefill while its pairs' prefill legs wait", l)
+	}
+}
+
+// ServeWhole moves a decode leg's prompt tokens onto its worker's prefill
+// load (the route ends single: the worker computes the prompt) or off it
+// (the route splits); a peer replica mirrors both; prefill_done and free
+// then release what is charged, no more.
+func TestServeWhole(t *testing.T) {
+	clock := newFakeClock()
+	var peer *harness
+	share := func(ev BookingEvent) {
+		if err := peer.s.ApplyRemote(ev); err != nil {
+			t.Error(err)
+		}
+	}
+	h := newHarness(t, Config{Replica: "r1", Now: clock.Now, OnBookingChange: share}, NewDefaultPolicy(0), roled("d", RoleDecode), roled("b", RoleBoth))
+	peer = newHarness(t, Config{Replica: "r2", Now: clock.Now}, NewDefaultPolicy(0), roled("d", RoleDecode), roled("b", RoleBoth))
+	prefill := func(w string) (int, int) {
+		return h.loads()[wk(w, 0)].PrefillTokens, peer.loads()[wk(w, 0)].PrefillTokens
+	}
+	onD := h.admitted(h.submit(&Request{ID: "x", Tokens: 500, Leg: LegDecode, Pinned: new(workerref.Any("d"))}))
+	onB := h.admitted(h.submit(&Request{ID: "y", Tokens: 300, Leg: LegDecode, Pinned: new(workerref.Any("b"))}))
+	if l, r := prefill("d"); l != 0 || r != 0 {
+		t.Fatalf("decode-only worker's decode leg charged %d / %d (peer) prefill tokens, want none", l, r)
+	}
+	if l, r := prefill("b"); l != 300 || r != 300 {
+		t.Fatalf("both worker's decode leg charged %d / %d prefill tokens, want 300 until the route splits", l, r)
+	}
+	for _, step := range []struct {
+		f     Fence
+		whole bool
+		w     string
+		want  int
+	}{
+		{onD.Fence, true, "d", 500}, {onD.Fence, true, "d", 500}, // repeated: no double charge
+		{onB.Fence, false, "b", 0}, {onB.Fence, false, "b", 0},
+	} {
+		if err := h.s.ServeWhole(step.f, step.whole); err != nil {
+			t.Fatal(err)
+		}
+		if l, r := prefill(step.w); l != step.want || r != step.want {
+			t.Fatalf("ServeWhole(%s, %v): %s has %d / %d (peer) prefill tokens, want %d", step.f.RequestID, step.whole, step.w, l, r, step.want)
+		}
+	}
+	if err := h.s.PrefillDone(onD.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.ServeWhole(onD.Fence, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []Fence{onD.Fence, onB.Fence} {
+		if err := h.s.Free(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range []string{"d", "b"} {
+		if l := h.loads()[wk(w, 0)]; l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.ActiveRequests != 0 {
+			t.Fatalf("%s after free: %+v", w, l)
+		}
+		if l, r := prefill(w); l != 0 || r != 0 {
+			t.Fatalf("%s after free: %d / %d prefill tokens", w, l, r)
 		}
 	}
 }

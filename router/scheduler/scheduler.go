@@ -120,6 +120,7 @@ const (
 	opSchedule opcode = iota + 1
 	opAbandon
 	opPrefillDone
+	opServeWhole
 	opFree
 	opRollback
 	opCancel
@@ -142,6 +143,7 @@ type command struct {
 	load  LoadReport
 	ev    BookingEvent
 	fn    func(*core)
+	whole bool // opServeWhole
 	loads *[]TargetLoad
 }
 
@@ -285,6 +287,8 @@ func (s *Scheduler) exec(cmd command) error {
 		c.abandon(cmd.w)
 	case opPrefillDone:
 		return c.prefillDone(cmd.fence)
+	case opServeWhole:
+		return c.serveWhole(cmd.fence, cmd.whole)
 	case opFree:
 		return c.free(cmd.fence, false)
 	case opRollback:
@@ -426,6 +430,16 @@ func (s *Scheduler) validate(r *Request) error {
 
 // PrefillDone releases the request's prefill tokens (first token seen).
 func (s *Scheduler) PrefillDone(f Fence) error { return s.call(command{op: opPrefillDone, fence: f}) }
+
+// ServeWhole tells the scheduler whether the decode leg booked as f
+// (Request.Leg) serves the whole request: whole when a PD route ends with
+// its worker computing the prompt (the single-worker outcomes), so its
+// uncached prompt tokens count as that worker's prefill; not whole when
+// the route splits, so they do not (its engine pulls them). A decode-only
+// worker's decode leg is booked as not whole, any other as whole.
+func (s *Scheduler) ServeWhole(f Fence, whole bool) error {
+	return s.call(command{op: opServeWhole, fence: f, whole: whole})
+}
 
 // Free releases the request's booking (end of stream).
 func (s *Scheduler) Free(f Fence) error { return s.call(command{op: opFree, fence: f}) }

@@ -57,7 +57,9 @@ type Request struct {
 	// Leg is the part of a prefill/decode-disaggregated request this
 	// scheduling request is for (LegWhole: not split). It limits the
 	// candidates by role (Role.Serves) and, for LegDecode under the default
-	// policy, selects by the decode cost (pd.go).
+	// policy, selects by the decode cost (pd.go). A LegDecode booking on a
+	// decode-only worker charges it no prefill tokens (its engine pulls the
+	// prompt; Scheduler.ServeWhole moves them).
 	Leg Leg
 }
 
