@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/router/api"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -80,14 +82,17 @@ func TestTraceContextToEngine(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderWorker) != "w#0" {
 		t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
 	}
+	// A whole reply reaches the client before the booking is freed and
+	// the request span ends: wait for it.
 	spans := map[string]sdktrace.ReadOnlySpan{}
-	for _, s := range rec.Ended() {
-		spans[s.Name()] = s
-	}
-	root, ok := spans["gateway chat"]
-	if !ok {
-		t.Fatalf("no request span among %v", spans)
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for _, s := range rec.Ended() {
+			spans[s.Name()] = s
+		}
+		_, ok := spans["gateway chat"]
+		return ok
+	}, func() string { return fmt.Sprintf("no request span among %v", spans) })
+	root := spans["gateway chat"]
 	if got := root.SpanContext().TraceID().String(); got != "0af7651916cd43dd8448eb211c80319c" {
 		t.Fatalf("request span trace %s: the client's trace is not continued", got)
 	}
