@@ -2,7 +2,6 @@ package host
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -85,29 +84,11 @@ func TestPDRoute(t *testing.T) {
 	}
 }
 
-// pdClock is a scheduler clock a test moves by hand.
-type pdClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *pdClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *pdClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // startPDStack is one replica on a fake scheduler clock (with ttl as the
 // booking TTL and the guard running every few milliseconds) and one
 // prefill and one decode worker with maxBatched tokens per step.
-func startPDStack(t *testing.T, ttl time.Duration, maxBatched int) (*stack, *pdClock) {
-	clock := &pdClock{t: time.Now()}
+func startPDStack(t *testing.T, ttl time.Duration, maxBatched int) (*stack, *testutil.Clock) {
+	clock := testutil.NewClock(time.Now())
 	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
 		c.Scheduler.Now, c.Scheduler.BookingTTL, c.Scheduler.GuardInterval = clock.Now, ttl, 5*time.Millisecond
 	}})

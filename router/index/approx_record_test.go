@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -124,7 +125,7 @@ func (a *Approx) has(k workerref.Target, h kvevents.SeqHash) bool {
 // of the later call (its owner) instead of expiring, and expires at the
 // later deadline.
 func TestApproxRefreshMovesToOwner(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	const ttl = 10 * time.Second
 	a := NewApprox(ApproxConfig{TTL: ttl, Clock: clk.Now})
 	a.Record(wA, hs(1, 2, 3), clk.Now())
@@ -224,7 +225,7 @@ func TestApproxRemovedWorkerRecordsAreVoid(t *testing.T) {
 // re-recorded since (they move on), and stops in the middle of a call's
 // list when the target is reached.
 func TestApproxCapEvictionOrder(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{MaxBlocks: 100, Clock: clk.Now})
 	var calls [][]kvevents.SeqHash
 	for i := 0; i < 14; i++ { // 14 calls of 7 new blocks: 98 entries
@@ -270,7 +271,7 @@ func TestApproxCapEvictionOrder(t *testing.T) {
 // Lookup's opportunistic expiry looks at no more than lookupPruneMax queued
 // blocks; Prune finishes the job.
 func TestApproxLookupPruneBounded(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{TTL: time.Second, Clock: clk.Now})
 	h := make([]kvevents.SeqHash, 200)
 	for i := range h {
@@ -305,7 +306,7 @@ func TestApproxSteadyStateZeroAlloc(t *testing.T) {
 		cap, shards, np int
 	}{{"expiry", 1 << 20, 0, 64}, {"cap", 4000, 16, 48}} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &fakeClock{now: time.Unix(0, 0)}
+			clk := testutil.NewClock(time.Unix(0, 0))
 			a := NewApprox(ApproxConfig{TTL: 50 * time.Millisecond, MaxBlocks: tc.cap, Shards: tc.shards, Clock: clk.Now})
 			keys := make([]workerref.Target, 8)
 			for i := range keys {
@@ -391,7 +392,7 @@ func TestApproxAgainstReferenceUnordered(t *testing.T) {
 func runApproxUnordered(t *testing.T, maxBlocks, steps int) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	const ttl = 10 * time.Second
-	clk := &fakeClock{now: time.Unix(100, 0)}
+	clk := testutil.NewClock(time.Unix(100, 0))
 	a := NewApprox(ApproxConfig{TTL: ttl, MaxBlocks: maxBlocks, Clock: clk.Now, Shards: 4})
 	type key struct {
 		k workerref.Target

@@ -8,27 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
-
-// fakeClock is an injectable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func hs(vals ...uint64) []kvevents.SeqHash {
 	out := make([]kvevents.SeqHash, len(vals))
@@ -41,7 +24,7 @@ func hs(vals ...uint64) []kvevents.SeqHash {
 var wA, wB = workerref.Target{Worker: "a"}, workerref.Target{Worker: "b"}
 
 func TestApproxTTL(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := testutil.NewClock(time.Unix(1000, 0))
 	a := NewApprox(ApproxConfig{Clock: clk.Now})
 	if a.Config().TTL != DefaultApproxTTL || a.Config().MaxBlocks != 1<<20 || a.Config().PruneTarget != 0.8 {
 		t.Fatalf("defaults %+v", a.Config())
@@ -78,7 +61,7 @@ func TestApproxTTL(t *testing.T) {
 }
 
 func TestApproxRefreshKeepsOneHeapNode(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{TTL: 10 * time.Second, Clock: clk.Now})
 	for i := 0; i < 1000; i++ {
 		a.Record(wA, hs(1, 2, 3, 4), clk.Now())
@@ -96,7 +79,7 @@ func TestApproxRefreshKeepsOneHeapNode(t *testing.T) {
 }
 
 func TestApproxCap(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{MaxBlocks: 100, Clock: clk.Now})
 	for i := uint64(0); i < 101; i++ {
 		a.Record(wA, hs(1000+i), clk.Now())
@@ -119,7 +102,7 @@ func TestApproxCap(t *testing.T) {
 }
 
 func TestApproxRemoveWorker(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{Clock: clk.Now})
 	a.Record(wA, hs(1, 2), clk.Now())
 	a.Record(workerref.Target{Worker: "a", Rank: 1}, hs(1), clk.Now())
@@ -144,7 +127,7 @@ func TestApproxRemoveWorker(t *testing.T) {
 // worker removals against a map of deadlines.
 func TestApproxAgainstReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	const ttl = 10 * time.Second
 	a := NewApprox(ApproxConfig{TTL: ttl, MaxBlocks: 1 << 30, Clock: clk.Now, Shards: 4})
 	type key struct {
@@ -216,7 +199,7 @@ func TestApproxAgainstReference(t *testing.T) {
 }
 
 func TestApproxConcurrent(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{TTL: time.Second, MaxBlocks: 500, Clock: clk.Now})
 	var wg sync.WaitGroup
 	for g := 0; g < 3; g++ {
@@ -315,7 +298,7 @@ func TestMergeMax(t *testing.T) {
 // knows nothing yet, the predicted index knows the routing decision, and
 // the merged overlaps route the sibling to the same worker.
 func TestPredictedCombined(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	primary := New(Config{})
 	pred := NewApprox(ApproxConfig{TTL: DefaultPredictedTTL, Clock: clk.Now})
 	prompt := hs(11, 12, 13, 14)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -470,7 +471,7 @@ func BenchmarkApprox(b *testing.B) {
 }
 
 func benchApprox(b *testing.B, ttl time.Duration) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := testutil.NewClock(time.Unix(0, 0))
 	a := NewApprox(ApproxConfig{TTL: ttl, Clock: clk.Now})
 	prompts := make([][]kvevents.SeqHash, 4096)
 	for i := range prompts {

@@ -2,12 +2,12 @@ package scheduler
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workerref"
 )
@@ -24,24 +24,7 @@ func wi(name string, rank uint32) WorkerInfo {
 	return WorkerInfo{Key: wk(name, rank), KVBlocks: 10000, MaxBatchedTokens: 100, Available: true}
 }
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *testutil.Clock { return testutil.NewClock(time.Unix(1_800_000_000, 0)) }
 
 // harness drives a scheduler's core synchronously (never started), so queue
 // behaviour can be checked step by step without goroutines.
@@ -49,7 +32,7 @@ type harness struct {
 	t     *testing.T
 	s     *Scheduler
 	c     *core
-	clock *fakeClock
+	clock *testutil.Clock
 }
 
 func newHarness(t *testing.T, cfg Config, p Policy, workers ...WorkerInfo) *harness {
