@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/baggage"
@@ -19,11 +20,24 @@ import (
 // languages: every call is one NATS request with a JSON body; the reply is
 // the answer or an error envelope. Safe for concurrent use.
 type Client struct {
+	// NoRouterWait is how long a request that finds no replica subscribed
+	// is retried before it fails with ErrNoRouter (within its context's
+	// deadline; zero = DefaultNoRouterWait, negative = fail at once).
+	// While a NATS node fails over, a surviving server has not yet learnt
+	// the replicas' subscriptions as they reconnect: "no responders" then
+	// means "not yet", and a message no one received is safe to resend.
+	NoRouterWait time.Duration
+
 	nc     *nats.Conn
 	prefix string
 	prop   propagation.TextMapPropagator
 	pool   sync.Pool // *[]byte request buffers
 }
+
+// DefaultNoRouterWait bounds the retries of a request that finds no
+// replica: longer than a client's or a replica's reconnection to another
+// server of the cluster.
+const DefaultNoRouterWait = 2 * time.Second
 
 // NewClient returns a client for the replicas behind prefix ("" = kvr).
 // prop injects trace context into request headers; nil = W3C trace context.
@@ -47,6 +61,9 @@ func (c *Client) request(ctx context.Context, subject string, body []byte) ([]by
 		c.prop.Inject(ctx, HeaderCarrier(m.Header))
 	}
 	reply, err := c.nc.RequestMsgWithContext(ctx, m)
+	for wait := (noRouterBackoff{limit: c.NoRouterWait}); errors.Is(err, nats.ErrNoResponders) && wait.next(ctx); {
+		reply, err = c.nc.RequestMsgWithContext(ctx, m)
+	}
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, fmt.Errorf("%w on %s: %w", ErrNoRouter, subject, err)
@@ -179,4 +196,35 @@ func (c *Client) EndSession(ctx context.Context, model, session string) error {
 	body, _ := json.Marshal(&SessionRequest{V: APIVersion, Model: model, SessionID: session})
 	_, err := c.request(ctx, SessionEndSubject(c.prefix, model), body)
 	return err
+}
+
+// noRouterBackoff paces the retries of a request that found no replica:
+// 10 ms doubling to 200 ms, for at most limit in all.
+type noRouterBackoff struct {
+	limit, waited, step time.Duration
+}
+
+// next sleeps before the next try and reports whether to make it: not
+// once the limit is spent or the context would end first.
+func (b *noRouterBackoff) next(ctx context.Context) bool {
+	limit := b.limit
+	if limit == 0 {
+		limit = DefaultNoRouterWait
+	}
+	b.step = min(max(2*b.step, 10*time.Millisecond), 200*time.Millisecond)
+	if b.waited+b.step > limit {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < b.step {
+		return false
+	}
+	t := time.NewTimer(b.step)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	b.waited += b.step
+	return true
 }
