@@ -8,11 +8,13 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/gateway"
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/otlptest"
 	"github.com/kvrouter/kvrouter/internal/telemetry"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/kvrouter/kvrouter/router/host"
 	"github.com/kvrouter/kvrouter/workers/sim/vllmapi"
@@ -64,7 +66,19 @@ func TestOTLPSpanTreeOfARoutedRequest(t *testing.T) {
 	const traceID, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	st.chatOK(gw, longText("trace me", 200), 4, false, map[string]string{
 		"traceparent": "00-" + traceID + "-" + clientSpan + "-01", gateway.DefaultSessionHeader: "conv-otlp"})
-	st.waitIdle() // the booking is freed: every span of the request has ended
+	st.waitIdle() // the booking is freed: the replica's and the engine's spans have ended
+	// A whole reply reaches the client before the gateway frees the
+	// booking and ends its request span: wait for that span's export.
+	flusher := gwTr.TracerProvider().(interface{ ForceFlush(context.Context) error })
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_ = flusher.ForceFlush(context.Background())
+		for _, s := range rec.Spans() {
+			if s.TraceID() == traceID && s.Name == "gateway chat" {
+				return true
+			}
+		}
+		return false
+	}, func() string { return "the gateway's request span was never exported" })
 	stopGW()
 	stopRep()
 	stopEng()
