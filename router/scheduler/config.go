@@ -164,9 +164,9 @@ type Config struct {
 	LoadReportTTL time.Duration `yaml:"load_report_ttl"`
 	// GuardInterval: how often the guard expires bookings. Default 30 s.
 	GuardInterval time.Duration `yaml:"guard_interval"`
-	// CommandBuffer is accepted and checked but no longer used: calls run
-	// under the scheduler's lock, with no inbox (kept so that existing
-	// configurations still load). Default 1,024.
+	// CommandBuffer is accepted and checked (not negative) but no longer
+	// used: calls run under the scheduler's lock, with no inbox (kept so
+	// that existing configurations still load).
 	CommandBuffer int `yaml:"command_buffer"`
 	// Seed makes random choices reproducible (with HasSeed). A policy that
 	// implements Seeded can supply it too; Config wins.
@@ -233,9 +233,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.GuardInterval == 0 {
 		out.GuardInterval = 30 * time.Second
-	}
-	if out.CommandBuffer == 0 {
-		out.CommandBuffer = 1024
 	}
 	for name, d := range map[string]time.Duration{
 		"booking_ttl": out.BookingTTL, "remote_ttl": out.RemoteTTL,
