@@ -199,11 +199,11 @@ func (p *Publisher) Close() error {
 	p.mu.Unlock()
 	p.stop()
 	var errs []error
-	if err := p.pub.Close(); err != nil {
+	if err := closeSocket(p.pub); err != nil {
 		errs = append(errs, err)
 	}
 	if p.replay != nil {
-		if err := p.replay.Close(); err != nil {
+		if err := closeSocket(p.replay); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -2,6 +2,7 @@ package vllmzmq
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log"
 	"log/slog"
@@ -61,4 +62,15 @@ func dialable(endpoint string, addr net.Addr) string {
 		host = "::1"
 	}
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(ta.Port))
+}
+
+// closeSocket closes sock. zmq4 closes a departed peer's connection itself
+// and drops it from the socket only later, so Close may meet a connection
+// that is already closed and report net.ErrClosed; nothing is lost then,
+// so that is not an error of the caller's close.
+func closeSocket(sock zmq4.Socket) error {
+	if err := sock.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }

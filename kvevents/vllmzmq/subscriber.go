@@ -141,7 +141,7 @@ func (s *Subscriber) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.stop()
-		err = s.sock.Close()
+		err = closeSocket(s.sock)
 		s.wg.Wait()
 	})
 	return err

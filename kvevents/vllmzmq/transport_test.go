@@ -302,3 +302,36 @@ func TestNewPublisherRejects(t *testing.T) {
 		t.Fatalf("publish after close: %v", err)
 	}
 }
+
+// TestCloseAfterPeersLeft: a publisher whose subscribers went away first
+// (a bridge stops before its engine) closes without an error. zmq4 closes
+// a dead peer's connection on its own and forgets it only later, so the
+// socket's Close may meet connections that are already closed; that loses
+// nothing and is not the caller's failure.
+func TestCloseAfterPeersLeft(t *testing.T) {
+	for i := range 20 {
+		p, err := NewPublisher(testConfig(16, "kv"), 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var subs []*Subscriber
+		for k := range 3 {
+			s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), Topic: fmt.Sprintf("kv%d", k)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			subs = append(subs, s)
+		}
+		waitSubscribed(t, p, 3)
+		for _, s := range subs {
+			s.Close()
+		}
+		// The publisher learns of the closed peers on its next write.
+		for j := range 3 {
+			p.Publish(payload(j))
+		}
+		if err := p.Close(); err != nil {
+			t.Fatalf("round %d: Close after the subscribers left: %v", i, err)
+		}
+	}
+}
