@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -13,62 +14,84 @@ import (
 )
 
 // A route that asks for a prefill/decode pair (RouteRequest.PD, docs/pd.md)
-// makes two decisions. The decode leg is the route's ordinary selection:
-// LegDecode candidates (decode and both workers), the decode cost, the
-// session's binding and the pin rule, committed and replied as any route.
-// Then routePD applies the single-worker rule and, if the request splits,
-// selects and books the prefill leg: LegPrefill candidates (prefill and
-// both workers) under the default cost (cached prefix against prefill
-// queue), with no binding and no pin, under its own request id.
+// makes two decisions, the prefill leg's first. bookPrefill selects and
+// books it: LegPrefill candidates (prefill and both workers) under the
+// default cost (cached prefix against prefill queue), with no binding and
+// no pin, under its own request id. Then the decode leg is the route's
+// ordinary selection: LegDecode candidates (decode and both workers), the
+// decode cost, the session's binding and the pin rule, committed and
+// replied as any route. completePD applies the single-worker rule last.
+//
+// The prefill leg goes first so that a pair is admitted only when a
+// prefill worker has room: when the prefill side is the bottleneck the
+// request waits in the router queue holding nothing, instead of holding a
+// decode booking (decode blocks and a running request on a worker that
+// does nothing for it yet) that makes the decode side look busy too. A
+// prefill leg that cannot be booked in time fails the route like any
+// route; only a fleet with no prefill-capable worker at all sends the
+// request whole to the decode worker.
 
-// routePD completes a PD route after the decode leg is committed. It
-// returns an error only when ctx ended while the prefill leg waited; the
-// caller then releases the decode leg's booking.
-func (r *Replica) routePD(ctx context.Context, ms *modelState, req *api.RouteRequest, resp *api.RouteResponse,
-	s *routeScratch, hashes []kvevents.SeqHash, t0 time.Time) error {
-	dec := &s.sel.dec
-	reason := r.singleReason(ms, dec, s.sel.req.Tokens)
-	if reason == "" {
-		pr := s.sel.req
-		pr.ID, pr.Leg, pr.ExpectedOutput = req.RequestID+api.PrefillSuffix, scheduler.LegPrefill, 1
-		pr.Pinned, pr.Affinity, pr.SessionID = nil, nil, ""
-		w0 := time.Now()
-		d, err := ms.sched.Schedule(ctx, &pr)
-		// The route's queue wait is both legs': a client adds it to the
-		// legs' own times for the request's TTFT.
-		waited := d.Waited
-		if err != nil {
-			waited = time.Since(w0)
-		}
-		resp.QueueWaitUS += waited.Microseconds()
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return err
-		case err != nil:
-			r.log.Debug("prefill leg not booked: the decode worker serves alone", "request", req.RequestID, "err", err)
-			reason = api.PDReasonNoPrefill
-		case d.Worker.Worker == dec.Worker.Worker:
-			r.rollback(ms, d.Fence)
-			reason = api.PDReasonSame
-		default:
-			// The decode booking drops its prefill tokens (the decode
-			// engine pulls the prompt) but is not marked prefill-done:
-			// the client's prefill_done at the decode leg's first token
-			// restarts its expiry clock, as a whole request's.
-			r.commit(ms, &d, hashes, t0)
-			r.serveWhole(ms, dec.Fence, false)
-			resp.PD = api.PDSplit
-			resp.Prefill = &api.PrefillRoute{RequestID: pr.ID, Worker: d.Worker.Worker, Rank: d.Worker.Rank,
-				Endpoint: ms.endpoint(d.Worker.Worker), OverlapBlocks: d.OverlapBlocks, Attempt: d.Fence.Attempt,
-				Fence: r.signer.token(d.Fence), BootstrapPort: ms.bootstrapPort(d.Worker.Worker)}
-			r.m.pdRoute(ctx, api.PDSplit, "")
-			return nil
-		}
+// bookPrefill books the prefill leg of a PD route into s.sel.pre. With no
+// prefill-capable worker to take it (none registered, eligible or large
+// enough) it books nothing and the route is served whole; any other
+// scheduler error (the deadline, a queue limit, ctx) is the route's.
+func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.RouteRequest, s *routeScratch) error {
+	pr := s.sel.req
+	pr.ID, pr.Leg, pr.ExpectedOutput = req.RequestID+api.PrefillSuffix, scheduler.LegPrefill, 1
+	pr.Pinned, pr.Affinity, pr.SessionID = nil, nil, ""
+	w0 := time.Now()
+	d, err := ms.sched.Schedule(ctx, &pr)
+	switch {
+	case err == nil:
+		s.sel.pre, s.sel.preBooked, s.sel.preWaited = d, true, d.Waited
+	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate),
+		errors.Is(err, scheduler.ErrExceedsCapacity):
+		r.log.Debug("prefill leg not booked: the decode worker serves alone", "request", req.RequestID, "err", err)
+		s.sel.preWaited = time.Since(w0)
+	default:
+		return err
 	}
-	r.serveWhole(ms, dec.Fence, true) // the decode worker computes the prompt
-	resp.PD, resp.PDReason = api.PDSingle, reason
-	r.m.pdRoute(ctx, api.PDSingle, reason)
 	return nil
+}
+
+// completePD ends a PD route after the decode leg is committed and
+// replied: the request splits (the prefill leg's booking is committed and
+// the decode booking charged no prefill) unless the single-worker rule
+// says the decode worker serves it whole, or no prefill leg was booked, or
+// the prefill leg chose the decode worker itself.
+func (r *Replica) completePD(ctx context.Context, ms *modelState, req *api.RouteRequest, resp *api.RouteResponse,
+	s *routeScratch, hashes []kvevents.SeqHash, t0 time.Time) {
+	dec, pre := &s.sel.dec, &s.sel.pre
+	// The route's queue wait is both legs': a client adds it to the legs'
+	// own times for the request's TTFT.
+	resp.QueueWaitUS += s.sel.preWaited.Microseconds()
+	reason := r.singleReason(ms, dec, s.sel.req.Tokens)
+	switch {
+	case !s.sel.preBooked:
+		reason = api.PDReasonNoPrefill
+	case reason != "":
+	case pre.Worker.Worker == dec.Worker.Worker:
+		reason = api.PDReasonSame
+	}
+	if reason != "" {
+		s.sel.releasePrefill()
+		r.serveWhole(ms, dec.Fence, true) // the decode worker computes the prompt
+		resp.PD, resp.PDReason = api.PDSingle, reason
+		r.m.pdRoute(ctx, api.PDSingle, reason)
+		return
+	}
+	// The decode booking drops its prefill tokens (the decode engine pulls
+	// the prompt) but is not marked prefill-done: the client's
+	// prefill_done at the decode leg's first token restarts its expiry
+	// clock, as a whole request's.
+	r.commit(ms, pre, hashes, t0)
+	s.sel.preBooked = false
+	r.serveWhole(ms, dec.Fence, false)
+	resp.PD = api.PDSplit
+	resp.Prefill = &api.PrefillRoute{RequestID: req.RequestID + api.PrefillSuffix, Worker: pre.Worker.Worker, Rank: pre.Worker.Rank,
+		Endpoint: ms.endpoint(pre.Worker.Worker), OverlapBlocks: pre.OverlapBlocks, Attempt: pre.Fence.Attempt,
+		Fence: r.signer.token(pre.Fence), BootstrapPort: ms.bootstrapPort(pre.Worker.Worker)}
+	r.m.pdRoute(ctx, api.PDSplit, "")
 }
 
 // serveWhole tells the scheduler whether the decode booking f serves the

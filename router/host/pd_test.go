@@ -1,6 +1,7 @@
 package host
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -137,8 +138,9 @@ func TestPDDecodeBookingOutlivesPrefillLeg(t *testing.T) {
 
 // A split route's queue wait is the whole router queue, its prefill leg's
 // wait included: the wait a client adds to the legs' times for the
-// request's TTFT. The decode worker is not held up meanwhile: its booking
-// charges no prefill tokens.
+// request's TTFT. The decode worker is not held up meanwhile: the pair is
+// admitted only when a prefill worker has room, so a waiting route holds
+// no decode booking, and a split's decode booking charges no prefill.
 func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
 	st, clock := startPDStack(t, time.Hour, 128) // busy at 8 × 128 tokens of prefill
 	ctx := ctxT(t)
@@ -159,8 +161,14 @@ func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { return r.Waiting(testModel) == 1 },
 		func() string { return "the second route's prefill leg does not wait" })
 	st.waitWorker("d-0", func(ws api.WorkerStatus) bool {
-		return ws.Load != nil && ws.Load.ActiveRequests == 2 && ws.Load.PrefillTokens == 0
+		return ws.Load != nil && ws.Load.ActiveRequests == 1 && ws.Load.PrefillTokens == 0
 	})
+	if n := r.Waiting(testModel); n != 1 {
+		t.Fatalf("%d routes wait, want the second", n)
+	}
+	if ws := workerStatus(st.replicas[0], "d-0"); ws.Load == nil || ws.Load.ActiveRequests != 1 {
+		t.Fatalf("the decode worker holds %+v while the second route waits, want the first route's booking alone", ws.Load)
+	}
 	clock.Advance(5 * time.Second)
 	if err := st.client.Free(ctx, testModel, first.PrefillBooking()); err != nil {
 		t.Fatal(err)
@@ -177,4 +185,50 @@ func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A prefill leg that cannot be booked before the route's deadline fails
+// the route (overloaded), as any route's wait does: the request is
+// not sent whole to a decode-only worker, and the route leaves no booking
+// behind.
+func TestPDPrefillDeadlineFailsRoute(t *testing.T) {
+	st, clock := startPDStack(t, time.Hour, 128)
+	ctx := ctxT(t)
+	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
+	if err != nil || first.PD != api.PDSplit {
+		t.Fatalf("route: %+v %v, want a split", first, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(2, 2048), PD: true, DeadlineMS: 300})
+		done <- err
+	}()
+	r := st.replicas[0]
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.Waiting(testModel) == 1 },
+		func() string { return "the second route's prefill leg does not wait" })
+	clock.Advance(time.Minute) // past the deadline (the scheduler's clock)
+	err = <-done
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeOverloaded {
+		t.Fatalf("second route: %v, want %s", err, api.CodeOverloaded)
+	}
+	if ws := workerStatus(st.replicas[0], "d-0"); ws.Load == nil || ws.Load.ActiveRequests != 1 {
+		t.Fatalf("the decode worker holds %+v, want the first route's booking alone", ws.Load)
+	}
+	for _, rs := range []*api.RouteResponse{first.PrefillBooking(), first} {
+		if err := st.client.Free(ctx, testModel, rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// workerStatus is r's view of worker (zero if it does not know it).
+func workerStatus(r *Replica, worker string) api.WorkerStatus {
+	ws, _ := r.Workers(testModel)
+	for _, w := range ws.Workers {
+		if w.Worker == worker {
+			return w
+		}
+	}
+	return api.WorkerStatus{}
 }

@@ -110,18 +110,21 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 	hashes, tokens := r.lookup(ms, req, s)
 	sel := s.sel.begin(r, ms, &s.tel, r.requirement(req, hashes, tokens, t0, s))
 	ms.adapterRequirement(req, &sel.req, s)
+	if req.PD {
+		if err := r.bookPrefill(ctx, ms, req, s); err != nil {
+			return err
+		}
+	}
 	res, err := r.selectAndBind(ctx, req, mode, s)
 	if err != nil {
 		sel.release()
+		sel.releasePrefill()
 		return err
 	}
 	r.commit(ms, &sel.dec, hashes, t0)
 	r.reply(ctx, ms, req, resp, &sel.dec, res, s)
 	if req.PD {
-		if err := r.routePD(ctx, ms, req, resp, s, hashes, t0); err != nil {
-			sel.release()
-			return err
-		}
+		r.completePD(ctx, ms, req, resp, s, hashes, t0)
 	}
 	return nil
 }
@@ -266,6 +269,10 @@ type selection struct {
 	bind   scheduler.Affinity // the session binding's requirement
 	dec    scheduler.Decision
 	booked bool
+	// The prefill leg of a PD route (pd.go), booked before the decode leg.
+	pre       scheduler.Decision
+	preBooked bool
+	preWaited time.Duration // the prefill leg's queue wait
 	// schedErr is the scheduler's error, when a selection failed: the
 	// bindings table passes it on, and it is not the table's failure.
 	schedErr error
@@ -311,6 +318,14 @@ func (sel *selection) release() {
 	if sel.booked {
 		sel.r.rollback(sel.ms, sel.dec.Fence)
 		sel.booked = false
+	}
+}
+
+// releasePrefill gives back the prefill leg's booking, if it holds one.
+func (sel *selection) releasePrefill() {
+	if sel.preBooked {
+		sel.r.rollback(sel.ms, sel.pre.Fence)
+		sel.preBooked = false
 	}
 }
 
