@@ -141,14 +141,15 @@ func TestPDChecks(t *testing.T) {
 		return s
 	}
 	rep := &report.Report{Unloaded: &metrics.Dist{P99: 100}, Policies: []metrics.Summary{
-		row("kvrouter-pd", 1000, true), row("kvrouter", 600, false), row("round-robin-pd", 1600, true)}}
+		row("kvrouter-pd", 1000, true), row("kvrouter", 600, false), row("round-robin-pd", 1600, true), row("round-robin", 400, false)}}
 	got := map[string]bool{}
-	for _, c := range Checks(rep) {
+	for _, c := range pdChecks(rep) {
 		got[c.Name] = c.Pass
 	}
 	want := map[string]bool{
-		"load level: aggregated kvrouter p99 TTFT vs unloaded p99": true,
-		"kvrouter-pd p99 TTFT lower than round-robin pairing's":    true,
+		"load level: aggregated kvrouter p99 TTFT vs unloaded p99":    true,
+		"kvrouter-pd p99 TTFT lower than round-robin pairing's":       true,
+		"load level: aggregated round-robin p99 TTFT vs unloaded p99": false,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("checks %v, want %v", got, want)
