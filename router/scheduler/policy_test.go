@@ -413,6 +413,16 @@ func TestRegistryYAML(t *testing.T) {
 					t.Fatalf("%+v", d)
 				}
 			}},
+		{doc: "name: default\nparams: {decode_leg: {transfer_block_weight: 0.5, full_penalty: 1000}}",
+			name: "default", check: func(t *testing.T, p Policy) {
+				want := DefaultDecodeCostParams()
+				want.TransferBlockWeight, want.FullPenalty = 0.5, 1000
+				if d := p.(*DefaultPolicy); d.Decode != want || d.Cost != DefaultCostParams() {
+					t.Fatalf("decode leg %+v, want %+v", d.Decode, want)
+				}
+			}},
+		{doc: "name: default\nparams: {decode_leg: {transfer_weight: 1}}", errIs: ErrInvalidConfig, errMatch: "transfer_weight"},
+		{doc: "name: default\nparams: {decode_leg: {decode_block_weight: -1}}", errIs: ErrInvalidConfig, errMatch: "decode_leg"},
 		{doc: "", name: "default"},
 		{doc: "name: round-robin", name: "round-robin"},
 		{doc: "name: random\nparams: {respect_soft_affinity: true}", name: "random", check: func(t *testing.T, p Policy) {

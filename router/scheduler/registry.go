@@ -153,11 +153,21 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
+		// DecodeLeg overrides DefaultDecodeCostParams, field by field.
+		DecodeLeg yaml.Node `yaml:"decode_leg"`
 	}
 	if err := decodeParams(n, &o); err != nil {
 		return nil, err
 	}
 	p := NewDefaultPolicy(o.Temperature)
+	p.Decode = DefaultDecodeCostParams()
+	if err := decodeParams(&o.DecodeLeg, &p.Decode); err != nil {
+		return nil, fmt.Errorf("decode_leg: %w", err)
+	}
+	if d := p.Decode; d.PrefillLoadScale < 0 || d.TransferBlockWeight < 0 || d.DecodeBlockWeight < 0 ||
+		d.DecodeActiveRequestWeight < 0 || d.FullPenalty < 0 {
+		return nil, fmt.Errorf("%w: decode_leg weights must be >= 0: %+v", ErrInvalidConfig, d)
+	}
 	if o.TrackOutputBlocks != nil {
 		p.NoOutputBlocks = !*o.TrackOutputBlocks
 	}
