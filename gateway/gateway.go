@@ -138,8 +138,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.SessionHeader == "" {
 		cfg.SessionHeader = DefaultSessionHeader
 	}
-	if cfg.PD != "" && cfg.PD != PDVLLM && cfg.PD != PDSGLang {
-		return nil, fmt.Errorf("%w: PD mode %q: want %q, %q or empty", ErrConfig, cfg.PD, PDVLLM, PDSGLang)
+	if err := CheckPD(cfg.PD); err != nil {
+		return nil, err
 	}
 	if cfg.ID == "" {
 		cfg.ID = "gw-" + strings.ToLower(nuid.Next()[12:])

@@ -42,6 +42,14 @@ const (
 	PDSGLang = "sglang" // SGLang's bootstrap room, both legs at once
 )
 
+// CheckPD checks a PD mode (Config.PD): PDVLLM, PDSGLang or "" (off).
+func CheckPD(mode string) error {
+	if mode != "" && mode != PDVLLM && mode != PDSGLang {
+		return fmt.Errorf("%w: PD mode %q: want %q, %q or empty", ErrConfig, mode, PDVLLM, PDSGLang)
+	}
+	return nil
+}
+
 // remoteDecode is the kv_transfer_params of a vLLM prefill leg, as vLLM's
 // reference proxy sends them.
 var remoteDecode = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)

@@ -37,8 +37,8 @@ func TestGatewayHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
-// serve --openai-addr runs the gateway in process; kvrouter gateway runs it
-// over NATS against the same replica. Both answer the OpenAI API: the model
+// serve --openai-addr runs the gateway in process (here in vLLM's P/D mode,
+// --openai-pd); kvrouter gateway runs it over NATS against the same replica. Both answer the OpenAI API: the model
 // list, and 503 in OpenAI's shape while no worker is registered.
 func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	if testing.Short() {
@@ -52,7 +52,7 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	go func() {
 		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
 			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--openai-addr", fmt.Sprintf("127.0.0.1:%d", oaPort),
-			"--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
+			"--openai-pd", "vllm", "--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
 	}()
 	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), 200, 20*time.Second)
 	go func() {

@@ -84,6 +84,7 @@ func TestUsageErrors(t *testing.T) {
 		{},
 		{"serve", "--no-such-flag"},
 		{"serve", "--session-mode", "sticky"},
+		{"serve", "--openai-pd", "nixl"},
 		{"serve", "--log-level", "loud"},
 		{"worker"}, // --sim is required
 		{"worker", "--sim", "--count", "0"},

@@ -91,14 +91,14 @@ type serveFlags struct {
 	nats *natsFlags
 	log  *logFlags
 
-	replicaID, prefix, models, httpAddr, openaiAddr, openaiTok, queueGroup, stream *string
-	eppAddr                                                                        *string
-	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket             *string
-	blockSize, replicas, maxSessions, inflight                                     *int
-	maxAge, sessionTTL, bindStale, snapEvery, predicted, approxTTL, deadline       *time.Duration
-	syncEvery                                                                      *time.Duration
-	strict, loadSnap, approximate                                                  *bool
-	trace                                                                          traceFlags
+	replicaID, prefix, models, httpAddr, openaiAddr, openaiTok, openaiPD, queueGroup, stream *string
+	eppAddr                                                                                  *string
+	policy, policyFile, sessionMode, bindBucket, regBucket, snapBucket                       *string
+	blockSize, replicas, maxSessions, inflight                                               *int
+	maxAge, sessionTTL, bindStale, snapEvery, predicted, approxTTL, deadline                 *time.Duration
+	syncEvery                                                                                *time.Duration
+	strict, loadSnap, approximate                                                            *bool
+	trace                                                                                    traceFlags
 
 	// The bounded index and the events it takes (host.IndexLimits).
 	idxBytes, idxEntries, idxPerWorker *int
@@ -122,6 +122,7 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 		httpAddr:    c.str("http-addr", "127.0.0.1:8080", "HTTP API listen address (\"\" = no HTTP); loopback by default: give :8080 or a host address to open it, with --http-token"),
 		openaiAddr:  c.str("openai-addr", "", "also run the OpenAI-compatible gateway (as 'kvrouter gateway') in this process on this address, calling this replica directly (\"\" = off)"),
 		openaiTok:   addTokenizerFlag(c, "openai-tokenizer"),
+		openaiPD:    c.str("openai-pd", "", "the --openai-addr gateway's prefill/decode disaggregation, as 'kvrouter gateway --pd': vllm or sglang (\"\" = off; docs/pd.md)"),
 		eppAddr:     c.str("epp-addr", "", "also run the Gateway API endpoint picker (as 'kvrouter epp': Envoy ext_proc and gRPC health) in this process on this address, calling this replica directly; it reads prompts as --openai-tokenizer says (\"\" = off)"),
 		queueGroup:  c.str("queue-group", api.DefaultQueueGroup, "NATS queue group shared by the replicas of one deployment"),
 		stream:      c.str("event-stream", "KVR_EVENTS", "JetStream stream of KV events (created if missing, else verified)"),
@@ -166,6 +167,9 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	if err := gateway.CheckTokenizer(*f.openaiTok); err != nil {
 		return host.Config{}, fmt.Errorf("--openai-tokenizer: %w", err)
+	}
+	if err := gateway.CheckPD(*f.openaiPD); err != nil {
+		return host.Config{}, fmt.Errorf("--openai-pd: %w", err)
 	}
 	mode, err := session.ParseMode(*f.sessionMode)
 	if err != nil {
@@ -238,7 +242,7 @@ func serveUntilDone(ctx context.Context, f *serveFlags, cfg host.Config, r *host
 	startErr := r.Start(ctx)
 	var gw *gatewayServer
 	if startErr == nil && *f.openaiAddr != "" {
-		gw, startErr = startOpenAI(r, *f.openaiAddr, *f.openaiTok, cfg.HTTPToken, cfg.Telemetry, log)
+		gw, startErr = startOpenAI(r, *f.openaiAddr, *f.openaiTok, *f.openaiPD, cfg.HTTPToken, cfg.Telemetry, log)
 	}
 	var ep *eppServer
 	if startErr == nil && *f.eppAddr != "" {
@@ -279,9 +283,9 @@ func startReplicaEPP(r *host.Replica, addr, tokenizer string, tel host.Telemetry
 
 // startOpenAI runs the gateway in process over r (serve --openai-addr),
 // guarded by the replica's --http-token as its API key.
-func startOpenAI(r *host.Replica, addr, tokenizer, apiKey string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
-	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Tokenizer: tokenizer, Logger: log,
-		Telemetry: tel, APIKey: apiKey})
+func startOpenAI(r *host.Replica, addr, tokenizer, pd, apiKey string, tel host.Telemetry, log *slog.Logger) (*gatewayServer, error) {
+	g, err := gateway.New(gateway.Config{Router: gateway.ReplicaRouter{R: r}, Models: r.Models(), Tokenizer: tokenizer, PD: pd,
+		Logger: log, Telemetry: tel, APIKey: apiKey})
 	if err != nil {
 		return nil, err
 	}
