@@ -110,36 +110,29 @@ func StartReal(ctx context.Context, cfg RealConfig) (r *Real, err error) {
 			r = nil
 		}
 	}()
-	if r.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, cfg.Logger); err != nil {
+	labeled(componentNATS, func() { r.emb, err = natsconn.StartEmbedded(natsconn.Config{Embedded: true}, cfg.Logger) })
+	if err != nil {
 		return r, err
 	}
-	nc, _, err := r.connect("real-gateway")
+	var nc *nats.Conn
+	labeled(componentGateway, func() { nc, _, err = r.connect("real-gateway") })
 	if err != nil {
 		return r, err
 	}
 	// The replicas create the event stream and the buckets (they own
 	// their configuration); the bridges start after them.
 	for i, hc := range cfg.Replicas {
-		rnc, _, err := r.connect(fmt.Sprintf("real-replica-%d", i))
-		if err != nil {
+		if labeled(componentRouter, func() { err = r.startReplica(ctx, i, hc) }); err != nil {
 			return r, err
 		}
-		rep, err := host.New(rnc, hc)
-		if err != nil {
-			return r, fmt.Errorf("stack: replica %d: %w", i, err)
-		}
-		r.replicas = append(r.replicas, rep)
-		if err := rep.Start(ctx); err != nil {
-			return r, fmt.Errorf("stack: replica %d start: %w", i, err)
-		}
 	}
-	if err := r.startEngines(cfg); err != nil {
+	if labeled(componentEngine, func() { err = r.startEngines(cfg) }); err != nil {
 		return r, err
 	}
 	bctx, stop := context.WithCancel(context.Background())
 	r.stopBridge = stop
 	for i, e := range r.engines {
-		if err := r.startBridge(bctx, cfg, r.Workers[i], e); err != nil {
+		if labeled(componentBridge, func() { err = r.startBridge(bctx, cfg, r.Workers[i], e) }); err != nil {
 			return r, err
 		}
 	}
@@ -157,9 +150,26 @@ func StartReal(ctx context.Context, cfg RealConfig) (r *Real, err error) {
 		return r, fmt.Errorf("stack: gateway listener: %w", err)
 	}
 	r.gw = &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
-	go r.gw.Serve(ln)
+	labeled(componentGateway, func() { go r.gw.Serve(ln) })
 	r.GatewayURL = "http://" + ln.Addr().String()
 	return r, nil
+}
+
+// startReplica connects, creates and starts router replica i.
+func (r *Real) startReplica(ctx context.Context, i int, hc host.Config) error {
+	rnc, _, err := r.connect(fmt.Sprintf("real-replica-%d", i))
+	if err != nil {
+		return err
+	}
+	rep, err := host.New(rnc, hc)
+	if err != nil {
+		return fmt.Errorf("stack: replica %d: %w", i, err)
+	}
+	r.replicas = append(r.replicas, rep)
+	if err := rep.Start(ctx); err != nil {
+		return fmt.Errorf("stack: replica %d start: %w", i, err)
+	}
+	return nil
 }
 
 // Replicas are the router replicas, for reading their state.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -100,6 +101,7 @@ Examples:
 type benchReplayFlags struct {
 	*replayFlags
 	kind, part, out, title, paths, targets, fleet        *string
+	cpuProfile                                           *string
 	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
 	maxTokens                                            *int
 	start, window, deadline                              *time.Duration
@@ -120,6 +122,7 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 			sessionUsage:  "session ids and binding mode: none, hard or soft (the peers bind with their own affinity)",
 			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl); true-cache reads the engines' true caches (a diagnostic); name{key=value,...} runs a policy with other parameters, e.g. kvrouter{overlap_credit=2}",
 		}),
+		cpuProfile:    c.str("cpuprofile", "", "write a CPU profile of the whole replay to this file; the real path's goroutines carry the label "+stack.ComponentLabel+" (nats, router, engine, bridge, gateway): go tool pprof -tags FILE"),
 		kind:          c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix); --seed s (1-100) generates seed s for --part tune, s+100 for eval"),
 		part:          c.str("part", "", "held-out part to replay: eval (the default) or tune (the default with --calibrate); traces split by time (first half tunes), generated workloads by seed"),
 		allowInSample: c.boolean("allow-in-sample", false, "run policies on an evaluation part they were tuned on, their rows labelled IN-SAMPLE (refused otherwise)"),
@@ -174,7 +177,14 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fmt.Fprintf(stderr, "replaying %s (%s part): %d requests, %d sessions, %.0f s of workload at %gx load, %gx speed-up; policies %s; path %s\n",
 		cfg.Workload.Name, cfg.Part.Part, st.Requests, st.Sessions, st.SpanSeconds / *f.load, *f.load, *f.speedup, pols, *f.paths)
 	began := time.Now()
+	stopProfile, err := startCPUProfile(*f.cpuProfile)
+	if err != nil {
+		return err
+	}
 	rep, err := replay.Run(ctx, cfg)
+	if perr := stopProfile(); err == nil {
+		err = perr
+	}
 	if err != nil {
 		return err
 	}
@@ -586,4 +596,27 @@ func benchModuleRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// startCPUProfile starts a CPU profile into path ("" = none) and returns
+// what stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		return nil
+	}, nil
 }

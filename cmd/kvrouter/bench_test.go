@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/report"
+	"github.com/kvrouter/kvrouter/bench/stack"
 )
 
 func TestBenchReplaySyntheticAndRender(t *testing.T) {
@@ -130,5 +133,45 @@ func TestBenchReplayHeldOut(t *testing.T) {
 	if err := benchMain(context.Background(), []string{"replay", "--workload", "burst", "--part", "tune", "--seed", "2", "--describe"}, &out, &errb); err != nil ||
 		!strings.Contains(out.String(), "this is seed 2") {
 		t.Fatalf("generated tuning part: %v\n%s", err, out.String())
+	}
+}
+
+// bench replay --cpuprofile profiles the whole replay, and on the gateway
+// path the components' goroutines carry their label: the profile's string
+// table names the label key and component values.
+func TestBenchReplayCPUProfile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays over the gateway path")
+	}
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "cpu.prof")
+	var out, errb bytes.Buffer
+	err := benchMain(context.Background(), []string{"replay", "--workload", "shared-prefix", "--limit", "40", "--workers", "2",
+		"--speedup", "20", "--policies", "kvrouter", "--path", "gateway", "--out", dir, "--quiet", "--cpuprofile", prof}, &out, &errb)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	f, err := os.Open(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("the profile is not gzipped: %v", err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, []byte(stack.ComponentLabel)) {
+		t.Fatalf("the profile carries no %s label (%d bytes)", stack.ComponentLabel, len(data))
+	}
+	// A string table entry is field 6, length-delimited: 0x32, its length,
+	// its bytes; function names only contain these words.
+	for _, c := range []string{"engine", "gateway", "router"} {
+		if !bytes.Contains(data, append([]byte{0x32, byte(len(c))}, c...)) {
+			t.Errorf("no sample carries %s=%s", stack.ComponentLabel, c)
+		}
 	}
 }
