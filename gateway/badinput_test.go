@@ -220,3 +220,36 @@ func FuzzDecodeTokenizeReply(f *testing.F) {
 		}
 	})
 }
+
+// promptIDs reads what encoding/json reads as a prompt of ids ([ids] or
+// [[ids]], non-empty), and nothing else.
+func FuzzPromptIDs(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, `[[1,2,3]]`, ` [ [ 4294967295 , 0 ] ] `, `[4294967296]`, `[1,]`, `[-1]`, `["1"]`,
+		`[01]`, `[0]`, `[]`, `[[]]`, `[[1],[2]]`, `[1.0]`, `[1e3]`, `"text"`, `[[1]`, `[1]]`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !json.Valid(data) {
+			return // the client's body was valid JSON before the prompt was cut out of it
+		}
+		got, ok := promptIDs(data)
+		want, wok := promptIDsJSON(data)
+		if ok != wok || (ok && !slices.Equal(got, want)) {
+			t.Fatalf("%q: %v %v, encoding/json %v %v", data, got, ok, want, wok)
+		}
+	})
+}
+
+// promptIDsJSON is promptIDs by encoding/json: the model it is checked
+// against.
+func promptIDsJSON(raw []byte) ([]uint32, bool) {
+	var ids []uint32
+	if json.Unmarshal(raw, &ids) == nil {
+		return ids, len(ids) > 0
+	}
+	var nested [][]uint32
+	if json.Unmarshal(raw, &nested) == nil && len(nested) == 1 && len(nested[0]) > 0 {
+		return nested[0], true
+	}
+	return nil, false
+}

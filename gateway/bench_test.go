@@ -417,3 +417,34 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkPromptIDs reads a completion prompt of 11,250 token ids (the
+// conversation trace's mean input) as the gateway does, and as
+// encoding/json did before (the profile of the gateway-path replay put a
+// third of the gateway's CPU there).
+func BenchmarkPromptIDs(b *testing.B) {
+	var buf bytes.Buffer
+	buf.WriteByte('[')
+	for i := range 11250 {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprint(&buf, (i*7919)%151936)
+	}
+	buf.WriteByte(']')
+	raw := buf.Bytes()
+	for _, c := range []struct {
+		name string
+		read func([]byte) ([]uint32, bool)
+	}{{"gateway", func(r []byte) ([]uint32, bool) { return promptIDs(r) }}, {"encoding-json", promptIDsJSON}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if ids, ok := c.read(raw); !ok || len(ids) != 11250 {
+					b.Fatal(len(ids), ok)
+				}
+			}
+		})
+	}
+}

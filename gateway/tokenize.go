@@ -53,7 +53,7 @@ func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
 			v = v*10 + uint64(raw[i]-'0')
 			i++
 		}
-		if i == start || v > 1<<32-1 {
+		if i == start || v > 1<<32-1 || (raw[start] == '0' && i-start > 1) { // JSON has no leading zeros
 			return nil, 0, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
 		}
 		dst = append(dst, uint32(v))
@@ -170,15 +170,19 @@ func promptIDs(raw json.RawMessage) ([]uint32, bool) {
 	if len(t) < 2 || t[0] != '[' {
 		return nil, false
 	}
-	var ids []uint32
-	if json.Unmarshal(t, &ids) == nil {
-		return ids, len(ids) > 0
+	// A 200 k-token prompt is a megabyte of digits: encoding/json spent a
+	// third of the gateway's CPU here (docs/benchmarks/gateway.md), so
+	// the ids are read by hand, into one slice sized by the commas.
+	ids := make([]uint32, 0, min(bytes.Count(t, comma)+1, api.MaxTokens))
+	if ids, n, err := parseTokenIDs(t, ids); err == nil {
+		return ids, n == len(t) && len(ids) > 0
 	}
-	var nested [][]uint32
-	if json.Unmarshal(t, &nested) == nil && len(nested) == 1 && len(nested[0]) > 0 {
-		return nested[0], true
+	inner := bytes.TrimLeft(t[1:], " \t\n\r") // [[ids]]: one prompt in a batch of one
+	ids, n, err := parseTokenIDs(inner, ids[:0])
+	if err != nil || string(bytes.TrimSpace(inner[n:])) != "]" {
+		return nil, false
 	}
-	return nil, false
+	return ids, len(ids) > 0
 }
 
 // promptText returns a completion prompt given as one string ("..." or
