@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/tokenids"
 )
 
 // The prompt the router hashes must be the one the engine computes, and a
@@ -245,7 +247,7 @@ func decodeRenderReply(data []byte) ([]uint32, error) {
 	}
 	if !ok || !bytes.Equal(one.TokenIDs, idsPlaceholder) { // the cut was not the (last) top-level token_ids
 		var err error
-		if ids, _, err = parseTokenIDs(one.TokenIDs, nil); err != nil {
+		if ids, _, err = tokenids.Parse(one.TokenIDs, nil); err != nil {
 			return nil, fmt.Errorf("token_ids: %w", err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/tokenids"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/api"
 )
@@ -17,7 +18,7 @@ import (
 type tokenizeReply struct {
 	Count       int             `json:"count"`
 	MaxModelLen int             `json:"max_model_len"`
-	Tokens      []uint32        `json:"-"` // parsed from RawTokens by parseTokenIDs
+	Tokens      []uint32        `json:"-"` // parsed from RawTokens by tokenids.Parse
 	RawTokens   json.RawMessage `json:"tokens"`
 	// Media are the prompt's multimodal items as the router hashes them
 	// (media.go); not part of vLLM's reply.
@@ -27,52 +28,7 @@ type tokenizeReply struct {
 	Unknown string `json:"-"`
 }
 
-// parseTokenIDs reads a JSON array of token ids at the start of raw
-// (after white space) and returns them appended to dst, with the length of
-// raw it read.
-func parseTokenIDs(raw []byte, dst []uint32) ([]uint32, int, error) {
-	i := 0
-	skip := func() {
-		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
-			i++
-		}
-	}
-	skip()
-	if i == len(raw) || raw[i] != '[' {
-		return nil, 0, fmt.Errorf("tokens: want an array of token ids")
-	}
-	i++
-	skip()
-	if i < len(raw) && raw[i] == ']' {
-		return dst, i + 1, nil
-	}
-	for {
-		skip()
-		start, v := i, uint64(0)
-		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' && i-start < 11 {
-			v = v*10 + uint64(raw[i]-'0')
-			i++
-		}
-		if i == start || v > 1<<32-1 || (raw[start] == '0' && i-start > 1) { // JSON has no leading zeros
-			return nil, 0, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
-		}
-		dst = append(dst, uint32(v))
-		skip()
-		if i < len(raw) && raw[i] == ',' {
-			i++
-			continue
-		}
-		if i < len(raw) && raw[i] == ']' {
-			return dst, i + 1, nil
-		}
-		return nil, 0, fmt.Errorf("tokens: entry %d is not a token id (0 to 2^32-1)", len(dst))
-	}
-}
-
-var (
-	tokensKey = []byte(`"tokens"`)
-	comma     = []byte(",")
-)
+var tokensKey = []byte(`"tokens"`)
 
 // idsPlaceholder takes the place of the id array cutIDArray read: an empty
 // array in a spelling no encoder writes, so that a caller decoding the rest
@@ -99,9 +55,7 @@ func cutIDArray(data, key []byte) (ids []uint32, rest []byte, ok bool) {
 		return nil, nil, false
 	}
 	j++
-	// Sized by the commas (an upper bound, counted fast) so the array is
-	// not copied as it grows.
-	ids, n, err := parseTokenIDs(data[j:], make([]uint32, 0, min(bytes.Count(data[j:], comma)+1, api.MaxTokens)))
+	ids, n, err := tokenids.Parse(data[j:], make([]uint32, 0, tokenids.Capacity(data[j:], api.MaxTokens)))
 	if err != nil {
 		return nil, nil, false
 	}
@@ -129,7 +83,7 @@ func decodeTokenizeReply(data []byte) (tokenizeReply, error) {
 	if err := json.Unmarshal(data, &tr); err != nil {
 		return tokenizeReply{}, fmt.Errorf("decoding the reply: %w", err)
 	}
-	ids, _, err := parseTokenIDs(tr.RawTokens, make([]uint32, 0, min(max(tr.Count, 0), api.MaxTokens)))
+	ids, _, err := tokenids.Parse(tr.RawTokens, make([]uint32, 0, min(max(tr.Count, 0), api.MaxTokens)))
 	if err != nil {
 		return tokenizeReply{}, err
 	}
@@ -170,15 +124,12 @@ func promptIDs(raw json.RawMessage) ([]uint32, bool) {
 	if len(t) < 2 || t[0] != '[' {
 		return nil, false
 	}
-	// A 200 k-token prompt is a megabyte of digits: encoding/json spent a
-	// third of the gateway's CPU here (docs/benchmarks/gateway.md), so
-	// the ids are read by hand, into one slice sized by the commas.
-	ids := make([]uint32, 0, min(bytes.Count(t, comma)+1, api.MaxTokens))
-	if ids, n, err := parseTokenIDs(t, ids); err == nil {
+	ids := make([]uint32, 0, tokenids.Capacity(t, api.MaxTokens))
+	if ids, n, err := tokenids.Parse(t, ids); err == nil {
 		return ids, n == len(t) && len(ids) > 0
 	}
 	inner := bytes.TrimLeft(t[1:], " \t\n\r") // [[ids]]: one prompt in a batch of one
-	ids, n, err := parseTokenIDs(inner, ids[:0])
+	ids, n, err := tokenids.Parse(inner, ids[:0])
 	if err != nil || string(bytes.TrimSpace(inner[n:])) != "]" {
 		return nil, false
 	}
