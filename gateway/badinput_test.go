@@ -111,6 +111,7 @@ type fakeRouter struct {
 func (r fakeRouter) Route(context.Context, *api.RouteRequest, *api.RouteResponse) error { return r.err }
 func (fakeRouter) PrefillDone(context.Context, string, *api.RouteResponse) error        { return nil }
 func (fakeRouter) Free(context.Context, string, *api.RouteResponse) error               { return nil }
+func (fakeRouter) ServeWhole(context.Context, string, *api.RouteResponse) error         { return nil }
 func (fakeRouter) Cancel(context.Context, string, string, string) error                 { return nil }
 func (r fakeRouter) Workers(context.Context, string) (*api.WorkersResponse, error) {
 	return &api.WorkersResponse{Workers: []api.WorkerStatus{{Worker: "w", Model: testModel, Endpoint: r.engine, State: "ready"}}}, nil

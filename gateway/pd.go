@@ -173,6 +173,13 @@ func (x *exchange) fallback(ctx context.Context, err error) {
 	x.g.m.pdFallbacks.Add(ctx, 1, metric.WithAttributes(attribute.String("mode", x.g.cfg.PD)))
 	x.span.AddEvent("pd_fallback", trace.WithAttributes(attribute.String("kvr.prefill_worker", x.pre.Worker)))
 	x.rs.Prefill = nil // no prefill worker served it (HeaderPrefillWorker)
+	// The decode worker computes the prompt now: its booking charges it
+	// as that worker's prefill (a split's decode booking does not).
+	cctx, cancel := x.g.callContext(ctx)
+	defer cancel()
+	if err := x.g.router.ServeWhole(cctx, x.rq.Model, &x.rs); err != nil {
+		x.g.log.Warn("serve_whole", "request", x.rs.RequestID, "worker", x.rs.Worker, "err", err)
+	}
 }
 
 // freePrefill releases the prefill leg's booking, once.

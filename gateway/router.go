@@ -19,6 +19,9 @@ type Router interface {
 	PrefillDone(ctx context.Context, model string, r *api.RouteResponse) error
 	// Free releases the request's booking.
 	Free(ctx context.Context, model string, r *api.RouteResponse) error
+	// ServeWhole reports that the decode leg of a split route serves the
+	// whole request (its prefill leg failed before it started).
+	ServeWhole(ctx context.Context, model string, r *api.RouteResponse) error
 	// Cancel withdraws a request that may still be queued; key is the
 	// request key its id was made from (api.NewRequestID).
 	Cancel(ctx context.Context, model, requestID, key string) error
@@ -43,6 +46,11 @@ func (c ClientRouter) PrefillDone(ctx context.Context, model string, r *api.Rout
 // Free is sent to the replica holding the booking.
 func (c ClientRouter) Free(ctx context.Context, model string, r *api.RouteResponse) error {
 	return c.C.Free(ctx, model, r)
+}
+
+// ServeWhole is sent to the replica holding the booking.
+func (c ClientRouter) ServeWhole(ctx context.Context, model string, r *api.RouteResponse) error {
+	return c.C.ServeWhole(ctx, model, r)
 }
 
 // Cancel is sent to any replica of the model (the owner is not known yet).
@@ -74,6 +82,11 @@ func (p ReplicaRouter) PrefillDone(ctx context.Context, model string, r *api.Rou
 // Free calls the replica directly.
 func (p ReplicaRouter) Free(ctx context.Context, model string, r *api.RouteResponse) error {
 	return p.lifecycle(ctx, api.OpFree, model, r)
+}
+
+// ServeWhole calls the replica directly.
+func (p ReplicaRouter) ServeWhole(ctx context.Context, model string, r *api.RouteResponse) error {
+	return p.lifecycle(ctx, api.OpServeWhole, model, r)
 }
 
 // Cancel calls the replica directly.

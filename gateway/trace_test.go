@@ -37,6 +37,9 @@ func (r *routeTo) Free(context.Context, string, *api.RouteResponse) error {
 	return nil
 }
 func (*routeTo) Cancel(context.Context, string, string, string) error { return nil }
+func (*routeTo) ServeWhole(context.Context, string, *api.RouteResponse) error {
+	return nil
+}
 func (r *routeTo) Workers(context.Context, string) (*api.WorkersResponse, error) {
 	return &api.WorkersResponse{Workers: []api.WorkerStatus{{Worker: "w", Model: testModel, Endpoint: r.endpoint, State: "ready"}}}, nil
 }

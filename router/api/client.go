@@ -125,6 +125,12 @@ func (c *Client) Free(ctx context.Context, model string, r *RouteResponse) error
 	return c.lifecycle(ctx, OpFree, model, r)
 }
 
+// ServeWhole reports that the decode leg of split route r serves the whole
+// request: its prefill leg failed before the decode leg started.
+func (c *Client) ServeWhole(ctx context.Context, model string, r *RouteResponse) error {
+	return c.lifecycle(ctx, OpServeWhole, model, r)
+}
+
 // Cancel withdraws a request: it leaves the queue if it is waiting, and its
 // booking is released if it was routed. key is the request key requestID
 // was made from (NewRequestID): the proof that the caller owns it.
@@ -132,7 +138,7 @@ func (c *Client) Cancel(ctx context.Context, model, requestID, key string) error
 	return c.lifecycle(ctx, OpCancel, model, &RouteResponse{RequestID: requestID, Fence: key})
 }
 
-// Admin makes lifecycle call op (OpPrefillDone, OpFree, OpCancel) on any
+// Admin makes lifecycle call op (OpPrefillDone, OpFree, OpCancel, OpServeWhole) on any
 // client's request without its fence, on the operator's subjects
 // (AdminSubject): only an operator's NATS user may publish there. replica
 // is the replica holding the request ("" = any replica of the model).

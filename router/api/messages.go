@@ -209,7 +209,7 @@ type LifecycleRequest struct {
 type LifecycleResponse struct {
 	V         int    `json:"v"`
 	RequestID string `json:"request_id"`
-	Op        string `json:"op"` // "prefill_done", "free" or "cancel"
+	Op        string `json:"op"` // "prefill_done", "free", "cancel" or "serve_whole"
 	Replica   string `json:"replica"`
 }
 
@@ -218,6 +218,11 @@ const (
 	OpPrefillDone = "prefill_done"
 	OpFree        = "free"
 	OpCancel      = "cancel"
+	// OpServeWhole says that the decode leg of a split route (pd) serves
+	// the whole request after all: its prefill leg failed before the
+	// decode leg started, so the decode worker computes the prompt, and
+	// its booking charges it (docs/pd.md, "The gateway").
+	OpServeWhole = "serve_whole"
 )
 
 // WorkerStatus is one worker rank in GET /v1/workers.

@@ -26,7 +26,7 @@ const DefaultQueueGroup = "kvr-router"
 func RouteSubject(prefix, model string) string { return subj(prefix, "route", model) }
 
 // LifecycleSubject is the queue-group subject of a lifecycle op
-// (OpPrefillDone, OpFree or OpCancel) for a model.
+// (OpPrefillDone, OpFree, OpCancel or OpServeWhole) for a model.
 func LifecycleSubject(prefix, op, model string) string { return subj(prefix, op, model) }
 
 // ReplicaSubject is the subject of a lifecycle op addressed to one replica:

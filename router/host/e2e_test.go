@@ -466,6 +466,7 @@ func TestEndToEnd(t *testing.T) {
 		}{
 			{"unknown request", "DELETE", "/v1/requests/nope?model=m", 404, "request_id"},
 			{"unknown request prefill", "POST", "/v1/requests/nope/prefill_done?model=m", 404, "request_id"},
+			{"unknown request serve_whole", "POST", "/v1/requests/nope/serve_whole?model=m", 404, "request_id"},
 			{"unknown session", "GET", "/v1/sessions/nope?model=m", 404, "session_id"},
 			{"end unknown session", "DELETE", "/v1/sessions/nope?model=m", 404, "session_id"},
 			{"bad attempt", "DELETE", "/v1/requests/x?attempt=-1", 400, "attempt"},

@@ -24,6 +24,7 @@ func (r *Replica) newHTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/route", r.httpRoute)
 	mux.HandleFunc("POST /v1/requests/{id}/prefill_done", r.httpLifecycle(api.OpPrefillDone))
+	mux.HandleFunc("POST /v1/requests/{id}/serve_whole", r.httpLifecycle(api.OpServeWhole))
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", r.httpLifecycle(api.OpCancel))
 	mux.HandleFunc("DELETE /v1/requests/{id}", r.httpLifecycle(api.OpFree))
 	mux.HandleFunc("GET /v1/workers", r.httpWorkers)

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/kvrouter/kvrouter/bindings"
@@ -11,7 +12,10 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel)
+// lifecycleOps are the lifecycle calls a replica answers.
+var lifecycleOps = []string{api.OpPrefillDone, api.OpFree, api.OpCancel, api.OpServeWhole}
+
+// Lifecycle applies one lifecycle call (OpPrefillDone, OpFree, OpCancel, OpServeWhole)
 // to a request booked by this replica. A call addressed to another replica
 // (lr.Replica) is forwarded there over NATS. The call must prove it is the
 // request's owner's (checkOwner).
@@ -41,9 +45,7 @@ func (r *Replica) lifecycleCall(ctx context.Context, op string, lr *api.Lifecycl
 }
 
 func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleRequest, via lifecycleVia) (*api.LifecycleResponse, error) {
-	switch op {
-	case api.OpPrefillDone, api.OpFree, api.OpCancel:
-	default:
+	if !slices.Contains(lifecycleOps, op) {
 		return nil, api.BadField("op", "unknown lifecycle operation %q", op)
 	}
 	if lr.V != 0 && lr.V != api.APIVersion {
@@ -78,6 +80,8 @@ func (r *Replica) lifecycle(ctx context.Context, op string, lr *api.LifecycleReq
 		return nil, api.NewError(api.CodeNotFound, "request "+strconv.Quote(lr.RequestID)+" has no booking on replica "+r.id+" (model "+strconv.Quote(lr.Model)+")", nil).OnField("request_id")
 	case op == api.OpPrefillDone:
 		err = ms.sched.PrefillDone(fe)
+	case op == api.OpServeWhole:
+		err = ms.sched.ServeWhole(fe, true)
 	default: // free, or cancel of a routed request
 		err = ms.sched.Free(fe)
 		ms.fences.del(fe)

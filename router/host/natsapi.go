@@ -38,7 +38,7 @@ func (r *Replica) subscribeAPI() error {
 		if err := qs(api.RouteSubject(r.cfg.Prefix, name), r.onRouteMsg); err != nil {
 			return err
 		}
-		for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
+		for _, op := range lifecycleOps {
 			if err := qs(api.LifecycleSubject(r.cfg.Prefix, op, name), r.lifecycleHandler(op, false)); err != nil {
 				return err
 			}
@@ -56,7 +56,7 @@ func (r *Replica) subscribeAPI() error {
 			return err
 		}
 	}
-	for _, op := range []string{api.OpPrefillDone, api.OpFree, api.OpCancel} {
+	for _, op := range lifecycleOps {
 		for _, admin := range []bool{false, true} {
 			subject := api.ReplicaSubject(r.cfg.Prefix, r.id, op)
 			if admin {

@@ -232,3 +232,50 @@ func workerStatus(r *Replica, worker string) api.WorkerStatus {
 	}
 	return api.WorkerStatus{}
 }
+
+// serve_whole on a split route's decode booking (the gateway's fallback
+// when the prefill leg failed) charges the decode worker the prompt's
+// prefill; prefill_done then releases it.
+func TestPDServeWhole(t *testing.T) {
+	st, _ := startPDStack(t, time.Hour, 1<<20)
+	ctx := ctxT(t)
+	prefillOf := func(w string) int {
+		ws := workerStatus(st.replicas[0], w)
+		if ws.Load == nil {
+			return 0
+		}
+		return ws.Load.PrefillTokens
+	}
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
+	if err != nil || resp.PD != api.PDSplit || resp.Worker != "d-0" {
+		t.Fatalf("route: %+v %v, want a split decoding on d-0", resp, err)
+	}
+	if n := prefillOf("d-0"); n != 0 {
+		t.Fatalf("a split's decode worker carries %d prefill tokens, want 0", n)
+	}
+	if err := st.client.Free(ctx, testModel, resp.PrefillBooking()); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.client.ServeWhole(ctx, testModel, resp); err != nil {
+		t.Fatalf("serve_whole: %v", err)
+	}
+	if n := prefillOf("d-0"); n != 2048 {
+		t.Fatalf("after serve_whole d-0 carries %d prefill tokens, want the prompt's 2048", n)
+	}
+	if err := st.client.PrefillDone(ctx, testModel, resp); err != nil {
+		t.Fatal(err)
+	}
+	if n := prefillOf("d-0"); n != 0 {
+		t.Fatalf("after prefill_done d-0 carries %d prefill tokens, want 0", n)
+	}
+	if err := st.client.Free(ctx, testModel, resp); err != nil {
+		t.Fatal(err)
+	}
+	// Without the booking's fence the call is refused, like every lifecycle call.
+	bad := *resp
+	bad.Fence = "00000000000000000000000000000000"
+	var ae *api.Error
+	if err := st.client.ServeWhole(ctx, testModel, &bad); !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
+		t.Fatalf("serve_whole with a wrong fence: %v, want not_found", err)
+	}
+}

@@ -149,11 +149,12 @@ func TestPDTwoTurnChat(t *testing.T) {
 }
 
 // A prefill leg that fails (the prefill engines answer 500) falls back to
-// the decode worker alone, which gets the client's request unchanged; no
-// booking is left.
+// the decode worker alone, which gets the client's request unchanged; the
+// router charges that worker the prompt's prefill once told (serve_whole),
+// before the request reaches it; no booking is left.
 func TestPDPrefillFailureFallsBack(t *testing.T) {
 	st, gw := pdStack(t)
-	var plain sync.Map
+	var plain, charged sync.Map
 	for _, e := range st.engines {
 		f := func(w http.ResponseWriter, r *http.Request, next http.Handler) {
 			kv := requestKV(r)
@@ -163,6 +164,13 @@ func TestPDPrefillFailureFallsBack(t *testing.T) {
 				return
 			case kv == nil && r.URL.Path == "/v1/chat/completions":
 				plain.Store(e.id, true)
+				if ws, err := st.list(st.replicas[0]); err == nil { // the gateway's replica holds the booking
+					for _, w := range ws.Workers {
+						if w.Worker == e.id && w.Load != nil {
+							charged.Store(e.id, w.Load.PrefillTokens)
+						}
+					}
+				}
 			}
 			next.ServeHTTP(w, r)
 		}
@@ -172,8 +180,12 @@ func TestPDPrefillFailureFallsBack(t *testing.T) {
 	if res.worker != "e2#0" && res.worker != "e3#0" {
 		t.Fatalf("the reply came from %q, want a decode worker", res.worker)
 	}
-	if _, ok := plain.Load(strings.TrimSuffix(res.worker, "#0")); !ok {
+	dec := strings.TrimSuffix(res.worker, "#0")
+	if _, ok := plain.Load(dec); !ok {
 		t.Fatalf("the decode worker %s was not sent the plain request", res.worker)
+	}
+	if v, _ := charged.Load(dec); v == nil || v.(int) == 0 {
+		t.Fatalf("the decode worker %s carried %v prefill tokens when the whole request reached it, want the prompt's", dec, v)
 	}
 	st.waitIdle()
 }
