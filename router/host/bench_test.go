@@ -97,7 +97,15 @@ func benchStackOn(b *testing.B, nWorkers, nReplicas int, c *natstest.Cluster) (*
 			}
 		}
 		return true
-	}, func() string { return "events not indexed" })
+	}, func() string {
+		msg := fmt.Sprintf("events not indexed: want %d entries per replica, have", nWorkers*64)
+		for _, r := range st.replicas {
+			in := r.intake
+			msg += fmt.Sprintf(" %d (batches applied %d, held %d, released %d, dropped %d, lag %d)", r.models[testModel].index.Stats().Entries,
+				in.applied.Load(), in.hold.held.Load(), in.hold.released.Load(), in.hold.dropped.Load(), in.lag.Load())
+		}
+		return msg
+	})
 	return st, prefixes
 }
 

@@ -106,6 +106,15 @@ func (in *eventIntake) apply(ms *modelState, seq uint64, b *kvevents.Batch) bool
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	// The registration may have landed since the check above, and its
+	// release found nothing held yet: look again under the lock that
+	// release takes, so the batch is either applied here or held where
+	// that release (or a later one) finds it.
+	if ms.registered(b.Worker) {
+		in.releaseLocked(ms, b.Worker)
+		ms.index.ApplyBatch(seq, b)
+		return true
+	}
 	in.expireLocked(now)
 	if cfg.IndexLimits.EventHoldGrace <= 0 || len(h.q) >= cfg.IndexLimits.EventHoldMax || h.blocks+blocks > maxHeldBlocks {
 		h.count(in.m, resDropped, 1)
@@ -119,11 +128,12 @@ func (in *eventIntake) apply(ms *modelState, seq uint64, b *kvevents.Batch) bool
 	return false
 }
 
-// release applies what is held for worker of ms (it just registered).
+// release applies what is held for worker of ms (it just registered). It
+// always takes the hold's lock, even with nothing held: a batch that
+// found the worker unregistered may be on its way into the hold, and the
+// lock orders the two (apply looks at the registration again under it).
+// Registrations are rare; batches keep their lock-free path.
 func (in *eventIntake) release(ms *modelState, worker string) {
-	if in.hold.n.Load() == 0 {
-		return
-	}
 	in.hold.mu.Lock()
 	in.releaseLocked(ms, worker)
 	in.hold.mu.Unlock()
