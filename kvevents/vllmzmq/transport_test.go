@@ -16,10 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (Close does
-	// not close the pubMWriter): one parked goroutine per closed PUB socket,
-	// no CPU. Everything else must stop.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	// zmq4's parked goroutines behind closed sockets (testutil.IgnoreZMQ4);
+	// everything else must stop.
+	goleak.VerifyTestMain(m, testutil.IgnoreZMQ4()...)
 }
 
 // testConfig is an enabled config on ephemeral loopback-reachable ports.

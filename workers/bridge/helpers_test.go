@@ -28,8 +28,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// zmq4's PUB writer goroutine outlives Close (as in kvevents/vllmzmq).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"), testutil.IgnoreNATSAsyncReply())
+	// zmq4's parked goroutines behind closed sockets (testutil.IgnoreZMQ4);
+	// everything else must stop.
+	goleak.VerifyTestMain(m, append(testutil.IgnoreZMQ4(), testutil.IgnoreNATSAsyncReply())...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

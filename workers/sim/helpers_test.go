@@ -15,9 +15,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (the vLLM
-	// events' sockets): one parked goroutine per closed PUB, no CPU.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"), testutil.IgnoreNATSAsyncReply())
+	// zmq4's parked goroutines behind closed sockets (testutil.IgnoreZMQ4);
+	// everything else must stop.
+	goleak.VerifyTestMain(m, append(testutil.IgnoreZMQ4(), testutil.IgnoreNATSAsyncReply())...)
 }
 
 // recorder is an in-memory EventEmitter that deep-copies what it gets.
