@@ -10,14 +10,11 @@ import (
 
 	"github.com/kvrouter/kvrouter/router/api"
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // sessionTimeout bounds a session read or end.
 const sessionTimeout = 10 * time.Second
-
-func fieldAttr(f string) attribute.KeyValue { return attribute.String("field", f) }
 
 // subscribeAPI joins the queue group of every API subject (once the replica
 // is caught up, so clients never reach a replica that is not ready) and

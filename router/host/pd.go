@@ -65,13 +65,12 @@ func (r *Replica) completePD(ctx context.Context, ms *modelState, req *api.Route
 	// The route's queue wait is both legs': a client adds it to the legs'
 	// own times for the request's TTFT.
 	resp.QueueWaitUS += s.sel.preWaited.Microseconds()
-	reason := r.singleReason(ms, dec, s.sel.req.Tokens)
-	switch {
-	case !s.sel.preBooked:
-		reason = api.PDReasonNoPrefill
-	case reason != "":
-	case pre.Worker.Worker == dec.Worker.Worker:
-		reason = api.PDReasonSame
+	reason := api.PDReasonNoPrefill
+	if s.sel.preBooked {
+		reason = r.singleReason(ms, dec, s.sel.req.Tokens)
+		if reason == "" && pre.Worker.Worker == dec.Worker.Worker {
+			reason = api.PDReasonSame
+		}
 	}
 	if reason != "" {
 		s.sel.releasePrefill()

@@ -332,10 +332,6 @@ func (s *Scheduler) call(cmd command) error {
 // waiterPool holds waiters of calls answered at once (never queued).
 var waiterPool = sync.Pool{New: func() any { return new(waiter) }}
 
-// post runs cmd like call; it names the calls whose only failure is
-// ErrClosed (membership, load reports, remote bookings, thresholds).
-func (s *Scheduler) post(cmd command) error { return s.call(cmd) }
-
 // Schedule admits r, waiting in the router's queue while every worker it
 // may use is busy, picks a worker under the pin rule and the policy, and
 // books the predicted load there. The caller must not modify r until
@@ -465,14 +461,14 @@ func (s *Scheduler) UpsertWorker(w WorkerInfo) error {
 		return fmt.Errorf("%w: %s kv blocks %d, max batched tokens %d, max seqs %d", ErrInvalidWorker, w.Key,
 			w.KVBlocks, w.MaxBatchedTokens, w.MaxSeqs)
 	}
-	return s.post(command{op: opUpsert, info: w})
+	return s.call(command{op: opUpsert, info: w})
 }
 
 // RemoveWorker forgets every rank of a worker: its bookings are dropped
 // (later lifecycle calls for them return ErrUnknownBooking), queued requests
 // pinned to it fail with ErrNoEligibleWorker.
 func (s *Scheduler) RemoveWorker(worker string) error {
-	return s.post(command{op: opRemove, id: worker})
+	return s.call(command{op: opRemove, id: worker})
 }
 
 // ObserveLoad folds a worker's own load report in (asynchronous).
@@ -481,7 +477,7 @@ func (s *Scheduler) ObserveLoad(r LoadReport) error {
 		s.stats.badInput.Add(1)
 		return fmt.Errorf("%w: load report for %s has a negative field: %+v", ErrInvalidWorker, r.Key, r)
 	}
-	return s.post(command{op: opLoad, load: r})
+	return s.call(command{op: opLoad, load: r})
 }
 
 // ApplyRemote folds another replica's booking change in (asynchronous).
@@ -495,7 +491,7 @@ func (s *Scheduler) ApplyRemote(ev BookingEvent) error {
 		s.stats.remoteEchoes.Add(1)
 		return nil
 	}
-	return s.post(command{op: opRemote, ev: ev})
+	return s.call(command{op: opRemote, ev: ev})
 }
 
 // SetThresholds replaces the busy/overload thresholds atomically; the actor
@@ -505,7 +501,7 @@ func (s *Scheduler) SetThresholds(t Thresholds) error {
 		return err
 	}
 	s.th.Store(&t)
-	return s.post(command{op: opThresholds})
+	return s.call(command{op: opThresholds})
 }
 
 // Thresholds returns the thresholds in force.
