@@ -12,8 +12,12 @@ import (
 // heap push per prompt block (tens of microseconds for 2,048 tokens), so it
 // runs off the request path on one goroutine per model. When that
 // goroutine falls behind by predQueue decisions, the request records
-// inline instead: the predicted index is what keeps a burst of siblings
-// together, so it must not drop decisions.
+// inline instead: the predicted index must not drop decisions. While a
+// request is active the scheduler itself counts its booked prefix as
+// cached (scheduler.BookedPrefixCounter), which is what keeps siblings
+// arriving within the goroutine's lag together; the predicted index serves
+// the peers' decisions, the policies that do not count booked prefixes,
+// and a request that ended before its Stored events arrived.
 
 const predQueue = 4096
 

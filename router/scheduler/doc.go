@@ -45,8 +45,10 @@
 //     admission and session affinity (Operation), and two-tier, SGLang's
 //     decision with least-loaded picks (peers.go); and a Registry that
 //     builds them by name from YAML (registry.go). Policies are pure; only
-//     the queue books (a policy may say whether output blocks are booked:
-//     OutputBlockTracker).
+//     the queue books (a policy may say whether output blocks are booked,
+//     OutputBlockTracker, and whether a prefix booked on a worker counts
+//     as cached there, BookedPrefixCounter: the default's view, applied
+//     where the overlaps are resolved, core.prepare in pinrule.go).
 //   - Booking (booking.go): predicted prefill tokens, decode blocks (prompt
 //     blocks shared with other active requests on a worker counted once,
 //     via per-hash refcounts in an open-addressing table, holders.go) and active requests; PrefillDone, Free and

@@ -282,6 +282,16 @@ func (c *core) prepare(w *waiter) {
 			}
 		}
 	}
+	if c.bookedPrefix {
+		// The walk above ends at the first hash no booking names, so
+		// shared[s] is the prompt prefix booked on s (BookedPrefixCounter).
+		for _, s := range c.shTouched {
+			v := min(uint32(c.shared[s]), limit)
+			if cur := ov[s]; cur < ep || uint32(cur) < v {
+				ov[s] = ep | uint64(v)
+			}
+		}
+	}
 	total := c.blocks(int64(r.Tokens) + c.bookedOutput(r) + int64(c.cfg.BlockSize) - 1)
 	cs.anyShared = len(c.shTouched) > 0
 	cs.newBlks = max(total, int64(len(r.SeqHashes)))

@@ -38,6 +38,19 @@ type OutputBlockTracker interface {
 	TracksOutputBlocks() bool
 }
 
+// BookedPrefixCounter is implemented by a policy that says whether a
+// prompt prefix that active bookings on a worker name counts as cached
+// there (the default policy's view) or only what the indexes hold (the
+// answer for a policy that does not implement it). A booked prefix is
+// being computed or already is; the event index hears of it only when the
+// engine's events arrive, and the predicted index a moment after the route
+// (it is fed off the request path). Siblings of a burst arriving within
+// that moment would otherwise each find no holder and scatter, computing
+// the new prefix once per worker. The scheduler asks once, at New.
+type BookedPrefixCounter interface {
+	CountsBookedPrefix() bool
+}
+
 // Filter drops candidates: keep[i] starts true for every candidate and the
 // filter sets it false for those it rejects.
 type Filter interface {

@@ -153,6 +153,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
+		CountBookedPrefix         *bool    `yaml:"count_booked_prefix"`
 		// DecodeLeg overrides DefaultDecodeCostParams, field by field.
 		DecodeLeg yaml.Node `yaml:"decode_leg"`
 	}
@@ -170,6 +171,9 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	}
 	if o.TrackOutputBlocks != nil {
 		p.NoOutputBlocks = !*o.TrackOutputBlocks
+	}
+	if o.CountBookedPrefix != nil {
+		p.NoBookedPrefix = !*o.CountBookedPrefix
 	}
 	if o.DecodeBlockWeight != nil {
 		p.Cost.DecodeBlockWeight = *o.DecodeBlockWeight

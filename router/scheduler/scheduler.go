@@ -42,7 +42,8 @@ type core struct {
 	shared    []int32
 	shTouched []int32
 
-	noOutput bool // the policy books prompt blocks only (OutputBlockTracker)
+	noOutput     bool // the policy books prompt blocks only (OutputBlockTracker)
+	bookedPrefix bool // a prefix booked on a worker counts as cached (BookedPrefixCounter)
 
 	invBS   float64 // 1 / BlockSize
 	bsShift int     // log2(BlockSize) when a power of two, else −1
@@ -71,6 +72,9 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 	c.defaultPolicy, _ = p.(*DefaultPolicy)
 	if t, ok := p.(OutputBlockTracker); ok {
 		c.noOutput = !t.TracksOutputBlocks()
+	}
+	if t, ok := p.(BookedPrefixCounter); ok {
+		c.bookedPrefix = t.CountsBookedPrefix()
 	}
 	c.invBS = 1 / float64(cfg.BlockSize)
 	c.bsShift = -1

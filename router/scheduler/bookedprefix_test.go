@@ -1,0 +1,60 @@
+package scheduler
+
+import (
+	"slices"
+	"testing"
+)
+
+// Siblings of a burst: a new 4,096-token prefix no index has seen, each
+// with its own 64-token tail, routed back to back. The default counts the
+// prefix the first sibling booked as cached on its worker (BookedPrefixCounter),
+// so the second joins it: there (4,160 + 4,160)/16 − 1.5·256 = 136 prefill
+// blocks + 0.5·(260 + 260 − 256) = 132 decode, 268 against the idle
+// worker's 260 + 130 = 390. Without that credit the holder costs
+// 520 + 132 = 652 and the second sibling computes the prefix again
+// elsewhere; Dynamo (index overlaps only) does the same.
+func TestBookedPrefixKeepsSiblingsTogether(t *testing.T) {
+	const prefix, tail = 256, 4
+	sibling := func(id string, salt uint64) *Request {
+		hs := slices.Concat(hashes(prefix, 1), hashes(tail, salt))
+		return &Request{ID: id, Tokens: (prefix + tail) * 16, SeqHashes: hs}
+	}
+	off, err := NewRegistry().BuildYAML([]byte("name: default\nparams: {count_booked_prefix: false}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name        string
+		p           Policy
+		together    bool
+		wantOverlap int
+	}{
+		{"default", NewDefaultPolicy(0), true, prefix},
+		{"default, count_booked_prefix false", off, false, 0},
+		{"dynamo", NewDynamoPolicy(0), false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			big := func(name string) WorkerInfo {
+				return WorkerInfo{Key: wk(name, 0), KVBlocks: 100000, MaxBatchedTokens: 100000, Available: true}
+			}
+			h := newHarness(t, Config{}, tc.p, big("a"), big("b"))
+			d1 := h.admitted(h.submit(sibling("s1", 100)))
+			d2 := h.admitted(h.submit(sibling("s2", 101)))
+			if got := d1.Worker == d2.Worker; got != tc.together {
+				t.Fatalf("siblings on %v and %v, want together=%v", d1.Worker, d2.Worker, tc.together)
+			}
+			if d2.OverlapBlocks != tc.wantOverlap {
+				t.Errorf("second sibling's overlap %d, want %d", d2.OverlapBlocks, tc.wantOverlap)
+			}
+			// The booking charges the second sibling's uncached tail only
+			// when it counts the prefix as cached.
+			wantPrefill := (prefix + tail) * 16 // alone on its worker
+			if tc.together {
+				wantPrefill += tail * 16
+			}
+			if got := h.loads()[d2.Worker].PrefillTokens; got != wantPrefill {
+				t.Errorf("prefill booked on %v: %d tokens, want %d", d2.Worker, got, wantPrefill)
+			}
+		})
+	}
+}
