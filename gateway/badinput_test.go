@@ -1,13 +1,13 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -159,13 +159,19 @@ func TestRouterErrors(t *testing.T) {
 	}
 }
 
-// The request reader never panics, and whatever it accepts has a model and
-// the prompt field of its endpoint.
+// The request reader never panics, whatever it accepts has a model and the
+// prompt field of its endpoint, and its hand reader (clientRequest.scan)
+// reads what encoding/json reads wherever it does not hand the body over.
+//
+// TestKnownKeys keeps scan's list of names in step with the struct.
 func FuzzReadRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_completion_tokens":3}`,
 		`{"model":"m","prompt":"hi","max_tokens":5,"user":"u"}`,
 		`{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1,2]]}`, `{"model":""}`, `[]`, `null`, `{"model":"m","prompt":null}`,
+		`{"Model":"m","prompt":"x"}`, `{"model":"m\u00e9","prompt":"x","stream":null,"max_tokens":null}`, `{"model":"m","max_tokens":1e2,"prompt":"x"}`,
+		`{"model":"m","max_tokens":99999999999999999999,"prompt":"x"}`, `{"model":"m","stream":"yes","prompt":"x"}`,
+		`{"model":"m","prompt":"x","model":null,"add_generation_prompt":false,"tools":[],"cache_salt":"s","unknown":{"a":[1]}}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -185,8 +191,18 @@ func FuzzReadRequest(f *testing.F) {
 		if cr.Model == "" || (chat && !isJSONArray(cr.Messages)) || (!chat && isNull(cr.Prompt)) {
 			t.Fatalf("accepted %q as %+v", body, cr)
 		}
-		if !json.Valid(body) || !bytes.Contains(body, []byte(`"model"`)) {
+		if !json.Valid(body) {
 			t.Fatalf("accepted invalid %q", body)
+		}
+		// The hand reader, where it answers, answers as encoding/json.
+		var fast, slow clientRequest
+		if fast.scan(body) {
+			if err := json.Unmarshal(body, &slow); err != nil {
+				t.Fatalf("scan took %q, encoding/json refuses it: %v", body, err)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("%q: scan read %+v, encoding/json %+v", body, fast, slow)
+			}
 		}
 		_, _ = promptIDs(cr.Prompt)
 		_, _ = promptText(cr.Prompt)
@@ -253,4 +269,35 @@ func promptIDsJSON(raw []byte) ([]uint32, bool) {
 		return nested[0], true
 	}
 	return nil, false
+}
+
+// The hand reader's list of JSON names is clientRequest's: a field added to
+// the struct without a case in member would be ignored by the fast path.
+func TestKnownKeys(t *testing.T) {
+	var names []string
+	var walk func(reflect.Type)
+	walk = func(rt reflect.Type) {
+		for i := range rt.NumField() {
+			f := rt.Field(i)
+			if f.Anonymous {
+				walk(f.Type)
+				continue
+			}
+			if tag := strings.Split(f.Tag.Get("json"), ",")[0]; tag != "" {
+				names = append(names, tag)
+			}
+		}
+	}
+	walk(reflect.TypeFor[clientRequest]())
+	slices.Sort(names)
+	known := slices.Sorted(slices.Values(knownKeys))
+	if !slices.Equal(names, known) {
+		t.Fatalf("struct names %v, knownKeys %v", names, known)
+	}
+	for _, k := range names {
+		var cr clientRequest
+		if !cr.member([]byte(k), []byte("null")) {
+			t.Errorf("member %q: null not taken", k)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -447,4 +448,54 @@ func BenchmarkPromptIDs(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkReadRequest reads the routing fields of a streaming completion
+// whose prompt is 11,250 token ids (the conversation trace's mean input) and
+// of a short chat body, by the hand reader (clientRequest.scan) and by
+// encoding/json (what readRequest did before, and does for bodies scan
+// hands over).
+func BenchmarkReadRequest(b *testing.B) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"model":"m","stream":true,"max_tokens":2048,"prompt":[`)
+	for i := range 11250 {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprint(&buf, (i*7919)%151936)
+	}
+	buf.WriteString(`]}`)
+	bodies := []struct {
+		name, kind string
+		body       []byte
+	}{
+		{"ids11250", kindCompletion, buf.Bytes()},
+		{"chat", kindChat, []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"stream":true,"max_completion_tokens":256,"user":"u-17"}`)},
+	}
+	for _, bc := range bodies {
+		for _, r := range []struct {
+			name string
+			read func(kind string, body []byte) error
+		}{
+			{"scan", func(kind string, body []byte) error { _, e := readRequest(kind, body); return errOrNil(e) }},
+			{"encoding-json", func(_ string, body []byte) error { var cr clientRequest; return json.Unmarshal(body, &cr) }},
+		} {
+			b.Run(bc.name+"/"+r.name, func(b *testing.B) {
+				b.SetBytes(int64(len(bc.body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := r.read(bc.kind, bc.body); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func errOrNil(e *RequestError) error {
+	if e == nil {
+		return nil
+	}
+	return e
 }

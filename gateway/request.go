@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/kvrouter/kvrouter/internal/jsonscan"
 )
 
 // Kinds of generate request, by path.
@@ -62,15 +66,19 @@ func badRequest(param, format string, args ...any) *RequestError {
 }
 
 // readRequest reads the routing fields of a body of kind (kindChat or
-// kindCompletion). It never panics; every refusal is a *RequestError
-// naming the field.
+// kindCompletion): by hand for the usual body (scan), through encoding/json
+// for any other, which then gives the answer or the error. It never panics;
+// every refusal is a *RequestError naming the field.
 func readRequest(kind string, body []byte) (clientRequest, *RequestError) {
 	var cr clientRequest
 	if len(bytes.TrimSpace(body)) == 0 {
 		return cr, badRequest("", "the request body is empty: want a JSON object")
 	}
-	if err := json.Unmarshal(body, &cr); err != nil {
-		return clientRequest{}, badRequest("", "the request body is not valid JSON for this endpoint: %v", err)
+	if !cr.scan(body) {
+		cr = clientRequest{}
+		if err := json.Unmarshal(body, &cr); err != nil {
+			return clientRequest{}, badRequest("", "the request body is not valid JSON for this endpoint: %v", err)
+		}
 	}
 	cr.body = body
 	switch {
@@ -116,4 +124,153 @@ func isNull(raw json.RawMessage) bool {
 func isJSONArray(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
 	return len(t) > 0 && t[0] == '['
+}
+
+// scan reads the routing fields of body into cr, as json.Unmarshal would,
+// without reflection and without copying the raw fields (they share body's
+// memory, capacity cut). It reports false, cr then half filled, for a body
+// it leaves to encoding/json: not one valid JSON object, or a member it
+// does not take exactly as encoding/json would (a key with escapes or one
+// matching a field only case-insensitively, a string with escapes, a
+// number other than a plain integer where an int goes, a value of the
+// wrong type). FuzzReadRequest holds it to json.Unmarshal's answers.
+func (cr *clientRequest) scan(body []byte) bool {
+	return jsonscan.Members(body, cr.member)
+}
+
+// member sets the field named key to the raw JSON value v.
+func (cr *clientRequest) member(key, v []byte) bool {
+	var raw *json.RawMessage
+	switch string(key) {
+	case "model":
+		return plainString(v, &cr.Model)
+	case "user":
+		return plainString(v, &cr.User)
+	case "stream":
+		switch string(v) {
+		case "true":
+			cr.Stream = true
+		case "false":
+			cr.Stream = false
+		case "null": // encoding/json leaves a non-pointer field as it is
+		default:
+			return false
+		}
+		return true
+	case "max_tokens":
+		return intPtr(v, &cr.MaxTokens)
+	case "max_completion_tokens":
+		return intPtr(v, &cr.MaxCompletionTokens)
+	case "add_generation_prompt":
+		switch string(v) {
+		case "true", "false":
+			b := v[0] == 't'
+			cr.AddGenerationPrompt = &b
+		case "null":
+			cr.AddGenerationPrompt = nil
+		default:
+			return false
+		}
+		return true
+	case "messages":
+		raw = &cr.Messages
+	case "prompt":
+		raw = &cr.Prompt
+	case "cache_salt":
+		raw = &cr.CacheSalt
+	default:
+		if raw = cr.renderFields.field(key); raw == nil {
+			// encoding/json matches keys case-insensitively (with
+			// Unicode folding), so a near miss goes to it.
+			return !nearKnownKey(key)
+		}
+	}
+	*raw = v
+	return true
+}
+
+// field is the renderFields member named key exactly, or nil.
+func (f *renderFields) field(key []byte) *json.RawMessage {
+	switch string(key) {
+	case "tools":
+		return &f.Tools
+	case "tool_choice":
+		return &f.ToolChoice
+	case "chat_template":
+		return &f.ChatTemplate
+	case "chat_template_kwargs":
+		return &f.ChatTemplateKwargs
+	case "continue_final_message":
+		return &f.ContinueFinalMessage
+	case "add_special_tokens":
+		return &f.AddSpecialTokens
+	case "documents":
+		return &f.Documents
+	case "reasoning_effort":
+		return &f.ReasoningEffort
+	case "response_format":
+		return &f.ResponseFormat
+	case "truncate_prompt_tokens":
+		return &f.TruncatePromptTokens
+	}
+	return nil
+}
+
+// knownKeys are clientRequest's JSON names (FuzzReadRequest checks the
+// list against the struct's tags).
+var knownKeys = []string{"model", "messages", "prompt", "tools", "tool_choice", "chat_template",
+	"chat_template_kwargs", "continue_final_message", "add_special_tokens", "documents", "reasoning_effort",
+	"response_format", "truncate_prompt_tokens", "stream", "max_tokens", "max_completion_tokens", "user",
+	"add_generation_prompt", "cache_salt"}
+
+// nearKnownKey reports whether encoding/json might match key, not exactly
+// one of knownKeys, to a field: ASCII case folding, or any non-ASCII byte
+// (its folding maps K and S to U+212A and U+017F).
+func nearKnownKey(key []byte) bool {
+	for _, c := range key {
+		if c >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for _, k := range knownKeys {
+		if len(k) == len(key) && bytes.EqualFold(key, []byte(k)) {
+			return true
+		}
+	}
+	return false
+}
+
+// plainString sets *dst to the JSON string v when it needs no decoding (no
+// escapes, valid UTF-8); null leaves *dst as it is, as encoding/json does.
+func plainString(v []byte, dst *string) bool {
+	if string(v) == "null" {
+		return true
+	}
+	if len(v) < 2 || v[0] != '"' {
+		return false
+	}
+	in := v[1 : len(v)-1]
+	if bytes.IndexByte(in, '\\') >= 0 || !utf8.Valid(in) {
+		return false
+	}
+	*dst = string(in)
+	return true
+}
+
+// intPtr sets *dst to the JSON integer v (nil for null); a fraction, an
+// exponent or a value out of int's range is left to encoding/json.
+func intPtr(v []byte, dst **int) bool {
+	if string(v) == "null" {
+		*dst = nil
+		return true
+	}
+	if len(v) > 18 || bytes.ContainsAny(v, ".eE\"") {
+		return false
+	}
+	n, err := strconv.Atoi(string(v))
+	if err != nil {
+		return false
+	}
+	*dst = &n
+	return true
 }
