@@ -29,41 +29,8 @@ func Members(data []byte, fn func(key, value []byte) bool) bool {
 	if i >= len(data) || data[i] != '{' {
 		return false
 	}
-	i = s.ws(i + 1)
-	if i < len(data) && data[i] == '}' {
-		return s.ws(i+1) == len(data)
-	}
-	for {
-		if i >= len(data) || data[i] != '"' {
-			return false
-		}
-		kEnd, plain := s.str(i)
-		if kEnd < 0 || !plain {
-			return false
-		}
-		key := data[i+1 : kEnd-1]
-		i = s.ws(kEnd)
-		if i >= len(data) || data[i] != ':' {
-			return false
-		}
-		i = s.ws(i + 1)
-		vEnd := s.value(i, 1)
-		if vEnd < 0 || !fn(key, data[i:vEnd:vEnd]) {
-			return false
-		}
-		i = s.ws(vEnd)
-		if i >= len(data) {
-			return false
-		}
-		switch data[i] {
-		case ',':
-			i = s.ws(i + 1)
-		case '}':
-			return s.ws(i+1) == len(data)
-		default:
-			return false
-		}
-	}
+	end := s.object(i, 1, fn)
+	return end >= 0 && s.ws(end) == len(data)
 }
 
 type scanner struct{ data []byte }
@@ -96,7 +63,7 @@ func (s *scanner) value(i, depth int) int {
 	case c == '[':
 		return s.array(i, depth+1)
 	case c == '{':
-		return s.object(i, depth+1)
+		return s.object(i, depth+1, nil)
 	case c == 't':
 		return s.literal(i, "true")
 	case c == 'f':
@@ -201,26 +168,21 @@ func (s *scanner) array(i, depth int) int {
 	if i < len(s.data) && s.data[i] == ']' {
 		return i + 1
 	}
-	for {
+	for more := true; more; {
 		if i = s.value(i, depth); i < 0 {
 			return -1
 		}
-		i = s.ws(i)
-		if i >= len(s.data) {
-			return -1
-		}
-		switch s.data[i] {
-		case ',':
-			i = s.ws(i + 1)
-		case ']':
-			return i + 1
-		default:
+		if i, more = s.sep(i, ']'); i < 0 {
 			return -1
 		}
 	}
+	return i
 }
 
-func (s *scanner) object(i, depth int) int {
+// object returns the end of the object starting at i, or -1. With fn, it
+// calls fn for each member and also gives up (-1) on a key with escapes
+// or when fn returns false (Members).
+func (s *scanner) object(i, depth int, fn func(key, value []byte) bool) int {
 	if depth > maxDepth {
 		return -1
 	}
@@ -228,31 +190,44 @@ func (s *scanner) object(i, depth int) int {
 	if i < len(s.data) && s.data[i] == '}' {
 		return i + 1
 	}
-	for {
+	for more := true; more; {
 		if i >= len(s.data) || s.data[i] != '"' {
 			return -1
 		}
-		if i, _ = s.str(i); i < 0 {
+		kEnd, plain := s.str(i)
+		if kEnd < 0 || (fn != nil && !plain) {
 			return -1
 		}
-		i = s.ws(i)
+		key := s.data[i+1 : kEnd-1]
+		i = s.ws(kEnd)
 		if i >= len(s.data) || s.data[i] != ':' {
 			return -1
 		}
-		if i = s.value(s.ws(i+1), depth); i < 0 {
+		v := s.ws(i + 1)
+		if i = s.value(v, depth); i < 0 {
 			return -1
 		}
-		i = s.ws(i)
-		if i >= len(s.data) {
+		if fn != nil && !fn(key, s.data[v:i:i]) {
 			return -1
 		}
-		switch s.data[i] {
-		case ',':
-			i = s.ws(i + 1)
-		case '}':
-			return i + 1
-		default:
+		if i, more = s.sep(i, '}'); i < 0 {
 			return -1
 		}
 	}
+	return i
+}
+
+// sep reads what follows a member or element at i: past a comma and white
+// space, with more; past the closing byte, without; or -1.
+func (s *scanner) sep(i int, closing byte) (int, bool) {
+	i = s.ws(i)
+	switch {
+	case i >= len(s.data):
+		return -1, false
+	case s.data[i] == ',':
+		return s.ws(i + 1), true
+	case s.data[i] == closing:
+		return i + 1, false
+	}
+	return -1, false
 }
