@@ -46,7 +46,10 @@ type OutputBlockTracker interface {
 // engine's events arrive, and the predicted index a moment after the route
 // (it is fed off the request path). Siblings of a burst arriving within
 // that moment would otherwise each find no holder and scatter, computing
-// the new prefix once per worker. The scheduler asks once, at New.
+// the new prefix once per worker. Only this scheduler's own bookings name
+// their blocks (other replicas' arrive as counts); their decisions reach
+// this replica's predicted index by decision sync. The scheduler asks
+// once, at New.
 type BookedPrefixCounter interface {
 	CountsBookedPrefix() bool
 }
