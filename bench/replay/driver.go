@@ -217,6 +217,7 @@ func (d *driver) one(ctx context.Context, p *prepared) {
 	rec.Route = time.Since(t0)
 	if err != nil {
 		rec.Outcome, rec.Code = classify(err)
+		d.logFailure(ctx, &rec, rr.ID, err)
 		d.finish(rec)
 		return
 	}
@@ -287,6 +288,14 @@ func (d *driver) finish(rec metrics.Record) {
 		failed = 1
 	}
 	d.bar.Add(1, failed)
+}
+
+// logFailure logs why a request failed: a rejection is the load's answer,
+// a failure a fault the report can only count by code.
+func (d *driver) logFailure(ctx context.Context, rec *metrics.Record, id string, err error) {
+	if rec.Outcome == metrics.Failed && ctx.Err() == nil {
+		d.cfg.Logf("%s: request %s failed: %v", d.pol.Name, id, err)
+	}
 }
 
 func classify(err error) (metrics.Outcome, string) {

@@ -91,6 +91,7 @@ func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
 	rec.Route = time.Since(t0)
 	if err != nil {
 		rec.Outcome, rec.Code = classify(err)
+		d.logFailure(ctx, &rec, req.ID, err)
 		d.finish(rec)
 		return
 	}

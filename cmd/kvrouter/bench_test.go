@@ -35,7 +35,7 @@ func TestBenchReplaySyntheticAndRender(t *testing.T) {
 	}
 	var rep report.Report
 	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Policies) != 2 || rep.Policies[0].Done != 40 {
-		t.Fatalf("report: %v %+v", err, rep.Policies)
+		t.Fatalf("report: %v %+v\nlog:\n%s", err, rep.Policies, errb.String())
 	}
 	out.Reset()
 	other := t.TempDir()
