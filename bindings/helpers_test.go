@@ -1,7 +1,6 @@
 package bindings
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -51,28 +50,9 @@ func (e *env) open(cfg Config) *Table {
 	return openOn(e.t, js, nc, cfg)
 }
 
-// lockedBuffer is a bytes.Buffer safe for the table's goroutines to log
-// into while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func openOn(t testing.TB, js jetstream.JetStream, nc *nats.Conn, cfg Config) *Table {
 	t.Helper()
-	var log lockedBuffer
+	var log testutil.LogBuffer
 	if cfg.Logger == nil {
 		// What the table logs while it opens (a watch lost, a quorum
 		// mark failed) is the only trace of why an Open timed out.

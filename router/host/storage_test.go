@@ -1,35 +1,16 @@
 package host
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natstest"
+	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
-
-// lockedBuffer collects log lines written from several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A replica verifies an existing event stream against its configuration:
 // a difference is a warning naming stream, field, have and want, and the
@@ -56,7 +37,7 @@ func TestReplicaVerifiesStreams(t *testing.T) {
 	}
 	start := func(update bool) string {
 		t.Helper()
-		var logs lockedBuffer
+		var logs testutil.LogBuffer
 		r, err := New(natstest.Connect(t, srv), Config{Models: []string{testModel}, Registry: testRegistry(), UpdateStreams: update,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if err != nil {
