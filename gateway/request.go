@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
@@ -216,12 +218,22 @@ func (f *renderFields) field(key []byte) *json.RawMessage {
 	return nil
 }
 
-// knownKeys are clientRequest's JSON names (FuzzReadRequest checks the
-// list against the struct's tags).
-var knownKeys = []string{"model", "messages", "prompt", "tools", "tool_choice", "chat_template",
-	"chat_template_kwargs", "continue_final_message", "add_special_tokens", "documents", "reasoning_effort",
-	"response_format", "truncate_prompt_tokens", "stream", "max_tokens", "max_completion_tokens", "user",
-	"add_generation_prompt", "cache_salt"}
+// knownKeys are clientRequest's JSON names, embedded structs' included
+// (TestKnownKeys checks that member takes each).
+var knownKeys = jsonNames(reflect.TypeFor[clientRequest]())
+
+func jsonNames(rt reflect.Type) []string {
+	var names []string
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		if f.Anonymous {
+			names = append(names, jsonNames(f.Type)...)
+		} else if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" {
+			names = append(names, tag)
+		}
+	}
+	return names
+}
 
 // nearKnownKey reports whether encoding/json might match key, not exactly
 // one of knownKeys, to a field: ASCII case folding, or any non-ASCII byte
@@ -264,10 +276,7 @@ func intPtr(v []byte, dst **int) bool {
 		*dst = nil
 		return true
 	}
-	if len(v) > 18 || bytes.ContainsAny(v, ".eE\"") {
-		return false
-	}
-	n, err := strconv.Atoi(string(v))
+	n, err := strconv.Atoi(string(v)) // refuses a fraction, an exponent, a string, overflow
 	if err != nil {
 		return false
 	}
