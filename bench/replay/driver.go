@@ -47,6 +47,9 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 			diag = append(diag, fmt.Sprintf("seed %d: %s", cfg.Seed, line))
 		}
 	}
+	if err := writeRecords(cfg.Records, path.Name, pol.Name, cfg.Seed, d.rec.Records()); err != nil {
+		return metrics.Summary{}, err
+	}
 	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
 		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start), PD: pol.PD,
 	})

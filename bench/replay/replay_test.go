@@ -1,7 +1,9 @@
 package replay
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -60,13 +62,32 @@ func TestRunSessionsAndRejections(t *testing.T) {
 	var stacks []*fakeStack
 	w := workload.Chat(workload.ChatConfig{Seed: 2, Sessions: 6, Turns: 3, SystemTokens: 256, UserTokens: 32, OutputTokens: 8, SessionRate: 100})
 	pols, _ := LookupPolicies([]string{"kvrouter,true-cache"})
-	rep, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 5), Policies: pols, Workers: 2, Speedup: 1e5, SessionMode: SessionHard, LoadScale: 2})
+	var records bytes.Buffer
+	rep, err := Run(context.Background(), Config{Workload: w, NewStack: newFakeFactory(&stacks, 5), Policies: pols, Workers: 2, Speedup: 1e5, SessionMode: SessionHard, LoadScale: 2, Records: &records})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kv := rep.Policy("kvrouter")
 	if kv.Rejected == 0 || kv.Codes["overloaded"] != kv.Rejected || kv.Done+kv.Rejected != len(w.Requests) {
 		t.Fatalf("%+v", kv)
+	}
+	// Records: one JSON line per request and policy, agreeing with the report.
+	byPolicy := map[string]map[string]int{}
+	for dec := json.NewDecoder(&records); dec.More(); {
+		var l RecordLine
+		if err := dec.Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Path != PathNATS || l.ID == "" || l.Session == "" || (l.Outcome == "done") != (l.Worker != "" && l.TTFTMS > 0) {
+			t.Fatalf("record %+v", l)
+		}
+		if byPolicy[l.Policy] == nil {
+			byPolicy[l.Policy] = map[string]int{}
+		}
+		byPolicy[l.Policy][l.Outcome+"/"+l.Code]++
+	}
+	if got := byPolicy["kvrouter"]; len(byPolicy) != 2 || got["done/"] != kv.Done || got["rejected/overloaded"] != kv.Rejected {
+		t.Fatalf("records by policy and outcome %v, report %d done %d rejected", byPolicy, kv.Done, kv.Rejected)
 	}
 	if stacks[0].sessions.Load() != int64(len(w.Requests)) || stacks[1].sessions.Load() != 0 {
 		t.Fatalf("sessions sent: %d, true-cache %d", stacks[0].sessions.Load(), stacks[1].sessions.Load())

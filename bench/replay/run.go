@@ -73,6 +73,11 @@ type Config struct {
 	// ...unless AllowInSample: it then runs, its rows marked IN-SAMPLE.
 	AllowInSample bool
 
+	// Records, when not nil, receives every request's record of every
+	// run as one JSON line (RecordLine): the per-request data behind the
+	// report's distributions, for analysis the report does not make.
+	Records io.Writer
+
 	Title         string
 	Progress      io.Writer // progress bar destination (nil = none)
 	ProgressLines bool      // one line per 10 % instead of redrawing

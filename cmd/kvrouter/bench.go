@@ -101,7 +101,7 @@ Examples:
 type benchReplayFlags struct {
 	*replayFlags
 	kind, part, out, title, paths, targets, fleet        *string
-	cpuProfile                                           *string
+	cpuProfile, records                                  *string
 	sample, blockSize, maxBatched, maxSeqs, maxOut, runs *int
 	maxTokens                                            *int
 	start, window, deadline                              *time.Duration
@@ -123,6 +123,7 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 			policiesUsage: "policies to compare, comma separated, or all, or peers (llmd, sglang, dynamo, chwbl); true-cache reads the engines' true caches (a diagnostic); name{key=value,...} runs a policy with other parameters, e.g. kvrouter{overlap_credit=2}",
 		}),
 		cpuProfile:    c.str("cpuprofile", "", "write a CPU profile of the whole replay to this file; the real path's goroutines carry the label "+stack.ComponentLabel+" (nats, router, engine, bridge, gateway): go tool pprof -tags FILE"),
+		records:       c.str("records", "", "also write every request's record of every run to this file, one JSON line each (policy, seed, worker, cached blocks, TTFT...)"),
 		kind:          c.str("workload", "", "synthetic workload when no --trace: "+strings.Join(workload.Kinds, ", ")+" (default shared-prefix); --seed s (1-100) generates seed s for --part tune, s+100 for eval"),
 		part:          c.str("part", "", "held-out part to replay: eval (the default) or tune (the default with --calibrate); traces split by time (first half tunes), generated workloads by seed"),
 		allowInSample: c.boolean("allow-in-sample", false, "run policies on an evaluation part they were tuned on, their rows labelled IN-SAMPLE (refused otherwise)"),
@@ -181,9 +182,16 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	closeRecords, err := openRecords(&cfg, *f.records)
+	if err != nil {
+		return err
+	}
 	rep, err := replay.Run(ctx, cfg)
 	if perr := stopProfile(); err == nil {
 		err = perr
+	}
+	if cerr := closeRecords(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return err
@@ -198,6 +206,20 @@ func benchReplay(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %d charts in %s (%.1f s)\n", filepath.Base(files.Markdown), filepath.Base(files.JSON), len(files.Charts), *f.out, time.Since(began).Seconds())
 	return nil
+}
+
+// openRecords points cfg.Records at a new file named path ("" = none) and
+// returns the function that closes it.
+func openRecords(cfg *replay.Config, path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench replay: --records: %w", err)
+	}
+	cfg.Records = f
+	return f.Close, nil
 }
 
 // config turns the flags into a replay configuration: policies, the
