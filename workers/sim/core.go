@@ -111,6 +111,13 @@ type core struct {
 	// step in flight
 	plan    []*request
 	planGen uint64
+	// planned maps the hash of each full prompt block the planned step
+	// computes, not yet cached, to its block. As vLLM v1 caches a block's
+	// hash when it schedules the block (allocate_slots), a request admitted
+	// later in the same step finds it as a prefix hit instead of computing
+	// it again; the block becomes cached, and is published, when the step
+	// completes (register).
+	planned map[kvevents.SeqHash]int32
 
 	// scratch
 	evictBuf  []kvevents.SeqHash
@@ -262,6 +269,7 @@ func (c *core) schedule() (d time.Duration, gen uint64, ok bool) {
 	if len(c.running) == 0 && len(c.waiting) == 0 {
 		return 0, c.gen, false
 	}
+	clear(c.planned)
 	st := stepPlan{budget: c.cfg.MaxBatchedTokens}
 	if preempted := c.planRunning(&st); !preempted {
 		c.admitWaiting(&st)
@@ -289,8 +297,40 @@ func (c *core) addToPlan(r *request, n int, st *stepPlan) {
 		st.decodes++
 	} else {
 		st.prefill += n
+		c.notePlanned(r, n)
 	}
 	st.budget -= n
+}
+
+// notePlanned records the full prompt blocks r computes in this step (the
+// next n tokens) in c.planned.
+func (c *core) notePlanned(r *request, n int) {
+	bs := c.cfg.BlockSize
+	from, to := r.computed/bs, min(r.computed+n, r.promptLen)/bs
+	if from >= to {
+		return
+	}
+	c.ensureHashes(r, to*bs)
+	if c.planned == nil {
+		c.planned = make(map[kvevents.SeqHash]int32)
+	}
+	for i := from; i < to; i++ {
+		if _, cached := c.cache.lookup(r.hashes[i]); !cached {
+			if _, dup := c.planned[r.hashes[i]]; !dup {
+				c.planned[r.hashes[i]] = r.blocks[i]
+			}
+		}
+	}
+}
+
+// hitBlock returns the block holding h for a prefix hit: a cached block,
+// or one the planned step computes (see core.planned).
+func (c *core) hitBlock(h kvevents.SeqHash) (b int32, planned, ok bool) {
+	if b, ok := c.cache.lookup(h); ok {
+		return b, false, true
+	}
+	b, ok = c.planned[h]
+	return b, ok, ok
 }
 
 // planRunning plans the running requests in admission order, each as many
@@ -360,11 +400,11 @@ func (c *core) prefixHits(r *request) (hit, inLRU int) {
 	c.ensureHashes(r, len(r.tokens))
 	maxHit := (len(r.tokens) - 1) / c.cfg.BlockSize
 	for hit < maxHit {
-		b, found := c.cache.lookup(r.hashes[hit])
+		b, planned, found := c.hitBlock(r.hashes[hit])
 		if !found {
 			break
 		}
-		if c.cache.evictable(b) {
+		if !planned && c.cache.evictable(b) {
 			inLRU++
 		}
 		hit++
@@ -376,7 +416,7 @@ func (c *core) prefixHits(r *request) (hit, inLRU int) {
 // the first admission also records how much of the prompt was cached.
 func (c *core) admit(r *request, hit int) {
 	for k := 0; k < hit; k++ {
-		b, _ := c.cache.lookup(r.hashes[k])
+		b, _, _ := c.hitBlock(r.hashes[k])
 		c.cache.acquire(b)
 		r.blocks = append(r.blocks, b)
 	}

@@ -11,6 +11,8 @@
 //     vLLM v1's unified form (running requests first, newest preempted when
 //     memory runs out, then waiting requests FIFO), chunked prefill under
 //     MaxBatchedTokens, at most MaxSeqs running, an admission watermark;
+//     as vLLM v1, a prefix hit includes the blocks the step being planned
+//     computes for an earlier request (core.planned);
 //   - KV transfers (transfer.go): a request whose leading prompt blocks
 //     arrived from a prefill engine (Request.Transferred) skips their
 //     prefill and caches them; HeldPrefix names the blocks a rank holds;

@@ -779,3 +779,59 @@ func TestAdvanceToDiscreteEvents(t *testing.T) {
 		t.Fatalf("wall clock: %v", err)
 	}
 }
+
+// Requests admitted into one step share the prompt blocks an earlier one
+// computes in that step, as in vLLM v1, which caches a block's hash when it
+// schedules it: siblings arriving together compute their shared prefix
+// once. Each block is stored (published) once, when the step completes;
+// a prefix the step computes only in part is shared as far as it goes.
+func TestSameStepSiblingsShareThePrefix(t *testing.T) {
+	tests := []struct {
+		name       string
+		budget     int
+		wantCached []int // per sibling
+		wantTokens uint64
+		wantSteps  uint64
+	}{
+		// 512 shared + 3 x 40 own tokens fit one step.
+		{"one step", 8192, []int{0, 512, 512}, 512 + 3*40, 1},
+		// 300 tokens per step: a's prompt takes two steps, and b and c
+		// are admitted beside its second chunk: they find the 18 blocks
+		// step 1 cached and the 14 step 2 computes.
+		{"chunked", 300, []int{0, 512, 512}, 552 + 2*40, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, rs, _ := newTestEngine(t, Config{MaxBatchedTokens: tt.budget})
+			prefix := seq(1, 512)
+			var sts []*Stream
+			for i := range tt.wantCached {
+				sts = append(sts, submit(t, e, Request{ID: string(rune('a' + i)), Tokens: cat(prefix, seq(100000*(i+1), 40)), MaxTokens: 1}))
+			}
+			runIdle(t, e)
+			for i, st := range sts {
+				if got := result(t, st).CachedTokens; got != tt.wantCached[i] {
+					t.Errorf("sibling %d: cached %d, want %d", i, got, tt.wantCached[i])
+				}
+			}
+			s := e.Stats()[0]
+			if s.PrefillTokens != tt.wantTokens || s.AdoptedBlocks != 0 {
+				t.Errorf("prefill tokens %d adopted %d, want %d 0", s.PrefillTokens, s.AdoptedBlocks, tt.wantTokens)
+			}
+			if tt.wantSteps != 0 && s.Steps != tt.wantSteps {
+				t.Errorf("steps %d, want %d", s.Steps, tt.wantSteps)
+			}
+			seen := map[kvevents.SeqHash]int{}
+			for _, ev := range rs.latest(0).all() {
+				for _, b := range ev.Blocks {
+					seen[b.Seq]++
+				}
+			}
+			for h, n := range seen {
+				if n != 1 {
+					t.Fatalf("block %x stored %d times", h, n)
+				}
+			}
+		})
+	}
+}
