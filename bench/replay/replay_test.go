@@ -78,7 +78,7 @@ func TestRunSessionsAndRejections(t *testing.T) {
 		if err := dec.Decode(&l); err != nil {
 			t.Fatal(err)
 		}
-		if l.Path != PathNATS || l.ID == "" || l.Session == "" || (l.Outcome == "done") != (l.Worker != "" && l.TTFTMS > 0) {
+		if l.Path != PathNATS || l.ID == "" || l.Session == "" || (l.Outcome == "done") != (l.Worker != "") || l.TTFTMS < 0 {
 			t.Fatalf("record %+v", l)
 		}
 		if byPolicy[l.Policy] == nil {
