@@ -146,6 +146,9 @@ func (t *Table) watchLoop(ready chan struct{}) {
 	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	episode := false // a failure was logged and not yet its recovery
+	// Open waits for the first watch that delivers every existing binding,
+	// which need not be the first watch started.
+	opened := false
 	for first := true; ; first = false {
 		if !first {
 			t.cache.reset()
@@ -157,7 +160,8 @@ func (t *Table) watchLoop(ready chan struct{}) {
 				episode = false
 				t.cfg.Logger.Info("bindings: watch recovered; reads use the cache again", "bucket", t.cfg.Bucket)
 			}
-			if first {
+			if !opened {
+				opened = true
 				close(ready)
 			}
 		}
