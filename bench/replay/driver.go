@@ -47,10 +47,11 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 			diag = append(diag, fmt.Sprintf("seed %d: %s", cfg.Seed, line))
 		}
 	}
-	if err := writeRecords(cfg.Records, path.Name, pol.Name, cfg.Seed, d.rec.Records()); err != nil {
+	recs := d.rec.Records()
+	if err := writeRecords(cfg.Records, path.Name, pol.Name, cfg.Seed, recs); err != nil {
 		return metrics.Summary{}, err
 	}
-	sum := metrics.Summarize(d.rec.Records(), metrics.Options{
+	sum := metrics.Summarize(recs, metrics.Options{
 		Policy: pol.Name, UpperBound: bound, BlockSize: cfg.BlockSize, Workers: stack.Workers(), Wall: time.Since(start), PD: pol.PD,
 	})
 	sum.Path = path.Name

@@ -5,40 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/kvrouter/kvrouter/bench/metrics"
 )
 
-// RecordLine is one line of Config.Records: one request of one run of one
-// policy. Durations are in milliseconds; TTFT, ITL and E2E in workload
-// time, Route and QueueWait in wall-clock time (as in the report).
-type RecordLine struct {
-	Path         string  `json:"path"`
-	Policy       string  `json:"policy"`
-	Seed         uint64  `json:"seed"`
-	ID           string  `json:"id"`
-	Session      string  `json:"session,omitempty"`
-	Worker       string  `json:"worker,omitempty"`
-	Outcome      string  `json:"outcome"`
-	Code         string  `json:"code,omitempty"`
-	ArrivalMS    float64 `json:"arrival_ms"`
-	PromptTokens int     `json:"prompt_tokens"`
-	PromptBlocks int     `json:"prompt_blocks"`
-	CachedBlocks int     `json:"cached_blocks"`
-	RouterBlocks int     `json:"router_blocks"`
-	OutputTokens int     `json:"output_tokens"`
-	TTFTMS       float64 `json:"ttft_ms"`
-	ITLMS        float64 `json:"itl_ms"`
-	E2EMS        float64 `json:"e2e_ms"`
-	RouteMS      float64 `json:"route_ms"`
-	QueueWaitMS  float64 `json:"queue_wait_ms"`
-	// A split request's prefill worker (docs/pd.md).
-	PrefillWorker  string `json:"prefill_worker,omitempty"`
-	TransferBlocks int    `json:"transfer_blocks,omitempty"`
-}
-
-// writeRecords writes recs to w as JSON lines (nothing when w is nil).
+// writeRecords writes recs to w as JSON lines, metrics.RecordLine each
+// (nothing when w is nil).
 func writeRecords(w io.Writer, path, policy string, seed uint64, recs []metrics.Record) error {
 	if w == nil {
 		return nil
@@ -46,15 +18,7 @@ func writeRecords(w io.Writer, path, policy string, seed uint64, recs []metrics.
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	for i := range recs {
-		r := &recs[i]
-		if err := enc.Encode(RecordLine{
-			Path: path, Policy: policy, Seed: seed, ID: r.ID, Session: r.Session, Worker: r.Worker,
-			Outcome: r.Outcome.String(), Code: r.Code, ArrivalMS: ms(r.Arrival),
-			PromptTokens: r.PromptTokens, PromptBlocks: r.PromptBlocks, CachedBlocks: r.CachedBlocks,
-			RouterBlocks: r.RouterBlocks, OutputTokens: r.OutputTokens,
-			TTFTMS: ms(r.TTFT), ITLMS: ms(r.ITL), E2EMS: ms(r.E2E), RouteMS: ms(r.Route), QueueWaitMS: ms(r.QueueWait),
-			PrefillWorker: r.PrefillWorker, TransferBlocks: r.TransferBlocks,
-		}); err != nil {
+		if err := enc.Encode(recs[i].Line(path, policy, seed)); err != nil {
 			return fmt.Errorf("replay: write records of %s: %w", policy, err)
 		}
 	}
@@ -63,5 +27,3 @@ func writeRecords(w io.Writer, path, policy string, seed uint64, recs []metrics.
 	}
 	return nil
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -74,7 +74,7 @@ func TestRunSessionsAndRejections(t *testing.T) {
 	// Records: one JSON line per request and policy, agreeing with the report.
 	byPolicy := map[string]map[string]int{}
 	for dec := json.NewDecoder(&records); dec.More(); {
-		var l RecordLine
+		var l metrics.RecordLine
 		if err := dec.Decode(&l); err != nil {
 			t.Fatal(err)
 		}

@@ -74,7 +74,7 @@ type Config struct {
 	AllowInSample bool
 
 	// Records, when not nil, receives every request's record of every
-	// run as one JSON line (RecordLine): the per-request data behind the
+	// run as one JSON line (metrics.RecordLine): the per-request data behind the
 	// report's distributions, for analysis the report does not make.
 	Records io.Writer
 
