@@ -8,7 +8,8 @@
 // Then the commit type in commit.go, the commit rule at work: run and round,
 // then one method per outcome (create, renew, reject, rebind, and ours and
 // lost for writes that did not simply land). Then store.go (the raw
-// JetStream operations: leader reads through $JS.API.STREAM.MSG.GET,
+// JetStream operations: leader reads through $JS.API.STREAM.MSG.GET (a
+// direct get on a one-replica stream),
 // conditional writes that keep the per-key TTL, and the mapping of codes
 // 10071 and 10164 to ErrConflict, built on internal/jskv, which workers
 // share; bindings adds the ambiguous-outcome classification and its own

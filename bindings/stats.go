@@ -34,9 +34,12 @@ type Stats struct {
 	// BadInput is rejected session ids and model names; Malformed is reads
 	// that found an unusable stored value; SelectErrors is selector errors.
 	BadInput, Malformed, SelectErrors uint64
-	// LeaderReads is STREAM.MSG.GET requests; ReadRetries those repeated
-	// because nobody answered (leader change).
-	LeaderReads, ReadRetries uint64
+	// LeaderReads is reads of a key from the stream leader (STREAM.MSG.GET,
+	// or a direct get on a one-replica stream); ReadRetries those repeated
+	// because nobody answered (leader change); DirectFallbacks direct gets
+	// whose answer did not count (an absence, a mirror's answer, an error),
+	// so STREAM.MSG.GET was asked too (store.go, leaderReadOnce).
+	LeaderReads, ReadRetries, DirectFallbacks uint64
 	// Ended is bindings removed by End.
 	Ended uint64
 
@@ -101,6 +104,7 @@ type counters struct {
 	conflictsLanded                          atomic.Uint64
 	badInput, malformed, selectErrors, ended atomic.Uint64
 	leaderReads, readRetries                 atomic.Uint64
+	directFallbacks                          atomic.Uint64
 	staleFallbacks, hardReads                atomic.Uint64
 	probes, probeErrors, watchRestarts       atomic.Uint64
 	confirms, confirmMismatches, confirmLost atomic.Uint64
@@ -137,6 +141,7 @@ func (t *Table) Stats() Stats {
 		SelectErrors:      c.selectErrors.Load(),
 		LeaderReads:       c.leaderReads.Load(),
 		ReadRetries:       c.readRetries.Load(),
+		DirectFallbacks:   c.directFallbacks.Load(),
 		Ended:             c.ended.Load(),
 		CacheHits:         t.cache.hits.Load(),
 		CacheMisses:       t.cache.misses.Load(),

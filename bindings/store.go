@@ -154,22 +154,47 @@ func (t *Table) casPurge(ctx context.Context, key string, expect uint64) (uint64
 	return rev, nil
 }
 
-// leaderReadOnce asks the stream leader (STREAM.MSG.GET, not a direct get,
-// which any replica may answer stale) for the key's last message.
+// leaderReadOnce asks the stream leader for the key's last message:
+// STREAM.MSG.GET, not a direct get, which any replica may answer stale.
+// The one exception is a one-replica stream: its only server answers a
+// direct get at half the cost (no API queue, no JSON), and an answer
+// that names the stream is the leader's. Anything else it answers (an
+// absence, which a mirror may give, or an error) goes to STREAM.MSG.GET.
 func (t *Table) leaderReadOnce(ctx context.Context, key string) (readState, error) {
 	t.st.leaderReads.Add(1)
+	if t.directGetPre != "" {
+		if m, err := jskv.DirectLastMsg(ctx, t.nc, t.directGetPre, t.stream, t.kvPre+key); err == nil {
+			return leaderState(key, &m), nil
+		}
+		t.st.directFallbacks.Add(1)
+	}
 	m, err := jskv.LastMsg(ctx, t.nc, t.msgGetSubj, t.kvPre+key)
 	switch {
 	case errors.Is(err, jskv.ErrNoMessage):
 		return readState{leader: true}, nil
 	case err != nil:
 		return readState{}, err // leaderRead names the key
-	case m.Tombstone():
-		return readState{rev: m.Seq, storedAt: m.Time, leader: true}, nil
+	}
+	return leaderState(key, &m), nil
+}
+
+// leaderState is the read state of key's last message m, read from the
+// leader.
+func leaderState(key string, m *jskv.Msg) readState {
+	if m.Tombstone() {
+		return readState{rev: m.Seq, storedAt: m.Time, leader: true}
 	}
 	st := stateFromValue(key, m.Seq, m.Data, m.Time)
 	st.leader = true
-	return st, nil
+	return st
+}
+
+// directGetPrefix is Table.directGetPre for a stream of replicas.
+func directGetPrefix(replicas int, cfg Config) string {
+	if replicas != 1 {
+		return ""
+	}
+	return jskv.DirectGetPrefix(cfg.APIPrefix, cfg.Bucket)
 }
 
 // leaderRead retries leaderReadOnce until it gets an answer the majority

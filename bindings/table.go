@@ -185,13 +185,17 @@ func (c *Config) normalize() error {
 // Table is one router replica's handle on the bindings bucket. It is safe
 // for concurrent use. Route is the commit protocol.
 type Table struct {
-	cfg         Config
-	js          jetstream.JetStream
-	nc          *nats.Conn
-	kv          jetstream.KeyValue
-	kvPre       string // "$KV.<bucket>."
-	msgGetSubj  string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
-	readTimeout time.Duration
+	cfg        Config
+	js         jetstream.JetStream
+	nc         *nats.Conn
+	kv         jetstream.KeyValue
+	kvPre      string // "$KV.<bucket>."
+	stream     string // "KV_<bucket>"
+	msgGetSubj string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
+	// directGetPre is "$JS.API.DIRECT.GET.KV_<bucket>." on a one-replica
+	// stream, where a direct get is the leader's answer; "" otherwise.
+	directGetPre string
+	readTimeout  time.Duration
 	// confirmReads: the stream has more than one replica, so leader reads
 	// are confirmed through its majority (quorum.go).
 	confirmReads bool
@@ -252,9 +256,11 @@ func Open(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg Config
 		nc:           nc,
 		kv:           kv,
 		kvPre:        "$KV." + cfg.Bucket + ".",
+		stream:       "KV_" + cfg.Bucket,
 		msgGetSubj:   jskv.MsgGetSubject(cfg.APIPrefix, cfg.Bucket),
 		readTimeout:  min(cfg.OpTimeout, 500*time.Millisecond),
 		confirmReads: replicas > 1,
+		directGetPre: directGetPrefix(replicas, cfg),
 		msgTTL:       StoredTTL(cfg.IdleTTL),
 		publish:      js.PublishMsg,
 		cache:        newCache(cfg.CacheEntries, cfg.MarkerTTL),

@@ -185,6 +185,9 @@ func testBusySession(t *testing.T, mode session.Mode) {
 	if got := b.Stats().LeaderReads; got != wantReads {
 		t.Fatalf("%s: b made %d leader reads, want %d", mode, got-lr, wantReads-lr)
 	}
+	if n := b.Stats().DirectFallbacks; n != 0 {
+		t.Fatalf("%s: %d leader reads of a stored binding fell back from the direct get", mode, n)
+	}
 	if st := leaderGet(t, a, model, "busy"); st.rev != first.Binding.Revision {
 		t.Fatalf("revision moved from %d to %d", first.Binding.Revision, st.rev)
 	}
@@ -238,6 +241,34 @@ func TestRenewalAndIdleExpiry(t *testing.T) {
 	// An expired session binds afresh (over the expiry marker).
 	if r := mustRoute(t, tb, model, "idle", always("w3")); r.Outcome != Created || r.Target.Worker != "w3" {
 		t.Fatalf("re-create after expiry: %+v", r)
+	}
+}
+
+// On a one-replica stream a leader read is a direct get; only what it
+// cannot show (an absence, which a mirror could give too) goes to
+// STREAM.MSG.GET as well, and both agree with the stored state.
+func TestOneReplicaLeaderReadsAreDirect(t *testing.T) {
+	e := newEnv(t)
+	a := e.open(Config{ReplicaID: "a", DefaultMode: session.Hard})
+	if a.directGetPre == "" {
+		t.Fatal("no direct reads on a one-replica bucket")
+	}
+	r := mustRoute(t, a, model, "s", always("w1"))
+	st := leaderGet(t, a, model, "s")
+	if !st.present || st.rev != r.Binding.Revision || st.rec.Worker != "w1" || a.Stats().DirectFallbacks != 0 {
+		t.Fatalf("leader read %+v (revision want %d), stats %+v", st, r.Binding.Revision, a.Stats())
+	}
+	if _, err := a.Get(ctxT(t, 5*time.Second), model, "none"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of an absent session: %v", err)
+	}
+	if n := a.Stats().DirectFallbacks; n != 1 {
+		t.Fatalf("absence: %d fallbacks to STREAM.MSG.GET, want 1", n)
+	}
+	if err := a.End(ctxT(t, 5*time.Second), model, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if st := leaderGet(t, a, model, "s"); st.present || st.rev <= r.Binding.Revision || a.Stats().DirectFallbacks != 1 {
+		t.Fatalf("after End: %+v, stats %+v; want the purge marker, read directly", st, a.Stats())
 	}
 }
 
@@ -684,6 +715,7 @@ func TestAmbiguousWrites(t *testing.T) {
 			return nil, timeout
 		}
 		tb.msgGetSubj = "$JS.API.STREAM.MSG.GET.NOBODY" // the leader cannot be asked
+		tb.directGetPre = "$JS.API.DIRECT.GET.NOBODY."
 		_, err := tb.Route(ctxT(t, 5*time.Second), model, "s", always("w1"))
 		if !errors.Is(err, ErrAmbiguous) {
 			t.Fatalf("Route: %v", err)

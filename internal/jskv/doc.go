@@ -2,7 +2,7 @@
 // both need and that the nats.go KV client does not offer: buckets whose
 // keys carry their own TTL, compare-and-set writes that keep that TTL,
 // the classification of a lost compare-and-set, and reads answered by the
-// stream leader only.
+// stream leader only (or, on a one-replica stream, by its only server).
 //
 // What it owns:
 //   - EnsureBucket (bucket.go): bind to or create a KV bucket with History 1
@@ -21,6 +21,9 @@
 //   - LastMsg (read.go): $JS.API.STREAM.MSG.GET.KV_<bucket> with
 //     last_by_subj, honouring a custom API prefix (domains), and the
 //     decoding of its JSON reply; a missing subject is ErrNoMessage.
+//   - DirectLastMsg (direct.go): the same read as a direct get, answered
+//     by any server holding the stream, for one-replica streams; an answer
+//     from another stream (a mirror) is ErrNotOrigin.
 //
 // What it does not own: keys, values, retries and policies (what a conflict
 // or a tombstone means is the caller's business), nor the callers' error

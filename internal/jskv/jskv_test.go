@@ -236,3 +236,118 @@ func TestPublishAndLastMsg(t *testing.T) {
 		t.Fatalf("injected error: %v", err)
 	}
 }
+
+func TestDecodeDirectGet(t *testing.T) {
+	const stream = "KV_b"
+	ok := func() nats.Header {
+		return nats.Header{
+			"Nats-Stream": {stream}, "Nats-Subject": {"$KV.b.k"}, "Nats-Sequence": {"7"},
+			"Nats-Time-Stamp": {"2026-01-01T00:00:00.5Z"},
+		}
+	}
+	with := func(k, v string) nats.Header { h := ok(); h[k] = []string{v}; return h }
+	without := func(k string) nats.Header { h := ok(); delete(h, k); return h }
+	tests := []struct {
+		name    string
+		h       nats.Header
+		wantErr func(error) bool
+		tomb    bool
+	}{
+		{"value", ok(), nil, false},
+		{"delete marker", with("KV-Operation", "DEL"), nil, true},
+		{"expiry marker", with(jetstream.MarkerReasonHeader, "MaxAge"), nil, true},
+		{"not found", nats.Header{"Status": {"404"}, "Description": {"Message Not Found"}},
+			func(err error) bool { return errors.Is(err, ErrNoMessage) }, false},
+		{"bad request", nats.Header{"Status": {"408"}, "Description": {"Bad Request"}},
+			func(err error) bool {
+				var api *jetstream.APIError
+				return errors.As(err, &api) && api.Code == 408 && !errors.Is(err, ErrNoMessage)
+			}, false},
+		{"a mirror's answer", with("Nats-Stream", "MIRROR"), func(err error) bool { return errors.Is(err, ErrNotOrigin) }, false},
+		{"no stream", without("Nats-Stream"), func(err error) bool { return errors.Is(err, ErrNotOrigin) }, false},
+		{"no headers", nil, func(err error) bool { return err != nil }, false},
+		{"bad sequence", with("Nats-Sequence", "x"), func(err error) bool { return err != nil }, false},
+		{"zero sequence", with("Nats-Sequence", "0"), func(err error) bool { return err != nil }, false},
+		{"bad time", with("Nats-Time-Stamp", "yesterday"), func(err error) bool { return err != nil }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := decodeDirectGet(tc.h, []byte("v"), stream)
+			if tc.wantErr != nil {
+				if !tc.wantErr(err) {
+					t.Fatalf("err = %v", err)
+				}
+				return
+			}
+			if err != nil || m.Seq != 7 || m.Subject != "$KV.b.k" || string(m.Data) != "v" || m.Tombstone() != tc.tomb ||
+				!m.Time.Equal(time.Date(2026, 1, 1, 0, 0, 0, 5e8, time.UTC)) {
+				t.Fatalf("got %+v, %v; want seq 7 tombstone %v", m, err, tc.tomb)
+			}
+			if m.Header.Get("Nats-Sequence") != "" {
+				t.Fatalf("metadata headers left in %v", m.Header)
+			}
+		})
+	}
+}
+
+func FuzzDecodeDirectGet(f *testing.F) {
+	f.Add("KV_b", "7", "2026-01-01T00:00:00Z", "", "")
+	f.Add("KV_b", "", "", "404", "")
+	f.Add("X", "1", "", "", "DEL")
+	f.Fuzz(func(t *testing.T, stream, seq, ts, status, op string) {
+		h := nats.Header{"Nats-Stream": {stream}, "Nats-Sequence": {seq}, "Nats-Time-Stamp": {ts}}
+		if status != "" {
+			h["Status"] = []string{status}
+		}
+		if op != "" {
+			h["KV-Operation"] = []string{op}
+		}
+		m, err := decodeDirectGet(h, nil, "KV_b")
+		if err == nil && (m.Seq == 0 || stream != "KV_b") {
+			t.Fatalf("accepted %v as %+v", h, m)
+		}
+	})
+}
+
+// TestDirectLastMsg runs the direct read against a server: a value, a
+// missing key, a delete marker, an answer from another stream than the one
+// expected, a wrong API prefix.
+func TestDirectLastMsg(t *testing.T) {
+	s := natstest.Start(t)
+	nc, js := natstest.JetStream(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := EnsureBucket(ctx, js, BucketConfig{Bucket: "b", Replicas: 1, MarkerTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := DirectGetPrefix("", "b")
+	if pre != "$JS.API.DIRECT.GET.KV_b." {
+		t.Fatalf("prefix %q", pre)
+	}
+	if _, err := DirectLastMsg(ctx, nc, pre, "KV_b", "$KV.b.missing"); !errors.Is(err, ErrNoMessage) {
+		t.Fatalf("missing key: %v, want ErrNoMessage", err)
+	}
+	rev, err := kv.Put(ctx, "k", []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := DirectLastMsg(ctx, nc, pre, "KV_b", "$KV.b.k")
+	want, lerr := LastMsg(ctx, nc, MsgGetSubject("", "b"), "$KV.b.k")
+	if err != nil || lerr != nil || m.Seq != rev || string(m.Data) != "v1" || m.Tombstone() ||
+		m.Subject != want.Subject || !m.Time.Equal(want.Time) {
+		t.Fatalf("DirectLastMsg = %+v, %v; LastMsg = %+v, %v", m, err, want, lerr)
+	}
+	if _, err := DirectLastMsg(ctx, nc, pre, "KV_mirror", "$KV.b.k"); !errors.Is(err, ErrNotOrigin) {
+		t.Fatalf("answer of another stream: %v, want ErrNotOrigin", err)
+	}
+	if err := kv.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := DirectLastMsg(ctx, nc, pre, "KV_b", "$KV.b.k"); err != nil || !m.Tombstone() || m.Seq != rev+1 {
+		t.Fatalf("after delete: %+v, %v; want a tombstone at %d", m, err, rev+1)
+	}
+	if _, err := DirectLastMsg(ctx, nc, DirectGetPrefix("$JS.nowhere.API", "b"), "KV_b", "$KV.b.k"); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("wrong prefix: %v, want nats.ErrNoResponders", err)
+	}
+}
