@@ -84,6 +84,9 @@ func (c *Config) stackConfig(pol Policy) (StackConfig, error) {
 	if pol.PD {
 		sc.Fleet, sc.Transfer = c.Fleet, c.transferModel()
 	}
+	if pol.NoRouterQueue {
+		sc.QueueThreshold = -1
+	}
 	op, ok := peerOperation(pol)
 	if !ok {
 		return sc, nil

@@ -166,3 +166,40 @@ func TestPDChecks(t *testing.T) {
 		}
 	}
 }
+
+// round-robin-pd runs as the simple proxies it stands for: no router
+// queue, whatever the run's threshold, and the report says so;
+// round-robin-pd-queued and kvrouter-pd keep the run's threshold.
+func TestRoundRobinPairingRunsWithoutRouterQueue(t *testing.T) {
+	var stacks []*fakeStack
+	pols, err := LookupPolicies([]string{"kvrouter-pd,round-robin-pd,round-robin-pd-queued"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(context.Background(), Config{Workload: smallWorkload(), NewStack: newFakeFactory(&stacks, 0),
+		Policies: pols, Fleet: Fleet{2, 2}, Speedup: 1000, QueueThreshold: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"kvrouter-pd": 8, "round-robin-pd": -1, "round-robin-pd-queued": 8}
+	if len(stacks) != len(want) {
+		t.Fatalf("%d stacks", len(stacks))
+	}
+	for _, s := range stacks {
+		if th, ok := want[s.cfg.Policy.Name]; !ok || s.cfg.QueueThreshold != th {
+			t.Errorf("%s: threshold %g, want %g", s.cfg.Policy.Name, s.cfg.QueueThreshold, th)
+		}
+	}
+	notes := 0
+	for _, n := range rep.Notes {
+		if strings.Contains(n, "ran without a router queue") {
+			notes++
+			if !strings.HasPrefix(n, "round-robin-pd ran") {
+				t.Errorf("note %q", n)
+			}
+		}
+	}
+	if notes != 1 {
+		t.Fatalf("%d no-queue notes, want 1: %q", notes, rep.Notes)
+	}
+}

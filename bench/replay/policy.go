@@ -34,8 +34,13 @@ type Policy struct {
 	Peer bool
 	// PD runs the policy on the run's prefill/decode fleet (Config.Fleet),
 	// every request asking for a pair (pd.go).
-	PD    bool
-	About string
+	PD bool
+	// NoRouterQueue runs the policy without the routers' admission queue
+	// (threshold -1, whatever the run's): every request goes to its worker
+	// at once and waits there, as in the simple proxies round-robin-pd
+	// stands for.
+	NoRouterQueue bool
+	About         string
 }
 
 // Catalog lists the policies a run can compare, by name.
@@ -77,7 +82,8 @@ var Catalog = []Policy{
 	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "overlap credit 1.5, decode-block weight 0.5, no output blocks (experiment)"},
 	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
 	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},
-	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, About: "split fleet, round-robin pairing (the peers' simple proxies): the next prefill worker and the next decode worker, each in turn"},
+	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, NoRouterQueue: true, About: "split fleet, round-robin pairing as the peers' simple proxies run it (vLLM's disaggregation proxy): the next prefill worker and the next decode worker, each in turn, no router queue"},
+	{Name: "round-robin-pd-queued", RouterPolicy: "round-robin", Events: true, PD: true, About: "split fleet, round-robin pairing behind kvrouter's admission queue (a pair waits in the router until a prefill worker has room)"},
 	{Name: "chwbl", RouterPolicy: "chwbl", Events: true, Peer: true, About: "KubeAI's consistent hashing with bounded loads (1.25) on the first user message (the conversation's id stands in) or the prompt's opening, no cache index"},
 }
 

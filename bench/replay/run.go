@@ -351,6 +351,9 @@ func (c *Config) notes(rep *report.Report) []string {
 	for _, p := range c.Policies {
 		out = append(out, fmt.Sprintf("%s: %s.", p.Name, p.About))
 		trueCache = trueCache || p.TrueCache
+		if p.NoRouterQueue && c.QueueThreshold >= 0 {
+			out = append(out, fmt.Sprintf("%s ran without a router queue, as the proxies it stands for do.", p.Name))
+		}
 		if op, ok := peerOperation(p); ok {
 			sc, _ := c.stackConfig(p)
 			admission := "no router queue"
