@@ -109,6 +109,7 @@ type serveFlags struct {
 	// Departures (issue 15): a worker whose key vanished is suspect, not departed, for this long.
 	departureGrace *time.Duration
 	pdSingle       *int
+	pdLocal        *bool
 }
 
 func addServeFlags(c *cmdFlags) *serveFlags {
@@ -159,6 +160,8 @@ func addServeFlags(c *cmdFlags) *serveFlags {
 			"how long a worker whose registry key expired may re-register before its departure is confirmed and its Hard sessions re-bind (negative = none)"),
 		pdSingle: c.integer("pd-single-max-tokens", host.DefaultPDSingleMaxTokens,
 			"a route asking for a prefill/decode pair goes to one `both` worker when at most this many prompt tokens are uncached there (negative = always split; docs/pd.md)"),
+		pdLocal: c.boolean("pd-local-prefill", true,
+			"when every prefill worker is busy, a decode worker with room prefills the request itself instead of the pair waiting (Dynamo's conditional disaggregation; false for SGLang decode servers, which cannot serve whole requests; docs/pd.md)"),
 	}
 }
 
@@ -202,6 +205,7 @@ func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	f.limits.apply(&cfg)
 	cfg.Registry.DepartureGrace = *f.departureGrace
 	cfg.PDSingleMaxTokens = *f.pdSingle
+	cfg.PDNoLocalPrefill = !*f.pdLocal
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false

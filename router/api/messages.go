@@ -153,9 +153,10 @@ const (
 	PDSplit  = "split"
 	PDSingle = "single"
 
-	PDReasonShort     = "short"             // the decode worker's uncached prompt is at most the replica's single-worker limit
-	PDReasonSame      = "same_worker"       // the prefill choice was the decode worker itself
-	PDReasonNoPrefill = "no_prefill_worker" // no prefill-capable worker could be booked
+	PDReasonShort       = "short"             // the decode worker's uncached prompt is at most the replica's single-worker limit
+	PDReasonSame        = "same_worker"       // the prefill choice was the decode worker itself
+	PDReasonNoPrefill   = "no_prefill_worker" // no prefill-capable worker could be booked
+	PDReasonPrefillBusy = "prefill_busy"      // every prefill worker was busy and the decode worker had room to prefill it (the local prefill rule)
 )
 
 // PrefillRoute is the prefill leg of a split request: its own request id

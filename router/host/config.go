@@ -101,6 +101,15 @@ type Config struct {
 	// uncached there, it serves the whole request (default 512; negative:
 	// always split when a prefill worker is available).
 	PDSingleMaxTokens int
+	// PDNoLocalPrefill turns off the local prefill rule of a PD route
+	// (pd.go, docs/pd.md): when every prefill worker is busy (the prefill
+	// leg would wait in the queue) and a decode-capable worker has room for
+	// the prompt's prefill by the queue threshold, that worker serves the
+	// whole request instead of the pair waiting. Dynamo's disaggregated
+	// router does the same (a long prefill queue makes the decode worker
+	// prefill locally). Set it for decode workers that cannot serve a
+	// whole request (SGLang's decode servers).
+	PDNoLocalPrefill bool
 
 	// DefaultDeadline bounds a route when the request gives no
 	// deadline_ms (default 30 s): its wait in the scheduler queue and, for

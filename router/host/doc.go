@@ -44,9 +44,9 @@
 //     select and bind -> commit -> reply); telemetry.go: its spans and
 //     metrics (routeTelemetry, which does nothing unless a span records);
 //     observe.go: the gauges read at collection time, one callback per area;
-//     pd.go: a route that asks for a prefill/decode pair (bookPrefill
-//     before the decode leg, completePD with the single-worker rule after
-//     it; docs/pd.md);
+//     pd.go: a route that asks for a prefill/decode pair (bookPrefill,
+//     with the local prefill rule, before the decode leg, completePD with
+//     the single-worker rule after it; docs/pd.md);
 //     adapters.go: what a request naming a LoRA adapter adds to it (the
 //     workers holding the adapter, from the registry);
 //   - natsapi.go and httpapi.go: the two transports over the same calls,

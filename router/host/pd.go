@@ -29,21 +29,36 @@ import (
 // does nothing for it yet) that makes the decode side look busy too. A
 // prefill leg that cannot be booked in time fails the route like any
 // route; only a fleet with no prefill-capable worker at all sends the
-// request whole to the decode worker.
+// request whole to the decode worker, and the local prefill rule
+// (bookPrefill) one whose prefill side is busy while a decode worker has
+// room.
 
 // bookPrefill books the prefill leg of a PD route into s.sel.pre. With no
 // prefill-capable worker to take it (none registered, eligible or large
 // enough) it books nothing and the route is served whole; any other
 // scheduler error (the deadline, a queue limit, ctx) is the route's.
-func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.RouteRequest, s *routeScratch) error {
+//
+// local applies THE LOCAL PREFILL RULE: where the prefill leg would wait
+// (every prefill worker busy by the queue threshold) it books nothing, and
+// the decode leg is selected as a whole request that may not wait either
+// (Request.NoWait): a decode-capable worker with room for the prompt's
+// prefill serves it whole (prefill_busy). Where none has room, Route books
+// the prefill leg again without the rule, and the pair waits as before.
+// The queue threshold is what "room" means on both sides, so a decode
+// worker takes local prefills only up to the prefill load a prefill worker
+// would accept.
+func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.RouteRequest, s *routeScratch, local bool) error {
 	pr := s.sel.req
 	pr.ID, pr.Leg, pr.ExpectedOutput = req.RequestID+api.PrefillSuffix, scheduler.LegPrefill, 1
-	pr.Pinned, pr.Affinity, pr.SessionID = nil, nil, ""
+	pr.Pinned, pr.Affinity, pr.SessionID, pr.NoWait = nil, nil, "", local
 	w0 := time.Now()
 	d, err := ms.sched.Schedule(ctx, &pr)
 	switch {
 	case err == nil:
 		s.sel.pre, s.sel.preBooked, s.sel.preWaited = d, true, d.Waited
+	case local && errors.Is(err, scheduler.ErrWouldQueue):
+		s.sel.localPrefill = true
+		s.sel.req.Leg, s.sel.req.NoWait = scheduler.LegWhole, true
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate),
 		errors.Is(err, scheduler.ErrExceedsCapacity):
 		r.log.Debug("prefill leg not booked: the decode worker serves alone", "request", req.RequestID, "err", err)
@@ -52,6 +67,14 @@ func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.Rout
 		return err
 	}
 	return nil
+}
+
+// endLocalPrefill returns the selection to an ordinary decode leg after
+// the local prefill rule found no decode worker with room.
+func (sel *selection) endLocalPrefill() {
+	sel.localPrefill = false
+	sel.req.Leg, sel.req.NoWait = scheduler.LegDecode, false
+	sel.schedErr = nil
 }
 
 // completePD ends a PD route after the decode leg is committed and
@@ -66,6 +89,9 @@ func (r *Replica) completePD(ctx context.Context, ms *modelState, req *api.Route
 	// own times for the request's TTFT.
 	resp.QueueWaitUS += s.sel.preWaited.Microseconds()
 	reason := api.PDReasonNoPrefill
+	if s.sel.localPrefill {
+		reason = api.PDReasonPrefillBusy
+	}
 	if s.sel.preBooked {
 		reason = r.singleReason(ms, dec, s.sel.req.Tokens)
 		if reason == "" && pre.Worker.Worker == dec.Worker.Worker {

@@ -89,9 +89,15 @@ func TestPDRoute(t *testing.T) {
 // booking TTL and the guard running every few milliseconds) and one
 // prefill and one decode worker with maxBatched tokens per step.
 func startPDStack(t *testing.T, ttl time.Duration, maxBatched int) (*stack, *testutil.Clock) {
+	return startPDStackWith(t, ttl, maxBatched, true)
+}
+
+// startPDStackWith is startPDStack with the local prefill rule on or off.
+func startPDStackWith(t *testing.T, ttl time.Duration, maxBatched int, local bool) (*stack, *testutil.Clock) {
 	clock := testutil.NewClock(time.Now())
 	st := startStack(t, stackOpts{replicas: 1, mutate: func(_ int, c *Config) {
 		c.Scheduler.Now, c.Scheduler.BookingTTL, c.Scheduler.GuardInterval = clock.Now, ttl, 5*time.Millisecond
+		c.PDNoLocalPrefill = !local
 	}})
 	ctx := ctxT(t)
 	for id, role := range map[string]workers.Role{"p-0": workers.RolePrefill, "d-0": workers.RoleDecode} {
@@ -142,7 +148,7 @@ func TestPDDecodeBookingOutlivesPrefillLeg(t *testing.T) {
 // admitted only when a prefill worker has room, so a waiting route holds
 // no decode booking, and a split's decode booking charges no prefill.
 func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
-	st, clock := startPDStack(t, time.Hour, 128) // busy at 8 × 128 tokens of prefill
+	st, clock := startPDStackWith(t, time.Hour, 128, false) // busy at 8 × 128 tokens of prefill
 	ctx := ctxT(t)
 	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
 	if err != nil || first.PD != api.PDSplit {
@@ -192,7 +198,7 @@ func TestPDQueueWaitCountsPrefillLeg(t *testing.T) {
 // not sent whole to a decode-only worker, and the route leaves no booking
 // behind.
 func TestPDPrefillDeadlineFailsRoute(t *testing.T) {
-	st, clock := startPDStack(t, time.Hour, 128)
+	st, clock := startPDStackWith(t, time.Hour, 128, false)
 	ctx := ctxT(t)
 	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
 	if err != nil || first.PD != api.PDSplit {
@@ -219,6 +225,62 @@ func TestPDPrefillDeadlineFailsRoute(t *testing.T) {
 		if err := st.client.Free(ctx, testModel, rs); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// The local prefill rule: with the prefill worker busy, a route goes
+// whole to the decode worker while it has room by the queue threshold
+// (prefill_busy, the prompt charged there as prefill, no prefill booking);
+// once the decode worker is busy with that prefill too, the next pair
+// waits for the prefill worker and splits, as without the rule. Each
+// route's bookings free cleanly.
+func TestPDLocalPrefillWhenPrefillBusy(t *testing.T) {
+	st, clock := startPDStack(t, time.Hour, 128) // busy at 8 × 128 tokens of prefill
+	ctx := ctxT(t)
+	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(1, 2048), PD: true})
+	if err != nil || first.PD != api.PDSplit || first.Worker != "d-0" {
+		t.Fatalf("first route: %+v %v, want a split", first, err)
+	}
+	local, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(2, 2048), PD: true})
+	if err != nil || local.PD != api.PDSingle || local.PDReason != api.PDReasonPrefillBusy || local.Prefill != nil || local.Worker != "d-0" {
+		t.Fatalf("second route: %+v %v, want single on d-0 (prefill_busy)", local, err)
+	}
+	st.waitWorker("d-0", func(ws api.WorkerStatus) bool {
+		return ws.Load != nil && ws.Load.ActiveRequests == 2 && ws.Load.PrefillTokens == 2048
+	})
+	// Both sides busy now: the third pair waits for the prefill worker.
+	done := make(chan *api.RouteResponse, 1)
+	go func() {
+		resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(3, 2048), PD: true})
+		if err != nil {
+			t.Errorf("third route: %v", err)
+		}
+		done <- resp
+	}()
+	r := st.replicas[0]
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.Waiting(testModel) == 1 },
+		func() string { return "the third route does not wait with both sides busy" })
+	// The prefill worker's leg ends, and so does the decode worker's local
+	// prefill (its first token): both sides have room again.
+	clock.Advance(time.Second)
+	if err := st.client.Free(ctx, testModel, first.PrefillBooking()); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.client.PrefillDone(ctx, testModel, local); err != nil {
+		t.Fatal(err)
+	}
+	third := <-done
+	if third == nil || third.PD != api.PDSplit || third.Prefill == nil || third.Prefill.Worker != "p-0" {
+		t.Fatalf("third route: %+v, want a split after the prefill worker freed", third)
+	}
+	for _, rs := range []*api.RouteResponse{third.PrefillBooking(), third, local, first} {
+		if err := st.client.Free(ctx, testModel, rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idle := func(ws api.WorkerStatus) bool { return ws.Load != nil && ws.Load.ActiveRequests == 0 && ws.Load.PrefillTokens == 0 }
+	for _, w := range []string{"p-0", "d-0"} {
+		st.waitWorker(w, idle)
 	}
 }
 

@@ -145,6 +145,10 @@ func (c *core) submit(w *waiter) {
 		return
 	}
 	// Every worker w could use is busy: wait.
+	if r.NoWait {
+		c.reject(w, fmt.Errorf("%w: request %q", ErrWouldQueue, r.ID))
+		return
+	}
 	if !r.Deadline.IsZero() && !now.Before(r.Deadline) {
 		c.stats.deadlines.Add(1)
 		c.reject(w, fmt.Errorf("%w: request %q deadline %s already passed", ErrDeadline, r.ID, r.Deadline.Format(time.RFC3339Nano)))

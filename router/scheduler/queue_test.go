@@ -144,6 +144,37 @@ func TestDeadlines(t *testing.T) {
 	}
 }
 
+// NoWait: refused at once with ErrWouldQueue where the request would
+// wait, booking and queueing nothing; admitted as usual where a worker
+// has room.
+func TestNoWait(t *testing.T) {
+	h := newHarness(t, Config{}, nil, wi("a", 0))
+	h.admitted(h.submit(&Request{ID: "room", Tokens: 10, NoWait: true}))
+	fill := h.admitted(h.submit(&Request{ID: "fill", Tokens: 100}))
+	res, ok := h.poll(h.submit(&Request{ID: "busy", Tokens: 10, NoWait: true}))
+	if !ok || !errors.Is(res.err, ErrWouldQueue) {
+		t.Fatalf("busy: %v (answered %v), want ErrWouldQueue", res.err, ok)
+	}
+	if n := len(h.c.q.byID); n != 0 {
+		t.Fatalf("%d queued after a NoWait refusal", n)
+	}
+	if _, booked := h.c.bookings["busy"]; booked {
+		t.Fatal("a NoWait refusal booked")
+	}
+	if st := h.s.Stats(); st.RejectedDeadline != 0 {
+		t.Fatalf("a NoWait refusal counted as a deadline: %+v", st)
+	}
+	// Without NoWait the same request waits, and gets in once room is made.
+	w := h.submit(&Request{ID: "busy", Tokens: 10})
+	h.waiting(w)
+	if err := h.s.Free(fill.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if res, ok := h.poll(w); !ok || res.err != nil {
+		t.Fatalf("busy after a free: %v (answered %v)", res.err, ok)
+	}
+}
+
 // A waiter older than RefreshAfter gets fresh overlaps before selection.
 func TestRefreshOverlapsForLongWaiters(t *testing.T) {
 	var refreshed []string

@@ -61,6 +61,11 @@ type Request struct {
 	// decode-only worker charges it no prefill tokens (its engine pulls the
 	// prompt; Scheduler.ServeWhole moves them).
 	Leg Leg
+	// NoWait refuses the request with ErrWouldQueue, at once and booking
+	// nothing, where it would wait in the queue because every worker it
+	// could use is busy: a caller that has somewhere else to go (a PD
+	// route's local prefill, host/pd.go) asks before it waits.
+	NoWait bool
 }
 
 // Fence identifies one booking: a request on a worker at one attempt. A
@@ -184,6 +189,7 @@ var (
 	ErrOverloaded       = errors.New("scheduler: overloaded, queue limit reached")       // 529
 	ErrPinConflict      = errors.New("scheduler: pinned target disagrees with affinity") // 409
 	ErrDeadline         = errors.New("scheduler: deadline passed while queued")          // 504
+	ErrWouldQueue       = errors.New("scheduler: every usable worker is busy")           // Request.NoWait: never an API answer
 	ErrDuplicateRequest = errors.New("scheduler: request id already booked or queued")   // 409
 	ErrStaleFence       = errors.New("scheduler: stale fence")                           // 409
 	ErrUnknownBooking   = errors.New("scheduler: unknown booking")                       // 404
