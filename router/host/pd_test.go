@@ -278,7 +278,9 @@ func TestPDLocalPrefillWhenPrefillBusy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	idle := func(ws api.WorkerStatus) bool { return ws.Load != nil && ws.Load.ActiveRequests == 0 && ws.Load.PrefillTokens == 0 }
+	idle := func(ws api.WorkerStatus) bool {
+		return ws.Load != nil && ws.Load.ActiveRequests == 0 && ws.Load.PrefillTokens == 0
+	}
 	for _, w := range []string{"p-0", "d-0"} {
 		st.waitWorker(w, idle)
 	}
