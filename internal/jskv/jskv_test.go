@@ -171,18 +171,27 @@ func TestEnsureBucket(t *testing.T) {
 	}
 }
 
-// TestPublishAndLastMsg runs the conditional write and the leader read
-// against a server: create, stale write (10071), renew, missing key,
-// delete marker.
-func TestPublishAndLastMsg(t *testing.T) {
+// bucketB starts a server with bucket "b" (one replica, 1 s marker TTL)
+// and returns a connection, its JetStream context, the bucket and a
+// context that ends with the test (10 s at most).
+func bucketB(t *testing.T) (*nats.Conn, jetstream.JetStream, jetstream.KeyValue, context.Context) {
+	t.Helper()
 	s := natstest.Start(t)
 	nc, js := natstest.JetStream(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	kv, err := EnsureBucket(ctx, js, BucketConfig{Bucket: "b", Replicas: 1, MarkerTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js, kv, ctx
+}
+
+// TestPublishAndLastMsg runs the conditional write and the leader read
+// against a server: create, stale write (10071), renew, missing key,
+// delete marker.
+func TestPublishAndLastMsg(t *testing.T) {
+	nc, js, kv, ctx := bucketB(t)
 	get := MsgGetSubject("", "b")
 	msg := func(key, val string) *nats.Msg { return &nats.Msg{Subject: "$KV.b." + key, Data: []byte(val)} }
 
@@ -313,14 +322,7 @@ func FuzzDecodeDirectGet(f *testing.F) {
 // missing key, a delete marker, an answer from another stream than the one
 // expected, a wrong API prefix.
 func TestDirectLastMsg(t *testing.T) {
-	s := natstest.Start(t)
-	nc, js := natstest.JetStream(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := EnsureBucket(ctx, js, BucketConfig{Bucket: "b", Replicas: 1, MarkerTTL: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, kv, ctx := bucketB(t)
 	pre := DirectGetPrefix("", "b")
 	if pre != "$JS.API.DIRECT.GET.KV_b." {
 		t.Fatalf("prefix %q", pre)
