@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -259,5 +260,33 @@ func TestPolicyFile(t *testing.T) {
 	}
 	if err := applyPolicyFile(&host.Config{}, dir+"/missing.yaml"); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// The local prefill rule is on by default, off with --pd-local-prefill=false
+// and always off behind an in-process SGLang gateway, whose decode servers
+// cannot serve a whole request.
+func TestServeLocalPrefillFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		off  bool
+	}{
+		{nil, false},
+		{[]string{"--pd-local-prefill=false"}, true},
+		{[]string{"--openai-addr", "127.0.0.1:0", "--openai-pd", "sglang"}, true},
+		{[]string{"--openai-addr", "127.0.0.1:0", "--openai-pd", "vllm"}, false},
+	} {
+		c := newFlags("serve", "")
+		f := addServeFlags(c)
+		if err := c.parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := f.config(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if cfg.PDNoLocalPrefill != tc.off {
+			t.Errorf("%v: PDNoLocalPrefill %v, want %v", tc.args, cfg.PDNoLocalPrefill, tc.off)
+		}
 	}
 }

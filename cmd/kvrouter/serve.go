@@ -205,7 +205,9 @@ func (f *serveFlags) config(log *slog.Logger) (host.Config, error) {
 	f.limits.apply(&cfg)
 	cfg.Registry.DepartureGrace = *f.departureGrace
 	cfg.PDSingleMaxTokens = *f.pdSingle
-	cfg.PDNoLocalPrefill = !*f.pdLocal
+	// SGLang's decode servers cannot serve a whole request: the in-process
+	// SGLang gateway never gets one from the local prefill rule.
+	cfg.PDNoLocalPrefill = !*f.pdLocal || *f.openaiPD == gateway.PDSGLang
 	if cfg.Approximate {
 		// Snapshots hold event-fed indexes; approximate mode has none.
 		cfg.SnapshotInterval, cfg.LoadSnapshot = 0, false
