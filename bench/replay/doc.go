@@ -28,8 +28,10 @@
 // request's output length, which only the engine is told.
 //
 // Prefill/decode split fleets (pd.go): with Config.Fleet, the PD policies
-// (kvrouter-pd, round-robin-pd) run on prefill and decode workers, each
-// request asking for a pair and running its two legs as the gateway does;
+// (kvrouter-pd; round-robin-pd, without a router queue as the simple
+// proxies it stands for run; round-robin-pd-queued) run on prefill and
+// decode workers, each request asking for a pair and running its two legs
+// as the gateway does;
 // the others run on an aggregated fleet of the same size. Summaries then
 // carry the hit ratio per side, the transfer and the prefill leg
 // (metrics.PDSummary).
