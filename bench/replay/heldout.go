@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -67,6 +68,8 @@ var defaultTuning = []Tuning{
 }
 
 const (
+	localPrefillTuningNote = "the local prefill rule of split fleets kept on the trace's tuning part at load 9, one run " +
+		"against kvrouter-pd without it (docs/pd.md)"
 	queueTuningNote = "the router queue threshold 8 swept on the first 1,000 requests and confirmed on the first 2,000 " +
 		"(docs/benchmarks.md, Issue 17)"
 	weightsTuningNote = "the default cost's weights (overlap credit 1.5, decode-block weight 0.5, no output blocks) " +
@@ -83,8 +86,11 @@ var TunedOn = map[string][]Tuning{
 	"kvrouter":                 defaultTuning,
 	"kvrouter-approx":          defaultTuning,
 	"kvrouter-c1.5-dbw0.5-nob": defaultTuning,
-	"kvrouter-pd":              defaultTuning, // the default cost on the prefill leg
-	"true-cache":               defaultTuning,
+	// The default cost on the prefill leg; the replica's local prefill rule
+	// was kept on the trace's tuning part and the agent loop's.
+	"kvrouter-pd": append(slices.Clip(defaultTuning),
+		Tuning{Workload: "mooncake:conversation", Part: workload.PartTune, Note: localPrefillTuningNote}),
+	"true-cache": defaultTuning,
 }
 
 // inSample is what each policy was tuned on within part p: the policies
