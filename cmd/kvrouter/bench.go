@@ -350,6 +350,9 @@ func calibrateReplay(ctx context.Context, stdout io.Writer, cfg replay.Config, t
 		cal.Targets = append(cal.Targets, v)
 	}
 	cal.Start = cfg.LoadScale
+	// The search may double well past its start: at speed-up 1 a workload
+	// that starts near its moderate level needs 4-8x that for the high one.
+	cal.MaxLoad = max(64, 8*cal.Start)
 	res, err := replay.Calibrate(ctx, cfg, cal)
 	if res != nil {
 		fmt.Fprintf(stdout, "round-robin on %s (%s part), unloaded TTFT p99 %.0f ms\n  load   TTFT p99   ratio\n", cfg.Workload.Name, cfg.Part.Part, res.UnloadedP99)
@@ -360,7 +363,7 @@ func calibrateReplay(ctx context.Context, stdout io.Writer, cfg replay.Config, t
 			if l.Found {
 				fmt.Fprintf(stdout, "level %gx: --load %.3g (%.1fx)\n", l.Target, l.Load, l.Ratio)
 			} else {
-				fmt.Fprintf(stdout, "level %gx: not reached up to the highest load probed\n", l.Target)
+				fmt.Fprintf(stdout, "level %gx: not reached up to the highest load probed (at most %g)\n", l.Target, cal.MaxLoad)
 			}
 		}
 	}
