@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,10 +15,7 @@ import (
 // KV bucket: <apiPrefix>.DIRECT.GET.KV_<bucket>. (followed by the
 // message subject: the last message stored under it).
 func DirectGetPrefix(apiPrefix, bucket string) string {
-	if apiPrefix == "" {
-		apiPrefix = DefaultAPIPrefix
-	}
-	return strings.TrimSuffix(apiPrefix, ".") + ".DIRECT.GET.KV_" + bucket + "."
+	return apiBase(apiPrefix) + ".DIRECT.GET.KV_" + bucket + "."
 }
 
 // DirectLastMsg reads the last message stored under subject by a direct get

@@ -39,10 +39,15 @@ func (m *Msg) Tombstone() bool {
 // behind KV bucket for a message: <apiPrefix>.STREAM.MSG.GET.KV_<bucket>
 // ("" = DefaultAPIPrefix; a domain's prefix is "$JS.<domain>.API").
 func MsgGetSubject(apiPrefix, bucket string) string {
+	return apiBase(apiPrefix) + ".STREAM.MSG.GET.KV_" + bucket
+}
+
+// apiBase is apiPrefix without a trailing dot ("" = DefaultAPIPrefix).
+func apiBase(apiPrefix string) string {
 	if apiPrefix == "" {
-		apiPrefix = DefaultAPIPrefix
+		return DefaultAPIPrefix
 	}
-	return strings.TrimSuffix(apiPrefix, ".") + ".STREAM.MSG.GET.KV_" + bucket
+	return strings.TrimSuffix(apiPrefix, ".")
 }
 
 type msgGetResponse struct {

@@ -57,7 +57,6 @@ func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.Rout
 	case err == nil:
 		s.sel.pre, s.sel.preBooked, s.sel.preWaited = d, true, d.Waited
 	case local && errors.Is(err, scheduler.ErrWouldQueue):
-		s.sel.localPrefill = true
 		s.sel.req.Leg, s.sel.req.NoWait = scheduler.LegWhole, true
 	case errors.Is(err, scheduler.ErrNoEligibleWorker), errors.Is(err, scheduler.ErrNoCandidate),
 		errors.Is(err, scheduler.ErrExceedsCapacity):
@@ -69,10 +68,14 @@ func (r *Replica) bookPrefill(ctx context.Context, ms *modelState, req *api.Rout
 	return nil
 }
 
+// localPrefill reports that the local prefill rule is trying the decode
+// side as a whole request: only the rule makes the route's own request
+// one that may not wait.
+func (sel *selection) localPrefill() bool { return sel.req.NoWait }
+
 // endLocalPrefill returns the selection to an ordinary decode leg after
 // the local prefill rule found no decode worker with room.
 func (sel *selection) endLocalPrefill() {
-	sel.localPrefill = false
 	sel.req.Leg, sel.req.NoWait = scheduler.LegDecode, false
 	sel.schedErr = nil
 }
@@ -89,7 +92,7 @@ func (r *Replica) completePD(ctx context.Context, ms *modelState, req *api.Route
 	// own times for the request's TTFT.
 	resp.QueueWaitUS += s.sel.preWaited.Microseconds()
 	reason := api.PDReasonNoPrefill
-	if s.sel.localPrefill {
+	if s.sel.localPrefill() {
 		reason = api.PDReasonPrefillBusy
 	}
 	if s.sel.preBooked {

@@ -116,7 +116,7 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 		}
 	}
 	res, err := r.selectAndBind(ctx, req, mode, s)
-	if err != nil && s.sel.localPrefill && errors.Is(err, scheduler.ErrWouldQueue) {
+	if err != nil && s.sel.localPrefill() && errors.Is(err, scheduler.ErrWouldQueue) {
 		// No decode worker has room for the prompt either: the pair
 		// waits for a prefill worker, as without the rule.
 		s.sel.endLocalPrefill()
@@ -281,10 +281,6 @@ type selection struct {
 	pre       scheduler.Decision
 	preBooked bool
 	preWaited time.Duration // the prefill leg's queue wait
-	// localPrefill: every prefill worker was busy, so the decode leg is
-	// tried as a whole request that must not wait (pd.go, the local
-	// prefill rule).
-	localPrefill bool
 	// schedErr is the scheduler's error, when a selection failed: the
 	// bindings table passes it on, and it is not the table's failure.
 	schedErr error
