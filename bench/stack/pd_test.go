@@ -64,6 +64,9 @@ func TestPDLegsOverNATS(t *testing.T) {
 			if reply.CachedTokens != 0 || reply.PulledBlocks != full || reply.TransferMs <= 0 {
 				t.Fatalf("turn 1 decode: cached %d, pulled %d of %d blocks in %.3f ms", reply.CachedTokens, reply.PulledBlocks, full, reply.TransferMs)
 			}
+			// The decode engine's stored events reach the index over
+			// the stream, after the reply; turn 2 is routed on them.
+			waitIndexed(ctx, t, st, decode1, full)
 		case 1:
 			if routed.Worker != decode1 || routed.Overlap != 20 {
 				t.Fatalf("turn 2 decodes on %s (predicted overlap %d), want %s holding turn 1's 20 blocks", routed.Worker, routed.Overlap, decode1)
@@ -86,6 +89,27 @@ func TestPDLegsOverNATS(t *testing.T) {
 		}
 		return true
 	}, func() string { return fmt.Sprintf("bookings left after both turns: %+v", loads) })
+}
+
+// waitIndexed waits until the replica's index holds at least n blocks
+// of worker w.
+func waitIndexed(ctx context.Context, t *testing.T, st *Stack, w string, n int) {
+	t.Helper()
+	indexed := func() int {
+		resp, err := st.client.Workers(ctx, "m")
+		if err != nil {
+			return -1
+		}
+		for _, ws := range resp.Workers {
+			if ws.Worker == w {
+				return ws.IndexedBlocks
+			}
+		}
+		return 0
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return indexed() >= n }, func() string {
+		return fmt.Sprintf("the index holds %d blocks of %s, which decoded a %d-block prompt: its KV events never arrived", indexed(), w, n)
+	})
 }
 
 // pdRequest routes one split request and runs its legs: both bookings
