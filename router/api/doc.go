@@ -17,14 +17,16 @@
 // (token ids, else block hashes, else payload_too_large). The worker target on the wire, WorkerRef, is
 // workerref.Target with a JSON form.
 //
-// Codecs: the route request has a hand-written decoder and encoder and the
-// route answer a hand-written encoder, each kept because a benchmark beside
-// it shows the need (json_test.go: 2,048-token requests, answers). Every
-// other message is read with encoding/json through DecodeJSON, so HTTP and
-// NATS share one decoder, one set of key rules and one set of error texts
-// per message. The route request decoder matches keys exactly, where
-// encoding/json folds their case; otherwise both read the same request
-// (fuzzed).
+// Codecs: the three messages on every route's path have hand-written
+// decoders (jsondec.go: the route request; jsondec_reply.go: the route
+// answer and the lifecycle call body), and the route answer a hand-written
+// encoder, each kept because a benchmark beside it shows the need
+// (json_test.go: 2,048-token requests, answers, lifecycle bodies; 3-4x
+// encoding/json). Every other message is read with encoding/json through
+// DecodeJSON, so HTTP and NATS share one decoder, one set of key rules and
+// one set of error texts per message. The hand decoders match keys exactly,
+// where encoding/json folds their case; otherwise both read the same
+// message (fuzzed against encoding/json).
 //
 // It does not route, hold state or start anything, and it must not link a
 // NATS server, the OpenTelemetry SDK or Prometheus (deps_test.go): a binary

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -169,6 +170,18 @@ type errorEnvelope struct {
 	Error *Error `json:"error"`
 }
 
+// isEnvelope reports whether data starts as an error envelope does:
+// '{', then the key "error", white space allowed around both.
+func isEnvelope(data []byte) bool {
+	d := decoder{buf: data}
+	if d.peek() != '{' {
+		return false
+	}
+	d.pos++
+	d.skipWS()
+	return bytes.HasPrefix(data[d.pos:], []byte(`"error"`))
+}
+
 // AppendError appends the envelope of e to dst.
 func AppendError(dst []byte, e *Error) []byte {
 	dst = append(dst, `{"error":{"code":`...)
@@ -192,8 +205,9 @@ func AppendError(dst []byte, e *Error) []byte {
 // not one. Clients use it on every reply: a reply is either the expected
 // message or an envelope.
 func DecodeError(data []byte) *Error {
-	// Cheap test first: success bodies never start with {"error".
-	if len(data) < 9 {
+	// Cheap test first: an envelope's one key is "error", and no success
+	// body starts with it.
+	if !isEnvelope(data) {
 		return nil
 	}
 	var env errorEnvelope

@@ -128,8 +128,46 @@ func FuzzDecodeLifecycleRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var lr LifecycleRequest
-		checkDecoded(t, data, DecodeLifecycleRequest(data, &lr))
+		if !checkDecoded(t, data, DecodeLifecycleRequest(data, &lr)) || len(bytes.TrimSpace(data)) == 0 {
+			return
+		}
+		var std LifecycleRequest
+		if foldedKeysOf(data, lifecycleKeys) || json.Unmarshal(data, &std) != nil {
+			return
+		}
+		if lr != std {
+			t.Fatalf("hand decoder and encoding/json disagree on %q:\n%+v\n%+v", data, lr, std)
+		}
 	})
+}
+
+var (
+	lifecycleKeys = []string{"v", "request_id", "model", "attempt", "fence", "replica"}
+	responseKeys  = []string{"v", "request_id", "model", "worker", "rank", "endpoint", "overlap_blocks", "prompt_blocks",
+		"attempt", "fence", "replica", "queue_wait_us", "binding", "pd", "pd_reason", "prefill",
+		"session_id", "outcome", "mode", "has_rank", "version", "bootstrap_port"}
+)
+
+// foldedKeysOf reports whether any object key anywhere in data equals one
+// of known only when case is folded (encoding/json would read it, the hand
+// decoders skip it).
+func foldedKeysOf(data []byte, known []string) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		k, ok := tok.(string)
+		if !ok {
+			continue
+		}
+		for _, kk := range known {
+			if k != kk && strings.EqualFold(k, kk) {
+				return true
+			}
+		}
+	}
 }
 
 // checkDecoded checks a decoder's verdict on data: a rejection is a
@@ -155,6 +193,10 @@ func checkDecoded(t *testing.T, data []byte, err error) bool {
 func FuzzDecodeRouteResponse(f *testing.F) {
 	f.Add(AppendRouteResponse(nil, &RouteResponse{V: 1, RequestID: "r", Worker: "w", Binding: &BindingInfo{SessionID: "s", Outcome: "fresh", HasRank: true}}))
 	f.Add([]byte(`{"binding":null,"x":[1]}`))
+	f.Add(AppendRouteResponse(nil, &RouteResponse{V: 1, RequestID: "r\u00e9\n", Worker: "w", Rank: 3, QueueWaitUS: -1, PD: PDSplit,
+		Prefill: &PrefillRoute{RequestID: "r-prefill", Worker: "p", Attempt: 1 << 63, Fence: "f", BootstrapPort: 8998}}))
+	f.Add([]byte(`{"prefill":{"rank":1},"prefill":{"worker":"a"},"binding":{"has_rank":true,"x":null},"Worker":"w"}`))
+	f.Add([]byte(` {"v":1, "rank": 4294967296}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r RouteResponse
 		if err := DecodeRouteResponse(data, &r); err != nil {
@@ -163,6 +205,13 @@ func FuzzDecodeRouteResponse(f *testing.F) {
 		var again RouteResponse
 		if err := DecodeRouteResponse(AppendRouteResponse(nil, &r), &again); err != nil || !reflect.DeepEqual(r, again) {
 			t.Fatalf("round trip: %v\n%+v\n%+v", err, r, again)
+		}
+		var std RouteResponse
+		if foldedKeysOf(data, responseKeys) || json.Unmarshal(data, &std) != nil {
+			return
+		}
+		if !reflect.DeepEqual(r, std) {
+			t.Fatalf("hand decoder and encoding/json disagree on %q:\n%+v\n%+v", data, r, std)
 		}
 	})
 }

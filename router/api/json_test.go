@@ -151,8 +151,14 @@ func TestErrorEnvelope(t *testing.T) {
 	if got == nil || got.Code != CodeBadRequest || got.Field != "session_id" || got.Status != 400 {
 		t.Fatalf("decoded %#v", got)
 	}
-	if DecodeError([]byte(`{"v":1,"worker":"w"}`)) != nil {
-		t.Fatal("success body decoded as error")
+	for _, ok := range []string{`{"v":1,"worker":"w"}`, `{"v":1,"error":{"code":"x"}}`, `["error"]`, ``, `{`} {
+		if DecodeError([]byte(ok)) != nil {
+			t.Fatalf("%q decoded as an error", ok)
+		}
+	}
+	// Another writer's envelope may have white space.
+	if got := DecodeError([]byte(" {\n \"error\" : {\"code\":\"not_found\",\"message\":\"m\"}}")); got == nil || got.Status != 404 {
+		t.Fatalf("spaced envelope decoded as %#v", got)
 	}
 	for code, status := range map[string]int{CodeBadRequest: 400, CodeNotFound: 404, CodePinConflict: 409,
 		CodeBindingRejected: 409, CodeNoEligibleWorker: 503, CodeOverloaded: 529, CodeInternal: 500} {
@@ -304,6 +310,61 @@ func BenchmarkEncodingJSONRouteResponse(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := json.Marshal(&benchResponse); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// The route answer is decoded by every client once per routed request,
+// a lifecycle body by the replica once per free: each hand-written decoder
+// stays only while it beats encoding/json here.
+func BenchmarkDecodeRouteResponse(b *testing.B) {
+	body := AppendRouteResponse(nil, &benchResponse)
+	for _, c := range []struct {
+		name   string
+		decode func([]byte, *RouteResponse) error
+	}{
+		{"hand", DecodeRouteResponse},
+		{"encoding-json", func(d []byte, r *RouteResponse) error { *r = RouteResponse{}; return json.Unmarshal(d, r) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var r RouteResponse
+			for i := 0; i < b.N; i++ {
+				if err := c.decode(body, &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkDecodeLifecycleRequest(b *testing.B) {
+	body := []byte(`{"request_id":"r-1a2b3c","model":"llama-3-70b","fence":"0123456789abcdef","replica":"r-x9","attempt":1}`)
+	for _, c := range []struct {
+		name   string
+		decode func([]byte, *LifecycleRequest) error
+	}{
+		{"hand", DecodeLifecycleRequest},
+		{"encoding-json", func(d []byte, r *LifecycleRequest) error { return json.Unmarshal(d, r) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				var lr LifecycleRequest
+				if err := c.decode(body, &lr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkDecodeErrorOnSuccess(b *testing.B) {
+	body := AppendRouteResponse(nil, &benchResponse)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if DecodeError(body) != nil {
+			b.Fatal("success body read as an error")
 		}
 	}
 }
