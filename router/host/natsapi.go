@@ -116,10 +116,13 @@ func (r *Replica) onRouteMsg(m *nats.Msg) {
 		r.replyError(m, nil, e)
 		return
 	}
-	go func() {
-		defer r.leaveRoute()
-		r.handleRoute(m)
-	}()
+	r.routes.run(m)
+}
+
+// serveRoute is the route pool's handler: an admitted message.
+func (r *Replica) serveRoute(m *nats.Msg) {
+	defer r.leaveRoute()
+	r.handleRoute(m)
 }
 
 // handleRoute answers one route message; the caller has admitted it.

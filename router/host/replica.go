@@ -74,6 +74,7 @@ type Replica struct {
 	ready    chan struct{}
 	readyErr error
 	sem      chan struct{} // bounds route requests in flight (NATS and HTTP)
+	routes   *msgPool      // runs NATS route messages (msgpool.go)
 	fwd      chan struct{} // bounds lifecycle calls forwarded to other replicas
 	bodyMax  bodyLimit     // the route body limit, derived from the workers (httpapi.go)
 	inflight inflightGate  // every API call in progress
@@ -116,6 +117,7 @@ func New(nc *nats.Conn, cfg Config) (*Replica, error) {
 		bg:      loops{stop: make(chan struct{})},
 		signer:  newFenceSigner(),
 	}
+	r.routes = newMsgPool(r.serveRoute, r.bg.stop, &r.bg.wg)
 	r.m, err = newMetrics(cfg.Telemetry.MeterProvider.Meter(instrumentationName))
 	if err != nil {
 		return nil, fmt.Errorf("host: metrics: %w", err)
