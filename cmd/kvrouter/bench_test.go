@@ -143,6 +143,33 @@ func TestBenchReplayCPUProfile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays over the gateway path")
 	}
+	// The profiler samples at 100 Hz and the router's share of a short
+	// replay is a few percent, so one replay can miss it by chance (it did
+	// once in a full test run): a component is found when any of up to
+	// three replays' profiles names it.
+	missing := map[string]bool{"engine": true, "gateway": true, "router": true}
+	for try := 0; try < 3 && len(missing) > 0; try++ {
+		data := replayProfile(t)
+		if !bytes.Contains(data, []byte(stack.ComponentLabel)) {
+			t.Fatalf("the profile carries no %s label (%d bytes)", stack.ComponentLabel, len(data))
+		}
+		// A string table entry is field 6, length-delimited: 0x32, its
+		// length, its bytes; function names only contain these words.
+		for c := range missing {
+			if bytes.Contains(data, append([]byte{0x32, byte(len(c))}, c...)) {
+				delete(missing, c)
+			}
+		}
+	}
+	for c := range missing {
+		t.Errorf("no sample in three replays carries %s=%s", stack.ComponentLabel, c)
+	}
+}
+
+// replayProfile runs a short gateway-path replay with --cpuprofile and
+// returns the decompressed profile.
+func replayProfile(t *testing.T) []byte {
+	t.Helper()
 	dir := t.TempDir()
 	prof := filepath.Join(dir, "cpu.prof")
 	var out, errb bytes.Buffer
@@ -164,14 +191,5 @@ func TestBenchReplayCPUProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(data, []byte(stack.ComponentLabel)) {
-		t.Fatalf("the profile carries no %s label (%d bytes)", stack.ComponentLabel, len(data))
-	}
-	// A string table entry is field 6, length-delimited: 0x32, its length,
-	// its bytes; function names only contain these words.
-	for _, c := range []string{"engine", "gateway", "router"} {
-		if !bytes.Contains(data, append([]byte{0x32, byte(len(c))}, c...)) {
-			t.Errorf("no sample carries %s=%s", stack.ComponentLabel, c)
-		}
-	}
+	return data
 }
