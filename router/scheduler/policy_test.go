@@ -39,8 +39,8 @@ func TestDynamoCostKnownAnswer(t *testing.T) {
 // blocks (512 tokens each), 20 of them cached on a worker with 16 blocks of
 // prefill queued and 20 decode blocks, against an idle worker. Dynamo moves
 // the session: holder 16+27−20 + 20+27 = 70, idle 27 + 27 = 54. The default
-// keeps it on its cache: holder max(0, 43 − 1.5·20) + 0.5·47 = 36.5, idle
-// 27 + 0.5·27 = 40.5.
+// keeps it on its cache: holder max(0, 43 − 1.25·20) + 0.25·47 = 29.75, idle
+// 27 + 0.25·27 = 33.75.
 func TestDefaultKeepsCacheHolder(t *testing.T) {
 	const bs = 512
 	rows := []CandidateRow{
@@ -53,7 +53,7 @@ func TestDefaultKeepsCacheHolder(t *testing.T) {
 		pick string
 	}{
 		{NewDynamoPolicy(0), []float64{70, 54}, "idle"},
-		{NewDefaultPolicy(0), []float64{36.5, 40.5}, "holder"},
+		{NewDefaultPolicy(0), []float64{29.75, 33.75}, "holder"},
 	} {
 		x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, rows)
 		cost := make([]float64, 2)
