@@ -194,19 +194,44 @@ func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
 // --count 2 runs two engines in one process, each on its own HTTP port with
 // its own cache: a prompt cached on the first is cold on the second.
 func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
-	port := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errOut syncBuf
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
-			"--speedup", "100", "--log-level", "warn"}, &out, &errOut)
-	}()
-	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Count(out.String(), "on http://") == 2 },
-		func() string {
+	// The second engine's port (port+1) is not reserved: another test
+	// may take it between freePort and the bind. Such a start fails with
+	// "address already in use" and is tried again on another port.
+	var (
+		port        int
+		cancel      context.CancelFunc
+		out, errOut *syncBuf
+		done        chan int
+	)
+	for try := 0; ; try++ {
+		port = freePort(t)
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(context.Background())
+		out, errOut, done = new(syncBuf), new(syncBuf), make(chan int, 1)
+		go func(out, errOut *syncBuf, done chan int) {
+			done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
+				"--speedup", "100", "--log-level", "warn"}, out, errOut)
+		}(out, errOut, done)
+		exited := -1
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			select {
+			case exited = <-done:
+				return true
+			default:
+			}
+			return strings.Count(out.String(), "on http://") == 2
+		}, func() string {
 			return "two engines did not start; stdout " + out.String() + " stderr " + errOut.String()
 		})
+		if exited < 0 {
+			break // both engines serve
+		}
+		cancel()
+		if try == 4 || !strings.Contains(errOut.String(), "address already in use") {
+			t.Fatalf("sim serve exited %d before both engines started: %s", exited, errOut.String())
+		}
+	}
+	defer cancel()
 	client := &http.Client{Timeout: 20 * time.Second}
 	defer client.CloseIdleConnections()
 	cached := func(p int) string {
