@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -77,6 +78,12 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{err}
 	}
 	if err := fleet.Start(ctx, nc.Conn, js); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// A stop signal during start-up is a stop, not a failure:
+			// Start has torn down what it had started.
+			log.Info("stopped during start-up", "err", err)
+			return nil
+		}
 		return err
 	}
 	fmt.Fprintf(stdout, "%d simulated workers of model %q running (%s-0..%s-%d), NATS %s\n",
