@@ -207,6 +207,7 @@ func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
 		port = freePort(t)
 		var ctx context.Context
 		ctx, cancel = context.WithCancel(context.Background())
+		t.Cleanup(cancel) // also when Eventually gives up
 		out, errOut, done = new(syncBuf), new(syncBuf), make(chan int, 1)
 		go func(out, errOut *syncBuf, done chan int) {
 			done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
@@ -231,7 +232,6 @@ func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
 			t.Fatalf("sim serve exited %d before both engines started: %s", exited, errOut.String())
 		}
 	}
-	defer cancel()
 	client := &http.Client{Timeout: 20 * time.Second}
 	defer client.CloseIdleConnections()
 	cached := func(p int) string {
