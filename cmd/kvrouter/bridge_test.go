@@ -3,24 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouter/kvrouter/internal/jskv"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/testutil"
+	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/workers"
 )
 
@@ -77,43 +77,43 @@ func TestDefaultWorkerID(t *testing.T) {
 // engine, registers (readyz 200), and stops cleanly when its context ends
 // (what SIGTERM does through signal.NotifyContext in main).
 func TestBridgeJoinsSimServe(t *testing.T) {
-	simPort, evPort, httpPort := freePort(t), freePort(t), freePort(t)
-	repPort := freePort(t)
+	// The engine runs in a child process (zmq4's PUB writer outlives
+	// Close, see simChildEnv); the bridge opens no PUB socket. Every
+	// port is the kernel's choice, printed at start.
+	sim := startSimChild(t, simChildArgs("m")...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var brOut, brErr syncBuf
 	brDone := make(chan int, 1)
-	cfg := `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:` + strconv.Itoa(evPort) +
-		`","replay_endpoint":"tcp://*:` + strconv.Itoa(repPort) + `","topic":"kv"}`
-	// The engine runs in a child process (zmq4's PUB writer outlives
-	// Close, see simChildEnv); the bridge opens no PUB socket.
-	argv, _ := json.Marshal([]string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(simPort),
-		"--speedup", "100", "--kv-events-config", cfg, "--log-level", "warn"})
-	child := exec.Command(os.Args[0], "-test.run=^TestSimServeChild$")
-	child.Env = append(os.Environ(), simChildEnv+"="+string(argv))
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { child.Process.Kill(); child.Wait() }()
 	go func() {
 		brDone <- run(ctx, []string{"bridge", "--model", "m", "--embedded-nats", "--embedded-listen", "",
-			"--engine-url", "http://127.0.0.1:" + strconv.Itoa(simPort),
-			"--kv-events", "tcp://127.0.0.1:" + strconv.Itoa(evPort), "--kv-replay", "tcp://127.0.0.1:" + strconv.Itoa(repPort),
-			"--topic", "kv", "--http-addr", "127.0.0.1:" + strconv.Itoa(httpPort), "--health-interval", "100ms",
+			"--engine-url", sim.url, "--kv-events", sim.events, "--kv-replay", sim.replay,
+			"--topic", "kv", "--http-addr", "127.0.0.1:0", "--health-interval", "100ms",
 			"--drain-timeout", "2s", "--log-level", "warn"}, &brOut, &brErr)
 	}()
+	listening := regexp.MustCompile(`/metrics on (http://\S+)`)
+	base := ""
 	client := &http.Client{Timeout: 2 * time.Second}
 	defer client.CloseIdleConnections()
-	testutil.Eventually(t, 20*time.Second, func() bool {
-		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(httpPort) + "/readyz")
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		if base == "" {
+			m := listening.FindStringSubmatch(brOut.String())
+			if m == nil {
+				return false
+			}
+			base = m[1]
+		}
+		resp, err := client.Get(base + "/readyz")
 		if err != nil {
 			return false
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, func() string { return "readyz 200; bridge stdout " + brOut.String() + " stderr " + brErr.String() })
-	resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(httpPort) + "/metrics")
+	}, func() string {
+		return "readyz 200; bridge stdout " + brOut.String() + " stderr " + brErr.String() + "; engine " + sim.output()
+	})
+	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,99 +134,73 @@ func TestBridgeJoinsSimServe(t *testing.T) {
 	}
 }
 
-// SIGTERM drains a registered bridge: it deregisters (the registry key is
-// gone) and exits 0.
+// SIGTERM drains a registered bridge: it marks itself draining, deregisters
+// (the registry key is deleted) and exits 0. The NATS server is this
+// test's, so the key's fate is read after the bridge has gone, not raced
+// against the shutdown of a server embedded in the bridge.
 func TestBridgeDrainsOnSIGTERM(t *testing.T) {
-	simPort, evPort, repPort, natsPort := freePort(t), freePort(t), freePort(t), freePort(t)
-	cfg := `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:` + strconv.Itoa(evPort) +
-		`","replay_endpoint":"tcp://*:` + strconv.Itoa(repPort) + `","topic":"kv"}`
-	child := func(env, test string, argv []string, out io.Writer) *exec.Cmd {
-		a, _ := json.Marshal(argv)
-		c := exec.Command(os.Args[0], "-test.run=^"+test+"$")
-		c.Env = append(os.Environ(), env+"="+string(a))
-		c.Stdout, c.Stderr = out, out
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return c
+	srv := natstest.Start(t)
+	_, js := natstest.JetStream(t, srv)
+	ctx := context.Background()
+	if _, err := kvevents.SetUpStream(ctx, js, kvevents.StreamConfig{Name: kvevents.DefaultStream, Prefix: kvevents.DefaultPrefix}, jskv.Owner{}); err != nil {
+		t.Fatal(err)
 	}
-	var simOut, brOut syncBuf
-	sim := child(simChildEnv, "TestSimServeChild", []string{"sim", "serve", "m", "--host", "127.0.0.1",
-		"--port", strconv.Itoa(simPort), "--speedup", "100", "--kv-events-config", cfg, "--log-level", "warn"}, &simOut)
-	defer func() { sim.Process.Kill(); sim.Wait() }()
+	kv, err := workers.EnsureBucket(ctx, js, workers.RegistryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := startSimChild(t, simChildArgs("m")...)
 	// TestSimServeChild runs any command line it is given.
-	br := child(simChildEnv, "TestSimServeChild", []string{"bridge", "--model", "m", "--worker-id", "wsig",
-		"--embedded-nats", "--embedded-listen", "127.0.0.1:" + strconv.Itoa(natsPort),
-		"--engine-url", "http://127.0.0.1:" + strconv.Itoa(simPort),
-		"--kv-events", "tcp://127.0.0.1:" + strconv.Itoa(evPort), "--kv-replay", "tcp://127.0.0.1:" + strconv.Itoa(repPort),
-		"--topic", "kv", "--http-addr", "", "--health-interval", "100ms", "--drain-timeout", "2s", "--log-level", "warn"}, &brOut)
-	exited := make(chan error, 1)
-	go func() { exited <- br.Wait() }()
-	defer func() {
-		if br.ProcessState == nil {
-			br.Process.Kill()
-			<-exited
-		}
-	}()
-	var kv jetstream.KeyValue
-	var conn *nats.Conn
+	br := startChild(t, "bridge", "--model", "m", "--worker-id", "wsig", "--nats-url", srv.ClientURL(),
+		"--engine-url", sim.url, "--kv-events", sim.events, "--kv-replay", sim.replay,
+		"--topic", "kv", "--http-addr", "", "--health-interval", "100ms", "--drain-timeout", "2s", "--log-level", "warn")
+	key := workers.KeyFor("wsig")
 	testutil.Eventually(t, 30*time.Second, func() bool {
-		nc, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(natsPort), nats.MaxReconnects(0))
-		if err != nil {
-			return false
-		}
-		js, _ := jetstream.New(nc)
-		if kv, err = js.KeyValue(context.Background(), workers.DefaultBucket); err != nil {
-			nc.Close()
-			return false
-		}
-		if _, err := kv.Get(context.Background(), workers.KeyFor("wsig")); err != nil {
-			nc.Close()
-			return false
-		}
-		conn = nc
-		return true
-	}, func() string { return "the bridge to register wsig; its output: " + brOut.String() })
-	wctx, stopWatch := context.WithCancel(context.Background())
-	defer func() { stopWatch(); conn.Close() }()
-	watch, err := kv.Watch(wctx, workers.KeyFor("wsig"), jetstream.UpdatesOnly())
+		_, err := kv.Get(ctx, key)
+		return err == nil
+	}, func() string { return "the bridge to register wsig; its " + br.output() })
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watch, err := kv.Watch(wctx, key, jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer watch.Stop()
-	if err := br.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := br.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	var states []string
-	deregistered := false
-	timeout := time.After(20 * time.Second)
-	for !deregistered {
-		select {
-		case e := <-watch.Updates():
-			if e == nil {
-				continue
-			}
-			if e.Operation() != jetstream.KeyValuePut {
-				deregistered = true
-				break
-			}
-			info, err := workers.DecodeInfo(e.Value())
-			if err == nil {
-				states = append(states, string(info.State))
-			}
-		case <-timeout:
-			t.Fatalf("not deregistered within 20 s of SIGTERM (states seen %v); output %s", states, brOut.String())
+	select {
+	case err := <-br.exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v; %s", err, br.output())
 		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the bridge did not exit within 30 s of SIGTERM (drain timeout 2 s); %s", br.output())
 	}
+	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("after the exit the registry key is %v, want deleted; %s", err, br.output())
+	}
+	// The watch saw the draining state before the delete.
+	var states []string
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for {
+			select {
+			case e := <-watch.Updates():
+				if e == nil {
+					continue
+				}
+				if e.Operation() != jetstream.KeyValuePut {
+					return true
+				}
+				if info, err := workers.DecodeInfo(e.Value()); err == nil {
+					states = append(states, string(info.State))
+				}
+			default:
+				return false
+			}
+		}
+	}, func() string { return fmt.Sprintf("the watch to see the delete (states seen %v)", states) })
 	if !slices.Contains(states, string(workers.StateDraining)) {
 		t.Errorf("states seen before the delete %v, want draining first", states)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v; output %s", err, brOut.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the bridge did not exit after SIGTERM")
 	}
 }

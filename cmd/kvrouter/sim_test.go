@@ -109,41 +109,85 @@ func TestSimServeChild(t *testing.T) {
 	os.Exit(run(ctx, argv, os.Stdout, os.Stderr))
 }
 
-// sim serve answers vLLM's endpoints with vLLM's flags and KV events on,
-// publishes the events on ZMQ, and exits 0 on SIGTERM.
-func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
-	args := []string{"sim", "serve", "Qwen/Qwen3-0.6B", "--host", "127.0.0.1", "--port", "0",
-		"--block-size", "16", "--num-gpu-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "8",
-		"--max-num-batched-tokens", "1024", "--speedup", "100", "--gpu-memory-utilization", "0.8", "--enable-prefix-caching",
-		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv"}`,
-		"--log-level", "warn"}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSimServeChild$")
-	argv, err := json.Marshal(args)
+// childProcess is a kvrouter command run by TestSimServeChild in a child
+// process, its output kept for the test's messages.
+type childProcess struct {
+	cmd         *exec.Cmd
+	out, errOut syncBuf
+	exited      chan error // the exit, once (Wait's error)
+}
+
+// startChild runs `kvrouter argv...` in a child process and kills it at
+// cleanup unless it has exited.
+func startChild(t *testing.T, argv ...string) *childProcess {
+	t.Helper()
+	a, err := json.Marshal(argv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Env = append(os.Environ(), simChildEnv+"="+string(argv))
-	var out, errOut syncBuf
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Start(); err != nil {
+	c := &childProcess{cmd: exec.Command(os.Args[0], "-test.run=^TestSimServeChild$"), exited: make(chan error, 1)}
+	c.cmd.Env = append(os.Environ(), simChildEnv+"="+string(a))
+	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.errOut
+	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
+	waited := make(chan struct{})
+	go func() { c.exited <- c.cmd.Wait(); close(waited) }()
+	t.Cleanup(func() {
+		c.cmd.Process.Kill()
+		<-waited
+	})
+	return c
+}
+
+// output is the child's stdout and stderr, for failure messages.
+func (c *childProcess) output() string {
+	return "stdout " + c.out.String() + " stderr " + c.errOut.String()
+}
+
+// simChild is a `sim serve` child on ports the kernel chose (port 0), so
+// that no parallel test can take them between choosing and binding.
+type simChild struct {
+	*childProcess
+	url, events, replay string // http://host:port, and the rank 0 ZMQ endpoints
+}
+
+// simChildArgs are sim serve's flags for a small engine with KV events
+// and replay on, every port chosen by the kernel.
+func simChildArgs(model string) []string {
+	return []string{"sim", "serve", model, "--host", "127.0.0.1", "--port", "0", "--speedup", "100",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv"}`,
+		"--log-level", "warn"}
+}
+
+// startSimChild runs sim serve with argv (ports 0, KV events with replay)
+// and waits for its start-up line.
+func startSimChild(t *testing.T, argv ...string) *simChild {
+	t.Helper()
+	e := &simChild{childProcess: startChild(t, argv...)}
+	started := regexp.MustCompile(`on http://(127\.0\.0\.1:\d+).*rank 0 events (tcp://\S+) replay (tcp://\S+)`)
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		select {
+		case err := <-e.exited:
+			t.Fatalf("sim serve exited (%v) before its start-up line; %s", err, e.output())
+		default:
 		}
-	}()
-	addr := regexp.MustCompile(`on http://(127\.0\.0\.1:\d+)`)
-	testutil.Eventually(t, 60*time.Second, func() bool { return addr.MatchString(out.String()) },
-		func() string { return "no address printed; stdout " + out.String() + " stderr " + errOut.String() })
-	base := "http://" + addr.FindStringSubmatch(out.String())[1]
-	events := regexp.MustCompile(`rank 0 events (tcp://\S+) replay (tcp://\S+)`).FindStringSubmatch(out.String())
-	if events == nil {
-		t.Fatalf("startup line does not name the event endpoints: %s", out.String())
-	}
+		return started.MatchString(e.out.String())
+	}, func() string { return "no start-up line with the event endpoints; " + e.output() })
+	m := started.FindStringSubmatch(e.out.String())
+	e.url, e.events, e.replay = "http://"+m[1], m[2], m[3]
+	return e
+}
+
+// sim serve answers vLLM's endpoints with vLLM's flags and KV events on,
+// publishes the events on ZMQ, and exits 0 on SIGTERM.
+func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
+	e := startSimChild(t, "sim", "serve", "Qwen/Qwen3-0.6B", "--host", "127.0.0.1", "--port", "0",
+		"--block-size", "16", "--num-gpu-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "8",
+		"--max-num-batched-tokens", "1024", "--speedup", "100", "--gpu-memory-utilization", "0.8", "--enable-prefix-caching",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv"}`,
+		"--log-level", "warn")
+	base, replayAt := e.url, e.replay
 
 	// A late joiner replays from seq 0 and finds the batches of the request.
 	client := &http.Client{Timeout: 20 * time.Second}
@@ -159,12 +203,12 @@ func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rep, err := vllmzmq.Replay(rctx, events[2], 0)
+	rep, err := vllmzmq.Replay(rctx, replayAt, 0)
 	if err != nil {
-		t.Fatalf("replay from %s: %v", events[2], err)
+		t.Fatalf("replay from %s: %v", replayAt, err)
 	}
 	if len(rep.Batches) == 0 {
-		t.Fatalf("replay from %s returned no batches after a 48-token prompt was cached", events[2])
+		t.Fatalf("replay from %s returned no batches after a 48-token prompt was cached", replayAt)
 	}
 
 	resp, err = client.Get(base + "/metrics")
@@ -178,13 +222,13 @@ func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
 	}
 	client.CloseIdleConnections()
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := e.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
+	case err := <-e.exited:
 		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v; stderr %s", err, errOut.String())
+			t.Fatalf("exit after SIGTERM: %v; %s", err, e.output())
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("sim serve did not stop within 30 s of SIGTERM")
