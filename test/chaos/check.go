@@ -198,8 +198,9 @@ func killedBefore(kills []Kill, worker string, at time.Duration) bool {
 }
 
 // answered checks that every route was answered within its deadline plus
-// slack, with success or an allowed code. A request the client lost with
-// its own connection is excused.
+// slack (from the heal that released it, if a cut link may have held it),
+// with success or an allowed code. A request the client lost with its own
+// connection is excused.
 func (r *Report) answered(ops []Op, cfg CheckConfig) {
 	for i := range ops {
 		o := &ops[i]
@@ -215,7 +216,7 @@ func (r *Report) answered(ops []Op, cfg CheckConfig) {
 		if o.Took() > r.Slowest.Took() {
 			r.Slowest = *o
 		}
-		if o.Took() > o.Deadline+cfg.LateSlack {
+		if o.Return-max(o.Invoke, o.Released) > o.Deadline+cfg.LateSlack {
 			r.Late = append(r.Late, *o)
 		}
 		if o.Code != "" && !cfg.Allowed[o.Code] && !(o.Code == "binding_rejected" && o.Mode == Hard) {

@@ -196,6 +196,12 @@ func TestStaleness(t *testing.T) {
 
 func TestMovesAndAnswers(t *testing.T) {
 	late := route(4, "c", Soft, 0, 3000, "created", "w1", 1)
+	// Held by a cut link until 2900 ms: answered 100 ms after, in time.
+	released := route(10, "c", Soft, 0, 3000, "created", "w1", 1)
+	released.Released = 2900 * ms
+	// Released at 1000 ms and still 2 s late after it.
+	lateAfterHeal := route(11, "c", Soft, 0, 3000, "created", "w1", 1)
+	lateAfterHeal.Released = 1000 * ms
 	unanswered := failed(5, "d", Soft, 0, 11000, "")
 	excused := failed(6, "d", Soft, 0, 11000, "")
 	excused.Excused = true
@@ -209,7 +215,7 @@ func TestMovesAndAnswers(t *testing.T) {
 		route(2, "b", Hard, 0, 10, "created", "w1", 1),
 		rejected(3, "b", 20, 30, "w1"),
 		failed(3, "b", Hard, 40, 50, "overloaded"),
-		late, unanswered, excused, internal, softRejected, hardRejected,
+		late, unanswered, excused, internal, softRejected, hardRejected, released, lateAfterHeal,
 	}
 	r, err := Check(ops, testConfig())
 	if err != nil {
@@ -218,8 +224,8 @@ func TestMovesAndAnswers(t *testing.T) {
 	if len(r.Moved) != 1 || strings.Join(r.Moved["a"], ",") != "w1,w2" {
 		t.Errorf("moved %v, want a: w1,w2", r.Moved)
 	}
-	if len(r.Late) != 1 || r.Late[0].Client != 4 {
-		t.Errorf("late %v, want client 4's", r.Late)
+	if len(r.Late) != 2 || r.Late[0].Client != 4 || r.Late[1].Client != 11 {
+		t.Errorf("late %v, want client 4's and 11's (late after the heal), not 10's (released by a heal 100 ms before)", r.Late)
 	}
 	if len(r.Unanswered) != 1 || r.Unanswered[0].Client != 5 {
 		t.Errorf("unanswered %v, want client 5's", r.Unanswered)

@@ -194,6 +194,9 @@ func (c *Clients) run(ctx context.Context, id int, sessions *[2][]sessionSpec) {
 			op.Excused = op.Transport != "" && (drops.Load() != before ||
 				c.f.replicaDropBetween(sent.Add(-time.Second), sent.Add(c.load.Deadline+time.Second)) ||
 				c.f.partitionBetween(sent, window))
+			if h := c.f.lastHealBetween(sent, time.Now()); !h.IsZero() {
+				op.Released = c.rec.At(h)
+			}
 		} else {
 			target := rng.IntN(c.f.Replicas())
 			c.viaHTTP(rctx, target, req, &op)

@@ -91,6 +91,7 @@ type Fleet struct {
 	departed []Departure
 	drops    []time.Time // when a replica's connection dropped or a replica closed
 	cuts     []window    // when the network was partitioned
+	heals    []time.Time // every heal of a cut (a flap heals many times)
 	kills    []Kill
 	replicas []*replica
 	regs     []*workers.Registration

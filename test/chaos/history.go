@@ -46,6 +46,11 @@ type Op struct {
 	Invoke, Return time.Duration
 	// Deadline is the deadline_ms the request carried (0 for reads).
 	Deadline time.Duration
+	// Released is, for a NATS request in the partition test, the latest
+	// heal of a cut while it was out (0: none). A cut link may have held
+	// the request (or its reply) until then, so its lateness is measured
+	// from the later of Invoke and Released.
+	Released time.Duration
 
 	// On success (Code == "" and !Failed()):
 	Worker  string // where the route sends the request; the bound worker of a read

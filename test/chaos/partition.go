@@ -86,7 +86,7 @@ func (f *Fleet) Partition(ctx context.Context, rec *Recorder, split Split, down 
 		sleep(ctx, down)
 	}
 	fault.Back = rec.Now()
-	f.Cluster.Heal()
+	f.heal()
 	f.mu.Lock()
 	f.cuts[len(f.cuts)-1].to = time.Now()
 	f.mu.Unlock()
@@ -105,7 +105,7 @@ func (f *Fleet) flap(ctx context.Context, a, b int, d time.Duration) {
 		f.Cluster.CutRoute(a, b)
 		f.Cluster.CutRoute(b, a)
 		sleep(ctx, flapPeriod)
-		f.Cluster.Heal()
+		f.heal()
 		sleep(ctx, flapPeriod)
 	}
 }
@@ -122,6 +122,31 @@ func (f *Fleet) cutReplicaOn(node int) {
 			l.Cut()
 		}
 	}
+}
+
+// heal heals every cut and records when: what a cut link held is
+// delivered from then on (lastHealBetween).
+func (f *Fleet) heal() {
+	f.Cluster.Heal()
+	f.mu.Lock()
+	f.heals = append(f.heals, time.Now())
+	f.mu.Unlock()
+}
+
+// lastHealBetween is the latest heal between from and to (zero: none). A
+// cut link holds what it has read and delivers it at the heal, as TCP
+// retransmits over a healed network: a NATS request sent during a cut may
+// reach a replica only then, and its deadline_ms runs from its arrival.
+func (f *Fleet) lastHealBetween(from, to time.Time) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last time.Time
+	for _, h := range f.heals {
+		if !h.Before(from) && !h.After(to) {
+			last = h
+		}
+	}
+	return last
 }
 
 // window is a time span; to is zero while it lasts.
