@@ -55,9 +55,9 @@ func (t Tuning) touches(p *workload.PartInfo) bool {
 // before the held-out split (docs/benchmarks.md, "Issue 17"): the
 // conversation trace's head lies in its tuning part; the synthetic trace's
 // first 2,000 requests reach 75 requests into its evaluation part. Its cost
-// weights (overlap credit 1.25, decode-block weight 0.25, no output
-// blocks) were chosen on the tuning parts of four generated workloads and
-// the conversation trace's head ("Issue 24").
+// weights (overlap credit 1.25 rising to 3 with the load, decode-block
+// weight 0.25, no output blocks) were chosen on the tuning parts of four
+// generated workloads and the conversation trace's head ("Issue 24").
 var defaultTuning = []Tuning{
 	{Workload: "mooncake:conversation", Head: 2000, Note: queueTuningNote + "; " + weightsTuningNote},
 	{Workload: "mooncake:synthetic", Head: 2000, Note: queueTuningNote},
@@ -75,7 +75,8 @@ const (
 	weightsTuningNote = "the default cost's weights (overlap credit 1.25, decode-block weight 0.25, no output blocks) " +
 		"chosen among nine on the tuning parts at speed-up 1 (the trace at 3), 2-4 runs each, by the lowest worst ratio " +
 		"to the best peer (docs/benchmarks.md, Issue 24: the default's weights swept again at speed-up 1); the earlier " +
-		"1.5 / 0.5 at speed-up 10 and 3"
+		"1.5 / 0.5 at speed-up 10 and 3; the load-following credit (rising to 3 at 32,768 tokens queued on the " +
+		"least-loaded worker) chosen among four the same way at stop 37 (Issue 24: a credit that follows the load)"
 )
 
 // TunedOn records, per catalog entry, the workloads its configuration was

@@ -95,6 +95,19 @@ func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
 	cp := scheduler.DefaultCostParams() // the default cost, with true caches
+	prefillOf := func(w string) int {
+		if useView {
+			return o.view[w].PrefillTokens
+		}
+		return o.load[w].prefillTokens
+	}
+	least := math.MaxInt
+	for _, w := range o.workers {
+		if !anyFree || !busy(w) {
+			least = min(least, prefillOf(w))
+		}
+	}
+	credit := cp.CreditAt(int64(least)) // the default's load-following credit
 	for _, w := range o.workers {
 		if anyFree && busy(w) {
 			continue
@@ -112,7 +125,7 @@ func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 			prefill, blocks = v.PrefillTokens, v.DecodeBlocks
 		}
 		// The default cost's terms, with the true overlap.
-		pre := cp.PrefillLoadScale * math.Max(0, (float64(prefill)+isl)/o.bs-cp.OverlapCredit*float64(ov))
+		pre := cp.PrefillLoadScale * math.Max(0, (float64(prefill)+isl)/o.bs-credit*float64(ov))
 		cost := pre + cp.DecodeBlockWeight*float64(blocks+n-ov)
 		switch {
 		case cost < bestCost:

@@ -79,15 +79,15 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -421,6 +421,16 @@ func TestRegistryYAML(t *testing.T) {
 					t.Fatalf("decode leg %+v, want %+v", d.Decode, want)
 				}
 			}},
+		{doc: "name: default\nparams: {saturated_credit: 3, saturation_tokens: 8192}", name: "default", check: func(t *testing.T, p Policy) {
+			want := DefaultCostParams()
+			want.SaturatedCredit, want.SaturationTokens = 3, 8192
+			if d := p.(*DefaultPolicy); d.Cost != want {
+				t.Fatalf("cost %+v, want %+v", d.Cost, want)
+			}
+		}},
+		{doc: "name: default\nparams: {saturated_credit: 3, saturation_tokens: 0}", errIs: ErrInvalidConfig, errMatch: "set together"},
+		{doc: "name: default\nparams: {saturated_credit: 0, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: "set together"},
+		{doc: "name: default\nparams: {saturated_credit: -1, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {decode_leg: {transfer_weight: 1}}", errIs: ErrInvalidConfig, errMatch: "transfer_weight"},
 		{doc: "name: default\nparams: {decode_leg: {decode_block_weight: -1}}", errIs: ErrInvalidConfig, errMatch: "decode_leg"},
 		{doc: "", name: "default"},
@@ -690,6 +700,52 @@ func TestSamplePairMatchesGeneral(t *testing.T) {
 			}
 			if got[0] == 0 && tc.temp >= 0.7 || got[1] == 0 && tc.temp >= 0.7 {
 				t.Fatalf("one row never drawn: %v", got)
+			}
+		})
+	}
+}
+
+// With saturated_credit the overlap credit follows the least-loaded
+// candidate's prefill queue: the holder of a prefix is worth more once no
+// worker is idle, and no more while one is.
+func TestSaturatedCreditFollowsTheLeastLoaded(t *testing.T) {
+	const bs = 512
+	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 30 * bs}
+	busy := CandidateRow{Key: wk("busy", 0), ActivePrefillTokens: 4 * bs}
+	idle := CandidateRow{Key: wk("idle", 0)}
+	adaptive := CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, SaturatedCredit: 3, SaturationTokens: 8 * bs}
+	fixed := adaptive
+	fixed.SaturatedCredit, fixed.SaturationTokens = 0, 0
+	for _, tc := range []struct {
+		name string
+		p    CostParams
+		rows []CandidateRow
+		want []float64 // (prefill + 27 prompt blocks) − credit · overlap
+		pick string
+	}{
+		// least 0 tokens queued: credit 1.25, the holder's queue outweighs its 20 blocks
+		{"an idle worker: the base credit", adaptive, []CandidateRow{holder, idle}, []float64{32, 27}, "idle"},
+		// least 4 of 8 blocks: credit 1.25 + 0.5 · (3 − 1.25) = 2.125
+		{"no idle worker: a larger credit", adaptive, []CandidateRow{holder, busy}, []float64{14.5, 31}, "holder"},
+		{"no idle worker, fixed credit", fixed, []CandidateRow{holder, busy}, []float64{32, 31}, "busy"},
+		// a hot holder beside an idle worker is not a saturated fleet
+		{"busy and idle: the base credit", adaptive, []CandidateRow{holder, busy, idle}, []float64{32, 31, 27}, "idle"},
+		// past SaturationTokens the credit stays at 3 (clamped cost 0)
+		{"saturated", adaptive, []CandidateRow{holder, {Key: wk("busy", 0), ActivePrefillTokens: 16 * bs}}, []float64{0, 43}, "holder"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &DefaultPolicy{Cost: tc.p, NoOutputBlocks: true}
+			x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, tc.rows)
+			cost := make([]float64, len(tc.rows))
+			DefaultCost{Params: tc.p}.Score(x, c, cost)
+			for i := range cost {
+				if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+					t.Fatalf("costs %v, want %v", cost, tc.want)
+				}
+			}
+			i, err := p.Select(x, c)
+			if err != nil || c.Key(i) != wk(tc.pick, 0) {
+				t.Errorf("picked %v (%v), want %s", c.Key(i), err, tc.pick)
 			}
 		})
 	}

@@ -150,6 +150,8 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		DecodeBlockWeight         *float64 `yaml:"decode_block_weight"`
 		DecodeActiveRequestWeight float64  `yaml:"decode_active_request_weight"`
 		AdapterLoadBlocks         float64  `yaml:"adapter_load_blocks"`
+		SaturatedCredit           *float64 `yaml:"saturated_credit"`
+		SaturationTokens          *float64 `yaml:"saturation_tokens"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -186,12 +188,19 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	}
 	p.Cost.DecodeActiveRequestWeight = o.DecodeActiveRequestWeight
 	p.Cost.AdapterLoadBlocks = o.AdapterLoadBlocks // 0: the default; negative: off
+	if o.SaturatedCredit != nil {
+		p.Cost.SaturatedCredit = *o.SaturatedCredit
+	}
+	if o.SaturationTokens != nil {
+		p.Cost.SaturationTokens = *o.SaturationTokens
+	}
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
-		p.Cost.DecodeActiveRequestWeight < 0 {
-		return nil, fmt.Errorf("%w: default policy parameters must be >= 0: temperature %v, cost %+v",
+		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 ||
+		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
+		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
 	}
 	return p, nil

@@ -98,13 +98,14 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
+	credit := cp.credit(c)
 	var cost [2]float64
 	for i, s := range c.slots[:2] {
 		o := 0.0
 		if v := ov[s]; v >= ep {
 			o = float64(uint32(v))
 		}
-		pre := (prefill[s]+isl)*inv - cp.OverlapCredit*o
+		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
 		}
