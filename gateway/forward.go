@@ -35,7 +35,8 @@ type exchange struct {
 	span trace.Span
 
 	rs        api.RouteResponse
-	booked    bool // rs holds a booking not yet freed
+	routing   time.Duration // in route calls, over every attempt (Server-Timing)
+	booked    bool          // rs holds a booking not yet freed
 	prefilled bool
 
 	// the prefill leg of a split route (pd.go): its booking, whether it is
@@ -147,7 +148,10 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 // route asks the router for a worker (Gateway.Route) and holds the
 // booking it gives.
 func (x *exchange) route(ctx context.Context) error {
-	if re := x.g.Route(ctx, x.rq, x.key, &x.rs); re != nil {
+	t0 := time.Now()
+	re := x.g.Route(ctx, x.rq, x.key, &x.rs)
+	x.routing += time.Since(t0)
+	if re != nil {
 		return re
 	}
 	x.booked, x.prefilled = true, false
@@ -165,7 +169,10 @@ func (g *Gateway) Route(ctx context.Context, rq *api.RouteRequest, key string, r
 	parent := trace.SpanFromContext(ctx)
 	ctx, span := g.tracer.Start(ctx, "route")
 	defer span.End()
-	if err := g.router.Route(ctx, rq, rs); err != nil {
+	t0 := time.Now()
+	err := g.router.Route(ctx, rq, rs)
+	g.m.route.Record(ctx, time.Since(t0).Seconds())
+	if err != nil {
 		if ctx.Err() != nil {
 			cctx, cancel := g.callContext(ctx)
 			if cerr := g.router.Cancel(cctx, rq.Model, rq.RequestID, key); cerr != nil && !errors.Is(cerr, api.ErrNotFound) {
@@ -279,6 +286,7 @@ func (x *exchange) setHeaders(up *http.Response) {
 		outcome = x.rs.Binding.Outcome
 	}
 	h.Set(HeaderSessionOutcome, outcome)
+	h.Set(HeaderServerTiming, ServerTiming(x.routing, time.Duration(x.rs.QueueWaitUS)*time.Microsecond))
 	if p := x.rs.Prefill; p != nil {
 		h.Set(HeaderPrefillWorker, workerref.Of(p.Worker, p.Rank).String())
 	}

@@ -50,6 +50,10 @@ const (
 	// request (Config.PD); HeaderWorker is then the decode worker. Absent
 	// when one worker served.
 	HeaderPrefillWorker = "X-Kvr-Prefill-Worker"
+	// HeaderServerTiming (the W3C Server-Timing header) gives the
+	// request's routing time in milliseconds: "route;dur=0.412,
+	// queue;dur=0.000" (ServerTiming, ParseServerTiming).
+	HeaderServerTiming = "Server-Timing"
 )
 
 // RankHeader sends a request to one data-parallel rank, as vLLM reads it

@@ -97,6 +97,10 @@ func TestChatAndCompletions(t *testing.T) {
 			if hr.Header.Get(HeaderOverlapBlocks) == "" || hr.Header.Get(HeaderSessionOutcome) != "none" {
 				t.Errorf("routing headers %v", hr.Header)
 			}
+			// The route call took some time, the whole request longer.
+			if route, _, ok := ParseServerTiming(hr.Header.Values(HeaderServerTiming)); !ok || route <= 0 || route > time.Minute {
+				t.Errorf("%s %q: route %v (found %v)", HeaderServerTiming, hr.Header.Values(HeaderServerTiming), route, ok)
+			}
 		})
 	}
 	f.waitIdle()

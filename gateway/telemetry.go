@@ -22,6 +22,7 @@ type metrics struct {
 	ttft          metric.Float64Histogram
 	itl           metric.Float64Histogram
 	tokenize      metric.Float64Histogram
+	route         metric.Float64Histogram
 	tokenizeFails metric.Int64Counter
 	promptUnknown metric.Int64Counter
 	retries       metric.Int64Counter
@@ -52,6 +53,9 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		return nil, err
 	}
 	if out.tokenize, err = m.Float64Histogram("kvr_gateway_tokenize_seconds", secs, lat, metric.WithDescription("engine /tokenize call latency")); err != nil {
+		return nil, err
+	}
+	if out.route, err = m.Float64Histogram("kvr_gateway_route_seconds", secs, lat, metric.WithDescription("route call latency: the router's queue, its decision and booking, and over NATS the round trip")); err != nil {
 		return nil, err
 	}
 	if out.tokenizeFails, err = m.Int64Counter("kvr_gateway_tokenize_failures_total", metric.WithDescription("tokenize calls that failed: the request was routed on load alone")); err != nil {

@@ -70,6 +70,10 @@ type FrontendReply struct {
 	CachedTokens  int // usage.prompt_tokens_details.cached_tokens
 	OutputTokens  int
 	TTFT, E2E     time.Duration // wall clock at the client
+	// Route and QueueWait are the gateway's routing time and the router
+	// queue's part of it (its Server-Timing header; 0 without it), wall
+	// clock.
+	Route, QueueWait time.Duration
 }
 
 // oneFrontend is one request's life over a Frontend. Latencies are the
@@ -88,7 +92,7 @@ func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
 	}
 	t0 := time.Now()
 	reply, err := d.front.Complete(ctx, &req)
-	rec.Route = time.Since(t0)
+	rec.Route = time.Since(t0) // a failure's whole call
 	if err != nil {
 		rec.Outcome, rec.Code = classify(err)
 		d.logFailure(ctx, &rec, req.ID, err)
@@ -104,7 +108,9 @@ func (d *driver) oneFrontend(ctx context.Context, p *prepared) {
 	if reply.OutputTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(reply.OutputTokens-1)
 	}
-	rec.Route = 0 // the routing decision is not visible apart from the whole call
+	// The routing decision as the gateway timed it: the client's wall clock
+	// holds the whole request.
+	rec.Route, rec.QueueWait = reply.Route, reply.QueueWait
 	rec.Finish = r.Arrival + rec.E2E
 	d.finish(rec)
 }

@@ -364,7 +364,7 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 			fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
 		}
 	}
-	b.WriteString("\nRoute and queued are wall-clock times of the routing call and of its wait in the router's queue.\n")
+	b.WriteString("\nRoute and queued are wall-clock times of the routing call and of its wait in the router's queue; on the gateway path, as the gateway timed them (its Server-Timing header).\n")
 	b.WriteString("\nHit ratio = prompt blocks the engine found cached / prompt blocks (full blocks of the served requests), " +
 		"as reported by the simulated engines. The upper bound is the same ratio for one infinite cache shared by the whole fleet.\n")
 	if _, err := io.WriteString(w, b.String()); err != nil {

@@ -155,6 +155,7 @@ func (f *frontend) Complete(ctx context.Context, req *replay.FrontendRequest) (*
 		}
 	}
 	out.OverlapBlocks, _ = strconv.Atoi(resp.Header.Get(gateway.HeaderOverlapBlocks))
+	out.Route, out.QueueWait, _ = gateway.ParseServerTiming(resp.Header.Values(gateway.HeaderServerTiming))
 	usage, err := ReadStream(resp.Body, func(string) {
 		if out.TTFT == 0 {
 			out.TTFT = time.Since(sent)

@@ -39,7 +39,7 @@ func TestReplayOverBothPaths(t *testing.T) {
 	}
 	var kv, rr *float64
 	for _, p := range rep.Policies {
-		t.Logf("%-12s %-8s done %d/%d hit %.3f TTFT p50 %.0f p99 %.0f ms codes %v", p.Policy, p.Path, p.Done, p.Requests, p.HitRatio, p.TTFT.P50, p.TTFT.P99, p.Codes)
+		t.Logf("%-12s %-8s done %d/%d hit %.3f TTFT p50 %.0f p99 %.0f ms route p50 %.2f ms codes %v", p.Policy, p.Path, p.Done, p.Requests, p.HitRatio, p.TTFT.P50, p.TTFT.P99, p.Route.P50, p.Codes)
 		if p.Path != replay.PathNATS && p.Path != replay.PathGateway {
 			t.Errorf("%s: path %q", p.Policy, p.Path)
 		}
@@ -51,6 +51,11 @@ func TestReplayOverBothPaths(t *testing.T) {
 		}
 		if p.Done < p.Requests*9/10 {
 			t.Errorf("%s over the gateway: %d of %d served (%v)", p.Policy, p.Done, p.Requests, p.Codes)
+		}
+		// The routing decision is the gateway's Server-Timing figure: there,
+		// and far below the whole request's.
+		if p.Route.N == 0 || p.Route.P50 <= 0 || p.Route.P50 >= p.E2E.P50 {
+			t.Errorf("%s over the gateway: route %+v (E2E p50 %.1f ms)", p.Policy, p.Route, p.E2E.P50)
 		}
 		switch p.Policy {
 		case "kvrouter":

@@ -320,9 +320,9 @@ func printDemoTable(w io.Writer, ps []metrics.Summary) {
 		}
 		return fmt.Sprintf("%d/%d", p.Sessions-p.SessionsMoved, p.Sessions)
 	})
-	// The real path's client sees the whole request only, so no policy
-	// there has a routing decision time: the row is left out rather than
-	// printed as "-".
+	// On the real path the routing decision is the gateway's Server-Timing
+	// figure; a run where no policy has one leaves the row out rather than
+	// printing "-".
 	if slices.ContainsFunc(ps, func(p metrics.Summary) bool { return p.Route.N > 0 }) {
 		line("routing decision p50", func(p *metrics.Summary) string {
 			if p.Route.N == 0 {
