@@ -97,7 +97,8 @@ func runRealDemo(ctx context.Context, cfg realDemoConfig, stdout, stderr io.Writ
 	fmt.Fprintln(stdout)
 	printDemoTable(stdout, sums)
 	fmt.Fprintf(stdout, "\nhit ratio = cached_tokens / prompt_tokens in the engines' usage; TTFT = the client's wait for the first\n"+
-		"content chunk through gateway, router and engine (the engines' model clock at %gx). Took %.0f s.\n", cfg.speedup,
+		"content chunk through gateway, router and engine (the engines' model clock at %gx); routing decision = the\n"+
+		"gateway's route call (its Server-Timing header: queue, choice, booking and, with a session, its binding). Took %.0f s.\n", cfg.speedup,
 		time.Since(began).Seconds())
 	return nil
 }
@@ -255,6 +256,8 @@ func (w *chatWorkload) turn(ctx context.Context, base, session string, mode repl
 	}
 	r.Worker = resp.Header.Get(gateway.HeaderWorker)
 	r.RouterBlocks, _ = strconv.Atoi(resp.Header.Get(gateway.HeaderOverlapBlocks))
+	// The routing decision as the gateway timed it (its Server-Timing).
+	r.Route, r.QueueWait, _ = gateway.ParseServerTiming(resp.Header.Values(gateway.HeaderServerTiming))
 	var reply strings.Builder
 	usage, err := stack.ReadStream(resp.Body, func(text string) {
 		if text != "" && r.TTFT == 0 {

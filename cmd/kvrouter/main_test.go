@@ -201,8 +201,9 @@ func waitHTTP(t *testing.T, url string, status int, d time.Duration) {
 
 // A tiny demo run on each path: the comparison table comes out with both
 // policies. On the real path (the default) every request is served through
-// the gateway, and kvrouter keeps every session on one worker while
-// round-robin, without session ids, does not.
+// the gateway, kvrouter keeps every session on one worker while
+// round-robin, without session ids, does not, and both have the routing
+// time the gateway reported.
 func TestDemoSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo workload twice per path")
@@ -213,7 +214,9 @@ func TestDemoSmall(t *testing.T) {
 		want []string
 	}{
 		{"real", []string{"--scale", "0.25", "--turns", "3", "--speedup", "4", "--workers", "2"},
-			[]string{`requests done +24/24 +24/24`, `sessions on one worker +8/8 `}},
+			[]string{`requests done +24/24 +24/24`, `sessions on one worker +8/8 `,
+				// the gateway's Server-Timing, not "-": issue 29
+				`routing decision p50 +[0-9.]+ ms +[0-9.]+ ms`}},
 		{"nats", []string{"--path", "nats", "--scale", "0.1", "--speedup", "20", "--workers", "2"}, nil},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
