@@ -56,8 +56,8 @@ func rows() []row {
 				[]query{{"sum by (code) (rate(kvr_route_requests_total" + rate + "))", "{{code}}"}}},
 			{"Gateway requests by status", "reqps", "OpenAI requests answered by the gateways, by HTTP status (499: the client went away).",
 				[]query{{"sum by (status) (rate(kvr_gateway_requests_total" + rate + "))", "{{status}}"}}},
-			{"Route latency", "s", "Time a replica takes to answer a route request, queue wait included.",
-				quantiles("kvr_route_duration_seconds", "route")},
+			{"Route latency", "s", "Time a replica takes to answer a route request, queue wait included; and the route call as a gateway waits for it, the NATS round trip included (the figure its Server-Timing header reports).",
+				append(quantiles("kvr_route_duration_seconds", "route"), quantiles("kvr_gateway_route_seconds", "gateway route call")...)},
 		}},
 		{"Cache hits: predicted and engine-reported", []panel{
 			{"Hit ratio: predicted vs engine", "percentunit", "Predicted: the mean share of a routed prompt's blocks the router found cached on the chosen worker. Engine: vLLM's prefix cache hits over queries (tokens), summed over the engines.",
