@@ -2,6 +2,8 @@ package host
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,15 +40,26 @@ func TestMsgPool(t *testing.T) {
 		testutil.Eventually(t, 5*time.Second, func() bool { return p.idle.Load() == n },
 			func() string { return fmt.Sprintf("%d idle goroutines, want %d", p.idle.Load(), n) })
 	}
+	// A goroutine counts itself idle just before it waits on the work
+	// channel; run hands a message only to one already waiting. So before
+	// a message that must reuse it, wait until it really waits there.
+	// (CI sent "b" in between and saw two idle goroutines.)
+	parked := func(n int) {
+		t.Helper()
+		testutil.Eventually(t, 5*time.Second, func() bool { return waitingServers() == n },
+			func() string { return fmt.Sprintf("%d goroutines waiting for work, want %d", waitingServers(), n) })
+	}
 
 	// One at a time: the second message goes to the goroutine the first
 	// left idle (one idle goroutine, not two).
 	p.run(&nats.Msg{Subject: "a"})
 	handled("a", 1)
 	idle(1)
+	parked(1)
 	p.run(&nats.Msg{Subject: "b"})
 	handled("b", 1)
 	idle(1)
+	parked(1)
 
 	// Five at once: new goroutines for the four the idle one cannot take;
 	// when they finish, two stay and three end.
@@ -67,6 +80,21 @@ func TestMsgPool(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("goroutines left after stop: %d idle", p.idle.Load())
 	}
+}
+
+// waitingServers counts the msgPool goroutines blocked in serve's wait
+// for work (no test in this package runs in parallel, and a closed
+// replica's pool goroutines have ended, so they are TestMsgPool's).
+func waitingServers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.HasPrefix(g, "goroutine ") && strings.Contains(g, " [select") && strings.Contains(g, ".(*msgPool).serve(") {
+			n++
+		}
+	}
+	return n
 }
 
 // An idle goroutine ends after idleFor.
