@@ -148,9 +148,8 @@ func (x *exchange) attempt(ctx context.Context) (*http.Response, error) {
 // route asks the router for a worker (Gateway.Route) and holds the
 // booking it gives.
 func (x *exchange) route(ctx context.Context) error {
-	t0 := time.Now()
-	re := x.g.Route(ctx, x.rq, x.key, &x.rs)
-	x.routing += time.Since(t0)
+	took, re := x.g.route(ctx, x.rq, x.key, &x.rs)
+	x.routing += took
 	if re != nil {
 		return re
 	}
@@ -166,12 +165,20 @@ func (x *exchange) route(ctx context.Context) error {
 // it with key, the request key its id was made from (Prepare). The failure is the client's answer (routeError). The route, and
 // ctx's span, get the choice's attributes.
 func (g *Gateway) Route(ctx context.Context, rq *api.RouteRequest, key string, rs *api.RouteResponse) *RequestError {
+	_, re := g.route(ctx, rq, key, rs)
+	return re
+}
+
+// route is Route, also returning how long the router took
+// (kvr_gateway_route_seconds, and the exchange's Server-Timing).
+func (g *Gateway) route(ctx context.Context, rq *api.RouteRequest, key string, rs *api.RouteResponse) (time.Duration, *RequestError) {
 	parent := trace.SpanFromContext(ctx)
 	ctx, span := g.tracer.Start(ctx, "route")
 	defer span.End()
 	t0 := time.Now()
 	err := g.router.Route(ctx, rq, rs)
-	g.m.route.Record(ctx, time.Since(t0).Seconds())
+	took := time.Since(t0)
+	g.m.route.Record(ctx, took.Seconds())
 	if err != nil {
 		if ctx.Err() != nil {
 			cctx, cancel := g.callContext(ctx)
@@ -181,7 +188,7 @@ func (g *Gateway) Route(ctx context.Context, rq *api.RouteRequest, key string, r
 			cancel()
 		}
 		span.SetStatus(codes.Error, err.Error())
-		return routeError(ctx, err)
+		return took, routeError(ctx, err)
 	}
 	outcome := api.OutcomeNone
 	if rs.Binding != nil {
@@ -192,7 +199,7 @@ func (g *Gateway) Route(ctx context.Context, rq *api.RouteRequest, key string, r
 		attribute.String("kvr.request_id", rs.RequestID)}
 	span.SetAttributes(attrs...)
 	parent.SetAttributes(attrs...)
-	return nil
+	return took, nil
 }
 
 // callContext bounds a tokenize or lifecycle call; a lifecycle call must
