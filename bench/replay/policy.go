@@ -59,7 +59,7 @@ var Catalog = []Policy{
 	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
 	// a cached block credited twice, for the prefill it saves and for the
 	// new KV allocation it does not need.
-	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: yamlMap("overlap_credit", "2", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "default cost policy with overlap_credit 2 (experiment; before the defaults changed, Dynamo's weights with credit 2)"},
+	{Name: "kvrouter-credit2", RouterPolicy: "default", RouterParams: fixedCredit("overlap_credit", "2"), Events: true, About: "default cost policy with overlap_credit 2 (experiment; before the defaults changed, Dynamo's weights with credit 2)"},
 	// The default-cost experiments (docs/benchmarks.md, "Default policy
 	// experiments"): the default cost as a one-scorer pipeline with the min
 	// picker (the default policy's decisions at these weights), Dynamo's
@@ -75,12 +75,12 @@ var Catalog = []Policy{
 	// Issue 24's experiments on tuning parts: the default cost booking
 	// no output blocks (routers see max_tokens only), with other weights;
 	// the last became the default.
-	{Name: "kvrouter-c4-ob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "true", "overlap_credit", "4", "decode_block_weight", "0.1", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "the default before issue 24: overlap credit 4, decode-block weight 0.1, output blocks booked (max_tokens)"},
-	{Name: "kvrouter-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "4", "decode_block_weight", "0.1", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "overlap credit 4, decode-block weight 0.1, no output blocks booked (experiment)"},
-	{Name: "kvrouter-c2-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "0.1", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "overlap credit 2, decode-block weight 0.1, no output blocks (experiment)"},
-	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
-	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "the default from issue 24's first tuning to stop 36: overlap credit 1.5, decode-block weight 0.5, no output blocks"},
-	{Name: "kvrouter-c1.25-dbw0.25-nob", RouterPolicy: "default", RouterParams: yamlMap("track_output_blocks", "false", "overlap_credit", "1.25", "decode_block_weight", "0.25", "saturated_credit", "0", "saturation_tokens", "0"), Events: true, About: "the default of stop 36: overlap credit 1.25 fixed (no load-following credit), decode-block weight 0.25, no output blocks"},
+	{Name: "kvrouter-c4-ob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "true", "overlap_credit", "4", "decode_block_weight", "0.1"), Events: true, About: "the default before issue 24: overlap credit 4, decode-block weight 0.1, output blocks booked (max_tokens)"},
+	{Name: "kvrouter-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "4", "decode_block_weight", "0.1"), Events: true, About: "overlap credit 4, decode-block weight 0.1, no output blocks booked (experiment)"},
+	{Name: "kvrouter-c2-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "0.1"), Events: true, About: "overlap credit 2, decode-block weight 0.1, no output blocks (experiment)"},
+	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
+	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "the default from issue 24's first tuning to stop 36: overlap credit 1.5, decode-block weight 0.5, no output blocks"},
+	{Name: "kvrouter-c1.25-dbw0.25-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.25", "decode_block_weight", "0.25"), Events: true, About: "the default of stop 36: overlap credit 1.25 fixed (no load-following credit), decode-block weight 0.25, no output blocks"},
 	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
 	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},
 	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, NoRouterQueue: true, About: "split fleet, round-robin pairing as the peers' simple proxies run it (vLLM's disaggregation proxy): the next prefill worker and the next decode worker, each in turn, no router queue"},
@@ -202,6 +202,13 @@ func yamlMap(kv ...string) yaml.Node {
 			&yaml.Node{Kind: yaml.ScalarNode, Value: kv[i+1]})
 	}
 	return n
+}
+
+// fixedCredit is yamlMap(kv...) for the default cost with its overlap
+// credit fixed (no load-following credit): the catalog entries that stand
+// for configurations from before it.
+func fixedCredit(kv ...string) yaml.Node {
+	return yamlMap(append(kv, "saturated_credit", "0", "saturation_tokens", "0")...)
 }
 
 // costPipeline is the parameters of a pipeline policy whose one scorer is

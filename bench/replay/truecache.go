@@ -95,21 +95,26 @@ func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
 	cp := scheduler.DefaultCostParams() // the default cost, with true caches
-	prefillOf := func(w string) int {
+	eligible := func(w string) bool { return !anyFree || !busy(w) }
+	// loadOf is a worker's queued prefill tokens and decode blocks: the
+	// engines' view when it was read, else the bookings.
+	loadOf := func(w string) (prefill, blocks int) {
 		if useView {
-			return o.view[w].PrefillTokens
+			v := o.view[w]
+			return v.PrefillTokens, v.DecodeBlocks
 		}
-		return o.load[w].prefillTokens
+		return o.load[w].prefillTokens, o.load[w].blocks
 	}
 	least := math.MaxInt
 	for _, w := range o.workers {
-		if !anyFree || !busy(w) {
-			least = min(least, prefillOf(w))
+		if eligible(w) {
+			prefill, _ := loadOf(w)
+			least = min(least, prefill)
 		}
 	}
 	credit := cp.CreditAt(int64(least)) // the default's load-following credit
 	for _, w := range o.workers {
-		if anyFree && busy(w) {
+		if !eligible(w) {
 			continue
 		}
 		l := o.load[w]
@@ -119,11 +124,7 @@ func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 			k++
 		}
 		ov = max(ov, k)
-		prefill, blocks := l.prefillTokens, l.blocks
-		if useView {
-			v := o.view[w]
-			prefill, blocks = v.PrefillTokens, v.DecodeBlocks
-		}
+		prefill, blocks := loadOf(w)
 		// The default cost's terms, with the true overlap.
 		pre := cp.PrefillLoadScale * math.Max(0, (float64(prefill)+isl)/o.bs-credit*float64(ov))
 		cost := pre + cp.DecodeBlockWeight*float64(blocks+n-ov)
