@@ -53,17 +53,20 @@ type CostParams struct {
 // a saturated fleet, and there a larger credit would only pile more onto
 // the holder.
 func (cp *CostParams) CreditAt(leastPrefill int64) float64 {
-	if cp.SaturatedCredit == 0 || cp.SaturationTokens <= 0 {
+	if !cp.followsLoad() {
 		return cp.OverlapCredit
 	}
 	frac := min(1, float64(leastPrefill)/cp.SaturationTokens)
 	return cp.OverlapCredit + (cp.SaturatedCredit-cp.OverlapCredit)*frac
 }
 
+// followsLoad reports a load-following credit (both saturation fields set).
+func (cp *CostParams) followsLoad() bool { return cp.SaturatedCredit != 0 && cp.SaturationTokens > 0 }
+
 // credit is one selection's overlap credit (CreditAt over c's candidates).
 func (cp *CostParams) credit(c *Candidates) float64 {
-	if cp.SaturatedCredit == 0 || cp.SaturationTokens <= 0 {
-		return cp.OverlapCredit
+	if !cp.followsLoad() {
+		return cp.OverlapCredit // no need to find the least-loaded candidate
 	}
 	prefill := c.f.prefill
 	least := int64(math.MaxInt64)
