@@ -148,7 +148,7 @@ func TestMachine(t *testing.T) {
 
 func TestRunArgsAndFailure(t *testing.T) {
 	o := RunOptions{Count: 3, Benchtime: "100ms", Packages: []string{"./x/..."}}
-	if got := strings.Join(o.Args(), " "); got != "test -run ^$ -bench . -benchmem -count 3 -timeout 30m -benchtime 100ms ./x/..." {
+	if got := strings.Join(o.Args(), " "); got != "test -p 1 -run ^$ -bench . -benchmem -count 3 -timeout 30m -benchtime 100ms ./x/..." {
 		t.Fatal(got)
 	}
 	_, err := Run(context.Background(), RunOptions{GoBin: filepath.Join(t.TempDir(), "no-go")}, nil)

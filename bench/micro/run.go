@@ -37,7 +37,9 @@ func (o RunOptions) Args() []string {
 	if timeout == "" {
 		timeout = "30m"
 	}
-	args := []string{"test", "-run", "^$", "-bench", bench, "-benchmem", "-count", strconv.Itoa(count), "-timeout", timeout}
+	// -p 1: go test otherwise compiles the next packages while an earlier
+	// package's benchmarks run, on the same cores.
+	args := []string{"test", "-p", "1", "-run", "^$", "-bench", bench, "-benchmem", "-count", strconv.Itoa(count), "-timeout", timeout}
 	if o.Benchtime != "" {
 		args = append(args, "-benchtime", o.Benchtime)
 	}

@@ -459,7 +459,7 @@ func benchIsTerminal(w io.Writer) bool {
 }
 
 const benchMicroAbout = `Runs every Go microbenchmark of the project:
-  go test -run '^$' -bench . -benchmem -count N ./...
+  go test -p 1 -run '^$' -bench . -benchmem -count N ./...
 then writes a Markdown file with each figure (the median of the N runs, as
 benchstat computes it) next to its target from the issues, and the machine it
 ran on. Run it from the repository (task bench does).`
