@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// BenchmarkRouteNATSFloor is BenchmarkRouteNATS's throughput case with
+// BenchmarkNATSFloor is BenchmarkRouteNATS's throughput case with
 // the replica replaced by the cheapest responder NATS allows: it answers
 // every route request with the same prepared reply (a real route answer's
 // bytes) without reading it, and drops the frees. Same server, same four
@@ -19,7 +19,7 @@ import (
 // transport's share of a route on this machine: routes/s here bounds
 // what any replica can reach over NATS with its client on the same cores
 // (issue 29's "why it cannot go").
-func BenchmarkRouteNATSFloor(b *testing.B) {
+func BenchmarkNATSFloor(b *testing.B) {
 	for _, form := range []string{"tokens", "hashes"} {
 		b.Run(form, func(b *testing.B) {
 			srv := natstest.Start(b)
