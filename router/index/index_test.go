@@ -405,3 +405,39 @@ func TestSetWorkerLimit(t *testing.T) {
 	}
 	checkInvariants(t, x)
 }
+
+// TestLookupDropsASlotThatChangedHands hands a worker's slot to another
+// worker in the middle of a lookup (from its Allowed callback, which runs
+// during the scan): the new owner holds the same blocks, so only the
+// lookup's final check can tell that the entry it recorded for the old
+// owner is stale.
+func TestLookupDropsASlotThatChangedHands(t *testing.T) {
+	x := New(Config{Shards: 4})
+	ca := make([]uint64, 16)
+	for i := range ca {
+		ca[i] = 5000 + uint64(i)
+	}
+	x.ApplyBatch(1, batch("a", 0, stored(ca...)))
+	var out Overlaps
+	calls := 0
+	x.Lookup(hs(ca...), LookupOptions{Allowed: func(k workerref.Target) bool {
+		if calls++; calls == 1 {
+			x.RemoveWorker("a")
+			x.ApplyBatch(2, batch("b", 0, stored(ca...)))
+		}
+		return true
+	}}, &out)
+	if x.nextSlot != 1 {
+		t.Fatalf("b did not take a's slot: %d slots allocated", x.nextSlot)
+	}
+	for _, w := range out.Workers {
+		if w.Key.Worker == "a" {
+			t.Fatalf("a, removed during the lookup, credited with %d blocks its slot's new owner holds", w.Blocks)
+		}
+	}
+	// The next lookup sees b.
+	x.Lookup(hs(ca...), LookupOptions{}, &out)
+	if len(out.Workers) != 1 || out.Workers[0].Key.Worker != "b" || out.Workers[0].Blocks != 16 {
+		t.Fatalf("after: %+v, want b with 16 blocks", out.Workers)
+	}
+}
