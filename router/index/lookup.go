@@ -40,9 +40,9 @@ type Overlaps struct {
 	// EarlyExited reports that LookupOptions.EarlyExit cut the scan.
 	EarlyExited bool
 
-	// parallel to Workers while a lookup runs: the slot and the slot
-	// owner seen, for the final reuse check.
-	seen []cand
+	// parallel to Workers while a lookup runs: each entry's slot, for the
+	// final reuse check.
+	seen []uint32
 
 	// candidate state: a list (few workers) or a bitmap over slots.
 	cand   []cand
@@ -164,7 +164,10 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		// changed hands. (No assignment happened otherwise.)
 		w := 0
 		for i := range out.Workers {
-			if x.info(out.seen[i].slot) == out.seen[i].info {
+			// An owner assigned before the lookup started is the one the
+			// scan saw: a slot changes hands only by a new assignment,
+			// which carries a later epoch.
+			if info := x.info(out.seen[i]); info != nil && info.assignedAt <= epoch {
 				out.Workers[w], out.seen[w] = out.Workers[i], out.seen[i]
 				w++
 			}
@@ -184,7 +187,7 @@ func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
 
 func (o *Overlaps) record(slot uint32, info *slotInfo, blocks int) {
 	o.Workers = append(o.Workers, WorkerOverlap{Key: info.key, Blocks: blocks})
-	o.seen = append(o.seen, cand{slot, info})
+	o.seen = append(o.seen, slot)
 }
 
 // usable resolves slot to its owner if the owner may take part in this
@@ -376,7 +379,7 @@ func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
 			}
 			if info := owners[s].Load(); info != nil && info.assignedAt <= epoch {
 				ws = append(ws, WorkerOverlap{Key: info.key, Blocks: depth})
-				seen = append(seen, cand{s, info})
+				seen = append(seen, s)
 			}
 		}
 		out.bits[w] = 0
