@@ -5,7 +5,9 @@ import (
 	"slices"
 )
 
-// bigSet is the worker set of a block held by more than inlineCap workers.
+// bigSet is the worker set of a block that does not fit inline in its
+// table word (table.go): more than four workers, or four with a slot of
+// 32,767 or more.
 // It is immutable once published (copy on write): readers use it without
 // locks, and a writer replaces it with a new one. It is a sorted list of
 // slots while that is smaller than a bitmap over the slots it spans, and a

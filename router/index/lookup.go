@@ -207,13 +207,10 @@ func (x *Index) usable(slot uint32, epoch uint64, opt *LookupOptions) *slotInfo 
 // by slot, or a bitmap when the set is a large bitmap.
 func (x *Index) initCands(v uint64, big *bigSet, opt LookupOptions, epoch uint64, out *Overlaps) {
 	if big == nil {
-		for i := 0; i < inlineCap; i++ {
-			f := (v >> (i * fieldBits)) & fieldMask
-			if f == 0 {
-				break
-			}
-			if info := x.usable(uint32(f-1), epoch, &opt); info != nil {
-				out.cand = append(out.cand, cand{uint32(f - 1), info})
+		var buf [narrowCap]uint32
+		for _, s := range inlineSlots(buf[:0], v) {
+			if info := x.usable(s, epoch, &opt); info != nil {
+				out.cand = append(out.cand, cand{s, info})
 			}
 		}
 		sortCands(out.cand)
@@ -268,9 +265,9 @@ func stepList(v uint64, big *bigSet, depth int, out *Overlaps) {
 	w := 0
 	switch {
 	case big == nil:
-		f0, f1, f2 := v&fieldMask, (v>>fieldBits)&fieldMask, (v>>(2*fieldBits))&fieldMask
+		f0, f1, f2, f3 := inlineFields(v)
 		for _, c := range out.cand {
-			if f := uint64(c.slot) + 1; f == f0 || f == f1 || f == f2 {
+			if f := uint64(c.slot) + 1; f == f0 || f == f1 || f == f2 || f == f3 {
 				out.cand[w] = c
 				w++
 			} else {

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"sync/atomic"
 	"unsafe"
 )
@@ -28,8 +29,8 @@ import (
 //     slightly older state, and the garbage collector frees it once no
 //     reader holds it.
 //
-// Sets of more than inlineCap workers live in immutable bigSets (copy on
-// write) reached through the shard's big-set array; a bigSet records its
+// Sets that do not fit a table word (the encoding below) live in
+// immutable bigSets (copy on write) reached through the shard's big-set array; a bigSet records its
 // block's key, so a reader that followed a stale index into a reused array
 // slot notices and probes again.
 
@@ -37,19 +38,32 @@ import (
 //
 //	0                      empty bucket
 //	deadVal                a block no worker holds any more (key kept)
-//	bit 63 = 0             inline set: three 21-bit fields (bits 0-20,
-//	                       21-41, 42-62), each slot+1, 0 = unused, filled
-//	                       from field 0 up
+//	bit 63 = 0, 62 = 0     inline set, wide: three 20-bit fields (bits
+//	                       0-19, 20-39, 40-59), each slot+1, 0 = unused,
+//	                       filled from field 0 up
+//	bit 63 = 0, 62 = 1     inline set, narrow: four 15-bit fields (bits
+//	                       0-14, 15-29, 30-44, 45-59), all four used, for
+//	                       four workers whose slots are under 32,767
 //	bit 63 = 1             big set: bits 0-31 index the big-set array
+//
+// The narrow form exists because a block shared by four workers is common
+// (a prompt prefix on a handful of workers) and a big set costs a lookup
+// three more dependent loads per block (array, set, list): on
+// BenchmarkLookup/shared1000, whose last 120 blocks are held by four
+// workers, that was half the scan (docs/benchmarks/index.md).
 const (
-	bigFlag   = uint64(1) << 63
-	deadVal   = bigFlag | 0xffffffff // a big index never handed out
-	fieldBits = 21
-	fieldMask = uint64(1)<<fieldBits - 1
-	inlineCap = 3
+	bigFlag    = uint64(1) << 63
+	narrowFlag = uint64(1) << 62
+	deadVal    = bigFlag | 0xffffffff // a big index never handed out
+	fieldBits  = 20
+	fieldMask  = uint64(1)<<fieldBits - 1
+	inlineCap  = 3 // wide fields
+	narrowBits = 15
+	narrowMask = uint64(1)<<narrowBits - 1
+	narrowCap  = 4
 
 	// MaxSlots is the largest number of (worker, rank) keys one index can
-	// hold at the same time (slot+1 must fit a 21-bit field).
+	// hold at the same time (slot+1 must fit a 20-bit field).
 	MaxSlots = int(fieldMask) - 1
 
 	minTableCap = 16
@@ -191,27 +205,26 @@ func (sh *shard) touch(h uint64) uint64 {
 
 // inline helpers ------------------------------------------------------------
 
-func inlineCount(v uint64) int {
-	switch {
-	case v&fieldMask == 0:
-		return 0
-	case (v>>fieldBits)&fieldMask == 0:
-		return 1
-	case (v>>(2*fieldBits))&fieldMask == 0:
-		return 2
+// inlineFields returns an inline value's four fields (slot+1 each, 0 =
+// unused; a wide value's fourth is always 0).
+func inlineFields(v uint64) (f0, f1, f2, f3 uint64) {
+	w, m := uint64(fieldBits), fieldMask
+	if v&narrowFlag != 0 {
+		w, m = narrowBits, narrowMask
 	}
-	return 3
+	return v & m, (v >> w) & m, (v >> (2 * w)) & m, (v >> (3 * w)) & m
 }
 
 func inlineHas(v uint64, slot uint32) bool {
 	f := uint64(slot) + 1
-	return v&fieldMask == f || (v>>fieldBits)&fieldMask == f || (v>>(2*fieldBits))&fieldMask == f
+	f0, f1, f2, f3 := inlineFields(v)
+	return f == f0 || f == f1 || f == f2 || f == f3
 }
 
 // inlineSlots appends the slots of an inline value to dst.
 func inlineSlots(dst []uint32, v uint64) []uint32 {
-	for i := 0; i < inlineCap; i++ {
-		f := (v >> (i * fieldBits)) & fieldMask
+	f0, f1, f2, f3 := inlineFields(v)
+	for _, f := range [narrowCap]uint64{f0, f1, f2, f3} {
 		if f == 0 {
 			break
 		}
@@ -220,22 +233,28 @@ func inlineSlots(dst []uint32, v uint64) []uint32 {
 	return dst
 }
 
-// inlineWithout removes slot from v, keeping fields packed from field 0.
-func inlineWithout(v uint64, slot uint32) uint64 {
-	f := uint64(slot) + 1
-	var out uint64
-	n := 0
-	for i := 0; i < inlineCap; i++ {
-		g := (v >> (i * fieldBits)) & fieldMask
-		if g == 0 {
-			break
+// encodeInline returns the inline value of a set of at most four slots,
+// or false when it needs a big set (more than four, or four with a slot
+// too large for a narrow field). An empty set encodes as 0.
+func encodeInline(slots []uint32) (uint64, bool) {
+	switch {
+	case len(slots) <= inlineCap:
+		var v uint64
+		for i, s := range slots {
+			v |= (uint64(s) + 1) << (i * fieldBits)
 		}
-		if g != f {
-			out |= g << (n * fieldBits)
-			n++
+		return v, true
+	case len(slots) == narrowCap:
+		v := narrowFlag
+		for i, s := range slots {
+			if uint64(s)+1 > narrowMask {
+				return 0, false
+			}
+			v |= (uint64(s) + 1) << (i * narrowBits)
 		}
+		return v, true
 	}
-	return out
+	return 0, false
 }
 
 // writer operations (Index.wmu held) -----------------------------------------
@@ -265,12 +284,13 @@ func (sh *shard) add(key, h uint64, slot uint32) bool {
 		if inlineHas(v, slot) {
 			return false
 		}
-		if n := inlineCount(v); n < inlineCap {
-			t.s[2*i+1].Store(v | (uint64(slot)+1)<<(n*fieldBits))
+		var buf [narrowCap + 1]uint32
+		slots := append(inlineSlots(buf[:0], v), slot)
+		if nv, ok := encodeInline(slots); ok {
+			t.s[2*i+1].Store(nv)
 			return true
 		}
-		var buf [inlineCap + 1]uint32
-		b := newBigSet(key, append(inlineSlots(buf[:0], v), slot))
+		b := newBigSet(key, slots)
 		idx := sh.allocBig(b)
 		// The big set is reachable before the value names it.
 		t.s[2*i+1].Store(bigFlag | uint64(idx))
@@ -303,7 +323,8 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 		if !inlineHas(v, slot) {
 			return false
 		}
-		nv := inlineWithout(v, slot)
+		var buf [narrowCap]uint32
+		nv, _ := encodeInline(slices.DeleteFunc(inlineSlots(buf[:0], v), func(s uint32) bool { return s == slot }))
 		if nv == 0 {
 			nv = deadVal
 			t.live--
@@ -321,7 +342,13 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 		return false
 	}
 	nb := old.without(slot)
-	if nb.n > inlineCap {
+	var nv uint64
+	inline := false
+	if nb.n <= narrowCap {
+		var buf [narrowCap]uint32
+		nv, inline = encodeInline(nb.appendSlots(buf[:0]))
+	}
+	if !inline {
 		sh.bigMem += nb.bytes() - old.bytes()
 		arr.p[idx].Store(nb)
 		return true
@@ -329,11 +356,6 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 	// Back to inline: publish the inline value first, then free the index;
 	// a reader still holding the old value finds nil or another key's set
 	// there and probes again.
-	var buf [inlineCap]uint32
-	var nv uint64
-	for k, s := range nb.appendSlots(buf[:0]) {
-		nv |= (uint64(s) + 1) << (k * fieldBits)
-	}
 	t.s[2*i+1].Store(nv)
 	sh.freeBigAt(idx, old)
 	return true
