@@ -19,9 +19,10 @@
 //     writes into a caller-owned Overlaps without allocating. MergeMax
 //     combines two results by per-worker maximum.
 //   - The block table (table.go, bigset.go): sharded open addressing from
-//     sequence hash to a worker set; sets of up to 3 workers are inline in
-//     the table word, larger ones are immutable sorted lists or bitmaps over
-//     dense worker slots (2 to 10,000+ workers, no map per block).
+//     sequence hash to a worker set; sets of up to 3 workers (4 when their
+//     slots are under 32,767) are inline in the table word, larger ones are
+//     immutable sorted lists or bitmaps over dense worker slots (2 to
+//     10,000+ workers, no map per block).
 //   - Snapshots (snapshot.go, store.go): a versioned, checksummed binary
 //     format with a bounds-checked decoder (fuzzed), and a JetStream
 //     object-store layout in which each snapshot is its own object named
