@@ -29,10 +29,10 @@ import (
 //     slightly older state, and the garbage collector frees it once no
 //     reader holds it.
 //
-// Sets that do not fit a table word (the encoding below) live in
-// immutable bigSets (copy on write) reached through the shard's big-set array; a bigSet records its
-// block's key, so a reader that followed a stale index into a reused array
-// slot notices and probes again.
+// Sets that do not fit a table word (the encoding below) live in immutable
+// bigSets (copy on write) reached through the shard's big-set array; a
+// bigSet records its block's key, so a reader that followed a stale index
+// into a reused array slot notices and probes again.
 
 // Value encoding of one table entry:
 //
