@@ -60,10 +60,7 @@ func benchStackOn(b *testing.B, nWorkers, nReplicas int, c *natstest.Cluster) (*
 	rc.TTL, rc.Heartbeat = 30*time.Second, 5*time.Second
 	rc.Replicas = streamReplicas
 	// A few shared prefixes cached on each worker, as events.
-	prefixes := make([][]uint32, 16)
-	for i := range prefixes {
-		prefixes[i] = tokens(1000+i, 1024)
-	}
+	prefixes := benchPrefixes()
 	for w := 0; w < nWorkers; w++ {
 		id := fmt.Sprintf("bw-%d", w)
 		reg, err := workers.Register(ctx, st.js, rc, workers.Info{ID: id, Model: testModel, Endpoint: "kvr.worker.m." + id + ".generate",
@@ -108,6 +105,16 @@ func benchStackOn(b *testing.B, nWorkers, nReplicas int, c *natstest.Cluster) (*
 		return msg
 	})
 	return st, prefixes
+}
+
+// benchPrefixes are the 16 shared 1,024-token prefixes of the route
+// benchmarks' bodies.
+func benchPrefixes() [][]uint32 {
+	prefixes := make([][]uint32, 16)
+	for i := range prefixes {
+		prefixes[i] = tokens(1000+i, 1024)
+	}
+	return prefixes
 }
 
 // benchRequests builds session-less 2,048-token requests: half share a

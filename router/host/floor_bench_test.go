@@ -21,11 +21,7 @@ func BenchmarkNATSFloor(b *testing.B) {
 	for _, form := range []string{"tokens", "hashes"} {
 		b.Run(form, func(b *testing.B) {
 			srv := natstest.Start(b)
-			prefixes := make([][]uint32, 16)
-			for i := range prefixes {
-				prefixes[i] = tokens(1000+i, 1024)
-			}
-			reqs := benchRequests(prefixes, 512, form == "hashes")
+			reqs := benchRequests(benchPrefixes(), 512, form == "hashes")
 			subject := api.RouteSubject("", testModel)
 
 			rc := natstest.Connect(b, srv)
