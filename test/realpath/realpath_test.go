@@ -578,6 +578,27 @@ func (st *stack) overlap(ctx context.Context, r *host.Replica, worker string, pr
 
 // indexed is the replica's indexed block count on worker#rank (-1 when it
 // does not list it).
+// indexedAll waits until every replica indexes as many blocks on w
+// (an engine's rank 0, "id#0") as that engine holds.
+func (st *stack) indexedAll(w string) {
+	st.t.Helper()
+	id, _, _ := strings.Cut(w, "#")
+	for _, e := range st.engines {
+		if e.id != id {
+			continue
+		}
+		testutil.Eventually(st.t, 10*time.Second, func() bool {
+			held := len(e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}])
+			for _, r := range st.replicas {
+				if st.indexed(r, e.id, 0) != held {
+					return false
+				}
+			}
+			return true
+		}, func() string { return "the replicas did not index " + w + "'s blocks" })
+	}
+}
+
 func (st *stack) indexed(r *host.Replica, worker string, rank uint32) int {
 	w, err := st.list(r)
 	if err != nil {
@@ -753,6 +774,10 @@ func TestOpenAIClientThroughBridgesAndGateway(t *testing.T) {
 				t.Errorf("turn %d: the router saw no overlap on %s (%s %q)", turn, w, gateway.HeaderOverlapBlocks, hr.Header.Get(gateway.HeaderOverlapBlocks))
 			}
 			msgs = append(msgs, openai.AssistantMessage(content), openai.UserMessage("and then? "+strconv.Itoa(turn)))
+			// A user reads the reply before the next turn; without that
+			// pause the next turn may outrun the engine's KV events to the
+			// replica the other gateway reaches (about one run in ten).
+			st.indexedAll(w)
 		}
 		// The header names the engine that really served every turn.
 		after := st.completed()
