@@ -73,7 +73,8 @@ func peerOperation(pol Policy) (scheduler.Operation, bool) {
 // authors run it (peerOperation): its default admission instead of the
 // run's threshold (none of the peers queues in the router: −1), and, when
 // the run sends session ids, its own session affinity in place of the run's
-// binding mode (none: its requests carry no session id).
+// binding mode (none: its requests carry no session id), and its own
+// predict-on-route unless the policy names a TTL.
 func (c *Config) stackConfig(pol Policy) (StackConfig, error) {
 	sc := StackConfig{
 		Policy: pol, Model: c.Model, Workers: c.Workers, KVBlocks: c.KVBlocks, BlockSize: c.BlockSize,
@@ -98,6 +99,12 @@ func (c *Config) stackConfig(pol Policy) (StackConfig, error) {
 		sc.QueueThreshold = t.QueuePrefillFrac
 	default:
 		return sc, fmt.Errorf("%w: %s's admission %+v is not one queue threshold", ErrConfig, pol.Name, t)
+	}
+	if sc.Policy.PredictedTTL == 0 {
+		sc.Policy.PredictedTTL = op.PredictOnRoute
+		if op.PredictOnRoute == 0 {
+			sc.Policy.PredictedTTL = -1 // off
+		}
 	}
 	if c.SessionMode == SessionNone || op.SessionMode == "" {
 		sc.SessionMode = SessionNone

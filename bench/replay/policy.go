@@ -25,7 +25,8 @@ type Policy struct {
 	// decisions with the default 120 s TTL (scaled by the speed-up).
 	Approximate bool
 	// PredictedTTL is how long a replica remembers its own decisions as
-	// cached blocks (0 = the replica's default).
+	// cached blocks (0 = the replica's default, or for a peer its own
+	// predict-on-route: scheduler.Operation.PredictOnRoute; negative = off).
 	PredictedTTL time.Duration
 	// TrueCache: the client picks the worker by the default cost fed with
 	// the engines' true caches and sends it as a Soft preference.
@@ -55,7 +56,10 @@ var Catalog = []Policy{
 	// event-fed index and load view as kvrouter.
 	{Name: "llmd", RouterPolicy: "llmd", Events: true, Peer: true, About: "llm-d's default profile: 3 x prefix match + 2 x queue (the engines' waiting requests) + 2 x KV utilisation, plus 1 x its session-affinity scorer with sessions, max score"},
 	{Name: "sglang", RouterPolicy: "sglang", Events: true, Peer: true, About: "SGLang cache-aware (sgl-router): shortest queue when imbalanced (> 64 and > 1.5x), else the best prefix's holder above a 0.3 match rate, else the smallest tree (blocks routed there)"},
-	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1), no output blocks booked, ties at random"},
+	{Name: "dynamo", RouterPolicy: "dynamo", Events: true, Peer: true, About: "Dynamo's default cost: the default cost with Dynamo's weights (overlap credit 1, decode-block weight 1), no output blocks booked, ties at random, no predict-on-route index"},
+	// Dynamo with its predict-on-route index on, as the replays before
+	// stop 40 ran it: a deployment that sets --router-predicted-ttl-secs.
+	{Name: "dynamo-predicted", RouterPolicy: "dynamo", Events: true, Peer: true, PredictedTTL: 5 * time.Second, About: "Dynamo's default cost with its predict-on-route index on (--router-predicted-ttl-secs 5): not its default"},
 	// An experiment on the default cost (docs/benchmarks.md, "Issue 17"):
 	// a cached block credited twice, for the prefill it saves and for the
 	// new KV allocation it does not need.

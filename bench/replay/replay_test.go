@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/bench/metrics"
 	"github.com/kvrouter/kvrouter/bench/report"
@@ -105,15 +106,18 @@ func TestRunSessionsAndRejections(t *testing.T) {
 }
 
 // The peers run as their authors run them: their own admission (none
-// queues in the router, whatever the run's threshold) and, when the run
-// sends session ids, their own affinity (llm-d soft, Dynamo hard, SGLang's
-// cache_aware and KubeAI's PrefixHash none); kvrouter keeps the run's.
+// queues in the router, whatever the run's threshold), when the run sends
+// session ids their own affinity (llm-d soft, Dynamo hard, SGLang's
+// cache_aware and KubeAI's PrefixHash none), and their own predict-on-route
+// (llm-d's and SGLang's indexes take a prompt in as they route it; Dynamo's
+// --router-predicted-ttl-secs is unset by default; KubeAI has no index);
+// kvrouter keeps the run's, and dynamo-predicted names its own TTL.
 // Every route carries its conversation's id as the routing key (chwbl's
 // first user message).
 func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
 	var stacks []*fakeStack
 	w := workload.Chat(workload.ChatConfig{Seed: 3, Sessions: 4, Turns: 2, SystemTokens: 256, UserTokens: 32, OutputTokens: 8, SessionRate: 100})
-	pols, err := LookupPolicies([]string{"kvrouter,peers"})
+	pols, err := LookupPolicies([]string{"kvrouter,peers,dynamo-predicted"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +129,11 @@ func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
 	want := map[string]struct {
 		threshold float64
 		sessions  SessionMode
+		predicted time.Duration
 	}{
-		"kvrouter": {8, SessionSoft}, "llmd": {-1, SessionSoft}, "dynamo": {-1, SessionHard},
-		"sglang": {-1, SessionNone}, "chwbl": {-1, SessionNone},
+		"kvrouter": {8, SessionSoft, 0}, "llmd": {-1, SessionSoft, 5 * time.Second}, "dynamo": {-1, SessionHard, -1},
+		"sglang": {-1, SessionNone, 5 * time.Second}, "chwbl": {-1, SessionNone, -1},
+		"dynamo-predicted": {-1, SessionHard, 5 * time.Second},
 	}
 	n := int64(len(w.Requests))
 	for _, s := range stacks {
@@ -136,8 +142,9 @@ func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
 		if !ok {
 			t.Fatalf("unexpected policy %s", name)
 		}
-		if s.cfg.QueueThreshold != wt.threshold || s.cfg.SessionMode != wt.sessions {
-			t.Errorf("%s: threshold %g, sessions %s; want %g, %s", name, s.cfg.QueueThreshold, s.cfg.SessionMode, wt.threshold, wt.sessions)
+		if s.cfg.QueueThreshold != wt.threshold || s.cfg.SessionMode != wt.sessions || s.cfg.Policy.PredictedTTL != wt.predicted {
+			t.Errorf("%s: threshold %g, sessions %s, predicted TTL %v; want %g, %s, %v", name,
+				s.cfg.QueueThreshold, s.cfg.SessionMode, s.cfg.Policy.PredictedTTL, wt.threshold, wt.sessions, wt.predicted)
 		}
 		if sent := s.sessions.Load(); (wt.sessions == SessionNone) != (sent == 0) || (sent != 0 && sent != n) {
 			t.Errorf("%s: %d of %d routes carried a session id", name, sent, n)
@@ -151,9 +158,12 @@ func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
 		if strings.Contains(note, "ran as its authors run it") {
 			notes++
 		}
+		if strings.HasPrefix(note, "dynamo ran") && !strings.Contains(note, "no predict-on-route index") {
+			t.Errorf("dynamo's note does not say it ran without a predict-on-route index: %q", note)
+		}
 	}
-	if notes != 4 {
-		t.Fatalf("%d peer notes, want 4: %q", notes, rep.Notes)
+	if notes != 5 {
+		t.Fatalf("%d peer notes, want 5: %q", notes, rep.Notes)
 	}
 	// Without sessions in the run, no peer gets any.
 	stacks = nil

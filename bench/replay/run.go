@@ -360,7 +360,11 @@ func (c *Config) notes(rep *report.Report) []string {
 			if sc.QueueThreshold > 0 {
 				admission = fmt.Sprintf("router queue threshold %g", sc.QueueThreshold)
 			}
-			out = append(out, fmt.Sprintf("%s ran as its authors run it: %s, sessions %s (%s).", p.Name, admission, sc.SessionMode, op.Source))
+			predict := "no predict-on-route index"
+			if sc.Policy.PredictedTTL > 0 {
+				predict = fmt.Sprintf("a predict-on-route index of %v", sc.Policy.PredictedTTL)
+			}
+			out = append(out, fmt.Sprintf("%s ran as its authors run it: %s, %s, sessions %s (%s).", p.Name, admission, predict, sc.SessionMode, op.Source))
 		}
 	}
 	out = append(out, c.partNote())

@@ -285,10 +285,13 @@ func (s *Stack) replicaConfig(i int) host.Config {
 	// runs Speedup times faster, so they shrink with it (a 5 s predicted
 	// index would otherwise remember 5 x Speedup seconds of decisions).
 	ttl := host.DefaultPredictedTTL
-	if cfg.Policy.PredictedTTL > 0 {
+	if cfg.Policy.PredictedTTL != 0 {
 		ttl = cfg.Policy.PredictedTTL
 	}
 	hc.PredictedTTL = max(10*time.Millisecond, time.Duration(float64(ttl)/cfg.Speedup))
+	if ttl < 0 {
+		hc.PredictedTTL = -1 // off
+	}
 	if cfg.Policy.Approximate {
 		hc.Approximate = true
 		hc.ApproxTTL = max(10*time.Millisecond, time.Duration(float64(host.DefaultApproxTTL)/cfg.Speedup))

@@ -178,3 +178,25 @@ func TestShortReplayMooncake(t *testing.T) {
 	}
 	t.Logf("diagnostics: %q", kv.Diagnostics)
 }
+
+// A replica's predicted index follows the policy: the host's default TTL,
+// or the policy's own, scaled by the speed-up, or off for a negative one
+// (a peer without predict-on-route, such as Dynamo by default).
+func TestReplicaPredictedTTL(t *testing.T) {
+	for _, tc := range []struct {
+		policy  time.Duration
+		speedup float64
+		want    time.Duration
+	}{
+		{0, 1, 5 * time.Second},
+		{0, 10, 500 * time.Millisecond},
+		{2 * time.Second, 2, time.Second},
+		{-1, 1, -1},
+		{-1, 10, -1},
+	} {
+		s := &Stack{cfg: replay.StackConfig{Policy: replay.Policy{RouterPolicy: "default", PredictedTTL: tc.policy}, Speedup: tc.speedup, Model: "m", BlockSize: 16}}
+		if got := s.replicaConfig(0).PredictedTTL; got != tc.want {
+			t.Errorf("policy TTL %v at speed-up %g: replica TTL %v, want %v", tc.policy, tc.speedup, got, tc.want)
+		}
+	}
+}

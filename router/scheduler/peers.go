@@ -17,6 +17,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kvrouter/kvrouter/workerref"
 	"github.com/zeebo/xxh3"
@@ -24,8 +25,9 @@ import (
 )
 
 // Operation is how a policy's authors run their router around its
-// selection by default: the admission in front of the workers and the
-// session affinity. A comparison that runs a peer as its authors run it
+// selection by default: the admission in front of the workers, the
+// session affinity, and whether it remembers its own routing decisions as
+// cached until the engines' events arrive. A comparison that runs a peer as its authors run it
 // applies these instead of kvrouter's own (bench/replay does).
 type Operation struct {
 	// Thresholds are the router-side queue and overload thresholds; the
@@ -38,6 +40,12 @@ type Operation struct {
 	// Soft hands the bound worker to the policy as the Soft target (llmd
 	// scores it); Hard confines selection to it (the pin rule).
 	SessionMode string
+	// PredictOnRoute is how long the router counts a prompt it has just
+	// routed as cached on the chosen worker, before that worker's Stored
+	// events arrive (kvrouter's predicted index, Dynamo's
+	// --router-predicted-ttl-secs, llm-d's speculative indexing); 0 = it
+	// does not, and siblings routed before the first event find no holder.
+	PredictOnRoute time.Duration
 	// Source says where the defaults are documented.
 	Source string
 }
@@ -130,22 +138,34 @@ func registerPeers(r *Registry) {
 	}
 }
 
-// peerOperations are the peers' default admission and session affinity,
-// from the sources named (checked against their upstream defaults for
+// peerOperations are the peers' default admission, session affinity and
+// predict-on-route, from the sources named (checked against their upstream defaults for
 // issue 24). None of the four queues requests in the router by default.
 var peerOperations = map[string]Operation{
-	"llmd": {SessionMode: "soft", Source: "llm-d Router / GIE EPP: flow control, the only router-side queue, is off by default " +
+	// llm-d's default profile's prefix-cache-scorer (GIE's) has no
+	// events: it indexes each prompt for the chosen endpoint as it routes
+	// it (PreRequest) and keeps it in a per-endpoint LRU. Here it reads the
+	// event-fed index (llm-d's precise scorer), and the predicted index (5 s,
+	// the host's default) stands in for that insert.
+	"llmd": {SessionMode: "soft", PredictOnRoute: 5 * time.Second, Source: "llm-d Router / GIE EPP: flow control, the only router-side queue, is off by default " +
 		"(feature gate flowControl), and without it the saturation detector only sheds requests of negative priority; " +
 		"session affinity is the session-affinity-scorer (strategy session_id, header x-session-id): 1 for the endpoint " +
-		"the session last went to, at the weight a profile gives a scorer listed without one (1)"},
-	"sglang": {Source: "SGLang Model Gateway (sgl-router): the rate limiter is off by default (--max-concurrent-requests -1); " +
+		"the session last went to, at the weight a profile gives a scorer listed without one (1); the default profile's " +
+		"prefix-cache-scorer indexes each prompt for its endpoint as it routes it"},
+	// SGLang's default cache_aware tree (HTTP workers) has no events
+	// either: it inserts each prompt into the chosen worker's tree as it
+	// routes it. The same stand-in as llm-d's. Both keep an insert longer
+	// than 5 s (until their LRU or periodic eviction), which this does not
+	// model; with events beside it, the difference is the window before a
+	// prompt's events arrive.
+	"sglang": {PredictOnRoute: 5 * time.Second, Source: "SGLang Model Gateway (sgl-router): the rate limiter is off by default (--max-concurrent-requests -1); " +
 		"cache_aware has no session affinity (the sticky X-SMG-Routing-Key belongs to the manual policy, header hashing " +
-		"to consistent_hashing)"},
+		"to consistent_hashing); its tree takes each prompt in as it is routed"},
 	"dynamo": {SessionMode: "hard", Source: "Dynamo frontend: --router-queue-threshold unset (no router queue), busy " +
 		"thresholds unset (no overload filter); session affinity, on once --router-session-affinity-ttl-secs is set, " +
-		"defaults to --router-session-affinity-mode hard"},
+		"defaults to --router-session-affinity-mode hard; --router-predicted-ttl-secs unset (no predict-on-route index)"},
 	"chwbl": {Source: "KubeAI: the proxy queues nothing in front of the endpoints; PrefixHash has no session affinity " +
-		"(routing on a header is the separate RoutingKey strategy)"},
+		"(routing on a header is the separate RoutingKey strategy) and no cache index"},
 }
 
 // NewLLMD returns llm-d's default scheduling profile as a Pipeline:

@@ -227,20 +227,32 @@ func TestDynamoBooksNoOutputBlocks(t *testing.T) {
 	}
 }
 
-// Each peer's own admission and session affinity: none of them queues in
-// the router by default; llm-d's affinity is a scorer (Soft), Dynamo's
-// binding Hard by default, SGLang's cache_aware and KubeAI's PrefixHash
-// have none. kvrouter's own policies have no record: they run with the
+// Each peer's own admission, session affinity and predict-on-route: none
+// of them queues in the router by default; llm-d's affinity is a scorer
+// (Soft), Dynamo's binding Hard by default, SGLang's cache_aware and
+// KubeAI's PrefixHash have none. llm-d's default prefix scorer and SGLang's
+// tree take a prompt in as they route it; Dynamo's predict-on-route index
+// is off unless --router-predicted-ttl-secs is set, and KubeAI has no cache
+// index. kvrouter's own policies have no record: they run with the
 // scheduler's Config.
 func TestPeerOperations(t *testing.T) {
 	reg := NewRegistry()
-	for name, mode := range map[string]string{"llmd": "soft", "sglang": "", "dynamo": "hard", "chwbl": ""} {
+	for _, tc := range []struct {
+		name, mode string
+		predict    time.Duration
+	}{
+		{"llmd", "soft", 5 * time.Second},
+		{"sglang", "", 5 * time.Second},
+		{"dynamo", "hard", 0},
+		{"chwbl", "", 0},
+	} {
+		name := tc.name
 		op, ok := reg.Operation(name)
 		if !ok {
 			t.Fatalf("%s: no operation", name)
 		}
-		if op.Thresholds != (Thresholds{}) || op.SessionMode != mode || op.Source == "" {
-			t.Errorf("%s: %+v, want no thresholds, session mode %q and a source", name, op, mode)
+		if op.Thresholds != (Thresholds{}) || op.SessionMode != tc.mode || op.PredictOnRoute != tc.predict || op.Source == "" {
+			t.Errorf("%s: %+v, want no thresholds, session mode %q, predict on route %v and a source", name, op, tc.mode, tc.predict)
 		}
 		if _, err := reg.Build(PolicyConfig{Name: name}); err != nil {
 			t.Errorf("%s: %v", name, err)
