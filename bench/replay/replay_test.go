@@ -161,6 +161,9 @@ func TestPeersRunWithTheirOwnAdmissionAndAffinity(t *testing.T) {
 		if strings.HasPrefix(note, "dynamo ran") && !strings.Contains(note, "no predict-on-route index") {
 			t.Errorf("dynamo's note does not say it ran without a predict-on-route index: %q", note)
 		}
+		if strings.HasPrefix(note, "dynamo-predicted ran") && !strings.Contains(note, "but for its predict-on-route index, set here: no router queue, a predict-on-route index of 5s") {
+			t.Errorf("dynamo-predicted's note does not say its predict-on-route index departs from Dynamo's default: %q", note)
+		}
 	}
 	if notes != 5 {
 		t.Fatalf("%d peer notes, want 5: %q", notes, rep.Notes)

@@ -364,7 +364,11 @@ func (c *Config) notes(rep *report.Report) []string {
 			if sc.Policy.PredictedTTL > 0 {
 				predict = fmt.Sprintf("a predict-on-route index of %v", sc.Policy.PredictedTTL)
 			}
-			out = append(out, fmt.Sprintf("%s ran as its authors run it: %s, %s, sessions %s (%s).", p.Name, admission, predict, sc.SessionMode, op.Source))
+			how := "as its authors run it"
+			if p.PredictedTTL != 0 && p.PredictedTTL != op.PredictOnRoute {
+				how = "as its authors run it but for its predict-on-route index, set here"
+			}
+			out = append(out, fmt.Sprintf("%s ran %s: %s, %s, sessions %s (%s).", p.Name, how, admission, predict, sc.SessionMode, op.Source))
 		}
 	}
 	out = append(out, c.partNote())
