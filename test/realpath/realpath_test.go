@@ -529,16 +529,14 @@ func (st *stack) converged(prompts map[string][][]uint32) {
 	t0 := time.Now()
 	testutil.Eventually(st.t, 10*time.Second, func() bool {
 		for _, e := range st.engines {
-			dump := e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}]
+			if last = st.lagging(e); last != "" {
+				return false
+			}
 			held := map[kvevents.SeqHash]bool{}
-			for _, h := range dump {
+			for _, h := range e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}] {
 				held[h] = true
 			}
 			for _, r := range st.replicas {
-				if got := st.indexed(r, e.id, 0); got != len(dump) {
-					last = fmt.Sprintf("%s indexes %d blocks on %s#0, the engine holds %d", r.ID(), got, e.id, len(dump))
-					return false
-				}
 				for i, p := range prompts[e.id] {
 					want := 0
 					for _, h := range kvevents.SeqHashes(nil, p, testBlock, kvevents.SeedFor("", "")) {
@@ -576,8 +574,6 @@ func (st *stack) overlap(ctx context.Context, r *host.Replica, worker string, pr
 	return resp.OverlapBlocks
 }
 
-// indexed is the replica's indexed block count on worker#rank (-1 when it
-// does not list it).
 // indexedAll waits until every replica indexes as many blocks on w
 // (an engine's rank 0, "id#0") as that engine holds.
 func (st *stack) indexedAll(w string) {
@@ -587,18 +583,28 @@ func (st *stack) indexedAll(w string) {
 		if e.id != id {
 			continue
 		}
+		var last string
 		testutil.Eventually(st.t, 10*time.Second, func() bool {
-			held := len(e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}])
-			for _, r := range st.replicas {
-				if st.indexed(r, e.id, 0) != held {
-					return false
-				}
-			}
-			return true
-		}, func() string { return "the replicas did not index " + w + "'s blocks" })
+			last = st.lagging(e)
+			return last == ""
+		}, func() string { return "the replicas to index " + w + "'s blocks: " + last })
 	}
 }
 
+// lagging says which replica indexes a different number of blocks on e's
+// rank 0 than e holds, or "" when none does.
+func (st *stack) lagging(e *engine) string {
+	held := len(e.eng.Dump()[workerref.Target{Worker: e.id, Rank: 0}])
+	for _, r := range st.replicas {
+		if got := st.indexed(r, e.id, 0); got != held {
+			return fmt.Sprintf("%s indexes %d blocks on %s#0, the engine holds %d", r.ID(), got, e.id, held)
+		}
+	}
+	return ""
+}
+
+// indexed is the replica's indexed block count on worker#rank (-1 when it
+// does not list it).
 func (st *stack) indexed(r *host.Replica, worker string, rank uint32) int {
 	w, err := st.list(r)
 	if err != nil {
