@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/router/index"
 	"github.com/kvrouter/kvrouter/router/scheduler"
 	"github.com/kvrouter/kvrouter/workerref"
@@ -116,18 +117,30 @@ func (r *Replica) newModel(name string) (*modelState, error) {
 // refresh recomputes a long waiter's overlaps from the index (called from
 // the scheduler under its lock; lookups are lock-free).
 func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) []scheduler.Overlap {
-	var ov index.Overlaps
+	var ov, pov index.Overlaps
+	return ms.overlaps(req.SeqHashes, &ov, &pov, dst)
+}
+
+// overlaps looks hashes up in the model's indexes (into ov and pov, scratch)
+// and appends one entry per index and worker to dst: the event-fed index's
+// with Reported set (the engines' events report those blocks), the
+// predicted index's without. The scheduler takes the largest of each
+// (scheduler.Overlap). In approximate mode the predicted index is the only
+// one.
+func (ms *modelState) overlaps(hashes []kvevents.SeqHash, ov, pov *index.Overlaps, dst []scheduler.Overlap) []scheduler.Overlap {
+	pov.Reset()
 	if ms.approx {
-		ms.pred.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
+		ms.pred.Lookup(hashes, index.LookupOptions{}, pov)
 	} else {
-		ms.index.Lookup(req.SeqHashes, index.LookupOptions{}, &ov)
+		ms.index.Lookup(hashes, index.LookupOptions{}, ov)
+		for _, w := range ov.Workers {
+			dst = append(dst, scheduler.Overlap{Key: w.Key, Blocks: w.Blocks, Reported: w.Blocks})
+		}
+		if ms.pred != nil {
+			ms.pred.Lookup(hashes, index.LookupOptions{}, pov)
+		}
 	}
-	if ms.pred != nil && !ms.approx {
-		var p index.Overlaps
-		ms.pred.Lookup(req.SeqHashes, index.LookupOptions{}, &p)
-		index.MergeMax(&ov, &p)
-	}
-	for _, w := range ov.Workers {
+	for _, w := range pov.Workers {
 		dst = append(dst, scheduler.Overlap{Key: w.Key, Blocks: w.Blocks})
 	}
 	return dst

@@ -138,25 +138,13 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 }
 
 // lookup hashes the prompt (or takes the caller's hashes) and looks it up
-// in the model's index, merged with the predicted index, into s.sov.
+// in the model's indexes into s.sov (modelState.overlaps).
 func (r *Replica) lookup(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
 	t0 := time.Now()
 	hashes, tokens := r.promptHashes(ms, req, s)
 	s.ov.Reset()
-	if ms.approx {
-		ms.pred.Lookup(hashes, index.LookupOptions{}, &s.ov)
-	} else {
-		ms.index.Lookup(hashes, index.LookupOptions{}, &s.ov)
-		if ms.pred != nil {
-			ms.pred.Lookup(hashes, index.LookupOptions{}, &s.pov)
-			index.MergeMax(&s.ov, &s.pov)
-		}
-	}
-	s.sov = s.sov[:0]
-	for _, w := range s.ov.Workers {
-		s.sov = append(s.sov, scheduler.Overlap{Key: w.Key, Blocks: w.Blocks})
-	}
-	s.tel.lookedUp(t0, len(hashes), &s.ov)
+	s.sov = ms.overlaps(hashes, &s.ov, &s.pov, s.sov[:0])
+	s.tel.lookedUp(t0, len(hashes), &s.ov, &s.pov)
 	return hashes, tokens
 }
 

@@ -306,13 +306,13 @@ func (t *routeTelemetry) request(req *api.RouteRequest) {
 	}
 }
 
-func (t *routeTelemetry) lookedUp(start time.Time, promptBlocks int, ov *index.Overlaps) {
+func (t *routeTelemetry) lookedUp(start time.Time, promptBlocks int, ov, pov *index.Overlaps) {
 	if !t.rec {
 		return
 	}
 	spanAt(t.ctx, t.r.tracer, "index.lookup", start, time.Now(),
-		attribute.Int("kvr.prompt_blocks", promptBlocks), attribute.Int("kvr.matched_blocks", ov.Total),
-		attribute.Int("kvr.workers_matched", len(ov.Workers)))
+		attribute.Int("kvr.prompt_blocks", promptBlocks), attribute.Int("kvr.matched_blocks", max(ov.Total, pov.Total)),
+		attribute.Int("kvr.workers_matched", len(ov.Workers)), attribute.Int("kvr.workers_predicted", len(pov.Workers)))
 }
 
 // scheduled records the queue wait and the selection of one Schedule call

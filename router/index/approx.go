@@ -46,7 +46,8 @@ type ApproxConfig struct {
 //   - the predicted index next to the event-fed one (TTL a few seconds),
 //     which covers the window between a routing decision and the Stored
 //     events it causes, so a burst of sibling requests does not scatter.
-//     Combine with MergeMax: each worker's score is the larger of the two.
+//     The scheduler takes each worker's larger overlap of the two
+//     (router/host passes both, the event-fed one marked as reported).
 //
 // Expiry is per Record call, not per block: all blocks of one call share
 // one deadline, so each call is one expiry record and the deadline heap

@@ -16,8 +16,7 @@
 //   - Lookup (lookup.go): per worker, the number of contiguous leading
 //     blocks held, plus the longest; stops when no candidate is left,
 //     optionally when one is left (EarlyExit), honours an allowed set, and
-//     writes into a caller-owned Overlaps without allocating. MergeMax
-//     combines two results by per-worker maximum.
+//     writes into a caller-owned Overlaps without allocating.
 //   - The block table (table.go, bigset.go): sharded open addressing from
 //     sequence hash to a worker set; sets of up to 3 workers (4 when their
 //     slots are under 32,767) are inline in the table word, larger ones are

@@ -229,14 +229,6 @@ func TestLookupZeroAlloc(t *testing.T) {
 			t.Fatalf("%v allocations per lookup", a)
 		}
 	}
-	var side Overlaps
-	x.Lookup(q[:2], LookupOptions{}, &side)
-	if a := testing.AllocsPerRun(100, func() {
-		x.Lookup(q, LookupOptions{}, &out)
-		MergeMax(&out, &side)
-	}); a != 0 {
-		t.Fatalf("%v allocations per lookup+merge", a)
-	}
 }
 
 // TestSlotReuseNeverResurrects removes and re-adds workers in a loop so

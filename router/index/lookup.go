@@ -51,7 +51,6 @@ type Overlaps struct {
 	nbits  int
 	bitmap bool
 	sbuf   []uint32
-	mbuf   []int32
 	sink   uint64 // folds look-ahead loads so they are not elided
 }
 
@@ -402,39 +401,7 @@ func (x *Index) bitmapToList(epoch uint64, out *Overlaps) {
 	out.nbits = 0
 }
 
-// MergeMax folds src into dst, keeping each worker's larger overlap (the
-// way a predicted or approximate index is combined with the event-fed
-// one); dst.Total becomes the larger total. Neither argument may be used
-// concurrently. It allocates only when dst must grow.
-func MergeMax(dst, src *Overlaps) {
-	if len(src.Workers) == 0 {
-		return
-	}
-	if len(dst.Workers)*len(src.Workers) <= 1024 {
-		for _, s := range src.Workers {
-			found := false
-			for i := range dst.Workers {
-				if dst.Workers[i].Key == s.Key {
-					dst.Workers[i].Blocks = max(dst.Workers[i].Blocks, s.Blocks)
-					found = true
-					break
-				}
-			}
-			if !found {
-				dst.appendMerged(s)
-			}
-		}
-	} else {
-		mergeSorted(dst, src)
-	}
-	dst.Total = max(dst.Total, src.Total)
-	dst.EarlyExited = dst.EarlyExited || src.EarlyExited
-}
-
-func (o *Overlaps) appendMerged(s WorkerOverlap) {
-	o.Workers = append(o.Workers, s)
-}
-
+// cmpKey orders targets by worker, then rank (Stats' dumps).
 func cmpKey(a, b workerref.Target) int {
 	if a.Worker != b.Worker {
 		if a.Worker < b.Worker {
@@ -449,29 +416,4 @@ func cmpKey(a, b workerref.Target) int {
 		return 1
 	}
 	return 0
-}
-
-// mergeSorted handles large merges in O((n+m) log(n+m)): sort both sides by
-// key (src is sorted through an index permutation so it stays untouched).
-func mergeSorted(dst, src *Overlaps) {
-	slices.SortFunc(dst.Workers, func(a, b WorkerOverlap) int { return cmpKey(a.Key, b.Key) })
-	perm := dst.mbuf[:0]
-	for i := range src.Workers {
-		perm = append(perm, int32(i))
-	}
-	slices.SortFunc(perm, func(a, b int32) int { return cmpKey(src.Workers[a].Key, src.Workers[b].Key) })
-	dst.mbuf = perm
-	n := len(dst.Workers)
-	i := 0
-	for _, p := range perm {
-		s := src.Workers[p]
-		for i < n && cmpKey(dst.Workers[i].Key, s.Key) < 0 {
-			i++
-		}
-		if i < n && dst.Workers[i].Key == s.Key {
-			dst.Workers[i].Blocks = max(dst.Workers[i].Blocks, s.Blocks)
-			continue
-		}
-		dst.appendMerged(s)
-	}
 }

@@ -41,7 +41,7 @@ func TestBookingLoadAndSharedPrefix(t *testing.T) {
 		t.Fatalf("potential decode blocks for r3 = %d, want 7 (first two: %v)", potential[2], potential[:2])
 	}
 	// Overlap reduces the booked prefill: 2 cached blocks of 4.
-	d4 := h.admitted(h.submit(&Request{ID: "r4", Tokens: 64, SeqHashes: hashes(4, 2), Overlaps: []Overlap{{wk("a", 0), 2}}}))
+	d4 := h.admitted(h.submit(&Request{ID: "r4", Tokens: 64, SeqHashes: hashes(4, 2), Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 2}}}))
 	if l := h.loads()[wk("a", 0)]; l.PrefillTokens != 3*64+32 {
 		t.Fatalf("after r4: %+v", l)
 	}

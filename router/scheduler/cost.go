@@ -32,6 +32,12 @@ import (
 //
 // credit is OverlapCredit, or with SaturatedCredit and SaturationTokens
 // set, a credit that follows the fleet's load (CreditAt).
+//
+// With ReportedCredit set, overlap_blocks is split by where the blocks are
+// known from (Overlap.Reported): the blocks the engines' own events report
+// get ReportedCredit (rising to SaturatedCredit as the credit does), the
+// rest, which the replica only predicts from its own routing, keep credit.
+// Zero: one credit for both.
 type CostParams struct {
 	PrefillLoadScale          float64 `yaml:"prefill_load_scale"`
 	OverlapCredit             float64 `yaml:"overlap_credit"`
@@ -40,6 +46,7 @@ type CostParams struct {
 	AdapterLoadBlocks         float64 `yaml:"adapter_load_blocks"`
 	SaturatedCredit           float64 `yaml:"saturated_credit"`
 	SaturationTokens          float64 `yaml:"saturation_tokens"`
+	ReportedCredit            float64 `yaml:"reported_overlap_credit"`
 }
 
 // CreditAt is the overlap credit when the least-loaded candidate has
@@ -60,20 +67,58 @@ func (cp *CostParams) CreditAt(leastPrefill int64) float64 {
 	return cp.OverlapCredit + (cp.SaturatedCredit-cp.OverlapCredit)*frac
 }
 
+// creditsAt is CreditAt and the credit of reported blocks at the same load.
+func (cp *CostParams) creditsAt(leastPrefill int64) (credit, reported float64) {
+	credit, reported = cp.OverlapCredit, cp.ReportedCredit
+	if reported == 0 {
+		reported = credit
+	}
+	if !cp.followsLoad() {
+		return credit, reported
+	}
+	frac := min(1, float64(leastPrefill)/cp.SaturationTokens)
+	return credit + (cp.SaturatedCredit-credit)*frac, reported + (cp.SaturatedCredit-reported)*frac
+}
+
+// plain reports the weights the plain fused passes serve (pickMinCostPlain):
+// no request weight and one credit for reported and predicted blocks.
+func (cp *CostParams) plain() bool {
+	return cp.DecodeActiveRequestWeight == 0 && (cp.ReportedCredit == 0 || cp.ReportedCredit == cp.OverlapCredit)
+}
+
 // followsLoad reports a load-following credit (both saturation fields set).
 func (cp *CostParams) followsLoad() bool { return cp.SaturatedCredit != 0 && cp.SaturationTokens > 0 }
 
-// credit is one selection's overlap credit (CreditAt over c's candidates).
+// credit is one selection's overlap credit (CreditAt over c's candidates),
+// for the passes with one credit (CostParams.plain).
 func (cp *CostParams) credit(c *Candidates) float64 {
 	if !cp.followsLoad() {
 		return cp.OverlapCredit // no need to find the least-loaded candidate
 	}
+	return cp.CreditAt(c.leastPrefill())
+}
+
+// leastPrefill is the smallest prefill queue among c's candidates (tokens).
+func (c *Candidates) leastPrefill() int64 {
 	prefill := c.f.prefill
 	least := int64(math.MaxInt64)
 	for _, s := range c.slots {
 		least = min(least, prefill[s])
 	}
-	return cp.CreditAt(least)
+	return least
+}
+
+// credits are one selection's overlap credit (CreditAt over c's
+// candidates) and what a reported block earns less than a predicted one
+// (0 without ReportedCredit): a row's credited blocks are
+// credit·overlap − less·reported.
+func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
+	least := int64(0)
+	if cp.followsLoad() { // else no need to find the least-loaded candidate
+		least = c.leastPrefill()
+	}
+	credit, reported := cp.creditsAt(least)
+	return credit, credit - reported
 }
 
 // DefaultCostParams: prefill load scale 1, overlap credit 1.25 rising to 3
@@ -93,7 +138,10 @@ func (cp *CostParams) credit(c *Candidates) float64 {
 // 24: a credit that follows the load"): at the trace's high load the fixed
 // 1.25 left its p50 at 1.13-1.29x the best peer's, and a credit rising to 3
 // brought it to 0.78-0.92x, while at light load, where the least-loaded
-// worker is mostly idle, it stays near 1.25. A decode block weighs a
+// worker is mostly idle, it stays near 1.25. A lower credit for the blocks
+// the engines report (ReportedCredit 1 and 1.1) failed the same kind of
+// rule at stop 41 by a p99 geomean 0.05 % above the default's ("Issue 24:
+// two credits"). A decode block weighs a
 // quarter of a prefill block: it costs an engine step far less time
 // (docs/benchmarks.md, "Default policy experiments").
 func DefaultCostParams() CostParams {
@@ -180,12 +228,12 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		return pickMinDecodeCost(x, c, &dp, only), nil
 	}
 	if p.Temperature <= 0 {
-		if !only && c.plain() && p.Cost.DecodeActiveRequestWeight == 0 {
+		if !only && c.plain() && p.Cost.plain() {
 			return pickMinCostPlain(x, c, &p.Cost), nil
 		}
 		return pickMinCost(x, c, &p.Cost, only), nil
 	}
-	if len(c.slots) == 2 && !only && c.plain() && p.Cost.DecodeActiveRequestWeight == 0 {
+	if len(c.slots) == 2 && !only && c.plain() && p.Cost.plain() {
 		return samplePairPlain(x, c, &p.Cost, p.Temperature), nil
 	}
 	cost := x.costs(c.Len())
@@ -195,17 +243,18 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 
 // pickMinCost is the fused default scorer + temperature-0 picker.
 func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
-	if !only && c.plain() && cp.DecodeActiveRequestWeight == 0 {
+	if !only && c.plain() && cp.plain() {
 		return pickMinCostPlain(x, c, cp)
 	}
 	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, w, dw := cp.PrefillLoadScale, cp.credit(c), cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	scale, w, dw := cp.PrefillLoadScale, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	credit, less := cp.credits(c)
 	load := cp.adapterLoad(c)
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
-	ov, ep := c.ov, c.epoch
+	ov, rep, ep := c.ov, c.rep, c.epoch
 	best, bi, ties := math.Inf(1), 0, 0
 	for i, s := range c.slots {
 		if only && !c.aff.matches(f, s) {
@@ -216,6 +265,9 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 			o = float64(uint32(v))
 		}
 		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if less != 0 && rep[s] >= ep {
+			pre += less * float64(uint32(rep[s]))
+		}
 		if pre < 0 {
 			pre = 0
 		}
@@ -234,11 +286,13 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 
 // pickMinCostPlain is pickMinCost for the common case: no Soft target among
 // the candidates, no prompt blocks shared with active requests, no adapter
-// held by some candidates and not others, no active-request weight. Same costs, same tie-break draws.
+// held by some candidates and not others, no active-request weight, one
+// credit (CostParams.plain). Same costs, same tie-break draws.
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, dw := cp.PrefillLoadScale, cp.credit(c), cp.DecodeBlockWeight
+	scale, dw := cp.PrefillLoadScale, cp.DecodeBlockWeight
+	credit := cp.credit(c) // one credit here (CostParams.plain)
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
@@ -266,11 +320,12 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 	f := c.f
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, w, dw := cp.PrefillLoadScale, cp.credit(c), cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	scale, w, dw := cp.PrefillLoadScale, cp.DecodeActiveRequestWeight, cp.DecodeBlockWeight
+	credit, less := cp.credits(c)
 	load := cp.adapterLoad(c)
 	newBlks := c.newBlks
 	prefill, decode, active, shared := f.prefill, f.decode, f.active, c.shared
-	ov, ep := c.ov, c.epoch
+	ov, rep, ep := c.ov, c.rep, c.epoch
 	cost = cost[:len(c.slots)]
 	for i, s := range c.slots {
 		o := 0.0
@@ -278,6 +333,9 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 			o = float64(uint32(v))
 		}
 		pre := (float64(prefill[s])+isl)*inv - credit*o
+		if less != 0 && rep[s] >= ep {
+			pre += less * float64(uint32(rep[s]))
+		}
 		if pre < 0 {
 			pre = 0
 		}
@@ -293,7 +351,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 // range is tracked with plain compares: the min/max builtins handle NaN and
 // signed zeros, which costs more than the rest of the loop.
 func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64, only bool) (lo, hi float64, m int) {
-	if !only && c.plain() && cp.DecodeActiveRequestWeight == 0 {
+	if !only && c.plain() && cp.plain() {
 		return scoreDefaultRangePlain(x, c, cp, cost)
 	}
 	scoreDefault(x, c, cp, cost)
@@ -331,7 +389,8 @@ func scoreDefaultRange(x *Context, c *Candidates, cp *CostParams, cost []float64
 func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []float64) (lo, hi float64, m int) {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
-	scale, credit, dw := cp.PrefillLoadScale, cp.credit(c), cp.DecodeBlockWeight
+	scale, dw := cp.PrefillLoadScale, cp.DecodeBlockWeight
+	credit := cp.credit(c) // one credit here (CostParams.plain)
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch

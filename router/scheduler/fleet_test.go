@@ -107,12 +107,32 @@ func TestPositionalHints(t *testing.T) {
 	check(rev)
 	check(ovs[5:9])
 	// Duplicates keep the largest; the clamp is the prompt's block count.
-	w := &waiter{req: &Request{ID: "x", Tokens: 32, Overlaps: []Overlap{{wk("w1", 0), 1}, {wk("w1", 0), 5}, {wk("w1", 0), 2}}}}
+	w := &waiter{req: &Request{ID: "x", Tokens: 32, Overlaps: []Overlap{{Key: wk("w1", 0), Blocks: 1}, {Key: wk("w1", 0), Blocks: 5}, {Key: wk("w1", 0), Blocks: 2}}}}
 	h.c.prepare(w)
 	if got := h.c.cands.ovAt(h.c.fl.lookup("w1", 0)); got != 2 {
 		t.Fatalf("duplicate/clamp: %d", got)
 	}
 	h.c.unprepare()
+	// One entry per index (the event-fed one with Reported, the predicted
+	// one without): the largest of each, each clamped.
+	for _, tc := range []struct {
+		ovs           []Overlap
+		blocks, repor int
+	}{
+		{[]Overlap{{Key: wk("w1", 0), Blocks: 1, Reported: 1}, {Key: wk("w1", 0), Blocks: 2}}, 2, 1},
+		{[]Overlap{{Key: wk("w1", 0), Blocks: 2}, {Key: wk("w1", 0), Blocks: 1, Reported: 1}}, 2, 1},
+		{[]Overlap{{Key: wk("w1", 0), Blocks: 9, Reported: 9}, {Key: wk("w1", 0), Blocks: 1}}, 2, 2},
+		{[]Overlap{{Key: wk("w1", 0), Blocks: 1}}, 1, 0},
+	} {
+		w := &waiter{req: &Request{ID: "x", Tokens: 32, Overlaps: tc.ovs}}
+		h.c.prepare(w)
+		c := &h.c.cands
+		c.slots = []int32{h.c.fl.lookup("w1", 0)}
+		if b, r := c.OverlapBlocks(0), c.ReportedBlocks(0); b != tc.blocks || r != tc.repor {
+			t.Fatalf("%+v: %d blocks, %d reported; want %d, %d", tc.ovs, b, r, tc.blocks, tc.repor)
+		}
+		h.c.unprepare()
+	}
 }
 
 // TestRanksKeptInOrder: a worker's slots stay sorted by rank whatever order

@@ -28,7 +28,7 @@ func TestHardWorkerTargetSkipsOverloadedRank(t *testing.T) {
 	h := newHarness(t, Config{Thresholds: th, ThresholdsSet: true}, NewDefaultPolicy(0), wi("a", 0), wi("a", 1), wi("b", 0))
 	h.admitted(h.submit(&Request{ID: "fill", Tokens: 100, Pinned: new(workerref.Of("a", 0))}))
 	d := h.admitted(h.submit(&Request{ID: "r", Tokens: 10, Affinity: hardTo(workerref.Any("a")),
-		Overlaps: []Overlap{{wk("b", 0), 1}}}))
+		Overlaps: []Overlap{{Key: wk("b", 0), Blocks: 1}}}))
 	if d.Worker != wk("a", 1) || d.HardFallback {
 		t.Fatalf("got %v fallback=%v", d.Worker, d.HardFallback)
 	}

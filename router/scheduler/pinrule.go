@@ -225,6 +225,7 @@ func (c *core) prepare(w *waiter) {
 		// the fleet grew: resize the per-slot scratch, re-take its arrays
 		c.shared = append(c.shared, make([]int32, n-len(c.shared))...)
 		cs.ov = append(cs.ov, make([]uint64, n-len(cs.ov))...)
+		cs.rep = append(cs.rep, make([]uint64, n-len(cs.rep))...)
 		cs.warm = append(cs.warm, make([]uint64, n-len(cs.warm))...)
 		cs.f = fl
 		cs.prefill, cs.decode, cs.active = fl.prefill, fl.decode, fl.active
@@ -234,15 +235,18 @@ func (c *core) prepare(w *waiter) {
 	cs.epoch += 1 << 32
 	if cs.epoch == 0 { // wrapped after 2^32 selections: old stamps could match
 		clear(cs.ov)
+		clear(cs.rep)
 		clear(cs.warm)
 		cs.epoch = 1 << 32
 	}
 	r := w.req
 	c.prepareAdapter(r)
-	ov, ep := cs.ov, cs.epoch
+	ov, rep, ep := cs.ov, cs.rep, cs.epoch
 	limit := uint32(max(int64(len(r.SeqHashes)), c.blocks(int64(r.Tokens))))
 	hints := fl.hints
-	for i, o := range w.overlaps() {
+	ovs := w.overlaps()
+	for i := range ovs {
+		o := &ovs[i] // not a copy: this loop runs once per worker holding the prefix
 		if o.Blocks <= 0 {
 			continue
 		}
@@ -262,10 +266,15 @@ func (c *core) prepare(w *waiter) {
 			continue
 		}
 		v := min(uint32(min(o.Blocks, 1<<31)), limit)
-		if cur := ov[s]; cur >= ep && uint32(cur) >= v {
-			continue
+		if cur := ov[s]; cur < ep || uint32(cur) < v {
+			ov[s] = ep | uint64(v)
 		}
-		ov[s] = ep | uint64(v)
+		if o.Reported > 0 { // at most the entry's Blocks (Validate)
+			v = min(uint32(min(o.Reported, 1<<31)), v)
+			if cur := rep[s]; cur < ep || uint32(cur) < v {
+				rep[s] = ep | uint64(v)
+			}
+		}
 	}
 	// Prompt blocks already active on a worker are counted once there. The
 	// hashes are a prefix chain and bookings hold whole chains, so the first

@@ -149,6 +149,7 @@ type Candidates struct {
 	prefillF  []float64
 	decodeF   []float64
 	ov        []uint64 // by slot: epoch | overlap blocks (stale epoch = 0 blocks)
+	rep       []uint64 // by slot: epoch | of those, the blocks the engines' events report
 	epoch     uint64   // current selection's epoch, in the high 32 bits
 	shared    []int32  // by slot: request blocks already active there
 	anyShared bool     // some slot has shared > 0
@@ -167,6 +168,15 @@ type Candidates struct {
 func (c *Candidates) ovAt(s int32) int32 {
 	if v := c.ov[s]; v >= c.epoch {
 		return int32(uint32(v))
+	}
+	return 0
+}
+
+// ReportedBlocks is how many of candidate i's overlap blocks the engines'
+// own events report (Overlap.Reported).
+func (c *Candidates) ReportedBlocks(i int) int {
+	if v := c.rep[c.slots[i]]; v >= c.epoch {
+		return int(uint32(v))
 	}
 	return 0
 }
@@ -266,6 +276,7 @@ func (c *Candidates) Retain(keep []bool) {
 type CandidateRow struct {
 	Key                 workerref.Target
 	OverlapBlocks       int
+	ReportedBlocks      int // of OverlapBlocks, reported by the engines' events
 	ActivePrefillTokens int
 	ActiveDecodeBlocks  int // booked; PotentialDecodeBlocks adds RequestBlocks
 	ActiveRequests      int
@@ -294,6 +305,7 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 		for len(c.shared) <= int(s) {
 			c.shared = append(c.shared, 0)
 			c.ov = append(c.ov, 0)
+			c.rep = append(c.rep, 0)
 			c.warm = append(c.warm, 0)
 		}
 		if r != nil && r.Adapter != "" && row.AdapterResident {
@@ -301,6 +313,7 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 			c.anyAdapter = true
 		}
 		c.ov[s] = c.epoch | uint64(uint32(row.OverlapBlocks))
+		c.rep[s] = c.epoch | uint64(uint32(min(row.ReportedBlocks, row.OverlapBlocks)))
 		c.shared[s] = int32(row.SharedBlocks)
 		c.anyShared = c.anyShared || row.SharedBlocks > 0
 		c.slots = append(c.slots, s)

@@ -79,15 +79,18 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -105,7 +108,7 @@ func TestDefaultCostTerms(t *testing.T) {
 func fixtureRows(n int) []CandidateRow {
 	rows := make([]CandidateRow, n)
 	for i := range rows {
-		rows[i] = CandidateRow{Key: wk(fmt.Sprintf("w%05d", i), 0), OverlapBlocks: (i % 32) * 4,
+		rows[i] = CandidateRow{Key: wk(fmt.Sprintf("w%05d", i), 0), OverlapBlocks: (i % 32) * 4, ReportedBlocks: (i % 32) * 4 * (i % 3) / 2,
 			ActivePrefillTokens: i * 16, ActiveDecodeBlocks: i % 127, ActiveRequests: i % 17}
 	}
 	return rows
@@ -343,6 +346,8 @@ func TestDecodeBlockWeightFusedPaths(t *testing.T) {
 				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.25},
 				{PrefillLoadScale: 1, OverlapCredit: 2, DecodeBlockWeight: 0},
 				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeActiveRequestWeight: 1, DecodeBlockWeight: 0.5},
+				{PrefillLoadScale: 1, OverlapCredit: 1.25, ReportedCredit: 1, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512},
+				{PrefillLoadScale: 1, OverlapCredit: 2, ReportedCredit: 0.5, DecodeActiveRequestWeight: 1},
 			} {
 				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
 					rows := fixtureRows(n)
@@ -431,6 +436,14 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {saturated_credit: 3, saturation_tokens: 0}", errIs: ErrInvalidConfig, errMatch: "set together"},
 		{doc: "name: default\nparams: {saturated_credit: 0, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: "set together"},
 		{doc: "name: default\nparams: {saturated_credit: -1, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: default\nparams: {reported_overlap_credit: 1}", name: "default", check: func(t *testing.T, p Policy) {
+			want := DefaultCostParams()
+			want.ReportedCredit = 1
+			if d := p.(*DefaultPolicy); d.Cost != want {
+				t.Fatalf("cost %+v, want %+v", d.Cost, want)
+			}
+		}},
+		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {decode_leg: {transfer_weight: 1}}", errIs: ErrInvalidConfig, errMatch: "transfer_weight"},
 		{doc: "name: default\nparams: {decode_leg: {decode_block_weight: -1}}", errIs: ErrInvalidConfig, errMatch: "decode_leg"},
 		{doc: "", name: "default"},
@@ -681,13 +694,13 @@ func TestSamplePairMatchesGeneral(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := []CandidateRow{
-				{Key: wk("a", 0), ActivePrefillTokens: tc.a, OverlapBlocks: 2},
+				{Key: wk("a", 0), ActivePrefillTokens: tc.a, OverlapBlocks: 2, ReportedBlocks: 1},
 				{Key: wk("b", 0), ActivePrefillTokens: tc.b},
 			}
 			r := &Request{Tokens: 256, SeqHashes: hashes(16, 1)}
 			xf, cf := NewCandidates(r, 16, 20, 5, nil, rows)
 			xg, cg := NewCandidates(r, 16, 20, 5, nil, rows)
-			cp := DefaultCostParams()
+			cp := DefaultCostParams() // one credit: the plain pair's case (CostParams.plain)
 			var got [2]int
 			for i := range 20000 {
 				fast := samplePairPlain(xf, cf, &cp, tc.temp)
@@ -732,6 +745,54 @@ func TestSaturatedCreditFollowsTheLeastLoaded(t *testing.T) {
 		{"busy and idle: the base credit", adaptive, []CandidateRow{holder, busy, idle}, []float64{32, 31, 27}, "idle"},
 		// past SaturationTokens the credit stays at 3 (clamped cost 0)
 		{"saturated", adaptive, []CandidateRow{holder, {Key: wk("busy", 0), ActivePrefillTokens: 16 * bs}}, []float64{0, 43}, "holder"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &DefaultPolicy{Cost: tc.p, NoOutputBlocks: true}
+			x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, tc.rows)
+			cost := make([]float64, len(tc.rows))
+			DefaultCost{Params: tc.p}.Score(x, c, cost)
+			for i := range cost {
+				if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+					t.Fatalf("costs %v, want %v", cost, tc.want)
+				}
+			}
+			i, err := p.Select(x, c)
+			if err != nil || c.Key(i) != wk(tc.pick, 0) {
+				t.Errorf("picked %v (%v), want %s", c.Key(i), err, tc.pick)
+			}
+		})
+	}
+}
+
+// With reported_overlap_credit the blocks the engines' events report earn
+// their own credit, the blocks the replica only predicts the default's: a
+// holder known from events can lose to an idle worker at credit 1 where a
+// holder known only from routing keeps the request at 1.25; at saturation
+// both credits are 3.
+func TestReportedCreditSplitsTheOverlap(t *testing.T) {
+	const bs = 512
+	reported := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 20, ReportedBlocks: 20, ActivePrefillTokens: 22 * bs}
+	predicted := reported
+	predicted.ReportedBlocks = 0
+	half := reported
+	half.ReportedBlocks = 10
+	idle := CandidateRow{Key: wk("idle", 0)}
+	split := CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, ReportedCredit: 1, SaturatedCredit: 3, SaturationTokens: 8 * bs}
+	one := split
+	one.ReportedCredit = 0
+	for _, tc := range []struct {
+		name string
+		p    CostParams
+		rows []CandidateRow
+		want []float64 // (prefill + 27 prompt blocks) − credits · overlap
+		pick string
+	}{
+		{"reported blocks at credit 1", split, []CandidateRow{reported, idle}, []float64{29, 27}, "idle"},
+		{"predicted blocks at credit 1.25", split, []CandidateRow{predicted, idle}, []float64{24, 27}, "holder"},
+		{"half and half", split, []CandidateRow{half, idle}, []float64{26.5, 27}, "holder"},
+		{"one credit", one, []CandidateRow{reported, idle}, []float64{24, 27}, "holder"},
+		// least 16 blocks queued, past 8: both credits 3
+		{"saturated", split, []CandidateRow{reported, {Key: wk("busy", 0), ActivePrefillTokens: 16 * bs}}, []float64{0, 43}, "holder"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &DefaultPolicy{Cost: tc.p, NoOutputBlocks: true}

@@ -59,7 +59,7 @@ func TestQueueOrder(t *testing.T) {
 			short := h.submit(&Request{ID: "short", Tokens: 150})
 			// 300 tokens, 12 blocks (192 tokens) cached: 108 uncached, the
 			// least work, and still enough to make a busy again
-			cached := h.submit(&Request{ID: "cached", Tokens: 300, Overlaps: []Overlap{{wk("a", 0), 12}}})
+			cached := h.submit(&Request{ID: "cached", Tokens: 300, Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 12}}})
 			if got := admitOrder(t, h, first, long, short, cached); got != tc.want {
 				t.Fatalf("order %s, want %s", got, tc.want)
 			}
@@ -293,7 +293,9 @@ func TestValidation(t *testing.T) {
 		{ID: "x", Pinned: &workerref.Target{}},
 		{ID: "x", Affinity: &Affinity{Target: workerref.Any("a")}},
 		{ID: "x", Affinity: &Affinity{Mode: session.Hard}},
-		{ID: "x", Overlaps: []Overlap{{wk("a", 0), -1}}},
+		{ID: "x", Overlaps: []Overlap{{Key: wk("a", 0), Blocks: -1}}},
+		{ID: "x", Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 2, Reported: -1}}},
+		{ID: "x", Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 2, Reported: 3}}},
 	} {
 		if _, err := s.Schedule(context.Background(), r); !errors.Is(err, ErrInvalidRequest) {
 			t.Fatalf("%+v: %v", r, err)

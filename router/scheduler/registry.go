@@ -152,6 +152,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		AdapterLoadBlocks         float64  `yaml:"adapter_load_blocks"`
 		SaturatedCredit           *float64 `yaml:"saturated_credit"`
 		SaturationTokens          *float64 `yaml:"saturation_tokens"`
+		ReportedOverlapCredit     float64  `yaml:"reported_overlap_credit"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -194,11 +195,12 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	if o.SaturationTokens != nil {
 		p.Cost.SaturationTokens = *o.SaturationTokens
 	}
+	p.Cost.ReportedCredit = o.ReportedOverlapCredit // 0: the overlap credit for every block
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
-		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 ||
+		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
 		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)

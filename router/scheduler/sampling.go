@@ -98,7 +98,7 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
-	credit := cp.credit(c)
+	credit := cp.credit(c) // one credit here (CostParams.plain)
 	var cost [2]float64
 	for i, s := range c.slots[:2] {
 		o := 0.0

@@ -421,8 +421,8 @@ func (s *Scheduler) validate(r *Request) error {
 		}
 	}
 	for _, o := range r.Overlaps {
-		if o.Blocks < 0 {
-			return bad("request %q: overlap %d blocks on %s", r.ID, o.Blocks, o.Key)
+		if o.Blocks < 0 || o.Reported < 0 || o.Reported > o.Blocks {
+			return bad("request %q: overlap %d blocks (%d reported) on %s", r.ID, o.Blocks, o.Reported, o.Key)
 		}
 	}
 	return nil

@@ -25,9 +25,17 @@ type Affinity struct {
 // Overlap is how many leading prompt blocks a (worker, rank) already holds
 // in its device cache, as the prefix index reports it. The scheduler has its
 // own type so that it does not depend on the index package.
+//
+// Reported is how many of them the engines' own KV events report (the
+// event-fed index); the rest the replica only predicts from its own
+// routing (the predicted index). The default cost can credit the two
+// differently (CostParams.ReportedCredit). A key may appear more than once
+// (one entry per index): the scheduler takes the largest Blocks and the
+// largest Reported of each key.
 type Overlap struct {
-	Key    workerref.Target
-	Blocks int
+	Key      workerref.Target
+	Blocks   int
+	Reported int
 }
 
 // Request is one scheduling request. The scheduler reads it until Schedule
