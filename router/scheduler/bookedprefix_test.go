@@ -58,3 +58,48 @@ func TestBookedPrefixKeepsSiblingsTogether(t *testing.T) {
 		})
 	}
 }
+
+// With booked_prefix_only_new a booked prefix counts only where it goes
+// deeper than every worker's reported overlap: siblings of a prefix no
+// worker reports stay together, siblings of one a worker outside their
+// candidates already reports (here c, which they may not use) spread as if
+// nothing were booked, and a booked prefix deeper than the reported one
+// counts again.
+func TestBookedPrefixOnlyNew(t *testing.T) {
+	const prefix, tail = 256, 4
+	onlyNew, err := NewRegistry().BuildYAML([]byte("name: default\nparams: {booked_prefix_only_new: true}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		p        Policy
+		reported int // prefix blocks worker c reports
+		together bool
+	}{
+		{"new prefix", onlyNew, 0, true},
+		{"reported on c", onlyNew, prefix, false},
+		{"reported on c, shallower", onlyNew, prefix / 2, true},
+		{"reported on c, the default", NewDefaultPolicy(0), prefix, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sibling := func(id string, salt uint64) *Request {
+				hs := slices.Concat(hashes(prefix, 1), hashes(tail, salt))
+				r := &Request{ID: id, Tokens: (prefix + tail) * 16, SeqHashes: hs, Allowed: []string{"a", "b"}}
+				if tc.reported > 0 {
+					r.Overlaps = []Overlap{{Key: wk("c", 0), Blocks: tc.reported, Reported: tc.reported}}
+				}
+				return r
+			}
+			big := func(name string) WorkerInfo {
+				return WorkerInfo{Key: wk(name, 0), KVBlocks: 100000, MaxBatchedTokens: 100000, Available: true}
+			}
+			h := newHarness(t, Config{}, tc.p, big("a"), big("b"), big("c"))
+			d1 := h.admitted(h.submit(sibling("s1", 100)))
+			d2 := h.admitted(h.submit(sibling("s2", 101)))
+			if got := d1.Worker == d2.Worker; got != tc.together {
+				t.Fatalf("siblings on %v and %v, want together=%v", d1.Worker, d2.Worker, tc.together)
+			}
+		})
+	}
+}

@@ -141,9 +141,9 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // worker is mostly idle, it stays near 1.25. A lower credit for the blocks
 // the engines report (ReportedCredit 1 and 1.1) failed the same kind of
 // rule at stop 41 by a p99 geomean 0.05 % above the default's ("Issue 24:
-// two credits"). A decode block weighs a
-// quarter of a prefill block: it costs an engine step far less time
-// (docs/benchmarks.md, "Default policy experiments").
+// two credits"). A decode block weighs a quarter of a prefill block: it
+// costs an engine step far less time (docs/benchmarks.md, "Default policy
+// experiments").
 func DefaultCostParams() CostParams {
 	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 32768}
 }
@@ -173,6 +173,12 @@ type DefaultPolicy struct {
 	// prompt prefix active bookings name on a worker (BookedPrefixCounter):
 	// Dynamo's view.
 	NoBookedPrefix bool
+	// BookedPrefixOnlyNew counts a booked prefix only where it goes deeper
+	// than every worker's reported overlap (Overlap.Reported): a prefix the
+	// engines' events report nowhere yet, the siblings of a burst. A
+	// prefix some worker already reports can be found there, and counting
+	// its bookings as well piles requests on the workers computing it.
+	BookedPrefixOnlyNew bool
 	// Decode weighs the decode leg of a split request (pd.go); zero =
 	// DefaultDecodeCostParams. The decode leg always takes the minimum.
 	Decode DecodeCostParams

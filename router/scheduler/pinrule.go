@@ -244,6 +244,7 @@ func (c *core) prepare(w *waiter) {
 	ov, rep, ep := cs.ov, cs.rep, cs.epoch
 	limit := uint32(max(int64(len(r.SeqHashes)), c.blocks(int64(r.Tokens))))
 	hints := fl.hints
+	deepest := uint32(0) // the deepest reported overlap on any worker
 	ovs := w.overlaps()
 	for i := range ovs {
 		o := &ovs[i] // not a copy: this loop runs once per worker holding the prefix
@@ -271,6 +272,7 @@ func (c *core) prepare(w *waiter) {
 		}
 		if o.Reported > 0 { // at most the entry's Blocks (Validate)
 			v = min(uint32(min(o.Reported, 1<<31)), v)
+			deepest = max(deepest, v)
 			if cur := rep[s]; cur < ep || uint32(cur) < v {
 				rep[s] = ep | uint64(v)
 			}
@@ -294,8 +296,15 @@ func (c *core) prepare(w *waiter) {
 	if c.bookedPrefix {
 		// The walk above ends at the first hash no booking names, so
 		// shared[s] is the prompt prefix booked on s (BookedPrefixCounter).
+		floor := uint32(0)
+		if c.bookedOnlyNew {
+			floor = deepest
+		}
 		for _, s := range c.shTouched {
 			v := min(uint32(c.shared[s]), limit)
+			if v <= floor {
+				continue // some worker's events report this prefix already
+			}
 			if cur := ov[s]; cur < ep || uint32(cur) < v {
 				ov[s] = ep | uint64(v)
 			}

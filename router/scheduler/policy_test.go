@@ -444,6 +444,11 @@ func TestRegistryYAML(t *testing.T) {
 			}
 		}},
 		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
+			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
+				t.Fatalf("%+v", d)
+			}
+		}},
 		{doc: "name: default\nparams: {decode_leg: {transfer_weight: 1}}", errIs: ErrInvalidConfig, errMatch: "transfer_weight"},
 		{doc: "name: default\nparams: {decode_leg: {decode_block_weight: -1}}", errIs: ErrInvalidConfig, errMatch: "decode_leg"},
 		{doc: "", name: "default"},

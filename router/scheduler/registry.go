@@ -157,6 +157,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
 		CountBookedPrefix         *bool    `yaml:"count_booked_prefix"`
+		BookedPrefixOnlyNew       bool     `yaml:"booked_prefix_only_new"`
 		// DecodeLeg overrides DefaultDecodeCostParams, field by field.
 		DecodeLeg yaml.Node `yaml:"decode_leg"`
 	}
@@ -178,6 +179,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	if o.CountBookedPrefix != nil {
 		p.NoBookedPrefix = !*o.CountBookedPrefix
 	}
+	p.BookedPrefixOnlyNew = o.BookedPrefixOnlyNew
 	if o.DecodeBlockWeight != nil {
 		p.Cost.DecodeBlockWeight = *o.DecodeBlockWeight
 	}

@@ -44,6 +44,9 @@ type core struct {
 
 	noOutput     bool // the policy books prompt blocks only (OutputBlockTracker)
 	bookedPrefix bool // a prefix booked on a worker counts as cached (BookedPrefixCounter)
+	// bookedOnlyNew: only past every worker's reported overlap
+	// (DefaultPolicy.BookedPrefixOnlyNew)
+	bookedOnlyNew bool
 
 	invBS   float64 // 1 / BlockSize
 	bsShift int     // log2(BlockSize) when a power of two, else −1
@@ -76,6 +79,7 @@ func newCore(cfg Config, p Policy, st *counters) *core {
 	if t, ok := p.(BookedPrefixCounter); ok {
 		c.bookedPrefix = t.CountsBookedPrefix()
 	}
+	c.bookedOnlyNew = c.bookedPrefix && c.defaultPolicy != nil && c.defaultPolicy.BookedPrefixOnlyNew
 	c.invBS = 1 / float64(cfg.BlockSize)
 	c.bsShift = -1
 	if bs := cfg.BlockSize; bs&(bs-1) == 0 {
