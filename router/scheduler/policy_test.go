@@ -751,21 +751,7 @@ func TestSaturatedCreditFollowsTheLeastLoaded(t *testing.T) {
 		// past SaturationTokens the credit stays at 3 (clamped cost 0)
 		{"saturated", adaptive, []CandidateRow{holder, {Key: wk("busy", 0), ActivePrefillTokens: 16 * bs}}, []float64{0, 43}, "holder"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := &DefaultPolicy{Cost: tc.p, NoOutputBlocks: true}
-			x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, tc.rows)
-			cost := make([]float64, len(tc.rows))
-			DefaultCost{Params: tc.p}.Score(x, c, cost)
-			for i := range cost {
-				if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
-					t.Fatalf("costs %v, want %v", cost, tc.want)
-				}
-			}
-			i, err := p.Select(x, c)
-			if err != nil || c.Key(i) != wk(tc.pick, 0) {
-				t.Errorf("picked %v (%v), want %s", c.Key(i), err, tc.pick)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkCosts(t, tc.p, bs, 27, tc.rows, tc.want, tc.pick) })
 	}
 }
 
@@ -799,20 +785,26 @@ func TestReportedCreditSplitsTheOverlap(t *testing.T) {
 		// least 16 blocks queued, past 8: both credits 3
 		{"saturated", split, []CandidateRow{reported, {Key: wk("busy", 0), ActivePrefillTokens: 16 * bs}}, []float64{0, 43}, "holder"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := &DefaultPolicy{Cost: tc.p, NoOutputBlocks: true}
-			x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, tc.rows)
-			cost := make([]float64, len(tc.rows))
-			DefaultCost{Params: tc.p}.Score(x, c, cost)
-			for i := range cost {
-				if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
-					t.Fatalf("costs %v, want %v", cost, tc.want)
-				}
-			}
-			i, err := p.Select(x, c)
-			if err != nil || c.Key(i) != wk(tc.pick, 0) {
-				t.Errorf("picked %v (%v), want %s", c.Key(i), err, tc.pick)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkCosts(t, tc.p, bs, 27, tc.rows, tc.want, tc.pick) })
+	}
+}
+
+// checkCosts scores rows for a request of blocks prompt blocks at block size
+// bs, compares the costs with want, and checks that the fused default policy
+// picks pick.
+func checkCosts(t *testing.T, cp CostParams, bs, blocks int, rows []CandidateRow, want []float64, pick string) {
+	t.Helper()
+	p := &DefaultPolicy{Cost: cp, NoOutputBlocks: true}
+	x, c := NewCandidates(&Request{Tokens: blocks * bs}, bs, blocks, 1, nil, rows)
+	cost := make([]float64, len(rows))
+	DefaultCost{Params: cp}.Score(x, c, cost)
+	for i := range cost {
+		if math.Abs(cost[i]-want[i]) > 1e-9 {
+			t.Fatalf("costs %v, want %v", cost, want)
+		}
+	}
+	i, err := p.Select(x, c)
+	if err != nil || c.Key(i) != wk(pick, 0) {
+		t.Errorf("picked %v (%v), want %s", c.Key(i), err, pick)
 	}
 }
