@@ -132,10 +132,18 @@ func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 	}
 	for i := 0; i < cfg.Workers; i++ {
 		id := fmt.Sprintf("w%d", i)
-		reg, err := f.register(ctx, i)
-		if err != nil {
-			t.Fatalf("chaos: register %s: %v", id, err)
-		}
+		// A fresh cluster's registry stream may still be electing its
+		// leader ("no response from stream"): retry as a worker would.
+		var (
+			reg     *workers.Registration
+			lastErr error
+		)
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+			defer rcancel()
+			reg, lastErr = f.register(rctx, i)
+			return lastErr == nil
+		}, func() string { return fmt.Sprintf("chaos: register %s: %v", id, lastErr) })
 		f.regs = append(f.regs, reg)
 		f.Workers = append(f.Workers, id)
 	}
