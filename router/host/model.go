@@ -128,6 +128,7 @@ func (ms *modelState) refresh(req *scheduler.Request, dst []scheduler.Overlap) [
 // (scheduler.Overlap). In approximate mode the predicted index is the only
 // one.
 func (ms *modelState) overlaps(hashes []kvevents.SeqHash, ov, pov *index.Overlaps, dst []scheduler.Overlap) []scheduler.Overlap {
+	ov.Reset()
 	pov.Reset()
 	if ms.approx {
 		ms.pred.Lookup(hashes, index.LookupOptions{}, pov)

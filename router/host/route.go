@@ -142,7 +142,6 @@ func (r *Replica) route(ctx context.Context, req *api.RouteRequest, resp *api.Ro
 func (r *Replica) lookup(ms *modelState, req *api.RouteRequest, s *routeScratch) ([]kvevents.SeqHash, int) {
 	t0 := time.Now()
 	hashes, tokens := r.promptHashes(ms, req, s)
-	s.ov.Reset()
 	s.sov = ms.overlaps(hashes, &s.ov, &s.pov, s.sov[:0])
 	s.tel.lookedUp(t0, len(hashes), &s.ov, &s.pov)
 	return hashes, tokens
