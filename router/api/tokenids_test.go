@@ -1,0 +1,113 @@
+package api
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestTokenIDsMatchEncodingJSON decodes many token arrays, well and badly
+// formed, and checks the hand decoder against encoding/json: the same ids
+// for every array encoding/json accepts, an error naming token_ids for
+// every one it refuses. The shapes aim at the edges of the fast path
+// (uint32Array): ids of 1 to 10 digits, leading zeros, the largest id and
+// one past it; spaces, signs, fractions, exponents, strings and empty
+// slots at random places.
+func TestTokenIDsMatchEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	id := func() string {
+		switch r.IntN(12) {
+		case 0:
+			return strconv.FormatUint(uint64(r.Uint32()), 10) // up to 10 digits
+		case 1:
+			return "4294967295"
+		case 2:
+			return "4294967296"
+		case 3:
+			return "0"
+		default:
+			return strconv.Itoa(r.IntN(1 << (r.IntN(27) + 1)))
+		}
+	}
+	mangle := func(s string) string {
+		switch r.IntN(14) {
+		case 0:
+			return "0" + s
+		case 1:
+			return " " + s
+		case 2:
+			return s + " "
+		case 3:
+			return "-" + s
+		case 4:
+			return s + ".5"
+		case 5:
+			return s + "e2"
+		case 6:
+			return ""
+		case 7:
+			return `"` + s + `"`
+		case 8:
+			return "\n" + s + "\t"
+		}
+		return s
+	}
+	for i := range 20000 {
+		n := r.IntN(40)
+		ids := make([]string, n)
+		bad := r.IntN(3) == 0
+		for j := range ids {
+			ids[j] = id()
+			if bad && r.IntN(8) == 0 {
+				ids[j] = mangle(ids[j])
+			}
+		}
+		arr := "[" + strings.Join(ids, ",") + "]"
+		body := `{"model":"m",` + strings.Repeat(" ", r.IntN(9)) + `"token_ids":` + arr + strings.Repeat(",\"x\":1", r.IntN(2)) + "}"
+		var std struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		}
+		stdErr := json.Unmarshal([]byte(body), &std)
+		var got RouteRequest
+		err := DecodeRouteRequest([]byte(body), &got)
+		switch {
+		case stdErr != nil && err == nil:
+			t.Fatalf("case %d: %s: accepted, encoding/json refuses it: %v", i, body, stdErr)
+		case stdErr == nil && err != nil:
+			t.Fatalf("case %d: %s: refused (%v), encoding/json accepts it", i, body, err)
+		case err != nil:
+			if !strings.Contains(err.Error(), "token_ids") {
+				t.Fatalf("case %d: %s: error does not name token_ids: %v", i, body, err)
+			}
+		case len(std.TokenIDs) == 0 && len(got.TokenIDs) == 0:
+		case !reflect.DeepEqual(got.TokenIDs, std.TokenIDs):
+			t.Fatalf("case %d: %s:\n got %v\nwant %v", i, body, got.TokenIDs, std.TokenIDs)
+		}
+	}
+}
+
+// TestTokenIDsLimit: the limit holds at every count around it.
+func TestTokenIDsLimit(t *testing.T) {
+	for _, n := range []int{MaxTokens - 1, MaxTokens, MaxTokens + 1} {
+		var b strings.Builder
+		b.WriteString(`{"model":"m","token_ids":[`)
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(i % 100000))
+		}
+		b.WriteString("]}")
+		var r RouteRequest
+		err := DecodeRouteRequest([]byte(b.String()), &r)
+		if n <= MaxTokens && (err != nil || len(r.TokenIDs) != n) {
+			t.Fatalf("%d ids: %v, %d decoded", n, err, len(r.TokenIDs))
+		}
+		if n > MaxTokens && (err == nil || !strings.Contains(err.Error(), "more than")) {
+			t.Fatalf("%d ids: want the limit's error, got %v", n, err)
+		}
+	}
+}
