@@ -79,18 +79,22 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -348,6 +352,8 @@ func TestDecodeBlockWeightFusedPaths(t *testing.T) {
 				{PrefillLoadScale: 1, OverlapCredit: 1, DecodeActiveRequestWeight: 1, DecodeBlockWeight: 0.5},
 				{PrefillLoadScale: 1, OverlapCredit: 1.25, ReportedCredit: 1, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512},
 				{PrefillLoadScale: 1, OverlapCredit: 2, ReportedCredit: 0.5, DecodeActiveRequestWeight: 1},
+				{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512, PrefillStepTokens: 1024},
+				{PrefillLoadScale: 1, OverlapCredit: 1, ReportedCredit: 1.5, PrefillStepTokens: 160},
 			} {
 				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
 					rows := fixtureRows(n)
@@ -444,6 +450,14 @@ func TestRegistryYAML(t *testing.T) {
 			}
 		}},
 		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: default\nparams: {prefill_step_tokens: 1024}", name: "default", check: func(t *testing.T, p Policy) {
+			want := DefaultCostParams()
+			want.PrefillStepTokens = 1024
+			if d := p.(*DefaultPolicy); d.Cost != want {
+				t.Fatalf("cost %+v, want %+v", d.Cost, want)
+			}
+		}},
+		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)
@@ -787,6 +801,25 @@ func TestReportedCreditSplitsTheOverlap(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkCosts(t, tc.p, bs, 27, tc.rows, tc.want, tc.pick) })
 	}
+}
+
+// With prefill_step_tokens a short request leaves a holder that has a
+// prefill in flight for an idle worker: 4 blocks, 2 of them cached on a
+// worker with 32 tokens of prefill booked. Without the term the holder
+// wins (6 − 1.25·2 = 3.5 against 4); a step worth 160 tokens (10 blocks)
+// sends it to the idle worker (13.5 against 4), and a long cached prefix
+// still keeps it on the holder (a 64-block prompt, 60 cached:
+// 66 − 75 → 0, + 10 = 10 against 64).
+func TestPrefillStepTokens(t *testing.T) {
+	const bs = 16
+	short := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 2, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
+	long := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 60, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
+	off := CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25}
+	on := off
+	on.PrefillStepTokens = 160
+	t.Run("off", func(t *testing.T) { checkCosts(t, off, bs, 4, short, []float64{3.5, 4}, "holder") })
+	t.Run("on", func(t *testing.T) { checkCosts(t, on, bs, 4, short, []float64{13.5, 4}, "idle") })
+	t.Run("on, long prefix", func(t *testing.T) { checkCosts(t, on, bs, 64, long, []float64{10, 64}, "holder") })
 }
 
 // checkCosts scores rows for a request of blocks prompt blocks at block size

@@ -153,6 +153,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		SaturatedCredit           *float64 `yaml:"saturated_credit"`
 		SaturationTokens          *float64 `yaml:"saturation_tokens"`
 		ReportedOverlapCredit     float64  `yaml:"reported_overlap_credit"`
+		PrefillStepTokens         float64  `yaml:"prefill_step_tokens"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -198,11 +199,13 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.SaturationTokens = *o.SaturationTokens
 	}
 	p.Cost.ReportedCredit = o.ReportedOverlapCredit // 0: the overlap credit for every block
+	p.Cost.PrefillStepTokens = o.PrefillStepTokens  // 0: off
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
 		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
+		p.Cost.PrefillStepTokens < 0 ||
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
 		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
