@@ -42,11 +42,14 @@ import (
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
-// after the clamp at 0. Why: an engine step that computes prompt tokens
-// has a fixed cost, about 1,090 tokens' worth in the mocker's polynomial
-// (16.5 ms at 15.2 µs a token), and a request that lands where a prefill
-// is in flight waits for that step. The token terms alone price a
-// 300-token prefill at a fifth of its time. Zero: off.
+// after the clamp at 0, unless the request's overlap there goes deeper
+// than the engines' events report (Candidates.inFlightOverlap). Why: an
+// engine step that computes prompt tokens has a fixed cost, about 1,090
+// tokens' worth in the mocker's polynomial (16.5 ms at 15.2 µs a token),
+// and a request that lands where a prefill is in flight waits for that
+// step; the token terms alone price a 300-token prefill at a fifth of its
+// time. A request whose prefix is itself in flight there (a burst's
+// sibling) joins that prefill instead, and shares its step. Zero: off.
 type CostParams struct {
 	PrefillLoadScale          float64 `yaml:"prefill_load_scale"`
 	OverlapCredit             float64 `yaml:"overlap_credit"`
@@ -107,6 +110,19 @@ func (cp *CostParams) credit(c *Candidates) float64 {
 		return cp.OverlapCredit // no need to find the least-loaded candidate
 	}
 	return cp.CreditAt(c.leastPrefill())
+}
+
+// inFlightOverlap reports whether the request's overlap o on slot s goes
+// deeper than the blocks the engines' events report there: the rest is
+// known only from routing (active bookings, the predicted index), a prefix
+// still being computed on s, whose prefill step the request would share
+// (CostParams.PrefillStepTokens).
+func (c *Candidates) inFlightOverlap(s int32, o float64) bool {
+	r := 0.0
+	if v := c.rep[s]; v >= c.epoch {
+		r = float64(uint32(v))
+	}
+	return o > r
 }
 
 // leastPrefill is the smallest prefill queue among c's candidates (tokens).
@@ -291,7 +307,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		if load != 0 && c.warm[s] < ep {
 			pre += load
 		}
-		if prefill[s] > 0 {
+		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
 			pre += step
 		}
 		cost := scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
@@ -362,7 +378,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 		if load != 0 && c.warm[s] < ep {
 			pre += load
 		}
-		if prefill[s] > 0 {
+		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
 			pre += step
 		}
 		cost[i] = scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])

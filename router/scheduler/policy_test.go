@@ -93,8 +93,9 @@ func TestDefaultCostTerms(t *testing.T) {
 		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
 		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
 		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4}, 0, 10},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -804,22 +805,26 @@ func TestReportedCreditSplitsTheOverlap(t *testing.T) {
 }
 
 // With prefill_step_tokens a short request leaves a holder that has a
-// prefill in flight for an idle worker: 4 blocks, 2 of them cached on a
-// worker with 32 tokens of prefill booked. Without the term the holder
-// wins (6 − 1.25·2 = 3.5 against 4); a step worth 160 tokens (10 blocks)
-// sends it to the idle worker (13.5 against 4), and a long cached prefix
-// still keeps it on the holder (a 64-block prompt, 60 cached:
-// 66 − 75 → 0, + 10 = 10 against 64).
+// prefill in flight for an idle worker: 4 blocks, 2 of them cached (and
+// reported) on a worker with 32 tokens of prefill booked. Without the term
+// the holder wins (6 − 1.25·2 = 3.5 against 4); a step worth 160 tokens
+// (10 blocks) sends it to the idle worker (13.5 against 4); a long cached
+// prefix still keeps it on the holder (a 64-block prompt, 60 cached:
+// 66 − 75 → 0, + 10 = 10 against 64). A sibling whose prefix the holder
+// has only booked (overlap deeper than reported) shares the prefill in
+// flight there and pays no step (3.5 against 4).
 func TestPrefillStepTokens(t *testing.T) {
 	const bs = 16
-	short := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 2, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
-	long := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 60, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
+	short := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 2, ReportedBlocks: 2, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
+	long := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 60, ReportedBlocks: 60, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
+	sibling := []CandidateRow{{Key: wk("holder", 0), OverlapBlocks: 2, ReportedBlocks: 1, ActivePrefillTokens: 32}, {Key: wk("idle", 0)}}
 	off := CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25}
 	on := off
 	on.PrefillStepTokens = 160
 	t.Run("off", func(t *testing.T) { checkCosts(t, off, bs, 4, short, []float64{3.5, 4}, "holder") })
 	t.Run("on", func(t *testing.T) { checkCosts(t, on, bs, 4, short, []float64{13.5, 4}, "idle") })
 	t.Run("on, long prefix", func(t *testing.T) { checkCosts(t, on, bs, 64, long, []float64{10, 64}, "holder") })
+	t.Run("on, prefix in flight", func(t *testing.T) { checkCosts(t, on, bs, 4, sibling, []float64{3.5, 4}, "holder") })
 }
 
 // checkCosts scores rows for a request of blocks prompt blocks at block size
