@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,8 +18,6 @@ import (
 // it; past the wait, or with a negative one, it fails with ErrNoRouter.
 func TestClientRetriesNoResponders(t *testing.T) {
 	srv := natstest.Start(t)
-	subject := api.RouteSubject("", "m")
-	req := &api.RouteRequest{Model: "m", TokenIDs: []uint32{1, 2, 3}}
 	cases := []struct {
 		name      string
 		wait      time.Duration
@@ -29,8 +28,14 @@ func TestClientRetriesNoResponders(t *testing.T) {
 		{name: "no replica", wait: 150 * time.Millisecond, want: api.ErrNoRouter},
 		{name: "fail at once", wait: -1, subscribe: 100 * time.Millisecond, want: api.ErrNoRouter},
 	}
-	for _, c := range cases {
+	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			// A model of its own per case: an earlier case's replica, whose
+			// connection is still closing on the server, must not take
+			// this case's request (it would answer nothing).
+			model := fmt.Sprint("m", i)
+			subject := api.RouteSubject("", model)
+			req := &api.RouteRequest{Model: model, TokenIDs: []uint32{1, 2, 3}}
 			client := api.NewClient(natstest.Connect(t, srv), "", nil)
 			client.NoRouterWait = c.wait
 			replica := natstest.Connect(t, srv)
