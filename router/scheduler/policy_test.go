@@ -401,6 +401,19 @@ func TestDecodeBlockWeightDecides(t *testing.T) {
 	}
 }
 
+// defaultCostWith checks that a policy is the default with DefaultCostParams
+// edited by edit.
+func defaultCostWith(edit func(*CostParams)) func(*testing.T, Policy) {
+	return func(t *testing.T, p Policy) {
+		t.Helper()
+		want := DefaultCostParams()
+		edit(&want)
+		if d := p.(*DefaultPolicy); d.Cost != want {
+			t.Fatalf("cost %+v, want %+v", d.Cost, want)
+		}
+	}
+}
+
 func TestRegistryYAML(t *testing.T) {
 	reg := NewRegistry()
 	for _, tc := range []struct {
@@ -443,21 +456,9 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {saturated_credit: 3, saturation_tokens: 0}", errIs: ErrInvalidConfig, errMatch: "set together"},
 		{doc: "name: default\nparams: {saturated_credit: 0, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: "set together"},
 		{doc: "name: default\nparams: {saturated_credit: -1, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
-		{doc: "name: default\nparams: {reported_overlap_credit: 1}", name: "default", check: func(t *testing.T, p Policy) {
-			want := DefaultCostParams()
-			want.ReportedCredit = 1
-			if d := p.(*DefaultPolicy); d.Cost != want {
-				t.Fatalf("cost %+v, want %+v", d.Cost, want)
-			}
-		}},
+		{doc: "name: default\nparams: {reported_overlap_credit: 1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.ReportedCredit = 1 })},
 		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
-		{doc: "name: default\nparams: {prefill_step_tokens: 1024}", name: "default", check: func(t *testing.T, p Policy) {
-			want := DefaultCostParams()
-			want.PrefillStepTokens = 1024
-			if d := p.(*DefaultPolicy); d.Cost != want {
-				t.Fatalf("cost %+v, want %+v", d.Cost, want)
-			}
-		}},
+		{doc: "name: default\nparams: {prefill_step_tokens: 1024}", name: "default", check: defaultCostWith(func(c *CostParams) { c.PrefillStepTokens = 1024 })},
 		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
