@@ -94,7 +94,8 @@ func (cp *CostParams) creditsAt(leastPrefill int64) (credit, reported float64) {
 }
 
 // plain reports the weights the plain fused passes serve (pickMinCostPlain):
-// no request weight and one credit for reported and predicted blocks.
+// no request weight, one credit for reported and predicted blocks, no
+// prefill step term.
 func (cp *CostParams) plain() bool {
 	return cp.DecodeActiveRequestWeight == 0 && (cp.ReportedCredit == 0 || cp.ReportedCredit == cp.OverlapCredit) &&
 		cp.PrefillStepTokens == 0
