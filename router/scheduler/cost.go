@@ -170,9 +170,9 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // the engines report (ReportedCredit 1 and 1.1) failed the same kind of
 // rule at stop 41 by a p99 geomean 0.05 % above the default's ("Issue 24:
 // two credits"). A prefill step term (PrefillStepTokens 1,024, stop 42)
-// lowered the p50 geomean in all three rounds it ran and failed the p99
-// criteria in two ("Issue 24: rounds of medians, and the prefill step's
-// fixed cost"). A decode block weighs a quarter of a prefill block: it
+// lowered the p50 geomean in all five rounds it ran and failed one
+// criterion in three of them ("Issue 24: rounds of medians, and the
+// prefill step's fixed cost"). A decode block weighs a quarter of a prefill block: it
 // costs an engine step far less time (docs/benchmarks.md, "Default policy
 // experiments").
 func DefaultCostParams() CostParams {
