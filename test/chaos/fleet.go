@@ -131,21 +131,10 @@ func StartFleet(t testing.TB, cfg FleetConfig) *Fleet {
 		f.replicas = append(f.replicas, rp)
 	}
 	for i := 0; i < cfg.Workers; i++ {
-		id := fmt.Sprintf("w%d", i)
 		// A fresh cluster's registry stream may still be electing its
 		// leader ("no response from stream"): retry as a worker would.
-		var (
-			reg     *workers.Registration
-			lastErr error
-		)
-		testutil.Eventually(t, 30*time.Second, func() bool {
-			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-			defer rcancel()
-			reg, lastErr = f.register(rctx, i)
-			return lastErr == nil
-		}, func() string { return fmt.Sprintf("chaos: register %s: %v", id, lastErr) })
-		f.regs = append(f.regs, reg)
-		f.Workers = append(f.Workers, id)
+		f.regs = append(f.regs, f.registerRetrying(ctx, t, i, 30*time.Second, "chaos: register"))
+		f.Workers = append(f.Workers, fmt.Sprintf("w%d", i))
 	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return f.allSee(cfg.Workers) },
 		func() string { return fmt.Sprintf("replicas do not all see %d workers", cfg.Workers) })
@@ -162,6 +151,23 @@ func (f *Fleet) register(ctx context.Context, i int) (*workers.Registration, err
 	}
 	return workers.Register(ctx, js, f.cfg.Registry, workers.Info{ID: id, Model: f.cfg.Model, Endpoint: "kvr.chaos." + id,
 		Ranks: []uint32{0}, BlockSize: 16, KVBlocks: 4096, MaxBatchedTokens: 8192, MaxSeqs: 256})
+}
+
+// registerRetrying registers worker i, retrying for up to within; it fails
+// t with what, the worker and the last error when the time runs out.
+func (f *Fleet) registerRetrying(ctx context.Context, t testing.TB, i int, within time.Duration, what string) *workers.Registration {
+	t.Helper()
+	var (
+		reg     *workers.Registration
+		lastErr error
+	)
+	testutil.Eventually(t, within, func() bool {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		reg, lastErr = f.register(rctx, i)
+		return lastErr == nil
+	}, func() string { return fmt.Sprintf("%s w%d: %v", what, i, lastErr) })
+	return reg
 }
 
 // KillWorkersOn crashes the workers connected to node (their heartbeats
@@ -186,18 +192,9 @@ func (f *Fleet) KillWorkersOn(rec *Recorder, node int) []int {
 func (f *Fleet) RestartWorkers(ctx context.Context, killed []int) {
 	f.t.Helper()
 	for _, i := range killed {
-		var (
-			reg     *workers.Registration
-			lastErr error
-		)
 		// The old incarnation's key must expire first (its TTL, counted by
 		// the registry's stream leader, which may itself be electing).
-		testutil.Eventually(f.t, 90*time.Second, func() bool {
-			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			reg, lastErr = f.register(rctx, i)
-			return lastErr == nil
-		}, func() string { return fmt.Sprintf("worker w%d never registered again: %v", i, lastErr) })
+		reg := f.registerRetrying(ctx, f.t, i, 90*time.Second, "chaos: register again")
 		f.mu.Lock()
 		f.regs[i] = reg
 		f.mu.Unlock()
