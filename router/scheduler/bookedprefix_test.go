@@ -34,10 +34,7 @@ func TestBookedPrefixKeepsSiblingsTogether(t *testing.T) {
 		{"dynamo", NewDynamoPolicy(0), false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			big := func(name string) WorkerInfo {
-				return WorkerInfo{Key: wk(name, 0), KVBlocks: 100000, MaxBatchedTokens: 100000, Available: true}
-			}
-			h := newHarness(t, Config{}, tc.p, big("a"), big("b"))
+			h := newHarness(t, Config{}, tc.p, bigWorker("a"), bigWorker("b"))
 			d1 := h.admitted(h.submit(sibling("s1", 100)))
 			d2 := h.admitted(h.submit(sibling("s2", 101)))
 			if got := d1.Worker == d2.Worker; got != tc.together {
@@ -91,10 +88,7 @@ func TestBookedPrefixOnlyNew(t *testing.T) {
 				}
 				return r
 			}
-			big := func(name string) WorkerInfo {
-				return WorkerInfo{Key: wk(name, 0), KVBlocks: 100000, MaxBatchedTokens: 100000, Available: true}
-			}
-			h := newHarness(t, Config{}, tc.p, big("a"), big("b"), big("c"))
+			h := newHarness(t, Config{}, tc.p, bigWorker("a"), bigWorker("b"), bigWorker("c"))
 			d1 := h.admitted(h.submit(sibling("s1", 100)))
 			d2 := h.admitted(h.submit(sibling("s2", 101)))
 			if got := d1.Worker == d2.Worker; got != tc.together {

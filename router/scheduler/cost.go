@@ -172,9 +172,9 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // two credits"). A prefill step term (PrefillStepTokens 1,024, stop 42)
 // lowered the p50 geomean in all five rounds it ran and failed one
 // criterion in three of them ("Issue 24: rounds of medians, and the
-// prefill step's fixed cost"). A decode block weighs a quarter of a prefill block: it
-// costs an engine step far less time (docs/benchmarks.md, "Default policy
-// experiments").
+// prefill step's fixed cost"). A decode block weighs a quarter of a
+// prefill block: it costs an engine step far less time (docs/benchmarks.md,
+// "Default policy experiments").
 func DefaultCostParams() CostParams {
 	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 32768}
 }
