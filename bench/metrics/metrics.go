@@ -152,6 +152,9 @@ type Summary struct {
 
 	// TTFTCDF holds CDFPoints quantiles (0, 1 %, ..., 100 %) of TTFT in ms.
 	TTFTCDF []float64 `json:"ttft_cdf_ms"`
+	// TTFTs is every served request's TTFT in ms, sorted: what PooledTTFT
+	// pools over runs. Not written to reports.
+	TTFTs []float64 `json:"-"`
 
 	MakespanSeconds  float64 `json:"makespan_s"` // workload time from first arrival to last token
 	RequestsPerSec   float64 `json:"requests_per_s"`
@@ -217,6 +220,26 @@ type RunSpread struct {
 	TTFTP50  [2]float64 `json:"ttft_p50_ms"`
 	TTFTP99  [2]float64 `json:"ttft_p99_ms"`
 	E2EP50   [2]float64 `json:"e2e_p50_ms"`
+	// PooledTTFT is the TTFT distribution of every run's served requests
+	// together (PooledTTFT): one percentile over N times the requests,
+	// steadier than the median of N runs' p99 when a run's p99 rests on
+	// its few slowest requests.
+	PooledTTFT Dist `json:"pooled_ttft"`
+}
+
+// PooledTTFT is the TTFT distribution of the served requests of every
+// summary in sums together (Summary.TTFTs).
+func PooledTTFT(sums []Summary) Dist {
+	n := 0
+	for i := range sums {
+		n += len(sums[i].TTFTs)
+	}
+	v := make([]float64, 0, n)
+	for i := range sums {
+		v = append(v, sums[i].TTFTs...)
+	}
+	d, _ := dist(v, false)
+	return d
 }
 
 // Name is the policy's name as reports show it: marked IN-SAMPLE when it
@@ -418,6 +441,7 @@ func (a *accumulator) finish(s *Summary, sorted []Record) {
 		s.OfUpperBound = s.HitRatio / s.UpperBound
 	}
 	s.TTFT, s.TTFTCDF = dist(a.ttft, true)
+	s.TTFTs = a.ttft // sorted by dist
 	s.ITL, _ = dist(a.itl, false)
 	s.E2E, _ = dist(a.e2e, false)
 	s.Route, _ = dist(a.route, false)

@@ -1,7 +1,11 @@
 package metrics
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +58,39 @@ func TestSummarize(t *testing.T) {
 		t.Fatalf("sessions %d moved %d moves %d", s.Sessions, s.SessionsMoved, s.SessionMoves)
 	}
 	if e := Summarize(nil, Options{}); e.HitRatio != 0 || e.TTFT.N != 0 {
+		t.Fatalf("empty %+v", e)
+	}
+}
+
+// PooledTTFT is the quantiles of every run's served requests together, as
+// a naive sort of all of them gives, and the TTFTs stay out of reports.
+func TestPooledTTFT(t *testing.T) {
+	var sums []Summary
+	var all []float64
+	for run := range 3 {
+		var recs []Record
+		for i := range 50 + 20*run {
+			ttft := float64((i*37+run*11)%97) + float64(run)*40 // runs of different sizes and levels
+			recs = append(recs, Record{ID: fmt.Sprint(run, i), Worker: "w", Arrival: time.Duration(i) * time.Millisecond,
+				PromptBlocks: 1, TTFT: time.Duration(ttft * float64(time.Millisecond)), E2E: time.Second})
+			all = append(all, ttft)
+		}
+		recs = append(recs, Record{ID: "rejected", Outcome: Rejected, TTFT: time.Hour}) // not served: not pooled
+		sums = append(sums, Summarize(recs, Options{}))
+	}
+	sort.Float64s(all)
+	d := PooledTTFT(sums)
+	if d.N != len(all) || d.P50 != Quantile(all, 0.5) || d.P99 != Quantile(all, 0.99) || d.Max != all[len(all)-1] {
+		t.Fatalf("pooled %+v, want n %d p50 %v p99 %v max %v", d, len(all), Quantile(all, 0.5), Quantile(all, 0.99), all[len(all)-1])
+	}
+	if d.P99 == sums[1].TTFT.P99 {
+		t.Fatal("the pooled p99 is one run's: the case does not tell them apart")
+	}
+	j, err := json.Marshal(sums[0])
+	if err != nil || strings.Contains(string(j), "TTFTs") || strings.Contains(string(j), "ttfts") {
+		t.Fatalf("summary JSON carries the TTFTs (%v): %.200s", err, j)
+	}
+	if e := PooledTTFT(nil); e.N != 0 {
 		t.Fatalf("empty %+v", e)
 	}
 }

@@ -248,6 +248,7 @@ func TestMedianOfRuns(t *testing.T) {
 		s := metrics.Summary{Policy: "kvrouter", HitRatio: v / 1000, UpperBound: 0.5, WallSeconds: float64(i), SessionsMoved: moved[i]}
 		s.TTFT.P50, s.TTFT.P99, s.E2E.P50 = v/10, v, 2*v
 		s.Queue.P50, s.Queue.P99, s.PrefillSpread.MaxOverMean = queue[i], 10*queue[i], queue[i]
+		s.TTFTs = []float64{v / 10, v}
 		sums = append(sums, s)
 	}
 	m := medianOfRuns(sums)
@@ -258,7 +259,8 @@ func TestMedianOfRuns(t *testing.T) {
 		t.Fatalf("queue wait %v / %v, prefill spread %v, sessions moved %d: want the medians 5 / 50, 5, 20",
 			m.Queue.P50, m.Queue.P99, m.PrefillSpread.MaxOverMean, m.SessionsMoved)
 	}
-	if m.Runs == nil || m.Runs.N != 3 || m.Runs.TTFTP99 != [2]float64{100, 300} || m.Runs.HitRatio != [2]float64{0.1, 0.3} {
+	if m.Runs == nil || m.Runs.N != 3 || m.Runs.TTFTP99 != [2]float64{100, 300} || m.Runs.HitRatio != [2]float64{0.1, 0.3} ||
+		m.Runs.PooledTTFT.N != 6 || m.Runs.PooledTTFT.Max != 300 {
 		t.Fatalf("spread %+v", m.Runs)
 	}
 }

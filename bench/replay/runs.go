@@ -12,7 +12,8 @@ import (
 // quantiles, throughput, request and prefill spread, router queue wait and
 // route time p50/p99, sessions moved, a split's hit per side, transfer
 // and prefill leg) is the median over the runs, with the
-// lowest and highest of the main ones in Runs; what only the charts and the
+// lowest and highest of the main ones and the TTFT of every run's requests
+// pooled in Runs; what only the charts and the
 // counts show (CDF, per-worker load, load over time, rejections by code) is
 // the run whose TTFT p99 is the median, so the charts show a real run.
 func medianOfRuns(sums []metrics.Summary) metrics.Summary {
@@ -42,7 +43,7 @@ func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 		}
 		return m, [2]float64{v[0], v[len(v)-1]}
 	}
-	sp := &metrics.RunSpread{N: len(sums)}
+	sp := &metrics.RunSpread{N: len(sums), PooledTTFT: metrics.PooledTTFT(sums)}
 	out.HitRatio, sp.HitRatio = med(func(s *metrics.Summary) float64 { return s.HitRatio })
 	out.TTFT.P50, sp.TTFTP50 = med(func(s *metrics.Summary) float64 { return s.TTFT.P50 })
 	out.TTFT.P99, sp.TTFTP99 = med(func(s *metrics.Summary) float64 { return s.TTFT.P99 })
