@@ -221,9 +221,10 @@ type RunSpread struct {
 	TTFTP99  [2]float64 `json:"ttft_p99_ms"`
 	E2EP50   [2]float64 `json:"e2e_p50_ms"`
 	// PooledTTFT is the TTFT distribution of every run's served requests
-	// together (PooledTTFT): one percentile over N times the requests,
-	// steadier than the median of N runs' p99 when a run's p99 rests on
-	// its few slowest requests.
+	// together (PooledTTFT): one percentile over all N runs' requests,
+	// where the median of N runs' p99 rests on each run's few slowest.
+	// Runs replay the same requests (bench/replay), so it smooths the runs'
+	// timing and tie-breaks, not the workload's own sampling.
 	PooledTTFT Dist `json:"pooled_ttft"`
 }
 

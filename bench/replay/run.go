@@ -231,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		rep.Policies = append(rep.Policies, s)
 	}
 	if cfg.Runs > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("Every figure is the median of %d runs (seeds %d..%d); the charts show the run with the median TTFT p99.", cfg.Runs, cfg.Seed, cfg.Seed+uint64(cfg.Runs)-1))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Every figure is the median of %d runs of the same requests (the routers' and engines' seeds %d..%d; the workload is the one sample named above); the charts show the run with the median TTFT p99.", cfg.Runs, cfg.Seed, cfg.Seed+uint64(cfg.Runs)-1))
 	}
 	rep.Checks = Checks(rep)
 	rep.Notes = append(rep.Notes, cfg.notes(rep)...)

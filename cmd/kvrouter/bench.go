@@ -140,7 +140,7 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 		out:           c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts"),
 		title:         c.str("title", "", "report title"),
 		quiet:         c.boolean("quiet", false, "no progress bar"),
-		runs:          c.integer("runs", 1, "repeat the whole comparison this many times (seeds --seed, --seed+1, ...); every figure is then the median with its spread, and the report adds the TTFT of all the runs' requests pooled"),
+		runs:          c.integer("runs", 1, "repeat the whole comparison this many times on the same requests (the routers' and engines' seeds --seed, --seed+1, ...; a generated workload stays the one --seed generates); every figure is then the median with its spread, and the report adds the TTFT of all the runs' requests pooled"),
 		paths:         c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)"),
 		calibrate:     c.boolean("calibrate", false, "find the load levels instead of comparing: the --load at which round-robin's TTFT p99 reaches each --calibrate-targets multiple of its unloaded value"),
 		targets:       c.str("calibrate-targets", "3,10", "with --calibrate: multiples of the unloaded TTFT p99 to find, comma separated"),
