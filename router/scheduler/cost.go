@@ -34,6 +34,15 @@ import (
 // credit is OverlapCredit, or with SaturatedCredit and SaturationTokens
 // set, a credit that follows the fleet's load (CreditAt).
 //
+// With SoleHolderCredit set, a selection where at most one candidate holds
+// half or more of the deepest overlap (Candidates.holders) starts from
+// SoleHolderCredit instead of OverlapCredit (rising to SaturatedCredit as
+// the credit does). Why: a popular prefix held by one worker keeps its
+// requests there until that worker's queue outgrows the credit, and the
+// first copy elsewhere halves that concentration; a prefix already held by
+// two keeps the higher credit, so later copies, which buy less, stay rare.
+// Zero: one base credit.
+//
 // With ReportedCredit set, overlap_blocks is split by where the blocks are
 // known from (Overlap.Reported): the blocks the engines' own events report
 // get ReportedCredit (rising to SaturatedCredit as the credit does), the
@@ -60,6 +69,7 @@ type CostParams struct {
 	SaturationTokens          float64 `yaml:"saturation_tokens"`
 	ReportedCredit            float64 `yaml:"reported_overlap_credit"`
 	PrefillStepTokens         float64 `yaml:"prefill_step_tokens"`
+	SoleHolderCredit          float64 `yaml:"sole_holder_credit"`
 }
 
 // CreditAt is the overlap credit when the least-loaded candidate has
@@ -80,9 +90,10 @@ func (cp *CostParams) CreditAt(leastPrefill int64) float64 {
 	return cp.OverlapCredit + (cp.SaturatedCredit-cp.OverlapCredit)*frac
 }
 
-// creditsAt is CreditAt and the credit of reported blocks at the same load.
-func (cp *CostParams) creditsAt(leastPrefill int64) (credit, reported float64) {
-	credit, reported = cp.OverlapCredit, cp.ReportedCredit
+// creditsAt is CreditAt from base instead of OverlapCredit, and the credit
+// of reported blocks at the same load.
+func (cp *CostParams) creditsAt(base float64, leastPrefill int64) (credit, reported float64) {
+	credit, reported = base, cp.ReportedCredit
 	if reported == 0 {
 		reported = credit
 	}
@@ -107,10 +118,45 @@ func (cp *CostParams) followsLoad() bool { return cp.SaturatedCredit != 0 && cp.
 // credit is one selection's overlap credit (CreditAt over c's candidates),
 // for the passes with one credit (CostParams.plain).
 func (cp *CostParams) credit(c *Candidates) float64 {
+	base := cp.baseCredit(c)
 	if !cp.followsLoad() {
-		return cp.OverlapCredit // no need to find the least-loaded candidate
+		return base // no need to find the least-loaded candidate
 	}
-	return cp.CreditAt(c.leastPrefill())
+	frac := min(1, float64(c.leastPrefill())/cp.SaturationTokens)
+	return base + (cp.SaturatedCredit-base)*frac
+}
+
+// baseCredit is the credit a selection over c starts from before the load
+// raises it: SoleHolderCredit when it is set and at most one candidate
+// holds the request's prefix, else OverlapCredit.
+func (cp *CostParams) baseCredit(c *Candidates) float64 {
+	if cp.SoleHolderCredit == 0 || c.holders() > 1 {
+		return cp.OverlapCredit
+	}
+	return cp.SoleHolderCredit
+}
+
+// holders counts c's candidates whose overlap is at least half the
+// deepest one's (0 when no candidate has an overlap): the workers that
+// hold the request's prefix, give or take a conversation's own last turns.
+func (c *Candidates) holders() int {
+	ov, ep := c.ov, c.epoch
+	deepest := uint32(0)
+	for _, s := range c.slots {
+		if v := ov[s]; v >= ep {
+			deepest = max(deepest, uint32(v))
+		}
+	}
+	if deepest == 0 {
+		return 0
+	}
+	n := 0
+	for _, s := range c.slots {
+		if v := ov[s]; v >= ep && 2*uint64(uint32(v)) >= uint64(deepest) {
+			n++
+		}
+	}
+	return n
 }
 
 // inFlightOverlap reports whether the request's overlap o on slot s goes
@@ -145,7 +191,7 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 	if cp.followsLoad() { // else no need to find the least-loaded candidate
 		least = c.leastPrefill()
 	}
-	credit, reported := cp.creditsAt(least)
+	credit, reported := cp.creditsAt(cp.baseCredit(c), least)
 	return credit, credit - reported
 }
 

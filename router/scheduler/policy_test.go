@@ -79,23 +79,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -355,6 +355,8 @@ func TestDecodeBlockWeightFusedPaths(t *testing.T) {
 				{PrefillLoadScale: 1, OverlapCredit: 2, ReportedCredit: 0.5, DecodeActiveRequestWeight: 1},
 				{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512, PrefillStepTokens: 1024},
 				{PrefillLoadScale: 1, OverlapCredit: 1, ReportedCredit: 1.5, PrefillStepTokens: 160},
+				{PrefillLoadScale: 1, OverlapCredit: 1.25, SoleHolderCredit: 1, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512},
+				{PrefillLoadScale: 1, OverlapCredit: 1.25, SoleHolderCredit: 0.5, ReportedCredit: 1, PrefillStepTokens: 160},
 			} {
 				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
 					rows := fixtureRows(n)
@@ -460,6 +462,8 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {prefill_step_tokens: 1024}", name: "default", check: defaultCostWith(func(c *CostParams) { c.PrefillStepTokens = 1024 })},
 		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: default\nparams: {sole_holder_credit: 1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 1 })},
+		{doc: "name: default\nparams: {sole_holder_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)
@@ -826,6 +830,45 @@ func TestPrefillStepTokens(t *testing.T) {
 	t.Run("on", func(t *testing.T) { checkCosts(t, on, bs, 4, short, []float64{13.5, 4}, "idle") })
 	t.Run("on, long prefix", func(t *testing.T) { checkCosts(t, on, bs, 64, long, []float64{10, 64}, "holder") })
 	t.Run("on, prefix in flight", func(t *testing.T) { checkCosts(t, on, bs, 4, sibling, []float64{3.5, 4}, "holder") })
+}
+
+// With sole_holder_credit the credit depends on how many candidates hold
+// the request's prefix: 20 blocks, 16 cached on a holder with 18 blocks of
+// prefill queued, an idle worker beside it. Alone, the holder earns the
+// sole-holder credit 1 and loses (38 − 16 = 22 against 20); at the base
+// credit 1.25 it wins (38 − 20 = 18). A second candidate holding half the
+// prefix (8 blocks) makes two holders and restores 1.25; one holding 7 does
+// not. The load raises the sole-holder credit as it raises the base: the
+// idle worker with 8 blocks queued of a saturation at 16 is halfway, credit
+// 1 + (3 − 1)/2 = 2 (38 − 32 = 6 against 28).
+func TestSoleHolderCredit(t *testing.T) {
+	const bs = 16
+	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActivePrefillTokens: 18 * bs}
+	idle := CandidateRow{Key: wk("idle", 0)}
+	half := CandidateRow{Key: wk("half", 0), OverlapBlocks: 8, ReportedBlocks: 8, ActivePrefillTokens: 18 * bs}
+	less := CandidateRow{Key: wk("less", 0), OverlapBlocks: 7, ReportedBlocks: 7, ActivePrefillTokens: 18 * bs}
+	busy := CandidateRow{Key: wk("idle", 0), ActivePrefillTokens: 8 * bs}
+	off := CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25}
+	on := off
+	on.SoleHolderCredit = 1
+	loaded := on
+	loaded.SaturatedCredit, loaded.SaturationTokens = 3, 16*bs
+	for _, tc := range []struct {
+		name string
+		p    CostParams
+		rows []CandidateRow
+		want []float64
+		pick string
+	}{
+		{"off", off, []CandidateRow{holder, idle}, []float64{18, 20}, "holder"},
+		{"sole holder", on, []CandidateRow{holder, idle}, []float64{22, 20}, "idle"},
+		{"two holders", on, []CandidateRow{holder, half, idle}, []float64{18, 28, 20}, "holder"},
+		{"a shallower overlap is no holder", on, []CandidateRow{holder, less, idle}, []float64{22, 31, 20}, "idle"},
+		{"rises with the load", loaded, []CandidateRow{holder, busy}, []float64{6, 28}, "holder"},
+		{"no overlap anywhere", on, []CandidateRow{{Key: wk("holder", 0)}, busy}, []float64{20, 28}, "holder"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkCosts(t, tc.p, bs, 20, tc.rows, tc.want, tc.pick) })
+	}
 }
 
 // checkCosts scores rows for a request of blocks prompt blocks at block size

@@ -154,6 +154,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		SaturationTokens          *float64 `yaml:"saturation_tokens"`
 		ReportedOverlapCredit     float64  `yaml:"reported_overlap_credit"`
 		PrefillStepTokens         float64  `yaml:"prefill_step_tokens"`
+		SoleHolderCredit          float64  `yaml:"sole_holder_credit"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -200,12 +201,13 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	}
 	p.Cost.ReportedCredit = o.ReportedOverlapCredit // 0: the overlap credit for every block
 	p.Cost.PrefillStepTokens = o.PrefillStepTokens  // 0: off
+	p.Cost.SoleHolderCredit = o.SoleHolderCredit    // 0: off
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
 		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
-		p.Cost.PrefillStepTokens < 0 ||
+		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 ||
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
 		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
