@@ -335,3 +335,47 @@ func TestMaxTokensRule(t *testing.T) {
 		t.Fatal("default client cap")
 	}
 }
+
+// With Samples, run r replays its own workload: the stacks of the second
+// run route the second sample's requests, the pooled TTFT holds both
+// samples' requests, each run's hit ratio is against its own bound, and
+// the note says the runs are samples. Samples that do not match the runs
+// are refused.
+func TestRunSamples(t *testing.T) {
+	var stacks []*fakeStack
+	w := smallWorkload()
+	w2 := workload.SharedPrefix(workload.SharedPrefixConfig{Seed: 2, Groups: 4, PromptsPerGroup: 5, SystemTokens: 512, QuestionTokens: 64, OutputTokens: 8, Rate: 2000})
+	pols, _ := LookupPolicies([]string{"kvrouter,round-robin"})
+	cfg := Config{Workload: w, Samples: []*workload.Workload{w, w2}, Runs: 2, Policies: pols, NewStack: newFakeFactory(&stacks, 0), Workers: 4, Speedup: 1000}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stacks) != 2*len(pols) {
+		t.Fatalf("%d stacks", len(stacks))
+	}
+	for i, s := range stacks {
+		want := len(w.Requests)
+		if i >= len(pols) {
+			want = len(w2.Requests)
+		}
+		if s.routes.Load() != int64(want) {
+			t.Fatalf("stack %d (%s): %d routes, want %d", i, s.cfg.Policy.Name, s.routes.Load(), want)
+		}
+	}
+	for _, p := range rep.Policies {
+		if p.Runs == nil || p.Runs.PooledTTFT.N != len(w.Requests)+len(w2.Requests) {
+			t.Fatalf("%s: runs %+v, want %d requests pooled", p.Policy, p.Runs, len(w.Requests)+len(w2.Requests))
+		}
+	}
+	if !strings.Contains(strings.Join(rep.Notes, " "), "each on its own workload sample") {
+		t.Fatalf("notes %q", rep.Notes)
+	}
+	for _, bad := range [][]*workload.Workload{{w}, {w2, w}, {w, {}}} {
+		c := cfg
+		c.Samples = bad
+		if _, err := Run(context.Background(), c); !errors.Is(err, ErrConfig) {
+			t.Errorf("%d samples: %v", len(bad), err)
+		}
+	}
+}

@@ -44,6 +44,12 @@ type Config struct {
 	// with seed Seed + r; every figure of the report is then the median
 	// over the runs, with its spread (metrics.RunSpread).
 	Runs int
+	// Samples, when set, holds one workload per run (len == Runs, Samples[0]
+	// == Workload): run r replays Samples[r], so the medians and the pooled
+	// TTFT are over workload samples, not over one sample's timing (issue
+	// 24's tuning rounds). The report's header describes Samples[0]; each
+	// run's hit ratio is measured against its own sample's bound.
+	Samples []*workload.Workload
 	// LoadScale multiplies the workload's arrival rate (default 1).
 	LoadScale float64
 	// MaxInFlight bounds requests in flight; arrivals wait past it and the
@@ -192,6 +198,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: max_tokens %d (want >= 1)", ErrConfig, c.MaxTokens)
 	case c.Runs < 1 || c.Runs > 100:
 		return fmt.Errorf("%w: runs %d (want 1..100)", ErrConfig, c.Runs)
+	case len(c.Samples) > 0 && (len(c.Samples) != c.Runs || c.Samples[0] != c.Workload):
+		return fmt.Errorf("%w: %d samples for %d runs (want one per run, the first the workload)", ErrConfig, len(c.Samples), c.Runs)
 	case c.MaxInFlight < 1:
 		return fmt.Errorf("%w: max in flight %d", ErrConfig, c.MaxInFlight)
 	}
@@ -200,6 +208,11 @@ func (c *Config) validate() error {
 	}
 	if err := c.checkPD(); err != nil {
 		return err
+	}
+	for r, w := range c.Samples {
+		if w == nil || len(w.Requests) == 0 || w.BlockTokens != c.Workload.BlockTokens {
+			return fmt.Errorf("%w: sample %d is empty or has other blocks than the workload's", ErrConfig, r)
+		}
 	}
 	if c.Workload.BlockTokens > 0 && c.Workload.BlockTokens%c.BlockSize != 0 && c.BlockSize%c.Workload.BlockTokens != 0 {
 		return fmt.Errorf("%w: block size %d does not divide the trace's %d-token blocks", ErrConfig, c.BlockSize, c.Workload.BlockTokens)
@@ -219,9 +232,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	reqs := prepare(w, cfg.BlockSize, cfg.MaxOutputTokens, cfg.MaxTokens)
 	rep := cfg.newReport(w)
-	rows, err := cfg.runAll(ctx, rep, reqs, rep.Workload.UpperBound.Ratio)
+	inputs, err := cfg.runInputs(w, rep.Workload.UpperBound.Ratio)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := cfg.runAll(ctx, rep, inputs)
 	if err != nil {
 		return rep, err
 	}
@@ -230,7 +246,10 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		s.InSample = cfg.inSample[s.Policy] != nil
 		rep.Policies = append(rep.Policies, s)
 	}
-	if cfg.Runs > 1 {
+	switch {
+	case len(cfg.Samples) > 1:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Every figure is the median of %d runs, each on its own workload sample (the header describes the first; the routers' and engines' seeds %d..%d); the charts show the run with the median TTFT p99.", cfg.Runs, cfg.Seed, cfg.Seed+uint64(cfg.Runs)-1))
+	case cfg.Runs > 1:
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Every figure is the median of %d runs of the same requests (the routers' and engines' seeds %d..%d; the workload is the one sample named above); the charts show the run with the median TTFT p99.", cfg.Runs, cfg.Seed, cfg.Seed+uint64(cfg.Runs)-1))
 	}
 	rep.Checks = Checks(rep)
@@ -255,18 +274,49 @@ func Describe(cfg Config) (*report.Report, error) {
 	return rep, nil
 }
 
+// runInput is what one run replays: the prepared requests and their
+// infinite-cache bound.
+type runInput struct {
+	reqs  []prepared
+	bound float64
+}
+
+// runInputs prepares each run's requests: w (the scaled Workload, whose
+// bound is bound) for every run, or with Samples, each run its own sample
+// at LoadScale.
+func (c *Config) runInputs(w *workload.Workload, bound float64) ([]runInput, error) {
+	first := runInput{prepare(w, c.BlockSize, c.MaxOutputTokens, c.MaxTokens), bound}
+	out := make([]runInput, c.Runs)
+	for r := range out {
+		if r == 0 || len(c.Samples) == 0 {
+			out[r] = first
+			continue
+		}
+		sw, err := scaled(c.Samples[r], c.LoadScale)
+		if err != nil {
+			return nil, err
+		}
+		out[r] = runInput{prepare(sw, c.BlockSize, c.MaxOutputTokens, c.MaxTokens), sw.UpperBound(c.BlockSize).Ratio}
+	}
+	return out, nil
+}
+
 // scaledWorkload is the workload at LoadScale (a copy when scaled).
 func (c *Config) scaledWorkload() (*workload.Workload, error) {
-	w := c.Workload
-	if c.LoadScale == 1 {
+	return scaled(c.Workload, c.LoadScale)
+}
+
+// scaled is w at load scale (a copy when scaled).
+func scaled(w *workload.Workload, scale float64) (*workload.Workload, error) {
+	if scale == 1 {
 		return w, nil
 	}
-	scaled := *w
-	scaled.Requests = append([]workload.Request(nil), w.Requests...)
-	if err := scaled.ScaleLoad(c.LoadScale); err != nil {
+	out := *w
+	out.Requests = append([]workload.Request(nil), w.Requests...)
+	if err := out.ScaleLoad(scale); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return &scaled, nil
+	return &out, nil
 }
 
 // newReport is the report's header: workload, bounds, part, setup and the
@@ -303,15 +353,16 @@ func (c *Config) newReport(w *workload.Workload) *report.Report {
 }
 
 // runAll replays every policy over every path, Runs times (run r with seed
-// Seed + r), and returns each (path, policy)'s summaries in the order they
-// first ran.
-func (c *Config) runAll(ctx context.Context, rep *report.Report, reqs []prepared, bound float64) ([][]metrics.Summary, error) {
+// Seed + r, on inputs[r]), and returns each (path, policy)'s summaries in
+// the order they first ran.
+func (c *Config) runAll(ctx context.Context, rep *report.Report, inputs []runInput) ([][]metrics.Summary, error) {
 	type rowKey struct{ path, policy string }
 	var order []rowKey
 	runs := map[rowKey][]metrics.Summary{}
 	run := *c
 	for r := range c.Runs {
 		run.Seed = c.Seed + uint64(r)
+		reqs, bound := inputs[r].reqs, inputs[r].bound
 		for _, path := range c.Paths {
 			for _, pol := range c.Policies {
 				if err := ctx.Err(); err != nil {

@@ -106,7 +106,7 @@ type benchReplayFlags struct {
 	maxTokens                                            *int
 	start, window, deadline                              *time.Duration
 	queueTh, transferGBps                                *float64
-	quiet, allowInSample, calibrate, describe            *bool
+	quiet, allowInSample, calibrate, describe, samples   *bool
 	// given are the flags set on the command line or by their variable.
 	given map[string]bool
 }
@@ -140,7 +140,8 @@ func addBenchReplayFlags(c *cmdFlags) *benchReplayFlags {
 		out:           c.str("out", "bench-out", "directory for report.md, report.json and the PNG charts"),
 		title:         c.str("title", "", "report title"),
 		quiet:         c.boolean("quiet", false, "no progress bar"),
-		runs:          c.integer("runs", 1, "repeat the whole comparison this many times on the same requests (the routers' and engines' seeds --seed, --seed+1, ...; a generated workload stays the one --seed generates); every figure is then the median with its spread, and the report adds the TTFT of all the runs' requests pooled"),
+		runs:          c.integer("runs", 1, "repeat the whole comparison this many times on the same requests (the routers' and engines' seeds --seed, --seed+1, ...; a generated workload stays the one --seed generates, unless --samples); every figure is then the median with its spread, and the report adds the TTFT of all the runs' requests pooled"),
+		samples:       c.boolean("samples", false, "with --runs N and a generated --workload: run r replays its own sample, generated from seed --seed + r (all within the part's seeds), so the medians and the pooled TTFT are over N workload samples instead of one sample's N timings"),
 		paths:         c.str("path", replay.PathNATS, "how requests reach the fleet: nats (the route API and the workers' NATS endpoints), gateway (OpenAI clients through the gateway, one bridge per vLLM-faced engine, ZMQ events), or nats,gateway (both, side by side)"),
 		calibrate:     c.boolean("calibrate", false, "find the load levels instead of comparing: the --load at which round-robin's TTFT p99 reaches each --calibrate-targets multiple of its unloaded value"),
 		targets:       c.str("calibrate-targets", "3,10", "with --calibrate: multiples of the unloaded TTFT p99 to find, comma separated"),
@@ -243,7 +244,11 @@ func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
 	if fleet.Split() && !f.given["workers"] {
 		workers = fleet.Prefill + fleet.Decode
 	}
-	w, part, err := f.workload()
+	w, part, err := f.workload(*f.seed)
+	if err != nil {
+		return replay.Config{}, err
+	}
+	samples, err := f.samplesFrom(w)
 	if err != nil {
 		return replay.Config{}, err
 	}
@@ -252,7 +257,7 @@ func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
 		return replay.Config{}, err
 	}
 	cfg := replay.Config{
-		Workload: w, Part: part, AllowInSample: *f.allowInSample, Policies: pols, Paths: rpaths, Runs: *f.runs,
+		Workload: w, Samples: samples, Part: part, AllowInSample: *f.allowInSample, Policies: pols, Paths: rpaths, Runs: *f.runs,
 		Workers: workers, Fleet: fleet, TransferGBps: *f.transferGBps, Replicas: *f.replicas, Speedup: *f.speedup, SessionMode: mode, Seed: *f.seed,
 		KVBlocks: *f.kvBlocks, BlockSize: *f.blockSize, LoadScale: *f.load, MaxBatchedTokens: *f.maxBatched, MaxSeqs: *f.maxSeqs,
 		MaxOutputTokens: *f.maxOut, MaxTokens: *f.maxTokens, QueueThreshold: *f.queueTh,
@@ -266,10 +271,31 @@ func (f *benchReplayFlags) config(stderr io.Writer) (replay.Config, error) {
 	return cfg, nil
 }
 
-// workload reads the trace or generates the workload, takes the held-out
-// part (--part), then the slice (--limit, --start, --window,
+// samplesFrom is each run's workload with --samples (nil without): first,
+// the workload of --seed, then the same part and slice generated from
+// --seed + 1, + 2, ...
+func (f *benchReplayFlags) samplesFrom(first *workload.Workload) ([]*workload.Workload, error) {
+	if !*f.samples {
+		return nil, nil
+	}
+	if *f.trace != "" || *f.calibrate {
+		return nil, fmt.Errorf("bench replay: --samples needs a generated --workload and no --calibrate (a trace is one sample)")
+	}
+	out := []*workload.Workload{first}
+	for r := 1; r < *f.runs; r++ {
+		w, _, err := f.workload(*f.seed + uint64(r))
+		if err != nil {
+			return nil, fmt.Errorf("bench replay: --samples: run %d: %w", r+1, err)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// workload reads the trace or generates the workload from seed, takes the
+// held-out part (--part), then the slice (--limit, --start, --window,
 // --sample-sessions) within it.
-func (f *benchReplayFlags) workload() (*workload.Workload, *workload.PartInfo, error) {
+func (f *benchReplayFlags) workload(seed uint64) (*workload.Workload, *workload.PartInfo, error) {
 	ps := *f.part
 	if ps == "" {
 		ps = string(workload.PartEval)
@@ -296,7 +322,7 @@ func (f *benchReplayFlags) workload() (*workload.Workload, *workload.PartInfo, e
 		if k == "" {
 			k = "shared-prefix"
 		}
-		w, info, err = workload.GeneratePart(k, part, *f.seed)
+		w, info, err = workload.GeneratePart(k, part, seed)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -304,7 +330,7 @@ func (f *benchReplayFlags) workload() (*workload.Workload, *workload.PartInfo, e
 	w = w.Select(*f.limit, *f.start, *f.window)
 	if *f.sample > 0 {
 		n := len(w.Requests)
-		w = w.SampleSessions(*f.sample, 2, *f.seed)
+		w = w.SampleSessions(*f.sample, 2, seed)
 		if len(w.Requests) == 0 {
 			return nil, nil, fmt.Errorf("bench replay: --sample-sessions %d kept none of %d requests (no session with two requests)", *f.sample, n)
 		}

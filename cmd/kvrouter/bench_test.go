@@ -10,12 +10,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/bench/replay"
 	"github.com/kvrouter/kvrouter/bench/report"
 	"github.com/kvrouter/kvrouter/bench/stack"
+	"github.com/kvrouter/kvrouter/bench/workload"
 )
 
 func TestBenchReplaySyntheticAndRender(t *testing.T) {
@@ -76,6 +78,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"replay", "--workload", "nope"},
 		{"replay", "--workload", "rag", "--part", "test"},
 		{"replay", "--workload", "rag", "--seed", "101"},
+		{"replay", "--workload", "rag", "--part", "tune", "--seed", "99", "--runs", "3", "--samples", "--describe"},
+		{"replay", "--workload", "rag", "--part", "tune", "--samples", "--calibrate"},
 		{"replay", "--workload", "rag", "--calibrate", "--calibrate-targets", "3,x"},
 		{"replay", "extra"},
 		{"render"},
@@ -133,6 +137,49 @@ func TestBenchReplayHeldOut(t *testing.T) {
 	if err := benchMain(context.Background(), []string{"replay", "--workload", "burst", "--part", "tune", "--seed", "2", "--describe"}, &out, &errb); err != nil ||
 		!strings.Contains(out.String(), "this is seed 2") {
 		t.Fatalf("generated tuning part: %v\n%s", err, out.String())
+	}
+}
+
+// --samples gives run r the workload generated from seed --seed + r, the
+// part and slice the same; without it every run replays the one sample;
+// a trace is one sample and refuses it.
+func TestBenchReplaySamples(t *testing.T) {
+	config := func(args ...string) (replay.Config, error) {
+		c := benchFlags("kvrouter bench replay", benchReplayAbout, io.Discard, io.Discard)
+		f := addBenchReplayFlags(c)
+		if err := c.parse(args); err != nil {
+			t.Fatal(err)
+		}
+		f.given = map[string]bool{}
+		return f.config(io.Discard)
+	}
+	cfg, err := config("--workload", "chat", "--part", "tune", "--seed", "5", "--runs", "3", "--limit", "40", "--samples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Samples) != 3 || cfg.Samples[0] != cfg.Workload {
+		t.Fatalf("%d samples, first the workload: %v", len(cfg.Samples), len(cfg.Samples) > 0 && cfg.Samples[0] == cfg.Workload)
+	}
+	want, _, err := workload.GeneratePart("chat", workload.PartTune, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = want.Select(40, 0, 0)
+	got := cfg.Samples[2]
+	if len(got.Requests) != len(want.Requests) || !slices.Equal(got.Requests[0].Tokens, want.Requests[0].Tokens) ||
+		slices.Equal(got.Requests[0].Tokens, cfg.Samples[0].Requests[0].Tokens) {
+		t.Fatalf("sample 3 is not seed 7's first 40 requests")
+	}
+	if cfg, err = config("--workload", "chat", "--part", "tune", "--runs", "3"); err != nil || cfg.Samples != nil {
+		t.Fatalf("without --samples: %d samples, %v", len(cfg.Samples), err)
+	}
+	trace := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp":0,"input_length":600,"output_length":20,"hash_ids":[1,2]}`+"\n"+
+		`{"timestamp":5000,"input_length":600,"output_length":20,"hash_ids":[1,3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config("--trace", trace, "--part", "tune", "--runs", "2", "--samples"); err == nil || !strings.Contains(err.Error(), "--samples") {
+		t.Fatalf("a trace with --samples: %v", err)
 	}
 }
 
