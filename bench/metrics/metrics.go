@@ -224,7 +224,8 @@ type RunSpread struct {
 	// together (PooledTTFT): one percentile over all N runs' requests,
 	// where the median of N runs' p99 rests on each run's few slowest.
 	// Runs replay the same requests (bench/replay), so it smooths the runs'
-	// timing and tie-breaks, not the workload's own sampling.
+	// timing and tie-breaks, not the workload's own sampling, unless each
+	// run replays its own sample (replay.Config.Samples).
 	PooledTTFT Dist `json:"pooled_ttft"`
 }
 
