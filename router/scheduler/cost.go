@@ -83,25 +83,28 @@ type CostParams struct {
 // a saturated fleet, and there a larger credit would only pile more onto
 // the holder.
 func (cp *CostParams) CreditAt(leastPrefill int64) float64 {
+	return cp.riseAt(cp.OverlapCredit, leastPrefill)
+}
+
+// riseAt is a credit that is base while the least-loaded candidate has no
+// prefill queued, rising linearly to SaturatedCredit as its queue reaches
+// SaturationTokens (base when the credit does not follow the load).
+func (cp *CostParams) riseAt(base float64, leastPrefill int64) float64 {
 	if !cp.followsLoad() {
-		return cp.OverlapCredit
+		return base
 	}
 	frac := min(1, float64(leastPrefill)/cp.SaturationTokens)
-	return cp.OverlapCredit + (cp.SaturatedCredit-cp.OverlapCredit)*frac
+	return base + (cp.SaturatedCredit-base)*frac
 }
 
 // creditsAt is CreditAt from base instead of OverlapCredit, and the credit
 // of reported blocks at the same load.
 func (cp *CostParams) creditsAt(base float64, leastPrefill int64) (credit, reported float64) {
-	credit, reported = base, cp.ReportedCredit
+	reported = cp.ReportedCredit
 	if reported == 0 {
-		reported = credit
+		reported = base
 	}
-	if !cp.followsLoad() {
-		return credit, reported
-	}
-	frac := min(1, float64(leastPrefill)/cp.SaturationTokens)
-	return credit + (cp.SaturatedCredit-credit)*frac, reported + (cp.SaturatedCredit-reported)*frac
+	return cp.riseAt(base, leastPrefill), cp.riseAt(reported, leastPrefill)
 }
 
 // plain reports the weights the plain fused passes serve (pickMinCostPlain):
@@ -122,8 +125,7 @@ func (cp *CostParams) credit(c *Candidates) float64 {
 	if !cp.followsLoad() {
 		return base // no need to find the least-loaded candidate
 	}
-	frac := min(1, float64(c.leastPrefill())/cp.SaturationTokens)
-	return base + (cp.SaturatedCredit-base)*frac
+	return cp.riseAt(base, c.leastPrefill())
 }
 
 // baseCredit is the credit a selection over c starts from before the load
