@@ -85,6 +85,10 @@ var Catalog = []Policy{
 	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
 	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "the default from issue 24's first tuning to stop 36: overlap credit 1.5, decode-block weight 0.5, no output blocks"},
 	{Name: "kvrouter-c1.25-dbw0.25-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.25", "decode_block_weight", "0.25"), Events: true, About: "the default of stop 36: overlap credit 1.25 fixed (no load-following credit), decode-block weight 0.25, no output blocks"},
+	// The default from stop 37 to stop 44, before the sole-holder credit
+	// and the prefill step term joined it: the evaluation's measure of
+	// what that change did out of sample.
+	{Name: "kvrouter-stop37", RouterPolicy: "default", RouterParams: yamlMap("prefill_step_tokens", "0", "sole_holder_credit", "0"), Events: true, About: "the default of stops 37-44: overlap credit 1.25 rising to 3 with the load, decode-block weight 0.25, no output blocks, no sole-holder credit or prefill step term"},
 	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
 	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},
 	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, NoRouterQueue: true, About: "split fleet, round-robin pairing as the peers' simple proxies run it (vLLM's disaggregation proxy): the next prefill worker and the next decode worker, each in turn, no router queue"},
@@ -212,7 +216,7 @@ func yamlMap(kv ...string) yaml.Node {
 // credit fixed (no load-following credit): the catalog entries that stand
 // for configurations from before it.
 func fixedCredit(kv ...string) yaml.Node {
-	return yamlMap(append(kv, "saturated_credit", "0", "saturation_tokens", "0")...)
+	return yamlMap(append(kv, "saturated_credit", "0", "saturation_tokens", "0", "prefill_step_tokens", "0", "sole_holder_credit", "0")...)
 }
 
 // costPipeline is the parameters of a pipeline policy whose one scorer is
@@ -232,7 +236,8 @@ func costPipeline(credit, decodeBlockWeight float64) yaml.Node {
 	}
 	cost := mapping(str("prefill_load_scale"), num(1), str("overlap_credit"), num(credit),
 		str("decode_block_weight"), num(decodeBlockWeight), str("decode_active_request_weight"), num(0),
-		str("saturated_credit"), num(0), str("saturation_tokens"), num(0))
+		str("saturated_credit"), num(0), str("saturation_tokens"), num(0),
+		str("prefill_step_tokens"), num(0), str("sole_holder_credit"), num(0))
 	scorer := mapping(str("name"), str("default-cost"), str("params"), cost)
 	return *mapping(str("scorers"), &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Content: []*yaml.Node{scorer}},
 		str("picker"), mapping(str("name"), str("min")))

@@ -74,6 +74,7 @@ func TestDefaultPolicyWeighsAdapterAgainstLoad(t *testing.T) {
 		x, c := NewCandidates(&Request{Tokens: 160, Adapter: "sql"}, 16, 0, 3, nil, rows)
 		p := NewDefaultPolicy(temp)
 		p.Cost.AdapterLoadBlocks = 64
+		p.Cost.PrefillStepTokens = 0 // the queue alone against the adapter term
 		i, err := p.Select(x, c)
 		if err != nil {
 			t.Fatal(err)

@@ -199,7 +199,9 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 
 // DefaultCostParams: prefill load scale 1, overlap credit 1.25 rising to 3
 // as the least-loaded candidate's prefill queue reaches 32,768 tokens (four
-// engine steps of 8,192; CreditAt), decode-block weight 0.25, request
+// engine steps of 8,192; CreditAt), a base of 1 instead of 1.25 where at
+// most one candidate holds the prefix (SoleHolderCredit), a prefill step
+// of 1,024 tokens (PrefillStepTokens), decode-block weight 0.25, request
 // weight 0; the default policy books no output blocks (NewDefaultPolicy).
 //
 // All were chosen on the tuning parts only (issue 24's held-out protocol),
@@ -220,11 +222,17 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // two credits"). A prefill step term (PrefillStepTokens 1,024, stop 42)
 // lowered the p50 geomean in all five rounds it ran and failed one
 // criterion in three of them ("Issue 24: rounds of medians, and the
-// prefill step's fixed cost"). A decode block weighs a quarter of a
+// prefill step's fixed cost"). With the sole-holder credit of 1 (stop 44,
+// "Issue 24: a lower credit for a prefix one worker holds") the pair passed
+// two rounds on six fresh samples, the first change to do so since stop
+// 37: a popular prefix's first copy happens sooner, and the step term sends
+// short requests away from workers with a prefill in flight; neither term
+// alone passed. A decode block weighs a quarter of a
 // prefill block: it costs an engine step far less time (docs/benchmarks.md,
 // "Default policy experiments").
 func DefaultCostParams() CostParams {
-	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 32768}
+	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 32768,
+		PrefillStepTokens: 1024, SoleHolderCredit: 1}
 }
 
 // DynamoCostParams are Dynamo's default weights: scale 1, credit 1,

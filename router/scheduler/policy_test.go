@@ -37,26 +37,34 @@ func TestDynamoCostKnownAnswer(t *testing.T) {
 
 // Where the default's weights and Dynamo's part: a conversation turn of 27
 // blocks (512 tokens each), 20 of them cached on a worker with 16 blocks of
-// prefill queued and 20 decode blocks, against an idle worker. Dynamo moves
-// the session: holder 16+27−20 + 20+27 = 70, idle 27 + 27 = 54. The default
-// keeps it on its cache: holder max(0, 43 − 1.25·20) + 0.25·47 = 29.75, idle
-// 27 + 0.25·27 = 33.75.
+// prefill queued and 20 decode blocks, against an idle worker, and with a
+// copy of the prefix on a third worker with 40 blocks queued. Dynamo moves
+// the session: holder 16+27−20 + 20+27 = 70, idle 27 + 27 = 54. The
+// default keeps it on its cache once two workers hold the prefix: holder
+// max(0, 43 − 1.25·20) + 0.25·47 = 29.75, idle 27 + 0.25·27 = 33.75. Held
+// by one worker only, the base credit is SoleHolderCredit (1): holder
+// 43 − 20 + 11.75 = 34.75, and the turn makes the prefix's first copy on
+// the idle worker. (The step term is waived on both holders: their overlap
+// is booked, not reported, so the turn would share the prefill in flight.)
 func TestDefaultKeepsCacheHolder(t *testing.T) {
 	const bs = 512
-	rows := []CandidateRow{
-		{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 20},
-		{Key: wk("idle", 0)},
-	}
+	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 20, ActivePrefillTokens: 16 * bs, ActiveDecodeBlocks: 20}
+	idle := CandidateRow{Key: wk("idle", 0)}
+	cp := CandidateRow{Key: wk("copy", 0), OverlapBlocks: 20, ActivePrefillTokens: 40 * bs, ActiveDecodeBlocks: 20}
 	for _, tc := range []struct {
 		p    *DefaultPolicy
+		rows []CandidateRow
 		want []float64
 		pick string
 	}{
-		{NewDynamoPolicy(0), []float64{70, 54}, "idle"},
-		{NewDefaultPolicy(0), []float64{29.75, 33.75}, "holder"},
+		{NewDynamoPolicy(0), []CandidateRow{holder, idle}, []float64{70, 54}, "idle"},
+		{NewDefaultPolicy(0), []CandidateRow{holder, idle}, []float64{34.75, 33.75}, "idle"},
+		{NewDynamoPolicy(0), []CandidateRow{holder, idle, cp}, []float64{70, 54, 94}, "idle"},
+		{NewDefaultPolicy(0), []CandidateRow{holder, idle, cp}, []float64{29.75, 33.75, 53.75}, "holder"},
 	} {
+		rows := tc.rows
 		x, c := NewCandidates(&Request{Tokens: 27 * bs}, bs, 27, 1, nil, rows)
-		cost := make([]float64, 2)
+		cost := make([]float64, len(rows))
 		DefaultCost{Params: tc.p.Cost}.Score(x, c, cost)
 		for i := range cost {
 			if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
@@ -725,7 +733,8 @@ func TestSamplePairMatchesGeneral(t *testing.T) {
 			r := &Request{Tokens: 256, SeqHashes: hashes(16, 1)}
 			xf, cf := NewCandidates(r, 16, 20, 5, nil, rows)
 			xg, cg := NewCandidates(r, 16, 20, 5, nil, rows)
-			cp := DefaultCostParams() // one credit: the plain pair's case (CostParams.plain)
+			cp := DefaultCostParams()
+			cp.PrefillStepTokens = 0 // one credit, no step: the plain pair's case (CostParams.plain)
 			var got [2]int
 			for i := range 20000 {
 				fast := samplePairPlain(xf, cf, &cp, tc.temp)

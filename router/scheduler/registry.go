@@ -153,8 +153,8 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		SaturatedCredit           *float64 `yaml:"saturated_credit"`
 		SaturationTokens          *float64 `yaml:"saturation_tokens"`
 		ReportedOverlapCredit     float64  `yaml:"reported_overlap_credit"`
-		PrefillStepTokens         float64  `yaml:"prefill_step_tokens"`
-		SoleHolderCredit          float64  `yaml:"sole_holder_credit"`
+		PrefillStepTokens         *float64 `yaml:"prefill_step_tokens"`
+		SoleHolderCredit          *float64 `yaml:"sole_holder_credit"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -200,8 +200,12 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.SaturationTokens = *o.SaturationTokens
 	}
 	p.Cost.ReportedCredit = o.ReportedOverlapCredit // 0: the overlap credit for every block
-	p.Cost.PrefillStepTokens = o.PrefillStepTokens  // 0: off
-	p.Cost.SoleHolderCredit = o.SoleHolderCredit    // 0: off
+	if o.PrefillStepTokens != nil {
+		p.Cost.PrefillStepTokens = *o.PrefillStepTokens // 0: off
+	}
+	if o.SoleHolderCredit != nil {
+		p.Cost.SoleHolderCredit = *o.SoleHolderCredit // 0: off
+	}
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
