@@ -76,7 +76,9 @@ const (
 		"chosen among nine on the tuning parts at speed-up 1 (the trace at 3), 2-4 runs each, by the lowest worst ratio " +
 		"to the best peer (docs/benchmarks.md, Issue 24: the default's weights swept again at speed-up 1); the earlier " +
 		"1.5 / 0.5 at speed-up 10 and 3; the load-following credit (rising to 3 at 32,768 tokens queued on the " +
-		"least-loaded worker) chosen among four the same way at stop 37 (Issue 24: a credit that follows the load)"
+		"least-loaded worker) chosen among four the same way at stop 37 (Issue 24: a credit that follows the load); " +
+		"the sole-holder credit 1 with the prefill step of 1,024 tokens passed two rounds on six fresh tuning samples at " +
+		"stop 44 (Issue 24: a lower credit for a prefix one worker holds)"
 )
 
 // TunedOn records, per catalog entry, the workloads its configuration was
