@@ -468,9 +468,16 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {saturated_credit: -1, saturation_tokens: 8192}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {reported_overlap_credit: 1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.ReportedCredit = 1 })},
 		{doc: "name: default\nparams: {reported_overlap_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
-		{doc: "name: default\nparams: {prefill_step_tokens: 1024}", name: "default", check: defaultCostWith(func(c *CostParams) { c.PrefillStepTokens = 1024 })},
+		{doc: "name: default\nparams: {prefill_step_tokens: 512}", name: "default", check: defaultCostWith(func(c *CostParams) { c.PrefillStepTokens = 512 })},
+		{doc: "name: default\nparams: {prefill_step_tokens: 0}", name: "default", check: defaultCostWith(func(c *CostParams) { c.PrefillStepTokens = 0 })},
+		{doc: "name: default\nparams: {sole_holder_credit: 0}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 0 })},
+		{doc: "name: default", name: "default", check: func(t *testing.T, p Policy) {
+			if c := p.(*DefaultPolicy).Cost; c.PrefillStepTokens != 1024 || c.SoleHolderCredit != 1 {
+				t.Fatalf("the default's step %v and sole-holder credit %v, want 1024 and 1", c.PrefillStepTokens, c.SoleHolderCredit)
+			}
+		}},
 		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
-		{doc: "name: default\nparams: {sole_holder_credit: 1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 1 })},
+		{doc: "name: default\nparams: {sole_holder_credit: 1.1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 1.1 })},
 		{doc: "name: default\nparams: {sole_holder_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
