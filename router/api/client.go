@@ -17,7 +17,8 @@ import (
 
 // Client calls the route API over NATS. It is what the demo, the bench
 // harness and the tests use, and a reference for clients in other
-// languages: every call is one NATS request with a JSON body; the reply is
+// languages: every call is one NATS request with a JSON body (a route
+// request's token ids follow it in binary: AppendRouteBody); the reply is
 // the answer or an error envelope. Safe for concurrent use.
 type Client struct {
 	// NoRouterWait is how long a request that finds no replica subscribed
@@ -98,7 +99,7 @@ func (c *Client) RouteInto(ctx context.Context, req *RouteRequest, resp *RouteRe
 	if bp == nil {
 		bp = new([]byte)
 	}
-	body, err := fitRoute(AppendRouteRequest((*bp)[:0], req), req, c.MaxRouteBody())
+	body, err := fitRoute(AppendRouteBody((*bp)[:0], req), req, c.MaxRouteBody())
 	var data []byte
 	if err == nil {
 		data, err = c.request(ctx, RouteSubject(c.prefix, req.Model), body)

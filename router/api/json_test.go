@@ -61,6 +61,10 @@ func TestDecodeRouteRequestErrors(t *testing.T) {
 		{"deep", `{"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, "x"},
 		{"bad utf8", "{\"model\":\"\xff\"}", "model"},
 		{"empty allowed_workers", `{"model":"m","allowed_workers":[]}`, "allowed_workers"},
+		{"token ids twice", `{"model":"m","token_ids":[1]}` + "\x00\x01\x00\x00\x00", "token_ids"},
+		{"ragged trailer", `{"model":"m"}` + "\x00\x01\x00\x00", "token_ids"},
+		{"truncated before trailer", `{"model":"m"` + "\x00\x01\x00\x00\x00", "body"},
+		{"nul in a string", "{\"model\":\"a\x00\"}", "model"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -120,6 +124,7 @@ func TestRouteRequestRoundTrip(t *testing.T) {
 		Media: []kvevents.MediaItem{{ID: "img\"1", Offset: 0, Length: 1}, {Offset: 1, Length: 1}}}
 	for _, enc := range []func() []byte{
 		func() []byte { return AppendRouteRequest(nil, &in) },
+		func() []byte { return AppendRouteBody(nil, &in) },
 		func() []byte { b, _ := json.Marshal(&in); return b },
 	} {
 		var out RouteRequest
@@ -137,6 +142,43 @@ func TestRouteRequestRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(in, viaStd) {
 		t.Fatalf("encoding/json got %+v", viaStd)
+	}
+}
+
+// The token trailer's bytes are the wire format other clients write:
+// the JSON without token_ids, a NUL, then each id little-endian. Without
+// token ids the body is the plain JSON. A null token_ids in the JSON is
+// absence, so a trailer after it is the request's one set of ids.
+func TestTokenTrailer(t *testing.T) {
+	body := AppendRouteBody(nil, &RouteRequest{Model: "m", TokenIDs: []uint32{1, 0x01020304}, BlockSize: 16})
+	want := `{"model":"m","block_size":16}` + "\x00" + "\x01\x00\x00\x00" + "\x04\x03\x02\x01"
+	if string(body) != want {
+		t.Fatalf("body %q, want %q", body, want)
+	}
+	if got := AppendRouteBody(nil, &RouteRequest{Model: "m"}); string(got) != `{"model":"m"}` {
+		t.Fatalf("without token ids: %q", got)
+	}
+	for _, c := range []struct {
+		body string
+		want []uint32
+	}{
+		{`{"model":"m","token_ids":null}` + "\x00\x07\x00\x00\x00", []uint32{7}},
+		{"{\"model\":\"m\"} \n\x00\xff\xff\xff\xff", []uint32{1<<32 - 1}},
+		{`{"model":"m"}` + "\x00", []uint32{}},
+	} {
+		r := RouteRequest{TokenIDs: []uint32{9, 9, 9}}
+		if err := DecodeRouteRequest([]byte(c.body), &r); err != nil {
+			t.Fatalf("%q: %v", c.body, err)
+		}
+		if !reflect.DeepEqual(r.TokenIDs, c.want) {
+			t.Fatalf("%q: token ids %v, want %v", c.body, r.TokenIDs, c.want)
+		}
+	}
+	over := append([]byte(`{"model":"m"}`+"\x00"), make([]byte, 4*(MaxTokens+1))...)
+	var r RouteRequest
+	var e *Error
+	if err := DecodeRouteRequest(over, &r); !errors.As(err, &e) || e.Field != "token_ids" {
+		t.Fatalf("%d ids in the trailer: %v, want bad_request on token_ids", MaxTokens+1, err)
 	}
 }
 
@@ -174,6 +216,17 @@ func BenchmarkDecodeRouteRequest2048(b *testing.B) {
 		toks[i] = uint32(i*7919) % 128000
 	}
 	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
+	benchDecodeRouteRequest(b, body)
+}
+
+// BenchmarkDecodeRouteBody2048 is BenchmarkDecodeRouteRequest2048's
+// request as Client sends it: its token ids in the token trailer.
+func BenchmarkDecodeRouteBody2048(b *testing.B) {
+	toks := make([]uint32, 2048)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128000
+	}
+	body := AppendRouteBody(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
 	benchDecodeRouteRequest(b, body)
 }
 

@@ -2,9 +2,11 @@ package api
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf16"
@@ -22,6 +24,8 @@ type decoder struct {
 	pos     int
 	scratch []byte // unescaped string bytes
 	depth   int
+
+	sawTokenIDs bool // the route request's JSON gives token_ids (null is absence)
 }
 
 const maxDepth = 64 // nesting limit when skipping unknown values
@@ -31,15 +35,58 @@ const maxDepth = 64 // nesting limit when skipping unknown values
 // the fields present in data). The result is validated for syntax and
 // ranges; semantic checks (model known, block size matching) happen in
 // Replica.Route.
+//
+// data may end with the token trailer (AppendRouteBody): a NUL byte, which
+// JSON never contains, ends the JSON and the token ids follow it, four
+// little-endian bytes each. A request gives its token ids one way or the
+// other, not both.
 func DecodeRouteRequest(data []byte, r *RouteRequest) error {
 	if len(data) > MaxRouteBodySize {
 		return BadField("body", "is %d bytes, the limit is %d", len(data), MaxRouteBodySize)
 	}
-	d := decoder{buf: data}
+	body, trailer, hasTrailer := splitTokenTrailer(data)
+	d := decoder{buf: body}
 	if e := d.routeRequest(r); e != nil {
 		return e
 	}
+	if hasTrailer {
+		if e := readTokenTrailer(trailer, r, d.sawTokenIDs); e != nil {
+			return e
+		}
+	}
 	return nil
+}
+
+// TokenTrailerMark is the byte between a route body's JSON and its token
+// trailer (AppendRouteBody).
+const TokenTrailerMark = 0
+
+// splitTokenTrailer splits a route body at its first NUL byte, if any.
+func splitTokenTrailer(data []byte) (body, trailer []byte, ok bool) {
+	i := bytes.IndexByte(data, TokenTrailerMark)
+	if i < 0 {
+		return data, nil, false
+	}
+	return data[:i], data[i+1:], true
+}
+
+// readTokenTrailer reads the token ids of a trailer into r.
+func readTokenTrailer(trailer []byte, r *RouteRequest, inJSON bool) *Error {
+	switch n := len(trailer) / 4; {
+	case inJSON:
+		return BadField("token_ids", "is given both in the JSON and in the token trailer")
+	case len(trailer)%4 != 0:
+		return BadField("token_ids", "trailer is %d bytes, not a whole number of 4-byte ids", len(trailer))
+	case n > MaxTokens:
+		return BadField("token_ids", "has more than %d entries", MaxTokens)
+	default:
+		ids := slices.Grow(r.TokenIDs[:0], n)[:n]
+		for i := range ids {
+			ids[i] = binary.LittleEndian.Uint32(trailer[4*i:])
+		}
+		r.TokenIDs = ids
+		return nil
+	}
 }
 
 // clear is what a null value does to the field of key: slices and
@@ -570,6 +617,7 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 		case "model":
 			r.Model, e = d.str("model", MaxModelLen)
 		case "token_ids":
+			d.sawTokenIDs = true
 			r.TokenIDs, e = d.uint32Array("token_ids", r.TokenIDs[:0], MaxTokens)
 		case "block_hashes":
 			r.BlockHashes = r.BlockHashes[:0]

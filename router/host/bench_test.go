@@ -117,10 +117,18 @@ func benchPrefixes() [][]uint32 {
 	return prefixes
 }
 
-// benchRequests builds session-less 2,048-token requests: half share a
-// cached 1,024-token prefix, half are fresh. With hashes, the prompt goes
-// as its 128 precomputed block hashes instead of 2,048 token ids.
-func benchRequests(prefixes [][]uint32, n int, hashes bool) [][]byte {
+// bodyForm is how a benchmark's route bodies carry their prompts.
+type bodyForm string
+
+const (
+	formTokens     bodyForm = "tokens"      // token ids in the token trailer, as api.Client sends them
+	formTokensJSON bodyForm = "tokens-json" // token ids in the JSON, as an HTTP client sends them
+	formHashes     bodyForm = "hashes"      // 128 precomputed block hashes
+)
+
+// benchRequests builds session-less 2,048-token requests in form: half
+// share a cached 1,024-token prefix, half are fresh.
+func benchRequests(prefixes [][]uint32, n int, form bodyForm) [][]byte {
 	r := rand.New(rand.NewPCG(1, 2))
 	out := make([][]byte, n)
 	for i := range out {
@@ -132,13 +140,20 @@ func benchRequests(prefixes [][]uint32, n int, hashes bool) [][]byte {
 			toks = append(toks, uint32(r.IntN(100_000)))
 		}
 		req := &api.RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 128}
-		if hashes {
+		switch form {
+		case formTokens:
+			out[i] = api.AppendRouteBody(nil, req)
+		case formTokensJSON:
+			out[i] = api.AppendRouteRequest(nil, req)
+		case formHashes:
 			for _, h := range kvevents.SeqHashes(nil, toks, 16, kvevents.HashSeed) {
 				req.BlockHashes = append(req.BlockHashes, uint64(h))
 			}
 			req.TokenIDs, req.BlockSize, req.InputTokens = nil, 16, len(toks)
+			out[i] = api.AppendRouteRequest(nil, req)
+		default:
+			panic("unknown body form " + form)
 		}
-		out[i] = api.AppendRouteRequest(nil, req)
 	}
 	return out
 }
@@ -176,18 +191,17 @@ func routeOnce(b *testing.B, nc *nats.Conn, subject string, body []byte, resp *a
 // of a single client (p50/p99 client to client).
 func BenchmarkRouteNATS(b *testing.B) {
 	for _, c := range []struct {
-		form   string
-		hashes bool
-		nrep   int
-	}{{"tokens", false, 1}, {"tokens", false, 2}, {"hashes", true, 1}, {"hashes", true, 2}} {
-		nrep, hashes := c.nrep, c.hashes
-		b.Run(fmt.Sprintf("%s/replicas=%d/throughput", c.form, nrep), func(b *testing.B) {
+		form bodyForm
+		nrep int
+	}{{formTokens, 1}, {formTokens, 2}, {formTokensJSON, 1}, {formHashes, 1}, {formHashes, 2}} {
+		nrep, form := c.nrep, c.form
+		b.Run(fmt.Sprintf("%s/replicas=%d/throughput", form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
-			measureThroughput(b, st.srv, benchRequests(prefixes, 512, hashes))
+			measureThroughput(b, st.srv, benchRequests(prefixes, 512, form))
 		})
-		b.Run(fmt.Sprintf("%s/replicas=%d/latency", c.form, nrep), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/replicas=%d/latency", form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)
-			measureLatency(b, natstest.Connect(b, st.srv), benchRequests(prefixes, 512, hashes))
+			measureLatency(b, natstest.Connect(b, st.srv), benchRequests(prefixes, 512, form))
 		})
 	}
 }
@@ -263,7 +277,7 @@ func benchRouteInProcess(b *testing.B, nWorkers int, edit func(i int, req *api.R
 	st, prefixes := benchStack(b, nWorkers, 1)
 	r := st.replicas[0]
 	ms := r.models[testModel]
-	bodies := benchRequests(prefixes, 64, false)
+	bodies := benchRequests(prefixes, 64, formTokens)
 	reqs := make([]api.RouteRequest, len(bodies))
 	for i := range bodies {
 		if err := api.DecodeRouteRequest(bodies[i], &reqs[i]); err != nil {

@@ -18,10 +18,10 @@ import (
 // what any replica can reach over NATS with its client on the same cores
 // (issue 29's "why it cannot go").
 func BenchmarkNATSFloor(b *testing.B) {
-	for _, form := range []string{"tokens", "hashes"} {
-		b.Run(form, func(b *testing.B) {
+	for _, form := range []bodyForm{formTokens, formTokensJSON, formHashes} {
+		b.Run(string(form), func(b *testing.B) {
 			srv := natstest.Start(b)
-			reqs := benchRequests(benchPrefixes(), 512, form == "hashes")
+			reqs := benchRequests(benchPrefixes(), 512, form)
 			subject := api.RouteSubject("", testModel)
 
 			rc := natstest.Connect(b, srv)

@@ -74,8 +74,8 @@ func TestClientSendsBlockHashesPastMaxPayload(t *testing.T) {
 	st := startStack(t, stackOpts{workers: 1, replicas: 1, maxPayload: 64 << 10})
 	st.waitWorkers(1)
 	ctx := ctxT(t)
-	toks := tokens(9, 20_000) // about 120 KB of JSON as token ids
-	if n := len(api.AppendRouteRequest(nil, &api.RouteRequest{Model: testModel, TokenIDs: toks})); n <= st.client.MaxRouteBody() {
+	toks := tokens(9, 20_000) // 80 KB of token ids in the token trailer
+	if n := len(api.AppendRouteBody(nil, &api.RouteRequest{Model: testModel, TokenIDs: toks})); n <= st.client.MaxRouteBody() {
 		t.Fatalf("the token form is %d bytes, under the limit %d: the test would not cover the hash form", n, st.client.MaxRouteBody())
 	}
 	first, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: toks, BlockSize: DefaultBlockSize, ExpectedOutputTokens: 4})

@@ -33,7 +33,7 @@ func BenchmarkRouteNATSSession(b *testing.B) {
 
 func benchRouteNATSSession(b *testing.B, c *natstest.Cluster, mode string) {
 	st, prefixes := benchStackOn(b, 8, 1, c)
-	bodies := benchRequests(prefixes, 512, true)
+	bodies := benchRequests(prefixes, 512, formHashes)
 	for i := range bodies {
 		var req api.RouteRequest
 		if err := api.DecodeRouteRequest(bodies[i], &req); err != nil {
