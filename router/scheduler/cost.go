@@ -108,11 +108,9 @@ func (cp *CostParams) creditsAt(base float64, leastPrefill int64) (credit, repor
 }
 
 // plain reports the weights the plain fused passes serve (pickMinCostPlain):
-// no request weight, one credit for reported and predicted blocks, no
-// prefill step term.
+// no request weight, one credit for reported and predicted blocks.
 func (cp *CostParams) plain() bool {
-	return cp.DecodeActiveRequestWeight == 0 && (cp.ReportedCredit == 0 || cp.ReportedCredit == cp.OverlapCredit) &&
-		cp.PrefillStepTokens == 0
+	return cp.DecodeActiveRequestWeight == 0 && (cp.ReportedCredit == 0 || cp.ReportedCredit == cp.OverlapCredit)
 }
 
 // followsLoad reports a load-following credit (both saturation fields set).
@@ -383,12 +381,15 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 // pickMinCostPlain is pickMinCost for the common case: no Soft target among
 // the candidates, no prompt blocks shared with active requests, no adapter
 // held by some candidates and not others, no active-request weight, one
-// credit (CostParams.plain). Same costs, same tie-break draws.
+// credit (CostParams.plain). Same costs, same tie-break draws. Its loop is
+// the general one's without the terms the plain case rules out (keep the
+// two alike: TestDecodeBlockWeightFusedPaths compares them draw for draw).
 func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 	inv := x.invBlockSize()
 	isl := float64(x.PromptTokens)
 	scale, dw := cp.PrefillLoadScale, cp.DecodeBlockWeight
 	credit := cp.credit(c) // one credit here (CostParams.plain)
+	step := cp.PrefillStepTokens * inv
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
@@ -401,6 +402,9 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
+		}
+		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+			pre += step
 		}
 		cost := scale*pre + dw*(decode[s]+newBlks)
 		if cost < best {
@@ -490,6 +494,7 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 	isl := float64(x.PromptTokens)
 	scale, dw := cp.PrefillLoadScale, cp.DecodeBlockWeight
 	credit := cp.credit(c) // one credit here (CostParams.plain)
+	step := cp.PrefillStepTokens * inv
 	newBlks := float64(c.newBlks)
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
@@ -503,6 +508,9 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
+		}
+		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+			pre += step
 		}
 		v := scale*pre + dw*(decode[s]+newBlks)
 		cost[i] = v

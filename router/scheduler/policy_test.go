@@ -740,8 +740,7 @@ func TestSamplePairMatchesGeneral(t *testing.T) {
 			r := &Request{Tokens: 256, SeqHashes: hashes(16, 1)}
 			xf, cf := NewCandidates(r, 16, 20, 5, nil, rows)
 			xg, cg := NewCandidates(r, 16, 20, 5, nil, rows)
-			cp := DefaultCostParams()
-			cp.PrefillStepTokens = 0 // one credit, no step: the plain pair's case (CostParams.plain)
+			cp := DefaultCostParams() // the step term included: row a shares its prefill in flight, row b pays it
 			var got [2]int
 			for i := range 20000 {
 				fast := samplePairPlain(xf, cf, &cp, tc.temp)

@@ -99,6 +99,7 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 	prefill, decode := c.prefillF, c.decodeF
 	ov, ep := c.ov, c.epoch
 	credit := cp.credit(c) // one credit here (CostParams.plain)
+	step := cp.PrefillStepTokens * inv
 	var cost [2]float64
 	for i, s := range c.slots[:2] {
 		o := 0.0
@@ -108,6 +109,9 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 		pre := (prefill[s]+isl)*inv - credit*o
 		if pre < 0 {
 			pre = 0
+		}
+		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+			pre += step
 		}
 		cost[i] = cp.PrefillLoadScale*pre + cp.DecodeBlockWeight*(decode[s]+newBlks)
 	}
