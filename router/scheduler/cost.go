@@ -41,7 +41,11 @@ import (
 // requests there until that worker's queue outgrows the credit, and the
 // first copy elsewhere halves that concentration; a prefix already held by
 // two keeps the higher credit, so later copies, which buy less, stay rare.
-// Zero: one base credit.
+// Zero: one base credit. With SoleHolderReportedOnly as well, the lower
+// credit applies only where the sole holder's engine reports at least half
+// the deepest overlap: a prefix known only from routing (a burst's new
+// prefix still being computed) keeps OverlapCredit, so its siblings join
+// the prefill in flight instead of copying it (an experiment of stop 46).
 //
 // With ReportedCredit set, overlap_blocks is split by where the blocks are
 // known from (Overlap.Reported): the blocks the engines' own events report
@@ -70,6 +74,7 @@ type CostParams struct {
 	ReportedCredit            float64 `yaml:"reported_overlap_credit"`
 	PrefillStepTokens         float64 `yaml:"prefill_step_tokens"`
 	SoleHolderCredit          float64 `yaml:"sole_holder_credit"`
+	SoleHolderReportedOnly    bool    `yaml:"sole_holder_reported_only"`
 }
 
 // CreditAt is the overlap credit when the least-loaded candidate has
@@ -130,7 +135,10 @@ func (cp *CostParams) credit(c *Candidates) float64 {
 // raises it: SoleHolderCredit when it is set and at most one candidate
 // holds the request's prefix, else OverlapCredit.
 func (cp *CostParams) baseCredit(c *Candidates) float64 {
-	if cp.SoleHolderCredit == 0 || c.holders() > 1 {
+	if cp.SoleHolderCredit == 0 {
+		return cp.OverlapCredit
+	}
+	if n, reported := c.holders(); n > 1 || cp.SoleHolderReportedOnly && !reported {
 		return cp.OverlapCredit
 	}
 	return cp.SoleHolderCredit
@@ -139,8 +147,10 @@ func (cp *CostParams) baseCredit(c *Candidates) float64 {
 // holders counts c's candidates whose overlap is at least half the
 // deepest one's (0 when no candidate has an overlap): the workers that
 // hold the request's prefix, give or take a conversation's own last turns.
-func (c *Candidates) holders() int {
-	ov, ep := c.ov, c.epoch
+// reported says whether some holder's engine reports (Overlap.Reported) at
+// least half the deepest overlap: the prefix is cached, not only in flight.
+func (c *Candidates) holders() (n int, reported bool) {
+	ov, rep, ep := c.ov, c.rep, c.epoch
 	deepest := uint32(0)
 	for _, s := range c.slots {
 		if v := ov[s]; v >= ep {
@@ -148,15 +158,17 @@ func (c *Candidates) holders() int {
 		}
 	}
 	if deepest == 0 {
-		return 0
+		return 0, false
 	}
-	n := 0
 	for _, s := range c.slots {
 		if v := ov[s]; v >= ep && 2*uint64(uint32(v)) >= uint64(deepest) {
 			n++
+			if r := rep[s]; r >= ep && 2*uint64(uint32(r)) >= uint64(deepest) {
+				reported = true
+			}
 		}
 	}
-	return n
+	return n, reported
 }
 
 // inFlightOverlap reports whether the request's overlap o on slot s goes

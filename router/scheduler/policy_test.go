@@ -87,23 +87,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -365,6 +365,7 @@ func TestDecodeBlockWeightFusedPaths(t *testing.T) {
 				{PrefillLoadScale: 1, OverlapCredit: 1, ReportedCredit: 1.5, PrefillStepTokens: 160},
 				{PrefillLoadScale: 1, OverlapCredit: 1.25, SoleHolderCredit: 1, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 512},
 				{PrefillLoadScale: 1, OverlapCredit: 1.25, SoleHolderCredit: 0.5, ReportedCredit: 1, PrefillStepTokens: 160},
+				{PrefillLoadScale: 1, OverlapCredit: 1.25, SoleHolderCredit: 1, SoleHolderReportedOnly: true, DecodeBlockWeight: 0.25, PrefillStepTokens: 1024},
 			} {
 				t.Run(fmt.Sprint(n, temp, cp), func(t *testing.T) {
 					rows := fixtureRows(n)
@@ -868,6 +869,12 @@ func TestSoleHolderCredit(t *testing.T) {
 	on.SoleHolderCredit = 1
 	loaded := on
 	loaded.SaturatedCredit, loaded.SaturationTokens = 3, 16*bs
+	reportedOnly := on
+	reportedOnly.SoleHolderReportedOnly = true
+	inFlight := holder // its prefix known only from routing: a burst's sibling
+	inFlight.ReportedBlocks = 0
+	mostly := holder // its engine reports half the prefix
+	mostly.ReportedBlocks = 8
 	for _, tc := range []struct {
 		name string
 		p    CostParams
@@ -881,6 +888,10 @@ func TestSoleHolderCredit(t *testing.T) {
 		{"a shallower overlap is no holder", on, []CandidateRow{holder, less, idle}, []float64{22, 31, 20}, "idle"},
 		{"rises with the load", loaded, []CandidateRow{holder, busy}, []float64{6, 28}, "holder"},
 		{"no overlap anywhere", on, []CandidateRow{{Key: wk("holder", 0)}, busy}, []float64{20, 28}, "holder"},
+		{"reported only: a reported prefix", reportedOnly, []CandidateRow{holder, idle}, []float64{22, 20}, "idle"},
+		{"reported only: half reported", reportedOnly, []CandidateRow{mostly, idle}, []float64{22, 20}, "idle"},
+		{"reported only: a prefix in flight", reportedOnly, []CandidateRow{inFlight, idle}, []float64{18, 20}, "holder"},
+		{"a prefix in flight without the option", on, []CandidateRow{inFlight, idle}, []float64{22, 20}, "idle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkCosts(t, tc.p, bs, 20, tc.rows, tc.want, tc.pick) })
 	}

@@ -155,6 +155,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		ReportedOverlapCredit     float64  `yaml:"reported_overlap_credit"`
 		PrefillStepTokens         *float64 `yaml:"prefill_step_tokens"`
 		SoleHolderCredit          *float64 `yaml:"sole_holder_credit"`
+		SoleHolderReportedOnly    bool     `yaml:"sole_holder_reported_only"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -206,6 +207,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	if o.SoleHolderCredit != nil {
 		p.Cost.SoleHolderCredit = *o.SoleHolderCredit // 0: off
 	}
+	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
