@@ -156,10 +156,8 @@ func appendPD(dst []byte, r *RouteResponse) []byte {
 }
 
 // AppendRouteRequest appends r as JSON to dst, in the form the decoder reads
-// fastest (token ids and hashes as plain numbers). Clients and benchmarks use
-// it; json.Marshal(r) is equivalent. It reads best whole: one guarded append
-// per optional field of RouteRequest, in the message's field order, on the
-// route path with no allocation beyond dst's growth.
+// fastest (token ids and hashes as plain numbers): what an HTTP client
+// sends; json.Marshal(r) is equivalent. Client sends AppendRouteBody.
 func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	return appendRouteJSON(dst, r, true)
 }
@@ -185,7 +183,9 @@ func AppendRouteBody(dst []byte, r *RouteRequest) []byte {
 }
 
 // appendRouteJSON is AppendRouteRequest, with r's token ids left out
-// unless withTokens.
+// unless withTokens. It reads best whole: one guarded append per optional
+// field of RouteRequest, in the message's field order, on the route path
+// with no allocation beyond dst's growth.
 func appendRouteJSON(dst []byte, r *RouteRequest, withTokens bool) []byte {
 	dst = append(dst, '{')
 	first := true
