@@ -211,23 +211,22 @@ func TestErrorEnvelope(t *testing.T) {
 }
 
 func BenchmarkDecodeRouteRequest2048(b *testing.B) {
-	toks := make([]uint32, 2048)
-	for i := range toks {
-		toks[i] = uint32(i*7919) % 128000
-	}
-	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
-	benchDecodeRouteRequest(b, body)
+	benchDecodeRouteRequest(b, AppendRouteRequest(nil, request2048()))
 }
 
 // BenchmarkDecodeRouteBody2048 is BenchmarkDecodeRouteRequest2048's
 // request as Client sends it: its token ids in the token trailer.
 func BenchmarkDecodeRouteBody2048(b *testing.B) {
+	benchDecodeRouteRequest(b, AppendRouteBody(nil, request2048()))
+}
+
+// request2048 is a route request of 2,048 token ids below 128,000.
+func request2048() *RouteRequest {
 	toks := make([]uint32, 2048)
 	for i := range toks {
 		toks[i] = uint32(i*7919) % 128000
 	}
-	body := AppendRouteBody(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
-	benchDecodeRouteRequest(b, body)
+	return &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256}
 }
 
 // BenchmarkDecodeRouteRequestStrings: a request made mostly of strings,
@@ -254,11 +253,7 @@ func benchDecodeRouteRequest(b *testing.B, body []byte) {
 }
 
 func BenchmarkEncodingJSONRouteRequest2048(b *testing.B) {
-	toks := make([]uint32, 2048)
-	for i := range toks {
-		toks[i] = uint32(i*7919) % 128000
-	}
-	body := AppendRouteRequest(nil, &RouteRequest{Model: "llama", TokenIDs: toks, ExpectedOutputTokens: 256})
+	body := AppendRouteRequest(nil, request2048())
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
