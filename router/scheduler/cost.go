@@ -56,7 +56,7 @@ import (
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
 // after the clamp at 0, unless the request's overlap there goes deeper
-// than the engines' events report (Candidates.inFlightOverlap). Why: an
+// than the engines' events report (Candidates.paysStep). Why: an
 // engine step that computes prompt tokens has a fixed cost, about 1,090
 // tokens' worth in the mocker's polynomial (16.5 ms at 15.2 µs a token),
 // and a request that lands where a prefill is in flight waits for that
@@ -171,17 +171,23 @@ func (c *Candidates) holders() (n int, reported bool) {
 	return n, reported
 }
 
-// inFlightOverlap reports whether the request's overlap o on slot s goes
-// deeper than the blocks the engines' events report there: the rest is
-// known only from routing (active bookings, the predicted index), a prefix
-// still being computed on s, whose prefill step the request would share
-// (CostParams.PrefillStepTokens).
-func (c *Candidates) inFlightOverlap(s int32, o float64) bool {
+// paysStep reports whether slot s pays the prefill step term (step =
+// CostParams.PrefillStepTokens in blocks) for a request that overlaps o
+// blocks there: where the term is on and prefill is already booked
+// (booked: the loop has the slot's prefill at hand), unless o goes deeper
+// than the blocks the engines' events report. The rest of such an overlap
+// is known only from routing (active bookings, the predicted index): a
+// prefix still being computed on s, whose prefill step the request would
+// share. Every cost loop asks here.
+func (c *Candidates) paysStep(step float64, booked bool, s int32, o float64) bool {
+	if step == 0 || !booked {
+		return false
+	}
 	r := 0.0
 	if v := c.rep[s]; v >= c.epoch {
 		r = float64(uint32(v))
 	}
-	return o > r
+	return o <= r
 }
 
 // leastPrefill is the smallest prefill queue among c's candidates (tokens).
@@ -377,7 +383,7 @@ func pickMinCost(x *Context, c *Candidates, cp *CostParams, only bool) int {
 		if load != 0 && c.warm[s] < ep {
 			pre += load
 		}
-		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+		if c.paysStep(step, prefill[s] > 0, s, o) {
 			pre += step
 		}
 		cost := scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
@@ -415,7 +421,7 @@ func pickMinCostPlain(x *Context, c *Candidates, cp *CostParams) int {
 		if pre < 0 {
 			pre = 0
 		}
-		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+		if c.paysStep(step, prefill[s] > 0, s, o) {
 			pre += step
 		}
 		cost := scale*pre + dw*(decode[s]+newBlks)
@@ -454,7 +460,7 @@ func scoreDefault(x *Context, c *Candidates, cp *CostParams, cost []float64) {
 		if load != 0 && c.warm[s] < ep {
 			pre += load
 		}
-		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+		if c.paysStep(step, prefill[s] > 0, s, o) {
 			pre += step
 		}
 		cost[i] = scale*pre + dw*float64(decode[s]+newBlks-int64(shared[s])) + w*float64(active[s])
@@ -521,7 +527,7 @@ func scoreDefaultRangePlain(x *Context, c *Candidates, cp *CostParams, cost []fl
 		if pre < 0 {
 			pre = 0
 		}
-		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+		if c.paysStep(step, prefill[s] > 0, s, o) {
 			pre += step
 		}
 		v := scale*pre + dw*(decode[s]+newBlks)

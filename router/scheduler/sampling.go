@@ -110,7 +110,7 @@ func samplePairPlain(x *Context, c *Candidates, cp *CostParams, t float64) int {
 		if pre < 0 {
 			pre = 0
 		}
-		if step != 0 && prefill[s] > 0 && !c.inFlightOverlap(s, o) {
+		if c.paysStep(step, prefill[s] > 0, s, o) {
 			pre += step
 		}
 		cost[i] = cp.PrefillLoadScale*pre + cp.DecodeBlockWeight*(decode[s]+newBlks)
