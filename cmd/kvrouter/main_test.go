@@ -173,6 +173,11 @@ func TestServeAndWorker(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"endpoint":"kvr.worker.llama.sim-`) {
 		t.Fatalf("route: %d %s", resp.StatusCode, body)
 	}
+	// The replica lists the workers once they registered, which is before
+	// fleet.Start returns and the banner is printed: a stop before that is
+	// a stop during start-up (exit 0, no banner).
+	testutil.Eventually(t, 20*time.Second, func() bool { return strings.Contains(workerOut.String(), "simulated workers") },
+		func() string { return "no worker banner: " + workerOut.String() + workerErr.String() })
 	stopWorker()
 	if code := <-workerDone; code != 0 {
 		t.Fatalf("worker exit %d: %s", code, workerErr.String())
