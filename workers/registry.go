@@ -303,7 +303,8 @@ type RegistrationStats struct {
 // Heartbeat, and by ctx) for it to expire, as it does after a crash and
 // quick restart; if it is renewed meanwhile, a live process has the same id
 // and Register fails with a *DuplicateError. With cfg.TakeOver it
-// overwrites the key at once.
+// overwrites the key at once. A Register ended by ctx deletes the key if
+// its own write landed, so a worker stopped while registering leaves none.
 func Register(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, info Info) (*Registration, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -339,6 +340,9 @@ func Register(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, i
 	}
 	rev, err := r.claim(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			r.abandon(ctx)
+		}
 		return nil, err
 	}
 	r.rev = rev
@@ -347,6 +351,26 @@ func Register(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, i
 	go r.loop(loopCtx)
 	r.log.Debug("registered", "key", key, "revision", rev, "ttl", cfg.TTL)
 	return r, nil
+}
+
+// abandon deletes the key of a Register cancelled mid-claim if this
+// incarnation wrote it: the create may have landed with its reply lost to
+// the cancellation, and the caller, holding no Registration, could not
+// deregister it (it would linger for TTL as a live worker nobody serves).
+// Best effort, under a fresh timeout like Drain's cleanup.
+func (r *Registration) abandon(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainCleanupTimeout)
+	defer cancel()
+	e, err := r.readLatest(cctx)
+	if err != nil {
+		return // gone, never written, or unreadable: the TTL is the backstop
+	}
+	if theirs, derr := DecodeInfo(e.value); derr != nil || theirs.ID != r.info.ID || theirs.Epoch != r.info.Epoch {
+		return
+	}
+	if _, err := r.publishDeregister(cctx, e.rev); err != nil {
+		r.log.Warn("registration cancelled; its key was written and could not be deleted (it expires within the TTL)", "err", err)
+	}
 }
 
 // claim creates the key, or resolves an existing one (see Register).

@@ -698,3 +698,65 @@ func TestReplicatedBucket(t *testing.T) {
 	e := rec.wait(t, "depart", "w1", 10*time.Second)
 	t.Logf("R3: departed %v after the heartbeat stopped", e.at.Sub(stopped))
 }
+
+// lostReplyJS is a JetStream whose registry buckets write a Create and
+// then report the caller's cancellation: a SIGTERM that lands after the
+// server stored the key and before its reply arrived.
+type lostReplyJS struct {
+	jetstream.JetStream
+	cancel context.CancelFunc
+}
+
+func (j lostReplyJS) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	kv, err := j.JetStream.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return lostReplyKV{kv, j.cancel}, nil
+}
+
+func (j lostReplyJS) CreateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := j.JetStream.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return lostReplyKV{kv, j.cancel}, nil
+}
+
+type lostReplyKV struct {
+	jetstream.KeyValue
+	cancel context.CancelFunc
+}
+
+func (k lostReplyKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	if _, err := k.KeyValue.Create(context.WithoutCancel(ctx), key, value, opts...); err != nil {
+		return 0, err
+	}
+	k.cancel()
+	return 0, ctx.Err()
+}
+
+// A Register cancelled after its key was written leaves no key behind:
+// the caller (a bridge told to stop while registering) gets an error and
+// never a Registration to deregister, so Register must clean up itself.
+func TestRegisterCancelledLeavesNoKey(t *testing.T) {
+	_, js := setup(t)
+	cfg := testCfg()
+	cfg.TTL = 30 * time.Second // the key must not simply expire before the check
+	cfg.Heartbeat = time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := Register(ctx, lostReplyJS{js, cancel}, cfg, validInfo("w1"))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Register = %v, want context.Canceled", err)
+	}
+	kv, err := js.KeyValue(ctxT(t), DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctxT(t), KeyFor("w1")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("after a cancelled Register, Get = %v, want the key deleted", err)
+	}
+	// The id is free at once.
+	register(t, js, testCfg(), validInfo("w1"))
+}
