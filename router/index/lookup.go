@@ -84,9 +84,18 @@ func (o *Overlaps) Get(k workerref.Target) int {
 // abandoned for a list.
 const listMax = 16
 
-// lookAhead is how many blocks ahead Lookup touches the table, so that
-// the cache misses of a large index overlap instead of queueing.
-const lookAhead = 4
+// touchBatch is how many blocks Lookup touches ahead at once: a tight
+// loop of independent loads, so that the cache misses of a large index
+// overlap. Touching one block a few steps ahead inside the scan overlapped
+// only about two: a step waiting on its miss fills the CPU's reorder
+// window before the touches further ahead are issued. A new batch is
+// touched when half of the previous one is scanned; a scan that stops
+// early wastes at most one batch of loads.
+const touchBatch = 16
+
+// touchRing is the size of Lookup's ring of mixed hashes (a power of two
+// above the touched blocks not yet scanned, at most 1.5 batches).
+const touchRing = 2 * touchBatch
 
 // Lookup computes, for every (worker, rank), how many leading blocks of
 // hashes it holds, into out (reset first). It runs on the caller's
@@ -110,14 +119,11 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		return
 	}
 	x.initCands(v, big, opt, epoch, out)
-	// mixed[d%16] holds mix(hashes[d]) for the blocks touched ahead.
-	var mixed [16]uint64
+	// mixed[d%touchRing] holds mix(hashes[d]) for the blocks touched
+	// ahead, hashes[1:touched].
+	var mixed [touchRing]uint64
 	var sink uint64
-	for k := 1; k <= lookAhead && k < len(hashes); k++ {
-		m := mix(uint64(hashes[k]))
-		mixed[k&15] = m
-		sink += x.shardOf(m).touch(m)
-	}
+	touched := 1
 	depth := 1
 	for ; depth < len(hashes); depth++ {
 		n := len(out.cand)
@@ -131,12 +137,16 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 			out.EarlyExited = true
 			break
 		}
-		if a := depth + lookAhead; a < len(hashes) {
-			m := mix(uint64(hashes[a]))
-			mixed[a&15] = m
-			sink += x.shardOf(m).touch(m)
+		if depth+touchBatch/2 >= touched && touched < len(hashes) {
+			end := min(touched+touchBatch, len(hashes))
+			for a := touched; a < end; a++ {
+				m := mix(uint64(hashes[a]))
+				mixed[a%touchRing] = m
+				sink += x.shardOf(m).touch(m)
+			}
+			touched = end
 		}
-		m := mixed[depth&15]
+		m := mixed[depth%touchRing]
 		v, big, ok = x.shardOf(m).get(uint64(hashes[depth]), m)
 		if !ok {
 			break
