@@ -206,6 +206,59 @@ func BenchmarkSchedule(b *testing.B) {
 	}
 }
 
+// BenchmarkScheduleLoaded is BenchmarkSchedule at 32 workers with many
+// requests in flight, as on a busy fleet: each op schedules a request of
+// 128 fresh prompt blocks and frees the one scheduled `inflight` ops
+// earlier, so the booked-blocks table holds about inflight x 128 hashes
+// (at 4,096, half a million: larger than the CPU's caches).
+func BenchmarkScheduleLoaded(b *testing.B) {
+	for _, inflight := range []int{256, 4096} {
+		b.Run(fmt.Sprintf("inflight=%d", inflight), func(b *testing.B) {
+			s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			const n = 32
+			for i := range n {
+				if err := s.UpsertWorker(WorkerInfo{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Available: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := s.Start(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			reqs := make([]Request, 2*inflight)
+			for i := range reqs {
+				reqs[i] = Request{ID: fmt.Sprintf("r%d", i), Tokens: benchISL, ExpectedOutput: 128,
+					SeqHashes: hashes(benchISL/16, uint64(i+1)*0x9e3779b1)}
+			}
+			ring := make([]Fence, inflight)
+			ctx := context.Background()
+			for i := range inflight {
+				d, err := s.Schedule(ctx, &reqs[i])
+				if err != nil {
+					b.Fatal(err)
+				}
+				ring[i] = d.Fence
+			}
+			b.ReportAllocs()
+			i := inflight
+			for b.Loop() {
+				if err := s.Free(ring[i%inflight]); err != nil {
+					b.Fatal(err)
+				}
+				d, err := s.Schedule(ctx, &reqs[i%len(reqs)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				ring[i%inflight] = d.Fence
+				i++
+			}
+		})
+	}
+}
+
 // cpuMeter reports thread CPU ns/op next to wall ns/op (see threadCPU).
 type cpuMeter struct{ start int64 }
 

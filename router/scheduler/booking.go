@@ -106,13 +106,6 @@ type remoteBooking struct {
 	prefillDone bool
 }
 
-// addRef records that a booking on slot names hash h; it reports whether h
-// became active on that worker (a new unique decode block).
-func (c *core) addRef(h kvevents.SeqHash, slot int32) bool { return c.holders.add(h, slot) }
-
-// decRef undoes addRef; it reports whether h left the worker.
-func (c *core) decRef(h kvevents.SeqHash, slot int32) bool { return c.holders.dec(h, slot) }
-
 // book records the predicted load of an admitted request on slot.
 func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking {
 	c.attempt++
@@ -139,11 +132,7 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 	}
 	b.hashes = append(b.hashes, r.SeqHashes...)
 	fl := c.fl
-	for _, h := range b.hashes {
-		if c.addRef(h, slot) {
-			fl.lDecode[slot]++
-		}
-	}
+	fl.lDecode[slot] += c.holders.addAll(b.hashes, slot)
 	fl.lDecode[slot] += b.private
 	fl.lPrefill[slot] += b.prefill
 	fl.lActive[slot]++
@@ -161,10 +150,8 @@ func (c *core) book(r *Request, slot int32, overlap int, now time.Time) *booking
 func (c *core) release(b *booking, now time.Time, emitFree bool) {
 	fl := c.fl
 	live := fl.flags[b.slot]&fLive != 0 && fl.key[b.slot] == b.key
-	for _, h := range b.hashes {
-		if c.decRef(h, b.slot) && live {
-			fl.lDecode[b.slot]--
-		}
+	if left := c.holders.decAll(b.hashes, b.slot); live {
+		fl.lDecode[b.slot] -= left
 	}
 	if live {
 		if !b.prefillDone {

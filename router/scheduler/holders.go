@@ -19,6 +19,7 @@ type holderTable struct {
 	seed  uint64
 	lists [][]holder // further holders of an entry (entry.more-1)
 	free  []int32    // unused lists
+	sink  uint64     // folds the touched words, so the touches stay
 }
 
 // holderEntry is one seq hash; first.n == 0 marks an empty entry.
@@ -80,10 +81,64 @@ func (t *holderTable) holdersOf(h kvevents.SeqHash) (first holder, more []holder
 	return e.first, more, true
 }
 
+// holderTouch is how many home entries addAll and decAll load ahead in a
+// tight loop of independent loads, so that the cache misses of a table
+// larger than the cache overlap instead of queueing one per hash (the
+// index's Lookup does the same).
+const holderTouch = 16
+
+// touch loads the home entries of hs (at most holderTouch) and returns
+// their mixed hashes in ms.
+func (t *holderTable) touch(hs []kvevents.SeqHash, ms *[holderTouch]uint32) {
+	var sink uint64
+	for i, h := range hs {
+		m := t.mix(h)
+		ms[i] = m
+		sink += uint64(t.e[uint64(m)&t.mask].h)
+	}
+	t.sink += sink
+}
+
+// addAll is add for every hash of a booking's prompt; it returns how many
+// became active on the worker.
+func (t *holderTable) addAll(hs []kvevents.SeqHash, slot int32) (became int64) {
+	var ms [holderTouch]uint32
+	for len(hs) > 0 {
+		chunk := hs[:min(len(hs), holderTouch)]
+		hs = hs[len(chunk):]
+		t.touch(chunk, &ms)
+		for i, h := range chunk {
+			if t.addMixed(h, ms[i], slot) {
+				became++
+			}
+		}
+	}
+	return became
+}
+
+// decAll is dec for every hash of a booking's prompt; it returns how many
+// left the worker.
+func (t *holderTable) decAll(hs []kvevents.SeqHash, slot int32) (left int64) {
+	var ms [holderTouch]uint32
+	for len(hs) > 0 {
+		chunk := hs[:min(len(hs), holderTouch)]
+		hs = hs[len(chunk):]
+		t.touch(chunk, &ms)
+		for i, h := range chunk {
+			if t.decMixed(h, ms[i], slot) {
+				left++
+			}
+		}
+	}
+	return left
+}
+
 // add counts one more booking on slot naming h; it reports whether h
 // became active on that worker.
-func (t *holderTable) add(h kvevents.SeqHash, slot int32) bool {
-	m := t.mix(h)
+func (t *holderTable) add(h kvevents.SeqHash, slot int32) bool { return t.addMixed(h, t.mix(h), slot) }
+
+// addMixed is add with m = t.mix(h).
+func (t *holderTable) addMixed(h kvevents.SeqHash, m uint32, slot int32) bool {
 	i, ok := t.find(h, m)
 	if !ok {
 		t.e[i] = holderEntry{h: h, first: holder{slot: slot, n: 1}, mix: m}
@@ -113,8 +168,11 @@ func (t *holderTable) add(h kvevents.SeqHash, slot int32) bool {
 }
 
 // dec undoes add; it reports whether h left the worker.
-func (t *holderTable) dec(h kvevents.SeqHash, slot int32) bool {
-	i, ok := t.find(h, t.mix(h))
+func (t *holderTable) dec(h kvevents.SeqHash, slot int32) bool { return t.decMixed(h, t.mix(h), slot) }
+
+// decMixed is dec with m = t.mix(h).
+func (t *holderTable) decMixed(h kvevents.SeqHash, m uint32, slot int32) bool {
+	i, ok := t.find(h, m)
 	if !ok {
 		return false
 	}

@@ -81,3 +81,59 @@ func TestHolderTableMatchesMap(t *testing.T) {
 		}
 	}
 }
+
+// addAll and decAll (a booking's whole prompt, touched ahead in chunks)
+// against add and dec one hash at a time on a twin table: the same counts
+// reported and the same holders after every batch, with batches that
+// repeat hashes, straddle chunks and grow the table midway.
+func TestHolderTableBatches(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(5, 8))
+	batched, single := newHolderTable(), newHolderTable()
+	type booked struct {
+		hs   []kvevents.SeqHash
+		slot int32
+	}
+	var live []booked
+	for step := range 3000 {
+		if len(live) == 0 || rnd.IntN(5) < 3 {
+			b := booked{hs: make([]kvevents.SeqHash, rnd.IntN(3*holderTouch+2)), slot: int32(rnd.IntN(4))}
+			for i := range b.hs {
+				b.hs[i] = kvevents.SeqHash(rnd.IntN(2000))
+			}
+			var want int64
+			for _, h := range b.hs {
+				if single.add(h, b.slot) {
+					want++
+				}
+			}
+			if got := batched.addAll(b.hs, b.slot); got != want {
+				t.Fatalf("step %d: addAll = %d, want %d", step, got, want)
+			}
+			live = append(live, b)
+		} else {
+			i := rnd.IntN(len(live))
+			b := live[i]
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+			var want int64
+			for _, h := range b.hs {
+				if single.dec(h, b.slot) {
+					want++
+				}
+			}
+			if got := batched.decAll(b.hs, b.slot); got != want {
+				t.Fatalf("step %d: decAll = %d, want %d", step, got, want)
+			}
+		}
+		if batched.len() != single.len() {
+			t.Fatalf("step %d: len %d, want %d", step, batched.len(), single.len())
+		}
+	}
+	for h := range kvevents.SeqHash(2000) {
+		f1, m1, ok1 := batched.holdersOf(h)
+		f2, m2, ok2 := single.holdersOf(h)
+		if ok1 != ok2 || f1 != f2 || len(m1) != len(m2) {
+			t.Fatalf("holders of %d: %v %v %v, want %v %v %v", h, f1, m1, ok1, f2, m2, ok2)
+		}
+	}
+}
