@@ -208,12 +208,19 @@ func BenchmarkSchedule(b *testing.B) {
 
 // BenchmarkScheduleLoaded is BenchmarkSchedule at 32 workers with many
 // requests in flight, as on a busy fleet: each op schedules a request of
-// 128 fresh prompt blocks and frees the one scheduled `inflight` ops
-// earlier, so the booked-blocks table holds about inflight x 128 hashes
-// (at 4,096, half a million: larger than the CPU's caches).
+// 128 prompt blocks and frees the one scheduled `inflight` ops earlier,
+// so the booked-blocks table holds about inflight x 128 hashes (at 4,096,
+// half a million: larger than the CPU's caches). The prompts are fresh,
+// or (shared=64) open with one of 16 shared 64-block prefixes, whose
+// holders every selection walks.
 func BenchmarkScheduleLoaded(b *testing.B) {
-	for _, inflight := range []int{256, 4096} {
-		b.Run(fmt.Sprintf("inflight=%d", inflight), func(b *testing.B) {
+	for _, c := range []struct{ inflight, shared int }{{256, 0}, {4096, 0}, {4096, 64}} {
+		inflight := c.inflight
+		name := fmt.Sprintf("inflight=%d", inflight)
+		if c.shared > 0 {
+			name += fmt.Sprintf("/shared=%d", c.shared)
+		}
+		b.Run(name, func(b *testing.B) {
 			s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
 			if err != nil {
 				b.Fatal(err)
@@ -232,6 +239,7 @@ func BenchmarkScheduleLoaded(b *testing.B) {
 			for i := range reqs {
 				reqs[i] = Request{ID: fmt.Sprintf("r%d", i), Tokens: benchISL, ExpectedOutput: 128,
 					SeqHashes: hashes(benchISL/16, uint64(i+1)*0x9e3779b1)}
+				copy(reqs[i].SeqHashes, hashes(c.shared, uint64(i%16+1)))
 			}
 			ring := make([]Fence, inflight)
 			ctx := context.Background()
