@@ -168,25 +168,32 @@ func BenchmarkSelectionUnderHard(b *testing.B) {
 	cpu.report(b)
 }
 
+// startBenchScheduler starts a default-policy scheduler without queue
+// thresholds over n available workers, closed at the benchmark's end.
+func startBenchScheduler(b *testing.B, n int) *Scheduler {
+	s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range n {
+		if err := s.UpsertWorker(WorkerInfo{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Available: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
 // BenchmarkSchedule is a full Schedule call (validation, the scheduler's
 // lock, admission, selection, booking of 128 prompt blocks) followed by
 // Free.
 func BenchmarkSchedule(b *testing.B) {
 	for _, n := range []int{32, 2048} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
-			if err != nil {
-				b.Fatal(err)
-			}
-			for i := range n {
-				if err := s.UpsertWorker(WorkerInfo{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Available: true}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := s.Start(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
+			s := startBenchScheduler(b, n)
 			r := &Request{ID: "r", Tokens: benchISL, ExpectedOutput: 128, SeqHashes: hashes(benchISL/16, 1)}
 			for i := 0; i < n; i += 3 {
 				r.Overlaps = append(r.Overlaps, Overlap{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Blocks: (i % 32) * 4})
@@ -221,20 +228,7 @@ func BenchmarkScheduleLoaded(b *testing.B) {
 			name += fmt.Sprintf("/shared=%d", c.shared)
 		}
 		b.Run(name, func(b *testing.B) {
-			s, err := New(Config{Seed: 1, HasSeed: true, Thresholds: Thresholds{}, ThresholdsSet: true}, NewDefaultPolicy(0))
-			if err != nil {
-				b.Fatal(err)
-			}
-			const n = 32
-			for i := range n {
-				if err := s.UpsertWorker(WorkerInfo{Key: wk(fmt.Sprintf("worker-%05d", i), 0), Available: true}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := s.Start(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
+			s := startBenchScheduler(b, 32)
 			reqs := make([]Request, 2*inflight)
 			for i := range reqs {
 				reqs[i] = Request{ID: fmt.Sprintf("r%d", i), Tokens: benchISL, ExpectedOutput: 128,

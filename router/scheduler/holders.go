@@ -101,36 +101,36 @@ func (t *holderTable) touch(hs []kvevents.SeqHash, ms *[holderTouch]uint32) {
 
 // addAll is add for every hash of a booking's prompt; it returns how many
 // became active on the worker.
-func (t *holderTable) addAll(hs []kvevents.SeqHash, slot int32) (became int64) {
-	var ms [holderTouch]uint32
-	for len(hs) > 0 {
-		chunk := hs[:min(len(hs), holderTouch)]
-		hs = hs[len(chunk):]
-		t.touch(chunk, &ms)
-		for i, h := range chunk {
-			if t.addMixed(h, ms[i], slot) {
-				became++
-			}
-		}
-	}
-	return became
+func (t *holderTable) addAll(hs []kvevents.SeqHash, slot int32) int64 {
+	return t.applyAll(hs, slot, true)
 }
 
 // decAll is dec for every hash of a booking's prompt; it returns how many
 // left the worker.
-func (t *holderTable) decAll(hs []kvevents.SeqHash, slot int32) (left int64) {
+func (t *holderTable) decAll(hs []kvevents.SeqHash, slot int32) int64 {
+	return t.applyAll(hs, slot, false)
+}
+
+// applyAll is addAll (add) or decAll, chunk by touched chunk.
+func (t *holderTable) applyAll(hs []kvevents.SeqHash, slot int32, add bool) (changed int64) {
 	var ms [holderTouch]uint32
 	for len(hs) > 0 {
 		chunk := hs[:min(len(hs), holderTouch)]
 		hs = hs[len(chunk):]
 		t.touch(chunk, &ms)
 		for i, h := range chunk {
-			if t.decMixed(h, ms[i], slot) {
-				left++
+			var c bool
+			if add {
+				c = t.addMixed(h, ms[i], slot)
+			} else {
+				c = t.decMixed(h, ms[i], slot)
+			}
+			if c {
+				changed++
 			}
 		}
 	}
-	return left
+	return changed
 }
 
 // add counts one more booking on slot naming h; it reports whether h
