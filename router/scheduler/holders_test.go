@@ -95,35 +95,39 @@ func TestHolderTableBatches(t *testing.T) {
 	}
 	var live []booked
 	for step := range 3000 {
-		if len(live) == 0 || rnd.IntN(5) < 3 {
-			b := booked{hs: make([]kvevents.SeqHash, rnd.IntN(3*holderTouch+2)), slot: int32(rnd.IntN(4))}
+		var b booked
+		add := len(live) == 0 || rnd.IntN(5) < 3
+		if add {
+			b = booked{hs: make([]kvevents.SeqHash, rnd.IntN(3*holderTouch+2)), slot: int32(rnd.IntN(4))}
 			for i := range b.hs {
 				b.hs[i] = kvevents.SeqHash(rnd.IntN(2000))
-			}
-			var want int64
-			for _, h := range b.hs {
-				if single.add(h, b.slot) {
-					want++
-				}
-			}
-			if got := batched.addAll(b.hs, b.slot); got != want {
-				t.Fatalf("step %d: addAll = %d, want %d", step, got, want)
 			}
 			live = append(live, b)
 		} else {
 			i := rnd.IntN(len(live))
-			b := live[i]
+			b = live[i]
 			live[i] = live[len(live)-1]
 			live = live[:len(live)-1]
-			var want int64
-			for _, h := range b.hs {
-				if single.dec(h, b.slot) {
-					want++
-				}
+		}
+		var want, got int64
+		for _, h := range b.hs {
+			var changed bool
+			if add {
+				changed = single.add(h, b.slot)
+			} else {
+				changed = single.dec(h, b.slot)
 			}
-			if got := batched.decAll(b.hs, b.slot); got != want {
-				t.Fatalf("step %d: decAll = %d, want %d", step, got, want)
+			if changed {
+				want++
 			}
+		}
+		if add {
+			got = batched.addAll(b.hs, b.slot)
+		} else {
+			got = batched.decAll(b.hs, b.slot)
+		}
+		if got != want {
+			t.Fatalf("step %d (add %v): %d changed, want %d", step, add, got, want)
 		}
 		if batched.len() != single.len() {
 			t.Fatalf("step %d: len %d, want %d", step, batched.len(), single.len())
