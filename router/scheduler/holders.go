@@ -121,9 +121,9 @@ func (t *holderTable) applyAll(hs []kvevents.SeqHash, slot int32, add bool) (cha
 		for i, h := range chunk {
 			var c bool
 			if add {
-				c = t.addMixed(h, ms[i], slot)
+				c = t.add(h, ms[i], slot)
 			} else {
-				c = t.decMixed(h, ms[i], slot)
+				c = t.dec(h, ms[i], slot)
 			}
 			if c {
 				changed++
@@ -133,12 +133,9 @@ func (t *holderTable) applyAll(hs []kvevents.SeqHash, slot int32, add bool) (cha
 	return changed
 }
 
-// add counts one more booking on slot naming h; it reports whether h
-// became active on that worker.
-func (t *holderTable) add(h kvevents.SeqHash, slot int32) bool { return t.addMixed(h, t.mix(h), slot) }
-
-// addMixed is add with m = t.mix(h).
-func (t *holderTable) addMixed(h kvevents.SeqHash, m uint32, slot int32) bool {
+// add counts one more booking on slot naming h (m = t.mix(h)); it reports
+// whether h became active on that worker.
+func (t *holderTable) add(h kvevents.SeqHash, m uint32, slot int32) bool {
 	i, ok := t.find(h, m)
 	if !ok {
 		t.e[i] = holderEntry{h: h, first: holder{slot: slot, n: 1}, mix: m}
@@ -167,11 +164,8 @@ func (t *holderTable) addMixed(h kvevents.SeqHash, m uint32, slot int32) bool {
 	return true
 }
 
-// dec undoes add; it reports whether h left the worker.
-func (t *holderTable) dec(h kvevents.SeqHash, slot int32) bool { return t.decMixed(h, t.mix(h), slot) }
-
-// decMixed is dec with m = t.mix(h).
-func (t *holderTable) decMixed(h kvevents.SeqHash, m uint32, slot int32) bool {
+// dec undoes add (m = t.mix(h)); it reports whether h left the worker.
+func (t *holderTable) dec(h kvevents.SeqHash, m uint32, slot int32) bool {
 	i, ok := t.find(h, m)
 	if !ok {
 		return false

@@ -31,7 +31,7 @@ func TestHolderTableMatchesMap(t *testing.T) {
 					ref[h] = map[int32]int32{}
 				}
 				ref[h][slot]++
-				if got := tb.add(h, slot); got != want {
+				if got := tb.add(h, tb.mix(h), slot); got != want {
 					t.Fatalf("hashes %d step %d: add(%d, %d) = %v, want %v", nh, step, h, slot, got, want)
 				}
 			} else {
@@ -45,7 +45,7 @@ func TestHolderTableMatchesMap(t *testing.T) {
 						delete(ref, h)
 					}
 				}
-				if got := tb.dec(h, slot); got != want {
+				if got := tb.dec(h, tb.mix(h), slot); got != want {
 					t.Fatalf("hashes %d step %d: dec(%d, %d) = %v, want %v", nh, step, h, slot, got, want)
 				}
 			}
@@ -113,9 +113,9 @@ func TestHolderTableBatches(t *testing.T) {
 		for _, h := range b.hs {
 			var changed bool
 			if add {
-				changed = single.add(h, b.slot)
+				changed = single.add(h, single.mix(h), b.slot)
 			} else {
-				changed = single.dec(h, b.slot)
+				changed = single.dec(h, single.mix(h), b.slot)
 			}
 			if changed {
 				want++
