@@ -373,24 +373,35 @@ func (x *Index) recordSlot(s uint32, depth int, epoch uint64, out *Overlaps) {
 // an owner before any of its blocks).
 func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
 	owners := x.slots.Load().p
-	ws, seen := out.Workers, out.seen
-	if n := len(ws) + out.nbits; n > cap(ws) {
-		ws, seen = slices.Grow(ws, n-len(ws)), slices.Grow(seen, n-len(seen))
+	n := 0
+	for _, word := range out.bits {
+		n += bits.OnesCount64(word)
 	}
+	// Written by index into slices sized for every candidate: the loop
+	// below runs once per holder, and without append's checks it runs
+	// about a quarter fewer instructions (cachegrind).
+	i := len(out.Workers)
+	ws := slices.Grow(out.Workers, n)[:i+n]
+	seen := slices.Grow(out.seen, n)[:i+n]
 	for w, word := range out.bits {
-		for ; word != 0; word &= word - 1 {
-			s := uint32(w)*64 + uint32(bits.TrailingZeros64(word))
-			if int(s) >= len(owners) {
-				continue
-			}
-			if info := owners[s].Load(); info != nil && info.assignedAt <= epoch {
-				ws = append(ws, WorkerOverlap{Key: info.key, Blocks: depth})
-				seen = append(seen, s)
-			}
+		if word == 0 {
+			continue
 		}
 		out.bits[w] = 0
+		base := uint32(w) * 64
+		if int(base)+64 > len(owners) {
+			word &= 1<<max(0, len(owners)-int(base)) - 1 // slots past the table have no owner
+		}
+		for ; word != 0; word &= word - 1 {
+			s := base + uint32(bits.TrailingZeros64(word))
+			if info := owners[s].Load(); info != nil && info.assignedAt <= epoch {
+				ws[i] = WorkerOverlap{Key: info.key, Blocks: depth}
+				seen[i] = s
+				i++
+			}
+		}
 	}
-	out.Workers, out.seen = ws, seen
+	out.Workers, out.seen = ws[:i], seen[:i]
 	out.bitmap = false
 	out.nbits = 0
 	out.cand = out.cand[:0]
