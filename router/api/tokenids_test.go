@@ -33,7 +33,7 @@ func TestTokenIDsMatchEncodingJSON(t *testing.T) {
 		}
 	}
 	mangle := func(s string) string {
-		switch r.IntN(14) {
+		switch r.IntN(16) {
 		case 0:
 			return "0" + s
 		case 1:
@@ -52,6 +52,10 @@ func TestTokenIDsMatchEncodingJSON(t *testing.T) {
 			return `"` + s + `"`
 		case 8:
 			return "\n" + s + "\t"
+		case 9:
+			return s + string([]byte{byte(0xF0 + r.IntN(16))}) // a byte above ASCII (invalid UTF-8) after an id
+		case 10:
+			return s[:len(s)/2] + string([]byte{byte(0x2F + r.IntN(2)*0xB)}) + s[len(s)/2:] // '/' or ':', either side of the digits
 		}
 		return s
 	}
