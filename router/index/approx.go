@@ -160,7 +160,8 @@ func (a *Approx) Config() ApproxConfig { return a.cfg }
 
 // Record notes that k will hold hashes (a request's leading blocks) from
 // now until now+TTL. Blocks already recorded for k get their TTL restarted
-// (a deadline only ever moves later).
+// (a deadline only ever moves later). hashes must start at the prompt's
+// first block: Lookup's bisection relies on every record being a prefix.
 func (a *Approx) Record(k workerref.Target, hashes []kvevents.SeqHash, now time.Time) {
 	if len(hashes) == 0 || k.Worker == "" {
 		return
@@ -301,7 +302,11 @@ func (a *Approx) addFresh(rc *approxRecording, fresh []kvevents.SeqHash, sh []ui
 }
 
 // Lookup is Index.Lookup over the recorded blocks (see Approx for the
-// expiry caveat). It does not wait for writers.
+// expiry caveat). It does not wait for writers. Since every Record names a
+// prompt's leading blocks, the recorded sets nest along each prompt, and
+// once few workers are left Lookup finds their depths by bisection
+// (Index.bisect): about log2 of the prompt's blocks in probes per depth
+// instead of one per block.
 func (a *Approx) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
 	if now := a.cfg.Clock().UnixNano(); a.first.Load() <= now && a.mu.TryLock() {
 		if a.idx.wmu.TryLock() { // Stats may hold it for a while
@@ -311,7 +316,7 @@ func (a *Approx) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overl
 		}
 		a.mu.Unlock()
 	}
-	a.idx.Lookup(hashes, opt, out)
+	a.idx.lookup(hashes, opt, out, true)
 }
 
 // Prune drops every entry whose TTL has passed at now.

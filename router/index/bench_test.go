@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"testing"
@@ -510,4 +511,61 @@ func benchApprox(b *testing.B, ttl time.Duration) {
 			a.Lookup(prompts[i%len(prompts)], LookupOptions{}, &out)
 		}
 	})
+}
+
+// BenchmarkPredictedLookup looks up prompts in a predicted index with 8
+// workers, each prompt recorded for one or two of them, in a random order:
+//
+//   - blocks=128: shaped like a replica's under BenchmarkRouteNATS: 4,096
+//     prompts of 128 blocks, half of them behind one of 16 shared
+//     64-block prefixes (about 400k entries, out of the cache);
+//   - blocks=12500: 64 prompts of 200k tokens at 16 tokens per block,
+//     half of them sharing their first half (about 600k entries).
+//
+// "bisect" is Approx.Lookup; "scan" is the block-by-block Index.Lookup of
+// the same table, the cost before the bisection.
+func BenchmarkPredictedLookup(b *testing.B) {
+	for _, sh := range []struct{ prompts, blocks int }{{4096, 128}, {64, 12500}} {
+		a, prompts := predictedFixture(sh.prompts, sh.blocks)
+		order := rand.New(rand.NewPCG(7, 8)).Perm(len(prompts))
+		for _, sc := range []struct {
+			name   string
+			lookup func([]kvevents.SeqHash, LookupOptions, *Overlaps)
+		}{{"bisect", a.Lookup}, {"scan", a.idx.Lookup}} {
+			b.Run(fmt.Sprintf("blocks=%d/%s", sh.blocks, sc.name), func(b *testing.B) {
+				var out Overlaps
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					sc.lookup(prompts[order[i%len(order)]], LookupOptions{}, &out)
+				}
+			})
+		}
+	}
+}
+
+// predictedFixture records n prompts of the given blocks, half of them
+// behind one of 16 shared prefixes of half their length, each for one or
+// two of 8 workers.
+func predictedFixture(n, blocks int) (*Approx, [][]kvevents.SeqHash) {
+	clk := testutil.NewClock(time.Unix(0, 0))
+	a := NewApprox(ApproxConfig{TTL: time.Hour, Clock: clk.Now})
+	r := rand.New(rand.NewPCG(5, 6))
+	prompts := make([][]kvevents.SeqHash, n)
+	for i := range prompts {
+		hs := make([]kvevents.SeqHash, blocks)
+		shared := i%2 == 0
+		prefix := uint64(r.IntN(16))
+		for j := range hs {
+			if shared && j < blocks/2 {
+				hs[j] = seqOf(prefix+1, uint64(j))
+			} else {
+				hs[j] = seqOf(uint64(i)+100, uint64(j))
+			}
+		}
+		prompts[i] = hs
+		for range 1 + r.IntN(2) {
+			a.Record(workerref.Target{Worker: fmt.Sprintf("w%d", r.IntN(8))}, hs, clk.Now())
+		}
+	}
+	return a, prompts
 }

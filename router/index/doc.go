@@ -31,7 +31,9 @@
 //     and drop workers from it before it is restored.
 //   - The approximate and predicted indexes (approx.go): fed by the
 //     router's own routing decisions, with a TTL, a size cap and lazy
-//     expiry tracked per Record call rather than per block.
+//     expiry tracked per Record call rather than per block. A record names
+//     a prompt's leading blocks, so their sets nest along each prompt and
+//     their lookups bisect once few workers are left (Index.bisect).
 //   - Observability (stats.go): Stats, Dump, and WorkerBlocks, one
 //     worker's block count kept as events apply (no walk).
 //

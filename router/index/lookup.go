@@ -109,6 +109,13 @@ const touchRing = 2 * touchBatch
 // remain, one AND per 64 slots per block while many do, and one result
 // entry per matching worker.
 func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps) {
+	x.lookup(hashes, opt, out, false)
+}
+
+// lookup is Lookup; nested says that the index's sets nest along every
+// prompt (see bisect), so that once few candidates are left their depths
+// can be found by bisection instead of block by block.
+func (x *Index) lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps, nested bool) {
 	out.Reset()
 	if len(hashes) == 0 {
 		return
@@ -135,6 +142,12 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		}
 		if opt.EarlyExit && n == 1 {
 			out.EarlyExited = true
+			break
+		}
+		if nested && !out.bitmap {
+			// Every candidate holds blocks 0 to depth-1.
+			x.bisect(hashes, depth-1, len(hashes), out.cand, out)
+			out.cand = out.cand[:0]
 			break
 		}
 		if depth+touchBatch/2 >= touched && touched < len(hashes) {
@@ -183,10 +196,63 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		}
 		out.Workers, out.seen = out.Workers[:w], out.seen[:w]
 	}
-	// Entries are recorded in scan order, so the last one matched deepest.
-	if n := len(out.Workers); n > 0 {
+	if nested {
+		for _, w := range out.Workers {
+			out.Total = max(out.Total, w.Blocks)
+		}
+	} else if n := len(out.Workers); n > 0 {
+		// Entries are recorded in scan order, so the last one matched
+		// deepest.
 		out.Total = out.Workers[n-1].Blocks
 	}
+}
+
+// bisect records the depth of every candidate in cs, which all hold
+// hashes[lo] and none of which holds hashes[hi] (when hi < len(hashes)),
+// by bisection: a probe of the block halfway splits cs into the holders,
+// whose depths lie above it, and the rest, whose depths lie below. That is
+// about log2(hi-lo) probes per group of candidates ending at one depth,
+// instead of one probe per block; it reorders cs.
+//
+// It is exact only for an index whose sets nest along every prompt: a
+// worker holding a prompt's block holds all the blocks before it. The
+// predicted index is one (Approx): each record names a prompt's leading
+// blocks, and a block outlives every later block of its prompt. A record
+// drained only in part (Approx.drain under a budget or a cap) can leave a
+// gap below a later block for a while; across it a bisection credits more
+// blocks than a scan would, blocks of the oldest or an expired record.
+func (x *Index) bisect(hashes []kvevents.SeqHash, lo, hi int, cs []cand, out *Overlaps) {
+	for len(cs) > 0 {
+		if hi-lo == 1 {
+			for _, c := range cs {
+				out.record(c.slot, c.info, hi)
+			}
+			return
+		}
+		mid := lo + (hi-lo)/2
+		v, big, ok := x.get(hashes[mid])
+		k := len(cs) // cs[:k] do not hold hashes[mid], cs[k:] do
+		if ok {
+			for i := 0; i < k; {
+				if holds(v, big, cs[i].slot) {
+					k--
+					cs[i], cs[k] = cs[k], cs[i]
+				} else {
+					i++
+				}
+			}
+		}
+		x.bisect(hashes, mid, hi, cs[k:], out)
+		cs, hi = cs[:k], mid
+	}
+}
+
+// holds reports whether the set of a table word (and its big set) has slot.
+func holds(v uint64, big *bigSet, slot uint32) bool {
+	if big == nil {
+		return inlineHas(v, slot)
+	}
+	return big.has(slot)
 }
 
 func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
