@@ -158,20 +158,27 @@ func TestTokenTrailer(t *testing.T) {
 	if got := AppendRouteBody(nil, &RouteRequest{Model: "m"}); string(got) != `{"model":"m"}` {
 		t.Fatalf("without token ids: %q", got)
 	}
-	for _, c := range []struct {
-		body string
-		want []uint32
-	}{
-		{`{"model":"m","token_ids":null}` + "\x00\x07\x00\x00\x00", []uint32{7}},
-		{"{\"model\":\"m\"} \n\x00\xff\xff\xff\xff", []uint32{1<<32 - 1}},
-		{`{"model":"m"}` + "\x00", []uint32{}},
-	} {
-		r := RouteRequest{TokenIDs: []uint32{9, 9, 9}}
-		if err := DecodeRouteRequest([]byte(c.body), &r); err != nil {
-			t.Fatalf("%q: %v", c.body, err)
-		}
-		if !reflect.DeepEqual(r.TokenIDs, c.want) {
-			t.Fatalf("%q: token ids %v, want %v", c.body, r.TokenIDs, c.want)
+	// Both readers: the copy of a little-endian machine and the portable
+	// loop (so this test must not run in parallel with other decoding).
+	defer func(le bool) { littleEndian = le }(littleEndian)
+	for _, le := range []bool{littleEndian, false} {
+		littleEndian = le
+		for _, c := range []struct {
+			body string
+			want []uint32
+		}{
+			{`{"model":"m","token_ids":null}` + "\x00\x07\x00\x00\x00", []uint32{7}},
+			{"{\"model\":\"m\"} \n\x00\xff\xff\xff\xff", []uint32{1<<32 - 1}},
+			{`{"model":"m"}` + "\x00", []uint32{}},
+			{`{"model":"m"}` + "\x00\x04\x03\x02\x01\x00\x00\x01\x00", []uint32{0x01020304, 1 << 16}},
+		} {
+			r := RouteRequest{TokenIDs: []uint32{9, 9, 9}}
+			if err := DecodeRouteRequest([]byte(c.body), &r); err != nil {
+				t.Fatalf("%q: %v", c.body, err)
+			}
+			if !reflect.DeepEqual(r.TokenIDs, c.want) {
+				t.Fatalf("little-endian copy %v: %q: token ids %v, want %v", le, c.body, r.TokenIDs, c.want)
+			}
 		}
 	}
 	over := append([]byte(`{"model":"m"}`+"\x00"), make([]byte, 4*(MaxTokens+1))...)
