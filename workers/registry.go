@@ -305,6 +305,9 @@ type RegistrationStats struct {
 // and Register fails with a *DuplicateError. With cfg.TakeOver it
 // overwrites the key at once. A Register ended by ctx deletes the key if
 // its own write landed, so a worker stopped while registering leaves none.
+// A create that no stream server answers (the bucket's stream has no
+// leader: just created, or electing one after a node failed) is retried
+// for up to claimUnavailableWait.
 func Register(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, info Info) (*Registration, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -373,14 +376,37 @@ func (r *Registration) abandon(ctx context.Context) {
 	}
 }
 
+// claimUnavailableWait bounds how long claim retries a create that no
+// stream server answered: a registry stream's failover stalls writes for
+// up to 8.1 s (issue 15, DefaultDepartureGrace), and a new R3 bucket's
+// stream takes a moment to elect its leader and be heard across the
+// cluster.
+const claimUnavailableWait = 15 * time.Second
+
 // claim creates the key, or resolves an existing one (see Register).
 func (r *Registration) claim(ctx context.Context) (uint64, error) {
 	deadline := time.Now().Add(r.cfg.TTL + r.cfg.Heartbeat + 500*time.Millisecond)
-	var waitingOn uint64 // revision of the other incarnation's entry we wait on
+	var waitingOn uint64      // revision of the other incarnation's entry we wait on
+	var unavailable time.Time // when creates began to go unanswered
+	backoff := 20 * time.Millisecond
 	for {
 		rev, err := r.kv.Create(ctx, r.key, r.val, jetstream.KeyTTL(r.cfg.TTL))
 		if err == nil {
 			return rev, nil
+		}
+		if streamUnavailable(err) {
+			if unavailable.IsZero() {
+				unavailable = time.Now()
+			}
+			// A create that landed unanswered comes back as ErrKeyExists
+			// holding our own value, resolved below.
+			if time.Since(unavailable) < claimUnavailableWait {
+				if err := sleepCtx(ctx, backoff); err != nil {
+					return 0, fmt.Errorf("workers: register %q: %w", r.info.ID, err)
+				}
+				backoff = min(2*backoff, 500*time.Millisecond)
+				continue
+			}
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, fmt.Errorf("workers: register %q: create key %q: %w", r.info.ID, r.key, err)
@@ -753,4 +779,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// streamUnavailable reports an error saying that no server of the
+// bucket's stream answered a write.
+func streamUnavailable(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }

@@ -760,3 +760,65 @@ func TestRegisterCancelledLeavesNoKey(t *testing.T) {
 	// The id is free at once.
 	register(t, js, testCfg(), validInfo("w1"))
 }
+
+// unansweredKV answers its first n Creates with "no response from stream",
+// as a bucket whose stream has no leader yet does; the last one after
+// writing the key, as when the leader stored it and the reply was lost.
+type unansweredKV struct {
+	jetstream.KeyValue
+	n *atomic.Int32
+}
+
+func (k unansweredKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	switch left := k.n.Add(-1); {
+	case left > 0:
+		return 0, jetstream.ErrNoStreamResponse
+	case left == 0:
+		if _, err := k.KeyValue.Create(ctx, key, value, opts...); err != nil {
+			return 0, err
+		}
+		return 0, jetstream.ErrNoStreamResponse
+	}
+	return k.KeyValue.Create(ctx, key, value, opts...)
+}
+
+type unansweredJS struct {
+	jetstream.JetStream
+	n *atomic.Int32
+}
+
+func (j unansweredJS) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	kv, err := j.JetStream.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return unansweredKV{kv, j.n}, nil
+}
+
+func (j unansweredJS) CreateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := j.JetStream.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return unansweredKV{kv, j.n}, nil
+}
+
+// Register retries creates no stream server answered (an R3 bucket
+// electing its leader: TestReplicatedBucket failed on it in CI), and a
+// create that landed unanswered is its own, not another incarnation's.
+func TestRegisterRetriesUnansweredCreate(t *testing.T) {
+	_, js := setup(t)
+	var n atomic.Int32
+	n.Store(4)
+	reg, err := Register(ctxT(t), unansweredJS{js, &n}, testCfg(), validInfo("w1"))
+	if err != nil {
+		t.Fatalf("Register = %v, want it to retry until the stream answers", err)
+	}
+	defer reg.Stop()
+	if got := n.Load(); got >= 0 {
+		t.Fatalf("%d unanswered creates left: Register did not retry through them", got+1)
+	}
+	if reg.Info().ID != "w1" {
+		t.Fatalf("registered %+v", reg.Info())
+	}
+}
