@@ -699,30 +699,31 @@ func TestReplicatedBucket(t *testing.T) {
 	t.Logf("R3: departed %v after the heartbeat stopped", e.at.Sub(stopped))
 }
 
-// lostReplyJS is a JetStream whose registry buckets write a Create and
-// then report the caller's cancellation: a SIGTERM that lands after the
-// server stored the key and before its reply arrived.
-type lostReplyJS struct {
+// wrapKVJS is a JetStream whose registry buckets come wrapped by wrap.
+type wrapKVJS struct {
 	jetstream.JetStream
-	cancel context.CancelFunc
+	wrap func(jetstream.KeyValue) jetstream.KeyValue
 }
 
-func (j lostReplyJS) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+func (j wrapKVJS) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
 	kv, err := j.JetStream.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, err
 	}
-	return lostReplyKV{kv, j.cancel}, nil
+	return j.wrap(kv), nil
 }
 
-func (j lostReplyJS) CreateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+func (j wrapKVJS) CreateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := j.JetStream.CreateKeyValue(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return lostReplyKV{kv, j.cancel}, nil
+	return j.wrap(kv), nil
 }
 
+// lostReplyKV writes a Create and then reports the caller's cancellation:
+// a SIGTERM that lands after the server stored the key and before its
+// reply arrived.
 type lostReplyKV struct {
 	jetstream.KeyValue
 	cancel context.CancelFunc
@@ -746,7 +747,7 @@ func TestRegisterCancelledLeavesNoKey(t *testing.T) {
 	cfg.Heartbeat = time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, err := Register(ctx, lostReplyJS{js, cancel}, cfg, validInfo("w1"))
+	_, err := Register(ctx, wrapKVJS{js, func(kv jetstream.KeyValue) jetstream.KeyValue { return lostReplyKV{kv, cancel} }}, cfg, validInfo("w1"))
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Register = %v, want context.Canceled", err)
 	}
@@ -782,27 +783,6 @@ func (k unansweredKV) Create(ctx context.Context, key string, value []byte, opts
 	return k.KeyValue.Create(ctx, key, value, opts...)
 }
 
-type unansweredJS struct {
-	jetstream.JetStream
-	n *atomic.Int32
-}
-
-func (j unansweredJS) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
-	kv, err := j.JetStream.KeyValue(ctx, bucket)
-	if err != nil {
-		return nil, err
-	}
-	return unansweredKV{kv, j.n}, nil
-}
-
-func (j unansweredJS) CreateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := j.JetStream.CreateKeyValue(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return unansweredKV{kv, j.n}, nil
-}
-
 // Register retries creates no stream server answered (an R3 bucket
 // electing its leader: TestReplicatedBucket failed on it in CI), and a
 // create that landed unanswered is its own, not another incarnation's.
@@ -810,7 +790,7 @@ func TestRegisterRetriesUnansweredCreate(t *testing.T) {
 	_, js := setup(t)
 	var n atomic.Int32
 	n.Store(4)
-	reg, err := Register(ctxT(t), unansweredJS{js, &n}, testCfg(), validInfo("w1"))
+	reg, err := Register(ctxT(t), wrapKVJS{js, func(kv jetstream.KeyValue) jetstream.KeyValue { return unansweredKV{kv, &n} }}, testCfg(), validInfo("w1"))
 	if err != nil {
 		t.Fatalf("Register = %v, want it to retry until the stream answers", err)
 	}
