@@ -28,20 +28,16 @@ func TestServeEmbeddedAuth(t *testing.T) {
 		t.Fatalf("--embedded-auth off on 0.0.0.0: exit %d, stderr %q", code, errb.String())
 	}
 
-	dir := t.TempDir()
-	natsPort, httpPort := freePort(t), freePort(t)
-	sctx, stopServe := context.WithCancel(context.Background())
-	var serveOut, serveErr syncBuf
-	serveDone := make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("0.0.0.0:%d", natsPort),
-			"--data-dir", dir, "--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--models", "m", "--log-level", "warn"}, &serveOut, &serveErr)
-	}()
-	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	waitHTTP(t, base+"/readyz", 200, 20*time.Second)
+	var dir string
+	srv := startServe(t, 2, func(p []int) []string {
+		dir = t.TempDir() // fresh on a retry: serve generates its credentials into it
+		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("0.0.0.0:%d", p[0]),
+			"--data-dir", dir, "--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--models", "m", "--log-level", "warn"}
+	})
+	natsPort, base := srv.ports[0], srv.base
 	pwFile := filepath.Join(dir, natsconn.PasswordFileName)
-	if !strings.Contains(serveErr.String(), "generated credentials") {
-		t.Errorf("the generated credentials were not printed: %s", serveErr.String())
+	if !strings.Contains(srv.errb.String(), "generated credentials") {
+		t.Errorf("the generated credentials were not printed: %s", srv.errb)
 	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
 	var wout, werr syncBuf
@@ -68,8 +64,8 @@ func TestServeEmbeddedAuth(t *testing.T) {
 	if code := <-workerDone; code != 0 {
 		t.Fatalf("worker exit %d: %s", code, werr.String())
 	}
-	stopServe()
-	if code := <-serveDone; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	srv.stop()
+	if code := <-srv.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, srv.errb)
 	}
 }

@@ -25,17 +25,15 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, a replica and a picker")
 	}
-	natsPort, httpPort, eppPort, epp2Port := freePort(t), freePort(t), freePort(t), freePort(t)
-	sctx, stopServe := context.WithCancel(context.Background())
+	srv := startServe(t, 4, func(p []int) []string {
+		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", p[0]),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--epp-addr", fmt.Sprintf("127.0.0.1:%d", p[2]),
+			"--models", "llama", "--log-level", "warn"}
+	})
+	natsPort, eppPort, epp2Port := srv.ports[0], srv.ports[2], srv.ports[3]
 	ectx, stopEPP := context.WithCancel(context.Background())
-	var serveOut, serveErr, eppOut, eppErr syncBuf
-	serveDone, eppDone := make(chan int, 1), make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
-			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--epp-addr", fmt.Sprintf("127.0.0.1:%d", eppPort),
-			"--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
-	}()
-	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), 200, 20*time.Second)
+	var eppOut, eppErr syncBuf
+	eppDone := make(chan int, 1)
 	go func() {
 		eppDone <- run(ectx, []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", epp2Port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}, &eppOut, &eppErr)
@@ -70,11 +68,11 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 	if code := <-eppDone; code != 0 {
 		t.Fatalf("epp exit %d: %s", code, eppErr.String())
 	}
-	stopServe()
-	if code := <-serveDone; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	srv.stop()
+	if code := <-srv.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, srv.errb)
 	}
-	if !strings.Contains(eppOut.String(), "kvrouter epp ready") || !strings.Contains(serveOut.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
-		t.Fatalf("banners: %q %q", eppOut.String(), serveOut.String())
+	if !strings.Contains(eppOut.String(), "kvrouter epp ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
+		t.Fatalf("banners: %q %q", eppOut.String(), srv.out.String())
 	}
 }

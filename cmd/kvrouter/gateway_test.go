@@ -44,17 +44,15 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, a replica and a gateway")
 	}
-	natsPort, httpPort, oaPort, gwPort := freePort(t), freePort(t), freePort(t), freePort(t)
-	sctx, stopServe := context.WithCancel(context.Background())
+	srv := startServe(t, 4, func(p []int) []string {
+		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", p[0]),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--openai-addr", fmt.Sprintf("127.0.0.1:%d", p[2]),
+			"--openai-pd", "vllm", "--models", "llama", "--log-level", "warn"}
+	})
+	natsPort, oaPort, gwPort := srv.ports[0], srv.ports[2], srv.ports[3]
 	gctx, stopGateway := context.WithCancel(context.Background())
-	var serveOut, serveErr, gwOut, gwErr syncBuf
-	serveDone, gwDone := make(chan int, 1), make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
-			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--openai-addr", fmt.Sprintf("127.0.0.1:%d", oaPort),
-			"--openai-pd", "vllm", "--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
-	}()
-	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), 200, 20*time.Second)
+	var gwOut, gwErr syncBuf
+	gwDone := make(chan int, 1)
 	go func() {
 		gwDone <- run(gctx, []string{"gateway", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", gwPort), "--models", "llama", "--log-level", "warn"}, &gwOut, &gwErr)
@@ -80,11 +78,11 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	if code := <-gwDone; code != 0 {
 		t.Fatalf("gateway exit %d: %s", code, gwErr.String())
 	}
-	stopServe()
-	if code := <-serveDone; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	srv.stop()
+	if code := <-srv.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, srv.errb)
 	}
-	if !strings.Contains(gwOut.String(), "gateway ready") || !strings.Contains(serveOut.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
-		t.Fatalf("banners: %q %q", gwOut.String(), serveOut.String())
+	if !strings.Contains(gwOut.String(), "gateway ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
+		t.Fatalf("banners: %q %q", gwOut.String(), srv.out.String())
 	}
 }

@@ -124,14 +124,74 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
+func freePort(t *testing.T) int { return freePorts(t, 1)[0] }
+
+// freePorts returns n distinct loopback ports that were free: all are held
+// open until the last is picked, so that they differ from each other.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
+}
+
+// served is a serve command run in process by startServe.
+type served struct {
+	ports     []int  // ports[0] the embedded NATS server's, ports[1] the HTTP API's, then the caller's
+	base      string // the HTTP API: http://127.0.0.1:<ports[1]>
+	out, errb *syncBuf
+	done      chan int // serve's exit code
+	stop      context.CancelFunc
+}
+
+// startServe runs serve with the arguments args gives for n ports (n >= 2:
+// the embedded NATS server's and the HTTP API's, then any the caller
+// needs) and waits until its /readyz answers 200. The ports are released
+// before serve binds them, and they come from the ephemeral range that
+// other tests' connections draw their local ports from: a port taken
+// meanwhile makes serve exit with "address already in use" (how
+// TestServeEmbeddedAuth failed in CI), and startServe then runs serve
+// again on new ports, up to three times. Any other exit before it is
+// ready fails the test with serve's stderr.
+func startServe(t *testing.T, n int, args func(ports []int) []string) *served {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		ctx, stop := context.WithCancel(context.Background())
+		s := &served{ports: freePorts(t, n), out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
+		s.base = fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
+		a := args(s.ports) // on this goroutine: args may set the caller's variables
+		go func() { s.done <- run(ctx, a, s.out, s.errb) }()
+		exit := -1
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			select {
+			case exit = <-s.done:
+				return true
+			default:
+			}
+			resp, err := http.Get(s.base + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, func() string { return fmt.Sprintf("%s/readyz never answered 200; serve's stderr: %s", s.base, s.errb) })
+		if exit < 0 {
+			return s
+		}
+		stop()
+		if attempt < 3 && strings.Contains(s.errb.String(), "address already in use") {
+			t.Logf("serve on ports %v: a port was taken before serve bound it; again on new ports: %s", s.ports, s.errb)
+			continue
+		}
+		t.Fatalf("serve exited %d before it was ready: %s", exit, s.errb)
+	}
 }
 
 // serve with an embedded NATS server and worker --sim in another "process"
@@ -140,17 +200,14 @@ func TestServeAndWorker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, a replica and workers")
 	}
-	natsPort, httpPort := freePort(t), freePort(t)
-	sctx, stopServe := context.WithCancel(context.Background())
+	srv := startServe(t, 2, func(p []int) []string {
+		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", p[0]),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--models", "llama", "--log-level", "warn"}
+	})
+	natsPort, base := srv.ports[0], srv.base
 	wctx, stopWorker := context.WithCancel(context.Background())
-	var serveOut, serveErr, workerOut, workerErr syncBuf
-	serveDone, workerDone := make(chan int, 1), make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
-			"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--models", "llama", "--log-level", "warn"}, &serveOut, &serveErr)
-	}()
-	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	waitHTTP(t, base+"/readyz", 200, 20*time.Second)
+	var workerOut, workerErr syncBuf
+	workerDone := make(chan int, 1)
 	go func() {
 		workerDone <- run(wctx, []string{"worker", "--sim", "--count", "2", "--model", "llama", "--speedup", "20",
 			"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--log-level", "warn"}, &workerOut, &workerErr)
@@ -182,12 +239,12 @@ func TestServeAndWorker(t *testing.T) {
 	if code := <-workerDone; code != 0 {
 		t.Fatalf("worker exit %d: %s", code, workerErr.String())
 	}
-	stopServe()
-	if code := <-serveDone; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, serveErr.String())
+	srv.stop()
+	if code := <-srv.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, srv.errb)
 	}
-	if !strings.Contains(serveOut.String(), "ready") || !strings.Contains(workerOut.String(), "simulated workers") {
-		t.Fatalf("banners: %q %q", serveOut.String(), workerOut.String())
+	if !strings.Contains(srv.out.String(), "ready") || !strings.Contains(workerOut.String(), "simulated workers") {
+		t.Fatalf("banners: %q %q", srv.out, workerOut.String())
 	}
 }
 
@@ -296,5 +353,34 @@ func TestServeLocalPrefillFlag(t *testing.T) {
 		if cfg.PDNoLocalPrefill != tc.off {
 			t.Errorf("%v: PDNoLocalPrefill %v, want %v", tc.args, cfg.PDNoLocalPrefill, tc.off)
 		}
+	}
+}
+
+// startServe runs serve again on new ports when one was taken before serve
+// bound it (here the NATS port of its first attempt is held by the test).
+func TestStartServeRetriesATakenPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server and a replica")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	taken := l.Addr().(*net.TCPAddr).Port
+	attempts := 0
+	srv := startServe(t, 2, func(p []int) []string {
+		if attempts++; attempts == 1 {
+			p[0] = taken
+		}
+		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", p[0]),
+			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--models", "m", "--log-level", "warn"}
+	})
+	srv.stop()
+	if code := <-srv.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, srv.errb)
+	}
+	if attempts != 2 {
+		t.Fatalf("%d attempts, want 2 (the first on a taken port)", attempts)
 	}
 }

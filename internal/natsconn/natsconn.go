@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -112,12 +113,26 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 		e.cleanup()
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	// The server runs without a log (NoLog), so it would report a fatal
+	// start-up error (its listen port taken, say) to nobody and never get
+	// ready: keep its Fatalf while it starts, and give it as the error.
+	var start startupLog
+	s.SetLogger(&start, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(15 * time.Second) {
+	deadline := time.Now().Add(15 * time.Second)
+	for !s.ReadyForConnections(100 * time.Millisecond) {
+		msg := start.fatal()
+		if msg == "" && time.Now().Before(deadline) {
+			continue
+		}
 		s.Shutdown()
 		e.cleanup()
+		if msg != "" {
+			return nil, fmt.Errorf("embedded nats: %s", msg)
+		}
 		return nil, fmt.Errorf("embedded nats: not ready within 15s (store %s)", dir)
 	}
+	s.SetLogger(nil, false, false)
 	e.Server = s
 	if log != nil {
 		log.Info("embedded NATS server started", "store", dir, "listen", cfg.EmbeddedListen, "url", e.URL(),
@@ -360,3 +375,30 @@ func (c *Conn) Where() string {
 	}
 	return c.ConnectedUrlRedacted()
 }
+
+// startupLog is the embedded server's logger while it starts: it keeps the
+// first Fatalf and drops everything else, as NoLog would.
+type startupLog struct {
+	mu  sync.Mutex
+	msg string
+}
+
+func (l *startupLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.msg == "" {
+		l.msg = fmt.Sprintf(format, v...)
+	}
+}
+
+func (l *startupLog) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msg
+}
+
+func (l *startupLog) Noticef(string, ...any) {}
+func (l *startupLog) Warnf(string, ...any)   {}
+func (l *startupLog) Errorf(string, ...any)  {}
+func (l *startupLog) Debugf(string, ...any)  {}
+func (l *startupLog) Tracef(string, ...any)  {}

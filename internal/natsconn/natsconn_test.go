@@ -91,6 +91,17 @@ func TestConnectEmbeddedAndErrors(t *testing.T) {
 	if _, err := StartEmbedded(Config{Embedded: true, EmbeddedListen: "nonsense"}, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("bad listen address: %v", err)
 	}
+	// A listen port already taken is the error, not a wait for readiness
+	// that never comes.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := StartEmbedded(Config{Embedded: true, EmbeddedListen: l.Addr().String()}, nil); err == nil ||
+		!strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("listen port taken: %v, want the listen error", err)
+	}
 	if got := redactURLs("nats://u:p@h:4222,nats://h2:4222"); got != "nats://***@h:4222,nats://h2:4222" {
 		t.Fatalf("redact: %q", got)
 	}
