@@ -124,23 +124,7 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int { return freePorts(t, 1)[0] }
-
-// freePorts returns n distinct loopback ports that were free: all are held
-// open until the last is picked, so that they differ from each other.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
-}
+func freePort(t *testing.T) int { return testutil.FreePorts(t, 1) }
 
 // served is a serve command run in process by startServe.
 type served struct {
@@ -164,7 +148,10 @@ func startServe(t *testing.T, n int, args func(ports []int) []string) *served {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		ctx, stop := context.WithCancel(context.Background())
-		s := &served{ports: freePorts(t, n), out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
+		s := &served{ports: make([]int, n), out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
+		for i, base := 0, testutil.FreePorts(t, n); i < n; i++ {
+			s.ports[i] = base + i
+		}
 		s.base = fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
 		a := args(s.ports) // on this goroutine: args may set the caller's variables
 		go func() { s.done <- run(ctx, a, s.out, s.errb) }()

@@ -11,9 +11,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/natslog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -116,19 +116,19 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 	// The server runs without a log (NoLog), so it would report a fatal
 	// start-up error (its listen port taken, say) to nobody and never get
 	// ready: keep its Fatalf while it starts, and give it as the error.
-	var start startupLog
+	var start natslog.FatalLog
 	s.SetLogger(&start, false, false)
 	go s.Start()
 	deadline := time.Now().Add(15 * time.Second)
 	for !s.ReadyForConnections(100 * time.Millisecond) {
-		msg := start.fatal()
-		if msg == "" && time.Now().Before(deadline) {
+		fatal := start.Err()
+		if fatal == nil && time.Now().Before(deadline) {
 			continue
 		}
 		s.Shutdown()
 		e.cleanup()
-		if msg != "" {
-			return nil, fmt.Errorf("embedded nats: %s", msg)
+		if fatal != nil {
+			return nil, fmt.Errorf("embedded nats: %w", fatal)
 		}
 		return nil, fmt.Errorf("embedded nats: not ready within 15s (store %s)", dir)
 	}
@@ -375,30 +375,3 @@ func (c *Conn) Where() string {
 	}
 	return c.ConnectedUrlRedacted()
 }
-
-// startupLog is the embedded server's logger while it starts: it keeps the
-// first Fatalf and drops everything else, as NoLog would.
-type startupLog struct {
-	mu  sync.Mutex
-	msg string
-}
-
-func (l *startupLog) Fatalf(format string, v ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.msg == "" {
-		l.msg = fmt.Sprintf(format, v...)
-	}
-}
-
-func (l *startupLog) fatal() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.msg
-}
-
-func (l *startupLog) Noticef(string, ...any) {}
-func (l *startupLog) Warnf(string, ...any)   {}
-func (l *startupLog) Errorf(string, ...any)  {}
-func (l *startupLog) Debugf(string, ...any)  {}
-func (l *startupLog) Tracef(string, ...any)  {}

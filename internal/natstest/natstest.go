@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/natslog"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -81,7 +82,7 @@ func launch(o *server.Options) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natstest: new server %s: %w", o.ServerName, err)
 	}
-	s.SetLogger(&fatalLog{}, false, false)
+	s.SetLogger(&natslog.FatalLog{}, false, false)
 	go s.Start()
 	return s, nil
 }
@@ -93,7 +94,7 @@ func ready(t testing.TB, s *server.Server) error {
 	budget := testutil.Budget(t)
 	deadline := time.Now().Add(budget)
 	for !s.ReadyForConnections(100 * time.Millisecond) {
-		if err := fatalOf(s); err != nil {
+		if err := natslog.Of(s); err != nil {
 			return fmt.Errorf("natstest: server %s did not start: %w", s.Name(), err)
 		}
 		if time.Now().After(deadline) {
@@ -103,39 +104,7 @@ func ready(t testing.TB, s *server.Server) error {
 	return nil
 }
 
-// fatalLog keeps the first fatal error a server reports. NoLog leaves a
-// server without a logger, so such an error would show only as a start-up
-// that never finishes.
-type fatalLog struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (l *fatalLog) Fatalf(format string, v ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		l.err = fmt.Errorf(format, v...)
-	}
-}
-
-func (l *fatalLog) Noticef(string, ...any) {}
-func (l *fatalLog) Warnf(string, ...any)   {}
-func (l *fatalLog) Errorf(string, ...any)  {}
-func (l *fatalLog) Debugf(string, ...any)  {}
-func (l *fatalLog) Tracef(string, ...any)  {}
-
 // fatalOf returns the fatal error s reported, or nil.
-func fatalOf(s *server.Server) error {
-	l, ok := s.Logger().(*fatalLog)
-	if !ok {
-		return nil
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
-
 // Connect opens a client connection to s (over loopback TCP) and closes it
 // when the test ends.
 func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {

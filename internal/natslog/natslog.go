@@ -1,0 +1,56 @@
+// Package natslog is the logger an in-process NATS server runs with while
+// it starts: a server started with NoLog has no logger, so a fatal start-up
+// error (a listen port already taken, JetStream that will not start) goes
+// nowhere and shows only as a start-up that never finishes. FatalLog keeps
+// that error for the caller waiting on the server.
+//
+// It owns nothing else; internal/natsconn (the embedded server of serve
+// and demo) and internal/natstest (tests' servers) use it.
+package natslog
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// FatalLog is a server.Logger that keeps the first Fatalf and drops every
+// other line, as NoLog would. Safe for concurrent use.
+type FatalLog struct {
+	mu  sync.Mutex
+	err error
+}
+
+var _ server.Logger = (*FatalLog)(nil)
+
+// Fatalf keeps the first fatal error; the server's own Fatalf would exit
+// the process, which an in-process server must not.
+func (l *FatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = fmt.Errorf(format, v...)
+	}
+}
+
+// Err returns the first fatal error reported, or nil.
+func (l *FatalLog) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Of returns the first fatal error s reported, if it runs with a FatalLog.
+func Of(s *server.Server) error {
+	if l, ok := s.Logger().(*FatalLog); ok {
+		return l.Err()
+	}
+	return nil
+}
+
+func (l *FatalLog) Noticef(string, ...any) {}
+func (l *FatalLog) Warnf(string, ...any)   {}
+func (l *FatalLog) Errorf(string, ...any)  {}
+func (l *FatalLog) Debugf(string, ...any)  {}
+func (l *FatalLog) Tracef(string, ...any)  {}
