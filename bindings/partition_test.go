@@ -2,6 +2,7 @@ package bindings
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,13 +50,17 @@ func TestPartitionedLeaderServesNoStaleRead(t *testing.T) {
 
 	c.Isolate(leader)
 	// The majority elects a new leader and moves both sessions to w2.
+	var endErr, routeErr error // the last attempt's, for the failure message
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		if err := majority.End(ctxT(t, 2*time.Second), model, "hard"); err != nil && !errors.Is(err, ErrNotFound) {
+		if endErr = majority.End(ctxT(t, 2*time.Second), model, "hard"); endErr != nil && !errors.Is(endErr, ErrNotFound) {
 			return false
 		}
-		_, err := majority.Route(ctxT(t, 2*time.Second), model, "hard", always("w2"))
-		return err == nil
-	}, func() string { return "the majority never re-bound the Hard session" })
+		_, routeErr = majority.Route(ctxT(t, 2*time.Second), model, "hard", always("w2"))
+		return routeErr == nil
+	}, func() string {
+		return fmt.Sprintf("the majority never re-bound the Hard session (last End: %v; last Route: %v; stats %+v)",
+			endErr, routeErr, majority.Stats())
+	})
 	moved := time.Now()
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		r, err := majority.Route(ctxT(t, 2*time.Second), model, "soft", always("w2"))
