@@ -281,6 +281,49 @@ func TestSlotReuseNeverResurrects(t *testing.T) {
 	}
 }
 
+// TestSlotReuseNeverBlends hands one slot back and forth between two
+// workers holding different lengths of one prompt, while readers look the
+// prompt up: a scan that saw the slot under both owners must not credit
+// the shorter holder with the longer one's blocks. Lookup's rerun when a
+// slot was assigned during its scan is what keeps this; without it the
+// test fails.
+func TestSlotReuseNeverBlends(t *testing.T) {
+	x := New(Config{Shards: 4})
+	long := make([]uint64, 256)
+	for i := range long {
+		long[i] = 5000 + uint64(i)
+	}
+	const short = 8
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out Overlaps
+			q := hs(long...)
+			for !stop.Load() {
+				x.Lookup(q, LookupOptions{}, &out)
+				for _, w := range out.Workers {
+					if w.Key.Worker == "short" && w.Blocks > short {
+						t.Errorf("worker short credited with %d blocks; it only ever held %d", w.Blocks, short)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 4000 && !t.Failed(); i++ {
+		x.ApplyBatch(1, batch("short", 0, stored(long[:short]...)))
+		x.RemoveWorker("short")
+		x.ApplyBatch(2, batch("long", 0, stored(long...)))
+		x.RemoveWorker("long")
+	}
+	stop.Store(true)
+	wg.Wait()
+	checkInvariants(t, x)
+}
+
 func TestBigSetTransitions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	for _, universe := range []int{40, 1000, 10000} {

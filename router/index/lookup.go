@@ -15,7 +15,9 @@ type LookupOptions struct {
 	// (Overlaps.EarlyExited is set).
 	EarlyExit bool
 	// Allowed, when not nil, skips workers for which it returns false.
-	// It is called at most once per worker holding the first block.
+	// It is called at most once per worker holding the first block, or
+	// twice when the lookup ran while a new worker took its first block
+	// (see Index.Lookup).
 	Allowed func(workerref.Target) bool
 }
 
@@ -40,9 +42,10 @@ type Overlaps struct {
 	// EarlyExited reports that LookupOptions.EarlyExit cut the scan.
 	EarlyExited bool
 
-	// parallel to Workers while a lookup runs: each entry's slot, for the
-	// final reuse check.
-	seen []uint32
+	// parallel to Workers while a tracked lookup runs (track): each
+	// entry's slot, for the final reuse check.
+	seen  []uint32
+	track bool
 
 	// candidate state: a list (few workers) or a bitmap over slots.
 	cand   []cand
@@ -115,15 +118,34 @@ func (x *Index) Lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 // lookup is Lookup; nested says that the index's sets nest along every
 // prompt (see bisect), so that once few candidates are left their depths
 // can be found by bisection instead of block by block.
+//
+// A slot freed and handed to another worker during the scan would blend
+// two owners' blocks. Such a handover is rare (a worker's first block
+// after another's last), so the scan does not note each entry's slot: when
+// a slot was assigned while it ran, it runs once more, noting them, and
+// drops the entries whose slot changed hands. Not noting them saves a
+// store per listed worker, a thousand for a system prompt.
 func (x *Index) lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps, nested bool) {
+	out.track = false
+	if x.scan(hashes, opt, out, nested) {
+		return
+	}
+	out.track = true
+	x.scan(hashes, opt, out, nested)
+	out.track = false
+}
+
+// scan is one pass of lookup. It reports false when a slot was assigned
+// while it ran and out.track was off: its result may blend two owners.
+func (x *Index) scan(hashes []kvevents.SeqHash, opt LookupOptions, out *Overlaps, nested bool) bool {
 	out.Reset()
 	if len(hashes) == 0 {
-		return
+		return true
 	}
 	epoch := x.slotEpoch.Load()
 	v, big, ok := x.get(hashes[0])
 	if !ok {
-		return
+		return true
 	}
 	x.initCands(v, big, opt, epoch, out)
 	// mixed[d%touchRing] holds mix(hashes[d]) for the blocks touched
@@ -181,9 +203,11 @@ func (x *Index) lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		out.cand = out.cand[:0]
 	}
 	if x.slotEpoch.Load() != epoch {
-		// A slot freed and handed to another worker during the scan
-		// would blend two owners' blocks: drop any entry whose slot
-		// changed hands. (No assignment happened otherwise.)
+		if !out.track {
+			return false
+		}
+		// Drop any entry whose slot changed hands. (No assignment
+		// happened otherwise.)
 		w := 0
 		for i := range out.Workers {
 			// An owner assigned before the lookup started is the one the
@@ -205,6 +229,7 @@ func (x *Index) lookup(hashes []kvevents.SeqHash, opt LookupOptions, out *Overla
 		// deepest.
 		out.Total = out.Workers[n-1].Blocks
 	}
+	return true
 }
 
 // bisect records the depth of every candidate in cs, which all hold
@@ -262,7 +287,9 @@ func (x *Index) get(h kvevents.SeqHash) (uint64, *bigSet, bool) {
 
 func (o *Overlaps) record(slot uint32, info *slotInfo, blocks int) {
 	o.Workers = append(o.Workers, WorkerOverlap{Key: info.key, Blocks: blocks})
-	o.seen = append(o.seen, slot)
+	if o.track {
+		o.seen = append(o.seen, slot)
+	}
 }
 
 // usable resolves slot to its owner if the owner may take part in this
@@ -438,6 +465,10 @@ func (x *Index) recordSlot(s uint32, depth int, epoch uint64, out *Overlaps) {
 // these slots, it holds every owner those sets imply (allocSlot publishes
 // an owner before any of its blocks).
 func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
+	if out.track {
+		x.drainBitmapTracked(depth, epoch, out)
+		return
+	}
 	owners := x.slots.Load().p
 	n := 0
 	for _, word := range out.bits {
@@ -448,7 +479,6 @@ func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
 	// about a quarter fewer instructions (cachegrind).
 	i := len(out.Workers)
 	ws := slices.Grow(out.Workers, n)[:i+n]
-	seen := slices.Grow(out.seen, n)[:i+n]
 	for w, word := range out.bits {
 		if word == 0 {
 			continue
@@ -462,12 +492,25 @@ func (x *Index) drainBitmap(depth int, epoch uint64, out *Overlaps) {
 			s := base + uint32(bits.TrailingZeros64(word))
 			if info := owners[s].Load(); info != nil && info.assignedAt <= epoch {
 				ws[i] = WorkerOverlap{Key: info.key, Blocks: depth}
-				seen[i] = s
 				i++
 			}
 		}
 	}
-	out.Workers, out.seen = ws[:i], seen[:i]
+	out.Workers = ws[:i]
+	out.bitmap = false
+	out.nbits = 0
+	out.cand = out.cand[:0]
+}
+
+// drainBitmapTracked is drainBitmap for a tracked pass, which notes each
+// entry's slot.
+func (x *Index) drainBitmapTracked(depth int, epoch uint64, out *Overlaps) {
+	for w, word := range out.bits {
+		out.bits[w] = 0
+		for ; word != 0; word &= word - 1 {
+			x.recordSlot(uint32(w)*64+uint32(bits.TrailingZeros64(word)), depth, epoch, out)
+		}
+	}
 	out.bitmap = false
 	out.nbits = 0
 	out.cand = out.cand[:0]
