@@ -55,7 +55,8 @@
 // sharded map behind per-shard RWMutexes (one read-lock pair, two atomic
 // read-modify-writes at about 11 ns each on the test VM, per block).
 // A worker slot is reused only after all its entries are gone, and a
-// lookup discards any slot reassigned while it ran, so a removed
+// lookup during which a slot was assigned runs again, noting each entry's
+// slot, and discards any slot reassigned while it ran, so a removed
 // worker's blocks never appear under the worker that inherits its slot.
 //
 // Memory. Stats reports entries, blocks, workers and an estimate of the
