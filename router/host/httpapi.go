@@ -319,12 +319,15 @@ func (r *Replica) routeBodyLimit() int64 {
 		return r.cfg.MaxBodyBytes
 	}
 	now := time.Now().UnixNano()
-	if next := r.bodyMax.next.Load(); now < next && next != 0 {
-		return r.bodyMax.n.Load()
-	} else if !r.bodyMax.next.CompareAndSwap(next, now+int64(time.Second)) {
-		if n := r.bodyMax.n.Load(); n > 0 {
-			return n // another request is recomputing it
+	if n := r.bodyMax.n.Load(); n > 0 {
+		next := r.bodyMax.next.Load()
+		if now < next || !r.bodyMax.next.CompareAndSwap(next, now+int64(time.Second)) {
+			return n // still fresh, or another request is recomputing it
 		}
+	} else {
+		// None yet: every caller until the first is stored computes it
+		// (a caller returning the unset 0 would refuse every body).
+		r.bodyMax.next.Store(now + int64(time.Second))
 	}
 	tokens := int64(0)
 	for _, ms := range r.models {
