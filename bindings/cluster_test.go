@@ -74,8 +74,9 @@ func TestClusterLeaderKill(t *testing.T) {
 		failed  []error
 	)
 	// hist is each session's successful routes, shown when one breaks a
-	// check.
+	// check; outcomes are the same routes, for the checks.
 	hist := map[string][]string{}
+	outcomes := map[string][]routeOutcome{}
 	began := time.Now()
 	// note records a successful Route of session, called at start; mu held.
 	note := func(session string, start time.Time, res Result) {
@@ -83,6 +84,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		hist[session] = append(hist[session], fmt.Sprintf("route %v..%v: %v to %s, revision %d (version %d, writer %s, created %v, renewed %v)",
 			start.Sub(began), time.Since(began), res.Outcome, res.Target.Worker, b.Revision, b.Version, b.Writer, b.Created.Sub(began), b.Renewed.Sub(began)))
 		routes++
+		outcomes[session] = append(outcomes[session], routeOutcome{start, time.Now(), b.Revision, res.Target.Worker})
 		if seen[session] == nil {
 			seen[session] = map[string]int{}
 		}
@@ -273,9 +275,16 @@ func TestClusterLeaderKill(t *testing.T) {
 	}
 	for session, workers := range seen {
 		if len(workers) != 1 {
-			t.Errorf("session %s routed to several workers: %v", session, workers)
-			for _, h := range hist[session] {
-				t.Log("  " + h)
+			problems := moveProblems(session, outcomes[session], created[session])
+			for _, p := range problems {
+				t.Error(p)
+			}
+			if len(problems) > 0 {
+				for _, h := range hist[session] {
+					t.Log("  " + h)
+				}
+			} else {
+				t.Logf("session %s moved after its binding expired (routed to %v)", session, workers)
 			}
 		}
 		for rev, at := range created[session] {
@@ -542,4 +551,74 @@ func TestClusterWatchNodeLoss(t *testing.T) {
 		return done
 	}, func() string { return "still waiting for b to serve every re-bound worker" })
 	t.Logf("b: %d stale Soft answers within the bound (worst %v), %d failed reads; %+v", stale, worst, failed, b.Stats())
+}
+
+// routeOutcome is one successful Route of TestClusterLeaderKill: when it
+// was called and returned, and the binding it returned.
+type routeOutcome struct {
+	start, end time.Time
+	rev        uint64
+	worker     string
+}
+
+// moveProblems checks a session that TestClusterLeaderKill saw routed to
+// several workers, and returns what is wrong. A session moves legitimately
+// only by a new binding created after the old one expired: every worker is
+// live, so nothing is re-bound, and whether the old binding lived its
+// IdleTTL after each route that returned it is checkLoss's check. A route
+// that runs through a leader's failover can outlast that: in one CI run a
+// binding renewed at 5.2 s expired at 11.2 s (StoredTTL of a 4 s IdleTTL)
+// while a route called at 6.3 s waited for the new leader until 11.6 s,
+// and then created a new binding on another worker. What must never happen
+// is a move without a create, or a stale answer: an older revision naming
+// another worker, returned by a route called after a route that returned
+// the newer one had ended.
+func moveProblems(session string, outs []routeOutcome, created map[uint64]time.Time) []string {
+	first := outs[0]
+	for _, o := range outs {
+		if o.rev < first.rev {
+			first = o
+		}
+	}
+	var problems []string
+	for _, a := range outs {
+		if _, ok := created[a.rev]; !ok && a.worker != first.worker {
+			problems = append(problems, fmt.Sprintf("session %s: revision %d names %s, but no route created it (every worker was live: nothing re-binds)",
+				session, a.rev, a.worker))
+		}
+		for _, b := range outs {
+			if a.rev < b.rev && a.worker != b.worker && a.start.After(b.end) {
+				problems = append(problems, fmt.Sprintf("session %s: stale route: revision %d (%s) returned by a route called after one returning revision %d (%s) had ended",
+					session, a.rev, a.worker, b.rev, b.worker))
+			}
+		}
+	}
+	return problems
+}
+
+// TestMoveProblems pins TestClusterLeaderKill's check of moved sessions on
+// hand-made histories.
+func TestMoveProblems(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
+	created := map[uint64]time.Time{10: at(0), 20: at(11600)}
+	for _, c := range []struct {
+		name string
+		outs []routeOutcome
+		want int
+	}{
+		{"a move by a new create, after a route through the failover", []routeOutcome{
+			{at(0), at(5), 10, "w2"}, {at(5185), at(5190), 10, "w2"}, {at(6350), at(11640), 20, "w3"}}, 0},
+		{"a stale answer after the move", []routeOutcome{
+			{at(0), at(5), 10, "w2"}, {at(6350), at(11640), 20, "w3"}, {at(11700), at(11710), 10, "w2"}}, 1},
+		{"an old answer overlapping the move is not stale", []routeOutcome{
+			{at(0), at(5), 10, "w2"}, {at(11000), at(11700), 10, "w2"}, {at(6350), at(11640), 20, "w3"}}, 0},
+		{"a move nobody created", []routeOutcome{
+			{at(0), at(5), 10, "w2"}, {at(100), at(105), 15, "w3"}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := moveProblems("s1", c.outs, created); len(got) != c.want {
+				t.Errorf("got %d problems %q, want %d", len(got), got, c.want)
+			}
+		})
+	}
 }
