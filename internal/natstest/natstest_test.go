@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/jskv"
 	"github.com/kvrouter/kvrouter/internal/testutil"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -66,7 +67,7 @@ func TestClusterElectsStreamLeader(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "c", Replicas: 3}); err != nil {
+	if _, err := createR3(ctx, js, "c"); err != nil {
 		t.Fatal(err)
 	}
 	if c.StreamLeader("KV_c") < 0 {
@@ -90,7 +91,7 @@ func TestClusterStopAndStart(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "c", Replicas: 3})
+	kv, err := createR3(ctx, js, "c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +120,14 @@ func TestClusterStopAndStart(t *testing.T) {
 	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatalf("put after restart: %v", err)
 	}
+}
+
+// createR3 creates a bucket of three replicas as the product does
+// (jskv.CreateWaitingForPeers): each try bounded, a lost reply tried again.
+// A single CreateKeyValue under CI's load once waited out the test's whole
+// 30 s for a reply that never came.
+func createR3(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	return jskv.CreateWaitingForPeers(ctx, func(c context.Context) (jetstream.KeyValue, error) {
+		return js.CreateKeyValue(c, jetstream.KeyValueConfig{Bucket: bucket, Replicas: 3})
+	})
 }
