@@ -96,6 +96,48 @@ func TestDrainServesBoundSessionsUntilDeadline(t *testing.T) {
 	t.Logf("served the bound session %d times while draining", served)
 }
 
+// A replica says a worker is draining only once its scheduler treats it
+// so. The update used to publish the new state (GET /v1/workers) before it
+// reached the scheduler, with the held events' release in between: a
+// client that saw "draining" could still have new work routed there (CI
+// saw it in TestDrainServesBoundSessionsUntilDeadline). Holding the event
+// intake's lock stops the update at that release, which makes the window
+// as long as the test likes.
+func TestDrainingShownOnlyOnceScheduled(t *testing.T) {
+	st := startStack(t, stackOpts{workers: 1, replicas: 1})
+	ctx := ctxT(t)
+	reg, err := workers.Register(ctx, st.js, testRegistry(), workers.Info{ID: "d-0", Model: testModel,
+		Endpoint: "kvr.test.d-0", Ranks: []uint32{0}, BlockSize: st.replicas[0].cfg.BlockSize,
+		KVBlocks: 4096, MaxBatchedTokens: 1 << 20, MaxSeqs: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Stop)
+	st.waitWorkers(2)
+
+	hold := &st.replicas[0].intake.hold.mu
+	hold.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			hold.Unlock()
+		}
+	}()
+	if err := reg.SetDrainingUntil(ctx, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	st.waitWorker("d-0", func(ws api.WorkerStatus) bool { return ws.State == string(workers.StateDraining) })
+	resp, err := st.client.Route(ctx, &api.RouteRequest{Model: testModel, TokenIDs: tokens(7, 64), Pin: &api.WorkerRef{Worker: "d-0"}})
+	if err == nil {
+		_ = st.client.Free(ctx, testModel, resp)
+		if resp.Worker == "d-0" {
+			t.Fatal("new work pinned to d-0 was routed there after the replica showed it draining")
+		}
+	}
+	hold.Unlock()
+	locked = false
+}
+
 // The identity checks of issue 16 as a replica counts them: a registry
 // entry whose id does not name its key, and a load report on one worker's
 // subject about another, are rejected, counted by cause in /metrics, and

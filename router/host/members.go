@@ -66,9 +66,12 @@ func (r *Replica) onUpdate(i workers.Info) {
 	if _, known := (*ms.workers.Load())[i.ID]; !known {
 		return // ignored at join (block size)
 	}
+	// The scheduler first: once the replica shows the new state (GET
+	// /v1/workers reads ms.workers), routing follows it. The worker's
+	// entry exists since its join: a route in between reads the previous one.
+	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	ms.setWorker(i.ID, &i)
 	r.gate.admit(ms, i)
-	r.upsert(ms, i, i.Available(), i.State == workers.StateDraining)
 	r.log.Info("worker updated", "worker", i.ID, "model", i.Model, "state", i.State)
 }
 
