@@ -20,13 +20,7 @@ import (
 func TestDrainServesBoundSessionsUntilDeadline(t *testing.T) {
 	st := startStack(t, stackOpts{workers: 2, replicas: 2})
 	ctx := ctxT(t)
-	reg, err := workers.Register(ctx, st.js, testRegistry(), workers.Info{ID: "d-0", Model: testModel,
-		Endpoint: "kvr.test.d-0", Ranks: []uint32{0}, BlockSize: st.replicas[0].cfg.BlockSize,
-		KVBlocks: 4096, MaxBatchedTokens: 1 << 20, MaxSeqs: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Stop)
+	reg := registerD0(t, st)
 	st.waitWorkers(3)
 
 	route := func(session string, seed int, pin *api.WorkerRef) (*api.RouteResponse, error) {
@@ -106,13 +100,7 @@ func TestDrainServesBoundSessionsUntilDeadline(t *testing.T) {
 func TestDrainingShownOnlyOnceScheduled(t *testing.T) {
 	st := startStack(t, stackOpts{workers: 1, replicas: 1})
 	ctx := ctxT(t)
-	reg, err := workers.Register(ctx, st.js, testRegistry(), workers.Info{ID: "d-0", Model: testModel,
-		Endpoint: "kvr.test.d-0", Ranks: []uint32{0}, BlockSize: st.replicas[0].cfg.BlockSize,
-		KVBlocks: 4096, MaxBatchedTokens: 1 << 20, MaxSeqs: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Stop)
+	reg := registerD0(t, st)
 	st.waitWorkers(2)
 
 	hold := &st.replicas[0].intake.hold.mu
@@ -136,6 +124,19 @@ func TestDrainingShownOnlyOnceScheduled(t *testing.T) {
 	}
 	hold.Unlock()
 	locked = false
+}
+
+// registerD0 registers worker d-0 on st's registry, to be drained.
+func registerD0(t *testing.T, st *stack) *workers.Registration {
+	t.Helper()
+	reg, err := workers.Register(ctxT(t), st.js, testRegistry(), workers.Info{ID: "d-0", Model: testModel,
+		Endpoint: "kvr.test.d-0", Ranks: []uint32{0}, BlockSize: st.replicas[0].cfg.BlockSize,
+		KVBlocks: 4096, MaxBatchedTokens: 1 << 20, MaxSeqs: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Stop)
+	return reg
 }
 
 // The identity checks of issue 16 as a replica counts them: a registry
