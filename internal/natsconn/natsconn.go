@@ -116,21 +116,15 @@ func StartEmbedded(cfg Config, log *slog.Logger) (*Embedded, error) {
 	// The server runs without a log (NoLog), so it would report a fatal
 	// start-up error (its listen port taken, say) to nobody and never get
 	// ready: keep its Fatalf while it starts, and give it as the error.
-	var start natslog.FatalLog
-	s.SetLogger(&start, false, false)
+	s.SetLogger(&natslog.FatalLog{}, false, false)
 	go s.Start()
-	deadline := time.Now().Add(15 * time.Second)
-	for !s.ReadyForConnections(100 * time.Millisecond) {
-		fatal := start.Err()
-		if fatal == nil && time.Now().Before(deadline) {
-			continue
-		}
+	if err := natslog.WaitReady(s, 15*time.Second); err != nil {
 		s.Shutdown()
 		e.cleanup()
-		if fatal != nil {
-			return nil, fmt.Errorf("embedded nats: %w", fatal)
+		if errors.Is(err, natslog.ErrNotReady) {
+			return nil, fmt.Errorf("embedded nats: not ready within 15s (store %s)", dir)
 		}
-		return nil, fmt.Errorf("embedded nats: not ready within 15s (store %s)", dir)
+		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	s.SetLogger(nil, false, false)
 	e.Server = s

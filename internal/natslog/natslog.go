@@ -2,15 +2,17 @@
 // it starts: a server started with NoLog has no logger, so a fatal start-up
 // error (a listen port already taken, JetStream that will not start) goes
 // nowhere and shows only as a start-up that never finishes. FatalLog keeps
-// that error for the caller waiting on the server.
+// that error, and WaitReady waits for the server and returns it.
 //
 // It owns nothing else; internal/natsconn (the embedded server of serve
 // and demo) and internal/natstest (tests' servers) use it.
 package natslog
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -45,6 +47,27 @@ func (l *FatalLog) Err() error {
 func Of(s *server.Server) error {
 	if l, ok := s.Logger().(*FatalLog); ok {
 		return l.Err()
+	}
+	return nil
+}
+
+// ErrNotReady is WaitReady's error when the budget ran out without a fatal
+// error.
+var ErrNotReady = errors.New("not ready")
+
+// WaitReady waits up to budget until s, started with a FatalLog, accepts
+// connections. It returns s's fatal start-up error as soon as one is
+// reported, which would otherwise cost the whole budget, and ErrNotReady
+// when the budget runs out.
+func WaitReady(s *server.Server, budget time.Duration) error {
+	deadline := time.Now().Add(budget)
+	for !s.ReadyForConnections(100 * time.Millisecond) {
+		if err := Of(s); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return ErrNotReady
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package natstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvrouter/kvrouter/internal/natslog"
 	"github.com/kvrouter/kvrouter/internal/testutil"
@@ -92,19 +92,15 @@ func launch(o *server.Options) (*server.Server, error) {
 // that would not start), which would otherwise cost the whole budget.
 func ready(t testing.TB, s *server.Server) error {
 	budget := testutil.Budget(t)
-	deadline := time.Now().Add(budget)
-	for !s.ReadyForConnections(100 * time.Millisecond) {
-		if err := natslog.Of(s); err != nil {
-			return fmt.Errorf("natstest: server %s did not start: %w", s.Name(), err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("natstest: server %s not ready within %v", s.Name(), budget)
-		}
+	switch err := natslog.WaitReady(s, budget); {
+	case errors.Is(err, natslog.ErrNotReady):
+		return fmt.Errorf("natstest: server %s not ready within %v", s.Name(), budget)
+	case err != nil:
+		return fmt.Errorf("natstest: server %s did not start: %w", s.Name(), err)
 	}
 	return nil
 }
 
-// fatalOf returns the fatal error s reported, or nil.
 // Connect opens a client connection to s (over loopback TCP) and closes it
 // when the test ends.
 func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {

@@ -105,12 +105,7 @@ func TestDrainingShownOnlyOnceScheduled(t *testing.T) {
 
 	hold := &st.replicas[0].intake.hold.mu
 	hold.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			hold.Unlock()
-		}
-	}()
+	defer hold.Unlock()
 	if err := reg.SetDrainingUntil(ctx, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
@@ -122,8 +117,6 @@ func TestDrainingShownOnlyOnceScheduled(t *testing.T) {
 			t.Fatal("new work pinned to d-0 was routed there after the replica showed it draining")
 		}
 	}
-	hold.Unlock()
-	locked = false
 }
 
 // registerD0 registers worker d-0 on st's registry, to be drained.
