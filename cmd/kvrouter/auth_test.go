@@ -64,8 +64,5 @@ func TestServeEmbeddedAuth(t *testing.T) {
 	if code := <-workerDone; code != 0 {
 		t.Fatalf("worker exit %d: %s", code, werr.String())
 	}
-	srv.stop()
-	if code := <-srv.done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, srv.errb)
-	}
+	srv.shutdown(t)
 }

@@ -68,10 +68,7 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 	if code := <-eppDone; code != 0 {
 		t.Fatalf("epp exit %d: %s", code, eppErr.String())
 	}
-	srv.stop()
-	if code := <-srv.done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, srv.errb)
-	}
+	srv.shutdown(t)
 	if !strings.Contains(eppOut.String(), "kvrouter epp ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
 		t.Fatalf("banners: %q %q", eppOut.String(), srv.out.String())
 	}

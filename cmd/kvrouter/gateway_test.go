@@ -78,10 +78,7 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	if code := <-gwDone; code != 0 {
 		t.Fatalf("gateway exit %d: %s", code, gwErr.String())
 	}
-	srv.stop()
-	if code := <-srv.done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, srv.errb)
-	}
+	srv.shutdown(t)
 	if !strings.Contains(gwOut.String(), "gateway ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
 		t.Fatalf("banners: %q %q", gwOut.String(), srv.out.String())
 	}

@@ -135,6 +135,15 @@ type served struct {
 	stop      context.CancelFunc
 }
 
+// shutdown stops serve and fails the test unless it exited 0.
+func (s *served) shutdown(t *testing.T) {
+	t.Helper()
+	s.stop()
+	if code := <-s.done; code != 0 {
+		t.Fatalf("serve exit %d: %s", code, s.errb)
+	}
+}
+
 // startServe runs serve with the arguments args gives for n ports (n >= 2:
 // the embedded NATS server's and the HTTP API's, then any the caller
 // needs) and waits until its /readyz answers 200. The ports are released
@@ -226,10 +235,7 @@ func TestServeAndWorker(t *testing.T) {
 	if code := <-workerDone; code != 0 {
 		t.Fatalf("worker exit %d: %s", code, workerErr.String())
 	}
-	srv.stop()
-	if code := <-srv.done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, srv.errb)
-	}
+	srv.shutdown(t)
 	if !strings.Contains(srv.out.String(), "ready") || !strings.Contains(workerOut.String(), "simulated workers") {
 		t.Fatalf("banners: %q %q", srv.out, workerOut.String())
 	}
@@ -363,10 +369,7 @@ func TestStartServeRetriesATakenPort(t *testing.T) {
 		return []string{"serve", "--embedded-nats", "--embedded-listen", fmt.Sprintf("127.0.0.1:%d", p[0]),
 			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--models", "m", "--log-level", "warn"}
 	})
-	srv.stop()
-	if code := <-srv.done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, srv.errb)
-	}
+	srv.shutdown(t)
 	if attempts != 2 {
 		t.Fatalf("%d attempts, want 2 (the first on a taken port)", attempts)
 	}
