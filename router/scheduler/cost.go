@@ -53,6 +53,15 @@ import (
 // rest, which the replica only predicts from its own routing, keep credit.
 // Zero: one credit for both.
 //
+// With DecodeWeightByCachedShare set, the decode-block weight is
+// DecodeBlockWeight times Context.CachedShare, the share of the prompts
+// lately routed that their worker already held. Why: where prompts are
+// mostly cached the prefill queues stay near empty and the decode term is
+// what spreads the requests; where long prompts are mostly computed, the
+// prefill queues spread them and the decode term only moves sessions away
+// from their caches (docs/benchmarks.md, "Issue 24 at stop 50"). An
+// experiment, off by default.
+//
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
 // after the clamp at 0, unless the request's overlap there goes deeper
@@ -75,6 +84,19 @@ type CostParams struct {
 	PrefillStepTokens         float64 `yaml:"prefill_step_tokens"`
 	SoleHolderCredit          float64 `yaml:"sole_holder_credit"`
 	SoleHolderReportedOnly    bool    `yaml:"sole_holder_reported_only"`
+	DecodeWeightByCachedShare bool    `yaml:"decode_weight_by_cached_share"`
+}
+
+// at returns the weights for one selection: cp itself, or with
+// DecodeWeightByCachedShare a copy in tmp whose decode-block weight is
+// scaled by the context's cached share.
+func (cp *CostParams) at(x *Context, tmp *CostParams) *CostParams {
+	if !cp.DecodeWeightByCachedShare {
+		return cp
+	}
+	*tmp = *cp
+	tmp.DecodeBlockWeight *= min(max(x.CachedShare, 0), 1)
+	return tmp
 }
 
 // CreditAt is the overlap credit when the least-loaded candidate has
@@ -336,17 +358,19 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		}
 		return pickMinDecodeCost(x, c, &dp, only), nil
 	}
+	var tmp CostParams
+	cp := p.Cost.at(x, &tmp)
 	if p.Temperature <= 0 {
-		if !only && c.plain() && p.Cost.plain() {
-			return pickMinCostPlain(x, c, &p.Cost), nil
+		if !only && c.plain() && cp.plain() {
+			return pickMinCostPlain(x, c, cp), nil
 		}
-		return pickMinCost(x, c, &p.Cost, only), nil
+		return pickMinCost(x, c, cp, only), nil
 	}
-	if len(c.slots) == 2 && !only && c.plain() && p.Cost.plain() {
-		return samplePairPlain(x, c, &p.Cost, p.Temperature), nil
+	if len(c.slots) == 2 && !only && c.plain() && cp.plain() {
+		return samplePairPlain(x, c, cp, p.Temperature), nil
 	}
 	cost := x.costs(c.Len())
-	lo, hi, m := scoreDefaultRange(x, c, &p.Cost, cost, only)
+	lo, hi, m := scoreDefaultRange(x, c, cp, cost, only)
 	return sampleSoftmax(x, cost, lo, hi, m, p.Temperature), nil
 }
 

@@ -176,7 +176,11 @@ func (c *core) runPolicy(x *Context, soft *workerref.Target) (int32, int, error)
 		c.stats.policyErrors.Add(1)
 		return -1, 0, fmt.Errorf("%w: policy %s chose row %d of %d", ErrPolicy, c.policy.Name(), i, cs.Len())
 	}
-	return cs.slots[i], int(cs.ovAt(cs.slots[i])), nil
+	slot, overlap := cs.slots[i], int(cs.ovAt(cs.slots[i]))
+	if x.Request.Leg != LegDecode { // a decode leg's overlap is a transfer, not a hit
+		c.share.note(overlap, x.RequestBlocks)
+	}
+	return slot, overlap, nil
 }
 
 // blocks is n / BlockSize, by shift when the block size is a power of two
@@ -212,6 +216,7 @@ func (c *core) context(w *waiter) *Context {
 	x.RequestBlocks = len(r.SeqHashes)
 	x.PromptTokens = r.Tokens
 	x.Seq = c.seq[r.Leg]
+	x.CachedShare = c.share.value()
 	x.rng = &c.rng
 	return x
 }

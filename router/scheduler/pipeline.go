@@ -74,7 +74,8 @@ type DefaultCost struct{ Params CostParams }
 
 // Score implements Scorer.
 func (s DefaultCost) Score(x *Context, c *Candidates, cost []float64) {
-	scoreDefault(x, c, &s.Params, cost)
+	var tmp CostParams
+	scoreDefault(x, c, s.Params.at(x, &tmp), cost)
 }
 
 // MinPicker takes the lowest cost, ties broken uniformly at random. With

@@ -79,6 +79,11 @@ type Context struct {
 	RequestBlocks int    // prompt blocks with a sequence hash (full blocks)
 	PromptTokens  int    // ISL
 	Seq           uint64 // selections of this request's leg made by this scheduler so far (round robin)
+	// CachedShare is the share of the prompt blocks this scheduler routed
+	// lately that the chosen worker already held (0..1; 1 before the
+	// first selection): the fleet's recent hit ratio as the router sees
+	// it, averaged over about the last 256 selections (cachedshare.go).
+	CachedShare float64
 
 	aff    workerref.Target
 	hasAff bool
@@ -291,7 +296,8 @@ type CandidateRow struct {
 // NewCandidates builds a standalone candidate set and context for testing a
 // policy outside a scheduler. requestBlocks is the request's decode blocks
 // (PotentialDecodeBlocks = ActiveDecodeBlocks + requestBlocks − SharedBlocks);
-// aff, when non-nil, is the Soft target.
+// aff, when non-nil, is the Soft target. The context's CachedShare is 1 (no
+// history); set it to test a policy that reads it.
 func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *workerref.Target, rows []CandidateRow) (*Context, *Candidates) {
 	f := newFleet()
 	c := &Candidates{f: f, newBlks: int64(requestBlocks), epoch: 1 << 32, owned: true}
@@ -327,7 +333,8 @@ func NewCandidates(r *Request, blockSize, requestBlocks int, seed uint64, aff *w
 		r = &Request{}
 	}
 	c.adapter = r.Adapter != ""
-	x := &Context{Request: r, BlockSize: blockSize, RequestBlocks: len(r.SeqHashes), PromptTokens: r.Tokens, rng: newRNG(seed)}
+	x := &Context{Request: r, BlockSize: blockSize, RequestBlocks: len(r.SeqHashes), PromptTokens: r.Tokens, CachedShare: 1,
+		rng: newRNG(seed)}
 	if aff != nil {
 		x.aff, x.hasAff = *aff, true
 		c.aff, c.hasAff = f.resolve(*aff), true

@@ -87,23 +87,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -914,5 +914,105 @@ func checkCosts(t *testing.T, cp CostParams, bs, blocks int, rows []CandidateRow
 	i, err := p.Select(x, c)
 	if err != nil || c.Key(i) != wk(pick, 0) {
 		t.Errorf("picked %v (%v), want %s", c.Key(i), err, pick)
+	}
+}
+
+// TestDecodeWeightByCachedShare pins the experiment of stop 50: with
+// DecodeWeightByCachedShare the decode-block weight is scaled by
+// Context.CachedShare, in the fused passes and the pipeline scorer alike.
+func TestDecodeWeightByCachedShare(t *testing.T) {
+	const bs = 16
+	// The holder has the prompt's 16 blocks cached and 40 decode blocks
+	// booked; the idle worker has neither.
+	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40}
+	idle := CandidateRow{Key: wk("idle", 0)}
+	base := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5}
+	scaled := base
+	scaled.DecodeWeightByCachedShare = true
+	for _, tc := range []struct {
+		name  string
+		p     CostParams
+		share float64
+		want  []float64 // prefill (20 − 16 | 20) + weight · decode (40 + 20 | 20)
+		pick  string
+	}{
+		{"off: the share is ignored", base, 0.2, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, all cached", scaled, 1, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, a fifth cached", scaled, 0.2, []float64{4 + 6, 20 + 2}, "holder"},
+		{"on, nothing cached", scaled, 0, []float64{4, 20}, "holder"},
+		{"on, out of range is clamped", scaled, 7, []float64{4 + 30, 20 + 10}, "idle"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
+			x.CachedShare = tc.share
+			cost := make([]float64, 2)
+			DefaultCost{Params: tc.p}.Score(x, c, cost)
+			for i := range cost {
+				if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+					t.Fatalf("costs %v, want %v", cost, tc.want)
+				}
+			}
+			for _, temp := range []float64{0, 1e-9} { // the fused min and the sampling pass
+				p := &DefaultPolicy{Cost: tc.p, Temperature: temp, NoOutputBlocks: true}
+				if i, err := p.Select(x, c); err != nil || c.Key(i) != wk(tc.pick, 0) {
+					t.Errorf("T=%v: picked %v (%v), want %s", temp, c.Key(i), err, tc.pick)
+				}
+			}
+		})
+	}
+}
+
+func TestCachedShare(t *testing.T) {
+	var s cachedShare
+	if v := s.value(); v != 1 {
+		t.Fatalf("empty estimate %v, want 1", v)
+	}
+	s.note(5, 0) // no prompt blocks: nothing learned
+	if v := s.value(); v != 1 {
+		t.Fatalf("after a blockless selection %v, want 1", v)
+	}
+	s.note(3, 4)
+	if v := s.value(); math.Abs(v-0.75) > 1e-12 {
+		t.Fatalf("after one selection %v, want 0.75", v)
+	}
+	// Weighted by prompt blocks: a 96-block prompt fully cached outweighs
+	// the 4-block one: (3·keep + 96) / (4·keep + 96).
+	s.note(96, 96)
+	keep := 1 - 1.0/cachedShareSpan
+	if v, want := s.value(), (3*keep+96)/(4*keep+96); math.Abs(v-want) > 1e-12 {
+		t.Fatalf("weighted %v, want %v", v, want)
+	}
+	s.note(-1, 10) // a negative overlap counts as none
+	s.note(50, 10) // an overlap past the prompt counts as the prompt
+	// It forgets: after many uncached selections it is near 0.
+	for range 20 * cachedShareSpan {
+		s.note(0, 8)
+	}
+	if v := s.value(); v > 1e-6 {
+		t.Fatalf("after %d uncached selections %v, want about 0", 20*cachedShareSpan, v)
+	}
+}
+
+// TestSchedulerHandsCachedShare checks that a scheduler's selections see
+// the cached share of the selections before them.
+func TestSchedulerHandsCachedShare(t *testing.T) {
+	var shares []float64
+	p := &recordingPolicy{pick: func(x *Context, c *Candidates) int {
+		shares = append(shares, x.CachedShare)
+		return preferWorker("a")(x, c)
+	}}
+	h := newHarness(t, Config{BlockSize: 16}, p, wi("a", 0), wi("b", 0))
+	h.admitted(h.submit(&Request{ID: "r1", Tokens: 64, SeqHashes: hashes(4, 1), Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 4}}}))
+	h.admitted(h.submit(&Request{ID: "r2", Tokens: 64, SeqHashes: hashes(4, 2)}))
+	h.admitted(h.submit(&Request{ID: "r3", Tokens: 64, SeqHashes: hashes(4, 3)}))
+	keep := 1 - 1.0/cachedShareSpan
+	want := []float64{1, 1, 4 * keep / (4*keep + 4)}
+	if len(shares) != len(want) {
+		t.Fatalf("saw %d selections, want %d", len(shares), len(want))
+	}
+	for i := range want {
+		if math.Abs(shares[i]-want[i]) > 1e-12 {
+			t.Fatalf("shares %v, want %v", shares, want)
+		}
 	}
 }

@@ -156,6 +156,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		PrefillStepTokens         *float64 `yaml:"prefill_step_tokens"`
 		SoleHolderCredit          *float64 `yaml:"sole_holder_credit"`
 		SoleHolderReportedOnly    bool     `yaml:"sole_holder_reported_only"`
+		DecodeWeightByCachedShare bool     `yaml:"decode_weight_by_cached_share"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -208,6 +209,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.SoleHolderCredit = *o.SoleHolderCredit // 0: off
 	}
 	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
+	p.Cost.DecodeWeightByCachedShare = o.DecodeWeightByCachedShare
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}

@@ -27,6 +27,9 @@ type core struct {
 	seq     [numLegs]uint64
 	attempt uint64
 	evSeq   uint64
+	// share estimates the cached share of the prompts routed here
+	// (cachedshare.go), handed to policies as Context.CachedShare.
+	share cachedShare
 
 	bookings map[string]*booking
 	holders  holderTable // per-hash refcounts of active prompt blocks (holders.go)
