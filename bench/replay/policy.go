@@ -89,7 +89,8 @@ var Catalog = []Policy{
 	// and the prefill step term joined it: the evaluation's measure of
 	// what that change did out of sample.
 	{Name: "kvrouter-sole-reported", RouterPolicy: "default", RouterParams: yamlMap("sole_holder_reported_only", "true"), Events: true, About: "the default with the sole-holder credit only for a prefix the engines report, not one in flight (experiment of stop 46)"},
-	{Name: "kvrouter-decode-share", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_by_cached_share", "true"), Events: true, About: "the default with its decode-block weight scaled by the cached share of the prompts the replica routed lately (experiment of stop 50)"},
+	{Name: "kvrouter-decode-share", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "1"), Events: true, About: "the default with its decode-block weight scaled by the cached share of the prompts the replica routed lately (experiment of stop 50: failed its first tuning round on the p99 geometric mean)"},
+	{Name: "kvrouter-decode-share-half", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "0.5"), Events: true, About: "the default with its decode-block weight whole from half the routed prompt blocks cached, proportional below (experiment of stop 50)"},
 	{Name: "kvrouter-stop37", RouterPolicy: "default", RouterParams: yamlMap("prefill_step_tokens", "0", "sole_holder_credit", "0"), Events: true, About: "the default of stops 37-44: overlap credit 1.25 rising to 3 with the load, decode-block weight 0.25, no output blocks, no sole-holder credit or prefill step term"},
 	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
 	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},

@@ -14,7 +14,7 @@ package scheduler
 // prefill queues stay near empty), and it only moves sessions away from
 // their caches where long uncached prompts already spread the load through
 // the prefill queues (docs/benchmarks.md, "Issue 24 at stop 50").
-// CostParams.DecodeWeightByCachedShare scales that term by this share.
+// CostParams.DecodeFullShare makes that term follow this share.
 //
 // Owned by the core and used under its lock only.
 type cachedShare struct {

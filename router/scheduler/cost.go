@@ -53,14 +53,15 @@ import (
 // rest, which the replica only predicts from its own routing, keep credit.
 // Zero: one credit for both.
 //
-// With DecodeWeightByCachedShare set, the decode-block weight is
-// DecodeBlockWeight times Context.CachedShare, the share of the prompts
-// lately routed that their worker already held. Why: where prompts are
-// mostly cached the prefill queues stay near empty and the decode term is
-// what spreads the requests; where long prompts are mostly computed, the
-// prefill queues spread them and the decode term only moves sessions away
-// from their caches (docs/benchmarks.md, "Issue 24 at stop 50"). An
-// experiment, off by default.
+// With DecodeFullShare set (0 < DecodeFullShare <= 1), the decode-block
+// weight follows Context.CachedShare, the share of the prompts lately
+// routed that their worker already held: DecodeBlockWeight times
+// min(1, CachedShare / DecodeFullShare), whole from that share up. Why:
+// where prompts are mostly cached the prefill queues stay near empty and
+// the decode term is what spreads the requests; where long prompts are
+// mostly computed, the prefill queues spread them and the decode term only
+// moves sessions away from their caches (docs/benchmarks.md, "Issue 24 at
+// stop 50"). An experiment, off (0) by default.
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
@@ -84,18 +85,18 @@ type CostParams struct {
 	PrefillStepTokens         float64 `yaml:"prefill_step_tokens"`
 	SoleHolderCredit          float64 `yaml:"sole_holder_credit"`
 	SoleHolderReportedOnly    bool    `yaml:"sole_holder_reported_only"`
-	DecodeWeightByCachedShare bool    `yaml:"decode_weight_by_cached_share"`
+	DecodeFullShare           float64 `yaml:"decode_weight_full_share"`
 }
 
 // at returns the weights for one selection: cp itself, or with
-// DecodeWeightByCachedShare a copy in tmp whose decode-block weight is
-// scaled by the context's cached share.
+// DecodeFullShare set a copy in tmp whose decode-block weight follows the
+// context's cached share.
 func (cp *CostParams) at(x *Context, tmp *CostParams) *CostParams {
-	if !cp.DecodeWeightByCachedShare {
+	if cp.DecodeFullShare <= 0 {
 		return cp
 	}
 	*tmp = *cp
-	tmp.DecodeBlockWeight *= min(max(x.CachedShare, 0), 1)
+	tmp.DecodeBlockWeight *= min(max(x.CachedShare, 0)/cp.DecodeFullShare, 1)
 	return tmp
 }
 

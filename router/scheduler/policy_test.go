@@ -87,23 +87,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, false}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, false}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -918,8 +918,8 @@ func checkCosts(t *testing.T, cp CostParams, bs, blocks int, rows []CandidateRow
 }
 
 // TestDecodeWeightByCachedShare pins the experiment of stop 50: with
-// DecodeWeightByCachedShare the decode-block weight is scaled by
-// Context.CachedShare, in the fused passes and the pipeline scorer alike.
+// DecodeFullShare the decode-block weight follows Context.CachedShare, in
+// the fused passes and the pipeline scorer alike.
 func TestDecodeWeightByCachedShare(t *testing.T) {
 	const bs = 16
 	// The holder has the prompt's 16 blocks cached and 40 decode blocks
@@ -928,7 +928,9 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 	idle := CandidateRow{Key: wk("idle", 0)}
 	base := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5}
 	scaled := base
-	scaled.DecodeWeightByCachedShare = true
+	scaled.DecodeFullShare = 1
+	knee := base // whole from half the blocks cached
+	knee.DecodeFullShare = 0.5
 	for _, tc := range []struct {
 		name  string
 		p     CostParams
@@ -941,6 +943,9 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 		{"on, a fifth cached", scaled, 0.2, []float64{4 + 6, 20 + 2}, "holder"},
 		{"on, nothing cached", scaled, 0, []float64{4, 20}, "holder"},
 		{"on, out of range is clamped", scaled, 7, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: a fifth cached", knee, 0.2, []float64{4 + 12, 20 + 4}, "holder"},
+		{"whole from half: half cached", knee, 0.5, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: more", knee, 0.8, []float64{4 + 30, 20 + 10}, "idle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
