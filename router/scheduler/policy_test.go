@@ -927,10 +927,8 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40}
 	idle := CandidateRow{Key: wk("idle", 0)}
 	base := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5}
-	scaled := base
-	scaled.DecodeFullShare = 1
-	knee := base // whole from half the blocks cached
-	knee.DecodeFullShare = 0.5
+	withFull := func(f float64) CostParams { p := base; p.DecodeFullShare = f; return p }
+	scaled, knee := withFull(1), withFull(0.5) // knee: whole from half the blocks cached
 	for _, tc := range []struct {
 		name  string
 		p     CostParams
