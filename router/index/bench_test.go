@@ -110,6 +110,68 @@ func BenchmarkApply(b *testing.B) {
 	}
 }
 
+// BenchmarkApplyMemoryFloor is the memory traffic of Apply/entries=1M
+// without the index: per op, 16 stored blocks and 16 removals, each
+// touching one random 16-byte bucket in its worker's 32 KB engine table
+// and one in a 32 MB block table, in the same order (all stores' buckets
+// loaded before any is written; a removal's block bucket only once its
+// engine bucket named it). It says what four random cache lines per
+// stored block cost on this machine, against which Apply's figure is
+// read (docs/benchmarks/index.md).
+func BenchmarkApplyMemoryFloor(b *testing.B) {
+	const (
+		workers   = 1000
+		engWords  = 2 * 2048    // one worker's engine table: 2,048 buckets of two words
+		tabWords  = 2 * 1 << 21 // 2M buckets: a 1M-entry table at load 1/2
+		perBatch  = 16
+		engMask   = engWords/2 - 1
+		tableMask = tabWords/2 - 1
+	)
+	eng := make([]uint64, workers*engWords)
+	tab := make([]uint64, tabWords)
+	for i := range eng {
+		eng[i] = mix(uint64(i))
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var ctr, sink uint64
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		base := uint64(n%workers) * engWords
+		var eb, tb [perBatch]uint64
+		for i := range perBatch { // stores: load both buckets of every block
+			ctr++
+			h := mix(ctr)
+			eb[i], tb[i] = base+2*(h&engMask), 2*(mix(h)&tableMask)
+			sink += eng[eb[i]] + tab[tb[i]]
+		}
+		for i := range perBatch { // then write them
+			eng[eb[i]], eng[eb[i]+1] = tb[i], uint64(n)
+			tab[tb[i]+1]++
+		}
+		for i := range perBatch { // removals: the engine buckets first
+			ctr++
+			eb[i] = base + 2*(mix(ctr^0x9e3779b97f4a7c15)&engMask)
+			sink += eng[eb[i]]
+		}
+		for i := range perBatch { // the block bucket each one names
+			tb[i] = 2 * (mix(eng[eb[i]]) & tableMask)
+			eng[eb[i]] = 0
+			sink += tab[tb[i]]
+		}
+		for i := range perBatch {
+			tab[tb[i]+1]--
+		}
+	}
+	b.StopTimer()
+	blocks := float64(b.N * perBatch)
+	b.ReportMetric(blocks/b.Elapsed().Seconds(), "stored-blocks/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/stored-block")
+	if sink == 1 {
+		b.Log(sink) // keeps the loads
+	}
+}
+
 func warmApply(x *Index, wl *applyWorkload) {
 	for i := 0; i < wl.warm; i++ {
 		x.ApplyBatch(uint64(i), &wl.batches[i%len(wl.batches)])
