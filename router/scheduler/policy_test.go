@@ -480,6 +480,9 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {sole_holder_credit: 1.1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 1.1 })},
 		{doc: "name: default\nparams: {sole_holder_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5}", name: "default", check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare = 0.5 })},
+		{doc: "name: default\nparams: {decode_weight_full_share: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:1.5"},
+		{doc: "name: default\nparams: {decode_weight_full_share: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:NaN"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)

@@ -215,7 +215,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
 		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
-		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 || p.Cost.DecodeFullShare < 0 || p.Cost.DecodeFullShare > 1 ||
+		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 || !(p.Cost.DecodeFullShare >= 0 && p.Cost.DecodeFullShare <= 1) || // NaN too
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
 		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
