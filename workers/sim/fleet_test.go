@@ -253,6 +253,14 @@ func TestFleetEndToEnd(t *testing.T) {
 	waitFor(t, "departures", func() bool { return mem.Len() == 0 })
 	empty := map[workerref.Target][]kvevents.SeqHash{{Worker: "sim-0"}: {}, {Worker: "sim-1"}: {}}
 	sm.waitEqual(t, empty)
+	// OnDepart runs once the member has left the view
+	// (Membership.departAndUnlock), so mem.Len() reads 0 just before the
+	// last call.
+	waitFor(t, "the departure callbacks", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return departs["sim-0"] >= 2 && departs["sim-1"] >= 2
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if len(joins["sim-1"]) != 2 || departs["sim-1"] != 2 || len(joins["sim-0"]) != 2 || departs["sim-0"] != 2 {
