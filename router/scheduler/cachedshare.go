@@ -6,26 +6,44 @@ package scheduler
 // its prompt blocks (so it reads like the fleet's hit ratio), forgetting
 // with a time constant of about cachedShareSpan selections. The scheduler
 // notes every selection of a whole request or prefill leg (runPolicy) and
-// hands the value to policies as Context.CachedShare; it is 1 until a
-// selection with prompt blocks has been noted.
+// hands the value to policies as Context.CachedShare.
+//
+// It starts from a prior: as if cachedSharePrior selections of the mean
+// prompt seen so far had been fully cached, a mass that fades at the same
+// rate as the evidence. So it is 1 before the first selection and moves
+// away from 1 only as evidence accumulates. Why: every run and every
+// restart begins cold, its first prompts uncached because nothing is yet;
+// without the prior the estimate read 0 right after the first uncached
+// selection and a policy that follows it behaved as on a workload with no
+// reuse until enough history came in (docs/benchmarks.md, "Issue 24 at
+// stop 50", round 2).
 //
 // Why a policy wants it: the default cost's decode-block term is the one
 // load signal that spreads requests whose prompts are mostly cached (their
 // prefill queues stay near empty), and it only moves sessions away from
 // their caches where long uncached prompts already spread the load through
-// the prefill queues (docs/benchmarks.md, "Issue 24 at stop 50").
-// CostParams.DecodeFullShare makes that term follow this share.
+// the prefill queues. CostParams.DecodeFullShare makes that term follow
+// this share.
 //
-// Owned by the core and used under its lock only.
+// Owned by the core and used under its lock only. The zero value is an
+// estimate with nothing noted.
 type cachedShare struct {
 	cached, prompt float64 // decayed sums of overlap and prompt blocks
+	faded          float64 // 1 - keep^n after n selections: the prior's lost share
 }
 
-// cachedShareSpan is the estimate's time constant in selections: at tens
-// to hundreds of routes a second, seconds of history, long enough to
-// average out single requests and short enough to follow a change of
-// workload.
-const cachedShareSpan = 256
+const (
+	// cachedShareSpan is the estimate's time constant in selections: at
+	// tens to hundreds of routes a second, seconds of history, long enough
+	// to average out single requests and short enough to follow a change
+	// of workload.
+	cachedShareSpan = 256
+	// cachedSharePrior is the prior's mass in selections, a quarter of the
+	// span: a workload with a fifth of its prompts cached brings the
+	// estimate down to one half in about 90 selections, one with most of
+	// them cached never takes it there during its cold start.
+	cachedSharePrior = cachedShareSpan / 4
+)
 
 // note adds one selection: overlap of the chosen worker's blocks out of
 // prompt blocks. A selection without full prompt blocks says nothing.
@@ -36,12 +54,20 @@ func (s *cachedShare) note(overlap, prompt int) {
 	const keep = 1 - 1.0/cachedShareSpan
 	s.cached = s.cached*keep + float64(min(max(overlap, 0), prompt))
 	s.prompt = s.prompt*keep + float64(prompt)
+	s.faded = 1 - (1-s.faded)*keep
 }
 
-// value is the estimate in [0, 1], 1 before anything was noted.
+// value is the estimate in [0, 1], 1 before anything was noted. With r the
+// evidence's ratio and the evidence's decayed selection count
+// faded·span, the prior's remaining mass relative to it is
+// w = prior·(1−faded) / (faded·span), and the estimate (r + w) / (1 + w):
+// the ratio of the sums had they been preloaded with prior fully cached
+// selections of the mean prompt.
 func (s *cachedShare) value() float64 {
-	if s.prompt <= 0 {
+	if s.prompt <= 0 || s.faded <= 0 {
 		return 1
 	}
-	return s.cached / s.prompt
+	r := s.cached / s.prompt
+	w := cachedSharePrior * (1 - s.faded) / (s.faded * cachedShareSpan)
+	return (r + w) / (1 + w)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -968,6 +969,23 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 	}
 }
 
+// naiveCachedShare is cachedShare's definition written out: the selections'
+// overlap and prompt blocks, each weighted by keep^age, plus the prior's
+// cachedSharePrior fully cached selections of their mean prompt, faded by
+// keep^n.
+func naiveCachedShare(sels [][2]int) float64 {
+	keep := 1 - 1.0/cachedShareSpan
+	var cached, prompt, count float64
+	for _, s := range sels {
+		cached, prompt, count = cached*keep+float64(s[0]), prompt*keep+float64(s[1]), count*keep+1
+	}
+	if count == 0 {
+		return 1
+	}
+	prior := cachedSharePrior * math.Pow(keep, float64(len(sels))) * prompt / count
+	return (cached + prior) / (prompt + prior)
+}
+
 func TestCachedShare(t *testing.T) {
 	var s cachedShare
 	if v := s.value(); v != 1 {
@@ -977,19 +995,44 @@ func TestCachedShare(t *testing.T) {
 	if v := s.value(); v != 1 {
 		t.Fatalf("after a blockless selection %v, want 1", v)
 	}
-	s.note(3, 4)
-	if v := s.value(); math.Abs(v-0.75) > 1e-12 {
-		t.Fatalf("after one selection %v, want 0.75", v)
+	// The prior keeps a cold start near 1: one uncached selection moves it
+	// by about 1/prior, not to 0.
+	s.note(0, 4)
+	if v, want := s.value(), naiveCachedShare([][2]int{{0, 4}}); math.Abs(v-want) > 1e-12 || v < 0.98 {
+		t.Fatalf("after one uncached selection %v, want %v (about 1 - 1/%d)", v, want, cachedSharePrior)
 	}
-	// Weighted by prompt blocks: a 96-block prompt fully cached outweighs
-	// the 4-block one: (3·keep + 96) / (4·keep + 96).
-	s.note(96, 96)
-	keep := 1 - 1.0/cachedShareSpan
-	if v, want := s.value(), (3*keep+96)/(4*keep+96); math.Abs(v-want) > 1e-12 {
-		t.Fatalf("weighted %v, want %v", v, want)
+	// Against the naive model on a random sequence, with clamped overlaps
+	// (negative counts as none, past the prompt as the prompt).
+	rng := rand.New(rand.NewPCG(1, 2))
+	s = cachedShare{}
+	var sels [][2]int
+	for i := range 3 * cachedShareSpan {
+		p := 1 + rng.IntN(100)
+		o := rng.IntN(p+20) - 10
+		s.note(o, p)
+		sels = append(sels, [2]int{min(max(o, 0), p), p})
+		if v, want := s.value(), naiveCachedShare(sels); math.Abs(v-want) > 1e-9 {
+			t.Fatalf("after %d selections %v, want %v", i+1, v, want)
+		}
 	}
-	s.note(-1, 10) // a negative overlap counts as none
-	s.note(50, 10) // an overlap past the prompt counts as the prompt
+	// A workload with a fifth cached reaches one half in about ninety
+	// selections; one with most cached stays above it from the start.
+	for _, tc := range []struct {
+		cached, under int // overlap per 10 blocks; selections until below 0.5 (0: never in 1,000)
+	}{{2, 89}, {7, 0}} {
+		s = cachedShare{}
+		n := 0
+		for i := range 1000 {
+			s.note(tc.cached, 10)
+			if s.value() < 0.5 {
+				n = i + 1
+				break
+			}
+		}
+		if n != tc.under {
+			t.Errorf("%d/10 cached: below one half after %d selections, want %d", tc.cached, n, tc.under)
+		}
+	}
 	// It forgets: after many uncached selections it is near 0.
 	for range 20 * cachedShareSpan {
 		s.note(0, 8)
@@ -1011,8 +1054,7 @@ func TestSchedulerHandsCachedShare(t *testing.T) {
 	h.admitted(h.submit(&Request{ID: "r1", Tokens: 64, SeqHashes: hashes(4, 1), Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 4}}}))
 	h.admitted(h.submit(&Request{ID: "r2", Tokens: 64, SeqHashes: hashes(4, 2)}))
 	h.admitted(h.submit(&Request{ID: "r3", Tokens: 64, SeqHashes: hashes(4, 3)}))
-	keep := 1 - 1.0/cachedShareSpan
-	want := []float64{1, 1, 4 * keep / (4*keep + 4)}
+	want := []float64{1, 1, naiveCachedShare([][2]int{{4, 4}, {0, 4}})}
 	if len(shares) != len(want) {
 		t.Fatalf("saw %d selections, want %d", len(shares), len(want))
 	}
