@@ -551,7 +551,7 @@ func TestEndToEnd(t *testing.T) {
 			"kvr_binding_outcomes_total{outcome=\"conflict\"}", "kvr_binding_outcomes_total{outcome=\"rejected\"}",
 			"kvr_events_lag", "kvr_events_gaps_total", "kvr_events_resyncs_total", "kvr_index_blocks",
 			"kvr_index_entries", "kvr_worker_predicted_active_requests", "kvr_worker_predicted_prefill_tokens",
-			"kvr_bad_requests_total", "kvr_ready 1",
+			"kvr_bad_requests_total", "kvr_ready 1", "kvr_scheduler_cached_share{",
 		} {
 			if !strings.Contains(text, name) {
 				t.Errorf("/metrics lacks %s", name)

@@ -40,6 +40,12 @@ func (o *observables) gauge(name, desc string, opts ...metric.Int64ObservableGau
 	return g
 }
 
+func (o *observables) floatGauge(name, desc string) metric.Float64ObservableGauge {
+	g, err := o.m.Float64ObservableGauge(name, metric.WithDescription(desc))
+	o.add(g, err)
+	return g
+}
+
 func (o *observables) counter(name, desc string) metric.Int64ObservableCounter {
 	c, err := o.m.Int64ObservableCounter(name, metric.WithDescription(desc))
 	o.add(c, err)
@@ -70,12 +76,13 @@ func modelAttr(name string) metric.ObserveOption {
 }
 
 // observeScheduling registers, per model, the scheduler queue, this
-// replica's bookings and the load it predicts on each worker rank (its
-// own and its peers' bookings).
+// replica's bookings, the cached share its default cost follows, and the
+// load it predicts on each worker rank (its own and its peers' bookings).
 func (r *Replica) observeScheduling(m metric.Meter) error {
 	o := observables{m: m}
 	queueDepth := o.gauge("kvr.queue.depth", "Requests waiting in the scheduler queue, per model.")
 	bookings := o.gauge("kvr.bookings", "Requests this replica has booked and not yet freed, per model.")
+	cachedShare := o.floatGauge("kvr.scheduler.cached_share", "Share of the prompt blocks this replica routed lately that the chosen worker already held, per model: the estimate the default cost's decode-block weight follows.")
 	loadActive := o.gauge("kvr.worker.predicted.active_requests", "Active requests this replica predicts on each worker rank (own and synced bookings).")
 	loadPrefill := o.gauge("kvr.worker.predicted.prefill_tokens", "Prefill tokens this replica predicts in flight on each worker rank.")
 	loadDecode := o.gauge("kvr.worker.predicted.decode_blocks", "Decode KV blocks this replica predicts booked on each worker rank.")
@@ -83,7 +90,9 @@ func (r *Replica) observeScheduling(m metric.Meter) error {
 		for _, name := range r.modelList {
 			ms := r.models[name]
 			mo := modelAttr(name)
-			ob.ObserveInt64(queueDepth, ms.sched.Stats().Waiting, mo)
+			st := ms.sched.Stats()
+			ob.ObserveInt64(queueDepth, st.Waiting, mo)
+			ob.ObserveFloat64(cachedShare, st.CachedShare, mo)
 			ob.ObserveInt64(bookings, int64(ms.fences.len()), mo)
 			loads, _ := ms.sched.Loads(ctx)
 			for _, l := range loads {

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/session"
@@ -179,6 +180,7 @@ func (c *core) runPolicy(x *Context, soft *workerref.Target) (int32, int, error)
 	slot, overlap := cs.slots[i], int(cs.ovAt(cs.slots[i]))
 	if x.Request.Leg != LegDecode { // a decode leg's overlap is a transfer, not a hit
 		c.share.note(overlap, x.RequestBlocks)
+		c.stats.uncachedShare.Store(math.Float64bits(1 - c.share.value()))
 	}
 	return slot, overlap, nil
 }

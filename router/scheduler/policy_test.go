@@ -1051,6 +1051,9 @@ func TestSchedulerHandsCachedShare(t *testing.T) {
 		return preferWorker("a")(x, c)
 	}}
 	h := newHarness(t, Config{BlockSize: 16}, p, wi("a", 0), wi("b", 0))
+	if v := h.s.Stats().CachedShare; v != 1 {
+		t.Fatalf("stats before any selection: cached share %v, want 1", v)
+	}
 	h.admitted(h.submit(&Request{ID: "r1", Tokens: 64, SeqHashes: hashes(4, 1), Overlaps: []Overlap{{Key: wk("a", 0), Blocks: 4}}}))
 	h.admitted(h.submit(&Request{ID: "r2", Tokens: 64, SeqHashes: hashes(4, 2)}))
 	h.admitted(h.submit(&Request{ID: "r3", Tokens: 64, SeqHashes: hashes(4, 3)}))
@@ -1062,5 +1065,9 @@ func TestSchedulerHandsCachedShare(t *testing.T) {
 		if math.Abs(shares[i]-want[i]) > 1e-12 {
 			t.Fatalf("shares %v, want %v", shares, want)
 		}
+	}
+	// The host's gauge reads it too, the last selection included.
+	if v, w := h.s.Stats().CachedShare, naiveCachedShare([][2]int{{4, 4}, {0, 4}, {0, 4}}); math.Abs(v-w) > 1e-12 {
+		t.Fatalf("stats: cached share %v, want %v", v, w)
 	}
 }

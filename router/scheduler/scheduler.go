@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -604,6 +605,10 @@ type Stats struct {
 	StaleFences, HardFallbacks, PolicyErrors            uint64
 	Refreshes, RemoteEchoes, RemoteIgnored              uint64
 	RemoteDropped, RemoteExpired, LoadIgnored, BadInput uint64
+	// CachedShare is the running estimate of the share of the prompt
+	// blocks lately routed that the chosen worker already held
+	// (cachedshare.go; Context.CachedShare), 1 before the first selection.
+	CachedShare float64
 }
 
 type counters struct {
@@ -614,6 +619,7 @@ type counters struct {
 	staleFences, hardFallbacks, policyErrors            atomic.Uint64
 	refreshes, remoteEchoes, remoteIgnored              atomic.Uint64
 	remoteDropped, remoteExpired, loadIgnored, badInput atomic.Uint64
+	uncachedShare                                       atomic.Uint64 // float64 bits of 1 - CachedShare, so that the zero value reads 1
 }
 
 // Stats returns a snapshot of the counters (safe from any goroutine).
@@ -628,6 +634,7 @@ func (s *Scheduler) Stats() Stats {
 		PolicyErrors: c.policyErrors.Load(), Refreshes: c.refreshes.Load(), RemoteEchoes: c.remoteEchoes.Load(),
 		RemoteIgnored: c.remoteIgnored.Load(), RemoteDropped: c.remoteDropped.Load(),
 		RemoteExpired: c.remoteExpired.Load(), LoadIgnored: c.loadIgnored.Load(), BadInput: c.badInput.Load(),
+		CachedShare: 1 - math.Float64frombits(c.uncachedShare.Load()),
 	}
 }
 
