@@ -60,9 +60,10 @@ func rows() []row {
 				append(quantiles("kvr_route_duration_seconds", "route"), quantiles("kvr_gateway_route_seconds", "gateway route call")...)},
 		}},
 		{"Cache hits: predicted and engine-reported", []panel{
-			{"Hit ratio: predicted vs engine", "percentunit", "Predicted: the mean share of a routed prompt's blocks the router found cached on the chosen worker. Engine: vLLM's prefix cache hits over queries (tokens), summed over the engines.",
+			{"Hit ratio: predicted vs engine", "percentunit", "Predicted: the mean share of a routed prompt's blocks the router found cached on the chosen worker. Engine: vLLM's prefix cache hits over queries (tokens), summed over the engines. Scheduler estimate: each replica's running share of prompt blocks cached, weighted by prompt blocks over about its last 256 selections (the one the default cost's decode-block weight can follow), the lowest replica's per model.",
 				[]query{
 					{"sum(rate(kvr_route_overlap_ratio_sum" + rate + ")) / sum(rate(kvr_route_overlap_ratio_count" + rate + "))", "predicted (router)"},
+					{"min by (model) (kvr_scheduler_cached_share)", "scheduler estimate {{model}}"},
 					{"sum(rate(vllm:prefix_cache_hits_total" + rate + ")) / sum(rate(vllm:prefix_cache_queries_total" + rate + "))", "engine-reported (vLLM)"},
 				}},
 			{"Predicted overlap per request", "percentunit", "Distribution of the per-request overlap ratio (overlap blocks / prompt blocks).",
