@@ -61,7 +61,14 @@ import (
 // the decode term is what spreads the requests; where long prompts are
 // mostly computed, the prefill queues spread them and the decode term only
 // moves sessions away from their caches (docs/benchmarks.md, "Issue 24 at
-// stop 50"). An experiment, off (0) by default.
+// stop 50"). An experiment, off (0) by default. With
+// DecodeShareUntilTokens set as well, that reduction fades as the
+// least-loaded candidate's prefill queue fills: the factor f becomes
+// f + (1 − f) · min(1, least / DecodeShareUntilTokens), whole once every
+// candidate has that many tokens queued. Why: at the trace's high load
+// the reduced weight lost at p99 ("Issue 24 at stop 51", round 5), where
+// long queues everywhere leave the decode blocks as what tells the
+// workers apart.
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
@@ -86,17 +93,22 @@ type CostParams struct {
 	SoleHolderCredit          float64 `yaml:"sole_holder_credit"`
 	SoleHolderReportedOnly    bool    `yaml:"sole_holder_reported_only"`
 	DecodeFullShare           float64 `yaml:"decode_weight_full_share"`
+	DecodeShareUntilTokens    float64 `yaml:"decode_weight_share_until_tokens"`
 }
 
-// at returns the weights for one selection: cp itself, or with
+// at returns the weights for one selection over c: cp itself, or with
 // DecodeFullShare set a copy in tmp whose decode-block weight follows the
-// context's cached share.
-func (cp *CostParams) at(x *Context, tmp *CostParams) *CostParams {
+// context's cached share (and, with DecodeShareUntilTokens, the load).
+func (cp *CostParams) at(x *Context, c *Candidates, tmp *CostParams) *CostParams {
 	if cp.DecodeFullShare <= 0 {
 		return cp
 	}
 	*tmp = *cp
-	tmp.DecodeBlockWeight *= min(max(x.CachedShare, 0)/cp.DecodeFullShare, 1)
+	f := min(max(x.CachedShare, 0)/cp.DecodeFullShare, 1)
+	if cp.DecodeShareUntilTokens > 0 && f < 1 {
+		f += (1 - f) * min(float64(c.leastPrefill())/cp.DecodeShareUntilTokens, 1)
+	}
+	tmp.DecodeBlockWeight *= f
 	return tmp
 }
 
@@ -360,7 +372,7 @@ func (p *DefaultPolicy) Select(x *Context, c *Candidates) (int, error) {
 		return pickMinDecodeCost(x, c, &dp, only), nil
 	}
 	var tmp CostParams
-	cp := p.Cost.at(x, &tmp)
+	cp := p.Cost.at(x, c, &tmp)
 	if p.Temperature <= 0 {
 		if !only && c.plain() && cp.plain() {
 			return pickMinCostPlain(x, c, cp), nil

@@ -75,7 +75,7 @@ type DefaultCost struct{ Params CostParams }
 // Score implements Scorer.
 func (s DefaultCost) Score(x *Context, c *Candidates, cost []float64) {
 	var tmp CostParams
-	scoreDefault(x, c, s.Params.at(x, &tmp), cost)
+	scoreDefault(x, c, s.Params.at(x, c, &tmp), cost)
 }
 
 // MinPicker takes the lowest cost, ties broken uniformly at random. With

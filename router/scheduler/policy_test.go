@@ -88,23 +88,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -484,6 +484,10 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5}", name: "default", check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare = 0.5 })},
 		{doc: "name: default\nparams: {decode_weight_full_share: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:1.5"},
 		{doc: "name: default\nparams: {decode_weight_full_share: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:NaN"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_tokens: 16384}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilTokens = 0.5, 16384 })},
+		{doc: "name: default\nparams: {decode_weight_share_until_tokens: 16384}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_tokens: -1}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilTokens:-1"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)
@@ -966,6 +970,38 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDecodeShareFadesWithLoad checks decode_weight_share_until_tokens: the
+// share's reduction of the decode-block weight fades as the least-loaded
+// candidate's prefill queue fills.
+func TestDecodeShareFadesWithLoad(t *testing.T) {
+	const bs = 16
+	p := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5, DecodeFullShare: 0.5, DecodeShareUntilTokens: 4096}
+	for _, tc := range []struct {
+		queued int       // prefill tokens on both candidates
+		want   []float64 // (queued + 320)/16 − 16 | (queued + 320)/16, plus weight · f · (60 | 20)
+		pick   string
+	}{
+		{0, []float64{4, 20}, "holder"},                     // f = 0: nothing cached, no load
+		{2048, []float64{148 - 16 + 15, 148 + 5}, "holder"}, // f = 1/2
+		{8192, []float64{532 - 16 + 30, 532 + 10}, "idle"},  // f = 1: past the tokens, whole
+	} {
+		holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40, ActivePrefillTokens: tc.queued}
+		idle := CandidateRow{Key: wk("idle", 0), ActivePrefillTokens: tc.queued}
+		x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
+		x.CachedShare = 0
+		cost := make([]float64, 2)
+		DefaultCost{Params: p}.Score(x, c, cost)
+		for i := range cost {
+			if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
+				t.Fatalf("queued %d: costs %v, want %v", tc.queued, cost, tc.want)
+			}
+		}
+		if i, err := (&DefaultPolicy{Cost: p, NoOutputBlocks: true}).Select(x, c); err != nil || c.Key(i) != wk(tc.pick, 0) {
+			t.Errorf("queued %d: picked %v (%v), want %s", tc.queued, c.Key(i), err, tc.pick)
+		}
 	}
 }
 

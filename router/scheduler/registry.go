@@ -157,6 +157,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		SoleHolderCredit          *float64 `yaml:"sole_holder_credit"`
 		SoleHolderReportedOnly    bool     `yaml:"sole_holder_reported_only"`
 		DecodeFullShare           float64  `yaml:"decode_weight_full_share"`
+		DecodeShareUntilTokens    float64  `yaml:"decode_weight_share_until_tokens"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -210,14 +211,16 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	}
 	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
 	p.Cost.DecodeFullShare = o.DecodeFullShare // 0: off
+	p.Cost.DecodeShareUntilTokens = o.DecodeShareUntilTokens
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
 	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
 		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
 		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 || !(p.Cost.DecodeFullShare >= 0 && p.Cost.DecodeFullShare <= 1) || // NaN too
+		!(p.Cost.DecodeShareUntilTokens >= 0) || (p.Cost.DecodeShareUntilTokens > 0 && p.Cost.DecodeFullShare == 0) ||
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
-		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together: temperature %v, cost %+v",
+		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens only with decode_weight_full_share: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
 	}
 	return p, nil
