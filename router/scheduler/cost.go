@@ -66,9 +66,9 @@ import (
 // least-loaded candidate's prefill queue fills: the factor f becomes
 // f + (1 − f) · min(1, least / DecodeShareUntilTokens), whole once every
 // candidate has that many tokens queued. Why: at the trace's high load
-// the reduced weight lost at p99 ("Issue 24 at stop 51", round 5), where
-// long queues everywhere leave the decode blocks as what tells the
-// workers apart.
+// the reduced weight lost at p99 in one round ("Issue 24 at stop 51",
+// round 5; not repeated in a second invocation), and where every worker
+// has a long prefill queue the decode blocks are what tells them apart.
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
