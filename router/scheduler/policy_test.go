@@ -932,28 +932,34 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 	const bs = 16
 	// The holder has the prompt's 16 blocks cached and 40 decode blocks
 	// booked; the idle worker has neither.
-	holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40}
-	idle := CandidateRow{Key: wk("idle", 0)}
 	base := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5}
 	withFull := func(f float64) CostParams { p := base; p.DecodeFullShare = f; return p }
 	scaled, knee := withFull(1), withFull(0.5) // knee: whole from half the blocks cached
+	fading := knee
+	fading.DecodeShareUntilTokens = 4096 // the reduction gone once both queue 4,096 tokens
 	for _, tc := range []struct {
-		name  string
-		p     CostParams
-		share float64
-		want  []float64 // prefill (20 − 16 | 20) + weight · decode (40 + 20 | 20)
-		pick  string
+		name   string
+		p      CostParams
+		share  float64
+		queued int       // prefill tokens queued on both candidates
+		want   []float64 // prefill ((queued + 320)/16 − 16 | (queued + 320)/16) + weight · decode (40 + 20 | 20)
+		pick   string
 	}{
-		{"off: the share is ignored", base, 0.2, []float64{4 + 30, 20 + 10}, "idle"},
-		{"on, all cached", scaled, 1, []float64{4 + 30, 20 + 10}, "idle"},
-		{"on, a fifth cached", scaled, 0.2, []float64{4 + 6, 20 + 2}, "holder"},
-		{"on, nothing cached", scaled, 0, []float64{4, 20}, "holder"},
-		{"on, out of range is clamped", scaled, 7, []float64{4 + 30, 20 + 10}, "idle"},
-		{"whole from half: a fifth cached", knee, 0.2, []float64{4 + 12, 20 + 4}, "holder"},
-		{"whole from half: half cached", knee, 0.5, []float64{4 + 30, 20 + 10}, "idle"},
-		{"whole from half: more", knee, 0.8, []float64{4 + 30, 20 + 10}, "idle"},
+		{"off: the share is ignored", base, 0.2, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, all cached", scaled, 1, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, a fifth cached", scaled, 0.2, 0, []float64{4 + 6, 20 + 2}, "holder"},
+		{"on, nothing cached", scaled, 0, 0, []float64{4, 20}, "holder"},
+		{"on, out of range is clamped", scaled, 7, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: a fifth cached", knee, 0.2, 0, []float64{4 + 12, 20 + 4}, "holder"},
+		{"whole from half: half cached", knee, 0.5, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: more", knee, 0.8, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"fading: nothing cached, no load", fading, 0, 0, []float64{4, 20}, "holder"},
+		{"fading: half the tokens queued", fading, 0, 2048, []float64{148 - 16 + 15, 148 + 5}, "holder"},
+		{"fading: past the tokens, whole", fading, 0, 8192, []float64{532 - 16 + 30, 532 + 10}, "idle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40, ActivePrefillTokens: tc.queued}
+			idle := CandidateRow{Key: wk("idle", 0), ActivePrefillTokens: tc.queued}
 			x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
 			x.CachedShare = tc.share
 			cost := make([]float64, 2)
@@ -970,38 +976,6 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestDecodeShareFadesWithLoad checks decode_weight_share_until_tokens: the
-// share's reduction of the decode-block weight fades as the least-loaded
-// candidate's prefill queue fills.
-func TestDecodeShareFadesWithLoad(t *testing.T) {
-	const bs = 16
-	p := CostParams{PrefillLoadScale: 1, OverlapCredit: 1, DecodeBlockWeight: 0.5, DecodeFullShare: 0.5, DecodeShareUntilTokens: 4096}
-	for _, tc := range []struct {
-		queued int       // prefill tokens on both candidates
-		want   []float64 // (queued + 320)/16 − 16 | (queued + 320)/16, plus weight · f · (60 | 20)
-		pick   string
-	}{
-		{0, []float64{4, 20}, "holder"},                     // f = 0: nothing cached, no load
-		{2048, []float64{148 - 16 + 15, 148 + 5}, "holder"}, // f = 1/2
-		{8192, []float64{532 - 16 + 30, 532 + 10}, "idle"},  // f = 1: past the tokens, whole
-	} {
-		holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40, ActivePrefillTokens: tc.queued}
-		idle := CandidateRow{Key: wk("idle", 0), ActivePrefillTokens: tc.queued}
-		x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
-		x.CachedShare = 0
-		cost := make([]float64, 2)
-		DefaultCost{Params: p}.Score(x, c, cost)
-		for i := range cost {
-			if math.Abs(cost[i]-tc.want[i]) > 1e-9 {
-				t.Fatalf("queued %d: costs %v, want %v", tc.queued, cost, tc.want)
-			}
-		}
-		if i, err := (&DefaultPolicy{Cost: p, NoOutputBlocks: true}).Select(x, c); err != nil || c.Key(i) != wk(tc.pick, 0) {
-			t.Errorf("queued %d: picked %v (%v), want %s", tc.queued, c.Key(i), err, tc.pick)
-		}
 	}
 }
 
