@@ -176,6 +176,11 @@ type Summary struct {
 	// fleet's mean (1 = even; 0 where nothing was in flight).
 	LoadOverTime []float64 `json:"load_over_time,omitempty"`
 
+	// CachedShareLow is the lowest cached-share estimate any router
+	// reported while the run lasted (sampled; replay.ShareProber), nil when
+	// the stack reports none. Over several runs it is the lowest of them.
+	CachedShareLow *float64 `json:"cached_share_low,omitempty"`
+
 	// Runs is set when the figures are medians over several runs.
 	Runs *RunSpread `json:"runs,omitempty"`
 

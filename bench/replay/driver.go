@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -34,9 +35,11 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 	if err != nil {
 		return metrics.Summary{}, err
 	}
+	shareLow := sampleCachedShare(stack)
 	start := time.Now()
 	d.replay(ctx, reqs, start)
 	d.bar.Finish()
+	lowest := shareLow()
 	if err := ctx.Err(); err != nil {
 		return metrics.Summary{}, err
 	}
@@ -56,7 +59,52 @@ func runPolicy(ctx context.Context, cfg *Config, path PathConfig, pol Policy, re
 	})
 	sum.Path = path.Name
 	sum.Diagnostics = diag
+	sum.CachedShareLow = lowest
 	return sum, nil
+}
+
+// shareSampleEvery is how often a run samples its routers' cached-share
+// estimate: about one routing decision apart at the replays' rates, and the
+// estimate moves by about 1/256 per decision.
+const shareSampleEvery = 20 * time.Millisecond
+
+// sampleCachedShare samples stack's cached-share estimates (ShareProber)
+// until the returned stop is called, which returns the lowest value seen,
+// or nil when the stack reports none.
+func sampleCachedShare(stack Stack) (stop func() *float64) {
+	sp, ok := stack.(ShareProber)
+	if !ok {
+		return func() *float64 { return nil }
+	}
+	low := math.Inf(1)
+	observe := func() {
+		for _, v := range sp.CachedShares() {
+			low = min(low, v)
+		}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(shareSampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				observe()
+			}
+		}
+	}()
+	return func() *float64 {
+		close(done)
+		<-finished
+		observe()
+		if math.IsInf(low, 1) {
+			return nil
+		}
+		return &low
+	}
 }
 
 // peerOperation is the peer's own admission and session affinity

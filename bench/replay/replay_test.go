@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,6 +263,61 @@ func TestMedianOfRuns(t *testing.T) {
 	if m.Runs == nil || m.Runs.N != 3 || m.Runs.TTFTP99 != [2]float64{100, 300} || m.Runs.HitRatio != [2]float64{0.1, 0.3} ||
 		m.Runs.PooledTTFT.N != 6 || m.Runs.PooledTTFT.Max != 300 {
 		t.Fatalf("spread %+v", m.Runs)
+	}
+	if m.CachedShareLow != nil {
+		t.Fatalf("cached-share low %v from runs that reported none", *m.CachedShareLow)
+	}
+	// the lowest estimate is the lowest of the runs that reported one, not
+	// the median-p99 run's
+	low := []float64{0.7, 0.4}
+	sums[0].CachedShareLow, sums[1].CachedShareLow = &low[0], &low[1]
+	if m := medianOfRuns(sums); m.CachedShareLow == nil || *m.CachedShareLow != 0.4 {
+		t.Fatalf("cached-share low %v, want 0.4", m.CachedShareLow)
+	}
+}
+
+// shareStack is a fakeStack whose routers report a cached-share estimate
+// that falls with every route; it remembers the lowest value it returned.
+type shareStack struct {
+	*fakeStack
+	mu     sync.Mutex
+	lowest float64
+}
+
+func (s *shareStack) CachedShares() []float64 {
+	v := 1 / (1 + float64(s.routes.Load()))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lowest = min(s.lowest, v)
+	return []float64{0.9, v}
+}
+
+// A run reports the lowest estimate its routers reported, and none for a
+// stack without them.
+func TestRunReportsLowestCachedShare(t *testing.T) {
+	var stacks []*fakeStack
+	var shares []*shareStack
+	fake := newFakeFactory(&stacks, 0)
+	factory := func(ctx context.Context, cfg StackConfig) (Stack, error) {
+		st, err := fake(ctx, cfg)
+		if err != nil || cfg.Policy.Name == "round-robin" {
+			return st, err
+		}
+		s := &shareStack{fakeStack: st.(*fakeStack), lowest: 1}
+		shares = append(shares, s)
+		return s, nil
+	}
+	pols, _ := LookupPolicies([]string{"kvrouter", "round-robin"})
+	rep, err := Run(context.Background(), Config{Workload: smallWorkload(), Policies: pols, NewStack: factory, Workers: 4, Speedup: 1000, MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, rr := rep.Policy("kvrouter"), rep.Policy("round-robin")
+	if len(shares) != 1 || kv.CachedShareLow == nil || *kv.CachedShareLow != shares[0].lowest || shares[0].lowest >= 0.9 {
+		t.Fatalf("kvrouter's lowest cached share %v, want the stack's lowest %v", kv.CachedShareLow, shares)
+	}
+	if rr.CachedShareLow != nil {
+		t.Fatalf("round-robin's stack reports no estimate, got %v", *rr.CachedShareLow)
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 // lowest and highest of the main ones and the TTFT of every run's requests
 // pooled in Runs; what only the charts and the
 // counts show (CDF, per-worker load, load over time, rejections by code) is
-// the run whose TTFT p99 is the median, so the charts show a real run.
+// the run whose TTFT p99 is the median, so the charts show a real run. The
+// lowest cached-share estimate is the lowest of the runs'.
 func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 	if len(sums) == 1 {
 		return sums[0]
@@ -83,6 +84,12 @@ func medianOfRuns(sums []metrics.Summary) metrics.Summary {
 	out.SessionsMoved = int(math.Round(moved))
 	if out.UpperBound > 0 {
 		out.OfUpperBound = out.HitRatio / out.UpperBound
+	}
+	out.CachedShareLow = nil
+	for _, s := range sums {
+		if s.CachedShareLow != nil && (out.CachedShareLow == nil || *s.CachedShareLow < *out.CachedShareLow) {
+			out.CachedShareLow = s.CachedShareLow
+		}
 	}
 	out.Runs = sp
 	out.Diagnostics = nil

@@ -155,6 +155,14 @@ type StackConfig struct {
 	QueueThreshold float64
 }
 
+// ShareProber is a Stack whose routers report their cached-share estimate
+// (scheduler.Stats.CachedShare, one value per replica), which the default
+// cost's decode-block weight follows below one half. The driver samples it
+// during a run and reports the lowest value (metrics.Summary.CachedShareLow).
+type ShareProber interface {
+	CachedShares() []float64
+}
+
 // Diagnoser is a Stack that has something to say about the run when it
 // ends (read before Close); the lines go into the report's notes.
 type Diagnoser interface {

@@ -354,6 +354,7 @@ func (r *Report) Markdown(w io.Writer, charts []string) error {
 	r.setupSection(&b)
 	r.resultsSection(&b)
 	r.pooledSection(&b)
+	r.shareSection(&b)
 	r.pdSection(&b)
 	r.pathsSection(&b)
 	r.targetsSection(&b)
@@ -462,6 +463,27 @@ func (r *Report) pooledSection(b *strings.Builder) {
 		}
 		d := p.Runs.PooledTTFT
 		fmt.Fprintf(b, "| %s | %d | %s ms | %s ms | %s ms | %s ms |\n", p.Label(r.multiPath()), d.N, num(d.P50), num(d.P90), num(d.P99), num(d.Max))
+	}
+}
+
+// shareSection lists the lowest cached-share estimate each policy's
+// routers reported: a default cost with decode_weight_full_share s runs its
+// decode-block weight whole while the estimate is at least s.
+func (r *Report) shareSection(b *strings.Builder) {
+	head := false
+	for _, p := range r.Policies {
+		if p.CachedShareLow == nil {
+			continue
+		}
+		if !head {
+			b.WriteString("\n## The routers' cached-share estimate\n\n")
+			b.WriteString("The lowest share of the prompt blocks the replicas routed lately that their chosen worker already held " +
+				"(`kvr_scheduler_cached_share`, sampled every 20 ms, the lowest over the runs). The default cost with " +
+				"`decode_weight_full_share` s runs its decode-block weight whole while the estimate is at least s.\n\n")
+			b.WriteString("| policy | lowest estimate |\n|---|---:|\n")
+			head = true
+		}
+		fmt.Fprintf(b, "| %s | %.3f |\n", p.Label(r.multiPath()), *p.CachedShareLow)
 	}
 }
 

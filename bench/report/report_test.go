@@ -119,6 +119,8 @@ func TestMarkdownPathsAndRuns(t *testing.T) {
 	}
 	gw := r.Policies[0]
 	gw.Path, gw.TTFT.P99 = "gateway", 777
+	low := 0.4321
+	gw.CachedShareLow = &low
 	gw.Runs = &metrics.RunSpread{N: 3, HitRatio: [2]float64{0.1, 0.3}, TTFTP50: [2]float64{1, 2}, TTFTP99: [2]float64{700, 800}, E2EP50: [2]float64{3, 4},
 		PooledTTFT: metrics.Dist{N: 30, P50: 1.5, P90: 600, P99: 790, Max: 801}}
 	r.Policies = append(r.Policies, gw)
@@ -128,7 +130,8 @@ func TestMarkdownPathsAndRuns(t *testing.T) {
 	}
 	md := b.String()
 	for _, want := range []string{"## kvrouter over each path", "| gateway | ", "777 ms [700, 800]", "[10.0, 30.0]", "| path | nats (route API",
-		"## TTFT pooled over the 3 runs", "| kvrouter (gateway) | 30 | 1.50 ms | 600 ms | 790 ms | 801 ms |"} {
+		"## TTFT pooled over the 3 runs", "| kvrouter (gateway) | 30 | 1.50 ms | 600 ms | 790 ms | 801 ms |",
+		"## The routers' cached-share estimate", "| kvrouter (gateway) | 0.432 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

@@ -29,6 +29,7 @@ func GatewayFactory(opt Options) replay.StackFactory {
 // GatewayStack is the real path as a replay.FrontendStack.
 type GatewayStack struct {
 	real   *Real
+	model  string
 	client *http.Client
 	front  *frontend
 }
@@ -61,7 +62,7 @@ func NewGateway(ctx context.Context, cfg replay.StackConfig, opt Options) (*Gate
 	if err != nil {
 		return nil, err
 	}
-	g := &GatewayStack{real: r, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0}}}
+	g := &GatewayStack{real: r, model: cfg.Model, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0}}}
 	g.front = &frontend{base: r.GatewayURL, client: g.client}
 	return g, nil
 }
@@ -83,6 +84,11 @@ func (g *GatewayStack) Probe() replay.CacheProbe { return nil }
 
 // Loads is nil.
 func (g *GatewayStack) Loads() replay.LoadProbe { return nil }
+
+// CachedShares implements replay.ShareProber.
+func (g *GatewayStack) CachedShares() []float64 {
+	return cachedShares(g.real.replicas, g.model)
+}
 
 // Real is the running deployment.
 func (g *GatewayStack) Real() *Real { return g.real }

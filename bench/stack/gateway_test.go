@@ -43,6 +43,11 @@ func TestReplayOverBothPaths(t *testing.T) {
 		if p.Path != replay.PathNATS && p.Path != replay.PathGateway {
 			t.Errorf("%s: path %q", p.Policy, p.Path)
 		}
+		// Every group's first prompt is computed, not cached: the
+		// replicas' estimate, read through either stack, fell below 1.
+		if low := p.CachedShareLow; low == nil || *low < 0 || (p.Policy == "kvrouter" && *low >= 1) {
+			t.Errorf("%s (%s): lowest cached-share estimate %v", p.Policy, p.Path, low)
+		}
 		if p.Path != replay.PathGateway {
 			continue
 		}

@@ -369,6 +369,18 @@ func (s *Stack) Loads() replay.LoadProbe {
 	return s.router
 }
 
+// CachedShares implements replay.ShareProber: each replica's cached-share
+// estimate for the stack's model.
+func (s *Stack) CachedShares() []float64 { return cachedShares(s.replicas, s.cfg.Model) }
+
+func cachedShares(replicas []*host.Replica, model string) []float64 {
+	out := make([]float64, len(replicas))
+	for i, r := range replicas {
+		out[i] = r.CachedShare(model)
+	}
+	return out
+}
+
 // Mirror is the exact cache copy (nil unless StackConfig.Probe).
 func (s *Stack) Mirror() *Mirror { return s.mirror }
 

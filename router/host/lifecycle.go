@@ -163,6 +163,18 @@ func (r *Replica) Waiting(model string) int64 {
 	return ms.sched.Stats().Waiting
 }
 
+// CachedShare is this replica's estimate of the share of the prompt blocks
+// it routed lately for model that the chosen worker already held
+// (scheduler.Stats.CachedShare: what kvr_scheduler_cached_share reports);
+// 1 before the first selection and for a model it does not route.
+func (r *Replica) CachedShare(model string) float64 {
+	ms, ok := r.models[r.defaultModel(model)]
+	if !ok {
+		return 1
+	}
+	return ms.sched.Stats().CachedShare
+}
+
 // Workers lists the workers of one model (every model when model is "")
 // with this replica's predicted load and index size per rank.
 func (r *Replica) Workers(model string) (*api.WorkersResponse, error) {
