@@ -71,3 +71,25 @@ func (s *cachedShare) value() float64 {
 	w := cachedSharePrior * (1 - s.faded) / (s.faded * cachedShareSpan)
 	return (r + w) / (1 + w)
 }
+
+// heldShare is a scheduler's running share of its recent selections whose
+// request waited in its admission queue first: an exponentially weighted
+// average over about cachedShareSpan selections, 0 before the first. It
+// is the replica's own sign that every worker it could use was busy
+// lately, which the least-loaded worker's queue does not give while one
+// worker is still short of it. CostParams.DecodeShareUntilHeld makes the
+// cached share's reduction of the decode-block term end with it
+// (docs/benchmarks.md, "Issue 24 at stop 52": at the trace's load 5 no
+// request waited, at 7.5 some did, and there the reduction lost).
+//
+// Owned by the core and used under its lock only.
+type heldShare struct{ v float64 }
+
+// note adds one selection, held when its request had waited.
+func (s *heldShare) note(held bool) {
+	const keep = 1 - 1.0/cachedShareSpan
+	s.v *= keep
+	if held {
+		s.v += 1 - keep
+	}
+}

@@ -66,9 +66,14 @@ import (
 // least-loaded candidate's prefill queue fills: the factor f becomes
 // f + (1 − f) · min(1, least / DecodeShareUntilTokens), whole once every
 // candidate has that many tokens queued. Why: at the trace's high load
-// the reduced weight lost at p99 in one round ("Issue 24 at stop 51",
-// round 5; not repeated in a second invocation), and where every worker
-// has a long prefill queue the decode blocks are what tells them apart.
+// the reduced weight lost ("Issue 24 at stop 51", round 5), and where
+// every worker has a long prefill queue the decode blocks are what tells
+// them apart; faded by 32,768 or by 8,192 tokens it still lost there
+// ("Issue 24 at stop 52"). With DecodeShareUntilHeld set, it fades with
+// Context.HeldShare, the share of recent selections whose request had
+// waited in the admission queue: f + (1 − f) · min(1, HeldShare /
+// DecodeShareUntilHeld). Why: at the trace's load 5 no request waited
+// there, at 7.5 some did in every run (stop 52). Both experiments, off.
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
@@ -94,6 +99,7 @@ type CostParams struct {
 	SoleHolderReportedOnly    bool    `yaml:"sole_holder_reported_only"`
 	DecodeFullShare           float64 `yaml:"decode_weight_full_share"`
 	DecodeShareUntilTokens    float64 `yaml:"decode_weight_share_until_tokens"`
+	DecodeShareUntilHeld      float64 `yaml:"decode_weight_share_until_held"`
 }
 
 // at returns the weights for one selection over c: cp itself, or with
@@ -107,6 +113,9 @@ func (cp *CostParams) at(x *Context, c *Candidates, tmp *CostParams) *CostParams
 	f := min(max(x.CachedShare, 0)/cp.DecodeFullShare, 1)
 	if cp.DecodeShareUntilTokens > 0 && f < 1 {
 		f += (1 - f) * min(float64(c.leastPrefill())/cp.DecodeShareUntilTokens, 1)
+	}
+	if cp.DecodeShareUntilHeld > 0 && f < 1 {
+		f += (1 - f) * min(x.HeldShare/cp.DecodeShareUntilHeld, 1)
 	}
 	tmp.DecodeBlockWeight *= f
 	return tmp

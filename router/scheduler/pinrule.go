@@ -180,6 +180,7 @@ func (c *core) runPolicy(x *Context, soft *workerref.Target) (int32, int, error)
 	slot, overlap := cs.slots[i], int(cs.ovAt(cs.slots[i]))
 	if x.Request.Leg != LegDecode { // a decode leg's overlap is a transfer, not a hit
 		c.share.note(overlap, x.RequestBlocks)
+		c.held.note(x.held)
 		c.stats.uncachedShare.Store(math.Float64bits(1 - c.share.value()))
 	}
 	return slot, overlap, nil
@@ -219,6 +220,7 @@ func (c *core) context(w *waiter) *Context {
 	x.PromptTokens = r.Tokens
 	x.Seq = c.seq[r.Leg]
 	x.CachedShare = c.share.value()
+	x.HeldShare, x.held = c.held.v, w.held
 	x.rng = &c.rng
 	return x
 }

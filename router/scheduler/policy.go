@@ -84,7 +84,13 @@ type Context struct {
 	// first selection): the fleet's recent hit ratio as the router sees
 	// it, averaged over about the last 256 selections (cachedshare.go).
 	CachedShare float64
+	// HeldShare is the share of this scheduler's recent selections whose
+	// request had first waited in its admission queue because every worker
+	// it could use was busy (0..1; 0 before the first), over about the
+	// last 256 selections (cachedshare.go).
+	HeldShare float64
 
+	held   bool // this selection's request waited in the queue
 	aff    workerref.Target
 	hasAff bool
 	rng    *rng

@@ -88,23 +88,23 @@ func TestDefaultCostTerms(t *testing.T) {
 		want float64
 	}{
 		// (active 32 + ISL 64)/16 = 6 blocks − 1·2 cached = 4, + decode 3+4 new − 1 shared = 6
-		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
-		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
-		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
-		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
-		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
+		{"all terms", CostParams{1, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 10},
+		{"prefill scale", CostParams{2, 1, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2}, 0, 8},
+		{"credit clamps at zero", CostParams{1, 10, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 0},
+		{"half credit", CostParams{1, 0.5, 0, 1, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{OverlapBlocks: 4}, 0, 2},
+		{"request weight", CostParams{1, 1, 2.5, 1, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActiveRequests: 4}, 0, 4 + 10},
 		// decode (3 + 4 new − 1 shared) · 0.5 = 3, + prefill 4
-		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
-		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
-		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
+		{"decode-block weight", CostParams{1, 1, 0, 0.5, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 2, ActiveDecodeBlocks: 3, SharedBlocks: 1}, 4, 4 + 3},
+		{"decode-block weight plain", CostParams{1, 1, 0, 0.25, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 4, 4 + 3},
+		{"no decode term", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 100}, 4, 4},
 		// 4 − (1·1 predicted + 0.5·3 reported) = 1.5
-		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
-		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
+		{"reported credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0.5, 0, 0, false, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 1.5},
+		{"reported, one credit", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, false, 0, 0, 0}, CandidateRow{OverlapBlocks: 4, ReportedBlocks: 3}, 0, 0},
 		// a prefill booked: + 160/16 = 10 blocks for the step, after the clamp
-		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
-		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
-		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
-		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
+		{"prefill step", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32}, 0, 6 + 10},
+		{"prefill step, prefix in flight", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 1}, 0, 5},
+		{"prefill step, none booked", CostParams{1, 1, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0, 0}, CandidateRow{ActiveDecodeBlocks: 8}, 0, 4},
+		{"prefill step after the clamp", CostParams{1, 10, 0, 0, 0, 0, 0, 0, 160, 0, false, 0, 0, 0}, CandidateRow{ActivePrefillTokens: 32, OverlapBlocks: 4, ReportedBlocks: 4}, 0, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := tc.row
@@ -488,6 +488,11 @@ func TestRegistryYAML(t *testing.T) {
 			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilTokens = 0.5, 16384 })},
 		{doc: "name: default\nparams: {decode_weight_share_until_tokens: 16384}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_tokens: -1}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilTokens:-1"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: 0.02}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilHeld = 0.5, 0.02 })},
+		{doc: "name: default\nparams: {decode_weight_share_until_held: 0.02}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:1.5"},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:NaN"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)
@@ -937,31 +942,38 @@ func TestDecodeWeightByCachedShare(t *testing.T) {
 	scaled, knee := withFull(1), withFull(0.5) // knee: whole from half the blocks cached
 	fading := knee
 	fading.DecodeShareUntilTokens = 4096 // the reduction gone once both queue 4,096 tokens
+	held := knee
+	held.DecodeShareUntilHeld = 0.02 // the reduction gone once 2 % of the selections had waited
 	for _, tc := range []struct {
 		name   string
 		p      CostParams
 		share  float64
+		held   float64   // Context.HeldShare
 		queued int       // prefill tokens queued on both candidates
 		want   []float64 // prefill ((queued + 320)/16 − 16 | (queued + 320)/16) + weight · decode (40 + 20 | 20)
 		pick   string
 	}{
-		{"off: the share is ignored", base, 0.2, 0, []float64{4 + 30, 20 + 10}, "idle"},
-		{"on, all cached", scaled, 1, 0, []float64{4 + 30, 20 + 10}, "idle"},
-		{"on, a fifth cached", scaled, 0.2, 0, []float64{4 + 6, 20 + 2}, "holder"},
-		{"on, nothing cached", scaled, 0, 0, []float64{4, 20}, "holder"},
-		{"on, out of range is clamped", scaled, 7, 0, []float64{4 + 30, 20 + 10}, "idle"},
-		{"whole from half: a fifth cached", knee, 0.2, 0, []float64{4 + 12, 20 + 4}, "holder"},
-		{"whole from half: half cached", knee, 0.5, 0, []float64{4 + 30, 20 + 10}, "idle"},
-		{"whole from half: more", knee, 0.8, 0, []float64{4 + 30, 20 + 10}, "idle"},
-		{"fading: nothing cached, no load", fading, 0, 0, []float64{4, 20}, "holder"},
-		{"fading: half the tokens queued", fading, 0, 2048, []float64{148 - 16 + 15, 148 + 5}, "holder"},
-		{"fading: past the tokens, whole", fading, 0, 8192, []float64{532 - 16 + 30, 532 + 10}, "idle"},
+		{"off: the share is ignored", base, 0.2, 0, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, all cached", scaled, 1, 0, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"on, a fifth cached", scaled, 0.2, 0, 0, []float64{4 + 6, 20 + 2}, "holder"},
+		{"on, nothing cached", scaled, 0, 0, 0, []float64{4, 20}, "holder"},
+		{"on, out of range is clamped", scaled, 7, 0, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: a fifth cached", knee, 0.2, 0, 0, []float64{4 + 12, 20 + 4}, "holder"},
+		{"whole from half: half cached", knee, 0.5, 0, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"whole from half: more", knee, 0.8, 0, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"fading: nothing cached, no load", fading, 0, 0, 0, []float64{4, 20}, "holder"},
+		{"fading: half the tokens queued", fading, 0, 0, 2048, []float64{148 - 16 + 15, 148 + 5}, "holder"},
+		{"fading: past the tokens, whole", fading, 0, 0, 8192, []float64{532 - 16 + 30, 532 + 10}, "idle"},
+		{"held: none waited", held, 0, 0, 0, []float64{4, 20}, "holder"},
+		{"held: 1 % waited, half", held, 0, 0.01, 0, []float64{4 + 15, 20 + 5}, "holder"},
+		{"held: 5 % waited, whole", held, 0, 0.05, 0, []float64{4 + 30, 20 + 10}, "idle"},
+		{"held: ignored without it", knee, 0, 0.5, 0, []float64{4, 20}, "holder"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			holder := CandidateRow{Key: wk("holder", 0), OverlapBlocks: 16, ReportedBlocks: 16, ActiveDecodeBlocks: 40, ActivePrefillTokens: tc.queued}
 			idle := CandidateRow{Key: wk("idle", 0), ActivePrefillTokens: tc.queued}
 			x, c := NewCandidates(&Request{Tokens: 20 * bs}, bs, 20, 1, nil, []CandidateRow{holder, idle})
-			x.CachedShare = tc.share
+			x.CachedShare, x.HeldShare = tc.share, tc.held
 			cost := make([]float64, 2)
 			DefaultCost{Params: tc.p}.Score(x, c, cost)
 			for i := range cost {

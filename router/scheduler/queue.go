@@ -28,6 +28,7 @@ type waiter struct {
 	tier     *tier
 	lane     *lane // nil: the tier's shared queue
 	queued   bool
+	held     bool // it waited in the queue (its selection is noted in core.held)
 	done     bool
 	// reply carries the answer of a queued waiter to its caller; nil until
 	// it is queued: a waiter answered within submit, on its caller's
@@ -357,7 +358,7 @@ func (c *core) enqueue(w *waiter) {
 	} else {
 		t.shared = c.insert(t.shared, w)
 	}
-	w.queued = true
+	w.queued, w.held = true, true
 	w.dlIndex = -1
 	if !w.req.Deadline.IsZero() {
 		w.deadline = w.req.Deadline

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -644,4 +645,46 @@ func TestDefaultQueueThresholdIsEightBatches(t *testing.T) {
 		h.admitted(h.submit(&Request{ID: fmt.Sprintf("r%d", i), Tokens: 100}))
 	}
 	h.waiting(h.submit(&Request{ID: "ninth", Tokens: 1})) // eight batches booked: busy
+}
+
+// heldSpy picks the first candidate and records each selection's
+// Context.HeldShare.
+type heldSpy struct{ seen []float64 }
+
+func (p *heldSpy) Name() string { return "held-spy" }
+func (p *heldSpy) Select(x *Context, _ *Candidates) (int, error) {
+	p.seen = append(p.seen, x.HeldShare)
+	return 0, nil
+}
+
+// A selection whose request waited in the queue raises the held share the
+// next selections see by 1/256 (an average over about 256 selections);
+// selections admitted at once let it decay.
+func TestHeldShare(t *testing.T) {
+	spy := &heldSpy{}
+	h := newHarness(t, Config{}, spy, wi("a", 0))
+	first := h.admitted(h.submit(&Request{ID: "fill", Tokens: 100}))
+	second := h.submit(&Request{ID: "held", Tokens: 100})
+	h.waiting(second)
+	if err := h.s.Free(first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.Free(h.admitted(second).Fence); err != nil {
+		t.Fatal(err)
+	}
+	third := h.admitted(h.submit(&Request{ID: "after", Tokens: 100}))
+	if err := h.s.Free(third.Fence); err != nil {
+		t.Fatal(err)
+	}
+	h.admitted(h.submit(&Request{ID: "later", Tokens: 100}))
+	const step = 1.0 / cachedShareSpan
+	want := []float64{0, 0, step, step * (1 - step)}
+	if len(spy.seen) != len(want) {
+		t.Fatalf("%d selections, want %d", len(spy.seen), len(want))
+	}
+	for i := range want {
+		if math.Abs(spy.seen[i]-want[i]) > 1e-12 {
+			t.Fatalf("held shares seen %v, want %v", spy.seen, want)
+		}
+	}
 }

@@ -158,6 +158,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		SoleHolderReportedOnly    bool     `yaml:"sole_holder_reported_only"`
 		DecodeFullShare           float64  `yaml:"decode_weight_full_share"`
 		DecodeShareUntilTokens    float64  `yaml:"decode_weight_share_until_tokens"`
+		DecodeShareUntilHeld      float64  `yaml:"decode_weight_share_until_held"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -212,6 +213,7 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
 	p.Cost.DecodeFullShare = o.DecodeFullShare // 0: off
 	p.Cost.DecodeShareUntilTokens = o.DecodeShareUntilTokens
+	p.Cost.DecodeShareUntilHeld = o.DecodeShareUntilHeld
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
@@ -219,8 +221,9 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
 		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 || !(p.Cost.DecodeFullShare >= 0 && p.Cost.DecodeFullShare <= 1) || // NaN too
 		!(p.Cost.DecodeShareUntilTokens >= 0) || (p.Cost.DecodeShareUntilTokens > 0 && p.Cost.DecodeFullShare == 0) ||
+		!(p.Cost.DecodeShareUntilHeld >= 0 && p.Cost.DecodeShareUntilHeld <= 1) || (p.Cost.DecodeShareUntilHeld > 0 && p.Cost.DecodeFullShare == 0) ||
 		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
-		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens only with decode_weight_full_share: temperature %v, cost %+v",
+		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens and _until_held (at most 1) only with decode_weight_full_share: temperature %v, cost %+v",
 			ErrInvalidConfig, p.Temperature, p.Cost)
 	}
 	return p, nil

@@ -31,6 +31,9 @@ type core struct {
 	// share estimates the cached share of the prompts routed here
 	// (cachedshare.go), handed to policies as Context.CachedShare.
 	share cachedShare
+	// held is the share of recent selections whose request had waited in
+	// the queue (cachedshare.go), handed to policies as Context.HeldShare.
+	held heldShare
 
 	bookings map[string]*booking
 	holders  holderTable // per-hash refcounts of active prompt blocks (holders.go)
