@@ -29,7 +29,7 @@ package scheduler
 // estimate with nothing noted.
 type cachedShare struct {
 	cached, prompt float64 // decayed sums of overlap and prompt blocks
-	faded          float64 // 1 - keep^n after n selections: the prior's lost share
+	faded          float64 // 1 - shareKeep^n after n selections: the prior's lost share
 }
 
 const (
@@ -43,6 +43,9 @@ const (
 	// estimate down to one half in about 90 selections, one with most of
 	// them cached never takes it there during its cold start.
 	cachedSharePrior = cachedShareSpan / 4
+	// shareKeep is what each selection keeps of the earlier ones, in this
+	// estimate and in heldShare: a time constant of cachedShareSpan.
+	shareKeep = 1 - 1.0/cachedShareSpan
 )
 
 // note adds one selection: overlap of the chosen worker's blocks out of
@@ -51,10 +54,9 @@ func (s *cachedShare) note(overlap, prompt int) {
 	if prompt <= 0 {
 		return
 	}
-	const keep = 1 - 1.0/cachedShareSpan
-	s.cached = s.cached*keep + float64(min(max(overlap, 0), prompt))
-	s.prompt = s.prompt*keep + float64(prompt)
-	s.faded = 1 - (1-s.faded)*keep
+	s.cached = s.cached*shareKeep + float64(min(max(overlap, 0), prompt))
+	s.prompt = s.prompt*shareKeep + float64(prompt)
+	s.faded = 1 - (1-s.faded)*shareKeep
 }
 
 // value is the estimate in [0, 1], 1 before anything was noted. With r the
@@ -87,9 +89,8 @@ type heldShare struct{ v float64 }
 
 // note adds one selection, held when its request had waited.
 func (s *heldShare) note(held bool) {
-	const keep = 1 - 1.0/cachedShareSpan
-	s.v *= keep
+	s.v *= shareKeep
 	if held {
-		s.v += 1 - keep
+		s.v += 1 - shareKeep
 	}
 }

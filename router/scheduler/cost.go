@@ -104,7 +104,8 @@ type CostParams struct {
 
 // at returns the weights for one selection over c: cp itself, or with
 // DecodeFullShare set a copy in tmp whose decode-block weight follows the
-// context's cached share (and, with DecodeShareUntilTokens, the load).
+// context's cached share (and, with DecodeShareUntilTokens, the load;
+// with DecodeShareUntilHeld, the recent admission-queue waits).
 func (cp *CostParams) at(x *Context, c *Candidates, tmp *CostParams) *CostParams {
 	if cp.DecodeFullShare <= 0 {
 		return cp
