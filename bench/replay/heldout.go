@@ -50,7 +50,7 @@ func (t Tuning) touches(p *workload.PartInfo) bool {
 	return t.Part == p.Part
 }
 
-// defaultTuning is the record of the default's configuration. Its router
+// stop45Tuning is the record of the default of stops 45-52. Its router
 // queue threshold (8) was chosen on the head of the two Mooncake traces,
 // before the held-out split (docs/benchmarks.md, "Issue 17"): the
 // conversation trace's head lies in its tuning part; the synthetic trace's
@@ -58,7 +58,7 @@ func (t Tuning) touches(p *workload.PartInfo) bool {
 // weights (overlap credit 1.25 rising to 3 with the load, decode-block
 // weight 0.25, no output blocks) were chosen on the tuning parts of four
 // generated workloads and the conversation trace's head ("Issue 24").
-var defaultTuning = []Tuning{
+var stop45Tuning = []Tuning{
 	{Workload: "mooncake:conversation", Head: 2000, Note: queueTuningNote + "; " + weightsTuningNote},
 	{Workload: "mooncake:synthetic", Head: 2000, Note: queueTuningNote},
 	{Workload: "synthetic:agent-loop", Part: workload.PartTune, Note: weightsTuningNote},
@@ -66,6 +66,12 @@ var defaultTuning = []Tuning{
 	{Workload: "synthetic:burst", Part: workload.PartTune, Note: weightsTuningNote},
 	{Workload: "synthetic:tenant-chat", Part: workload.PartTune, Note: weightsTuningNote},
 }
+
+// defaultTuning is the record of the default's configuration: stop 45's,
+// and its decode-block weight following the cached share until the
+// admission queue engages, chosen on the conversation trace's tuning part.
+var defaultTuning = append(slices.Clip(stop45Tuning),
+	Tuning{Workload: "mooncake:conversation", Part: workload.PartTune, Note: decodeShareTuningNote})
 
 const (
 	localPrefillTuningNote = "the local prefill rule of split fleets kept on the trace's tuning part at load 9, one run " +
@@ -79,6 +85,9 @@ const (
 		"least-loaded worker) chosen among four the same way at stop 37 (Issue 24: a credit that follows the load); " +
 		"the sole-holder credit 1 with the prefill step of 1,024 tokens passed two rounds on six fresh tuning samples at " +
 		"stop 44 (Issue 24: a lower credit for a prefix one worker holds)"
+	decodeShareTuningNote = "the decode-block weight following the cached share (whole from 0.5) until 0.4 % of " +
+		"recent selections waited in the admission queue, chosen in round 8 of three candidates against the previous " +
+		"default, at loads 5 and 7.5 on both paths, medians of six runs (docs/benchmarks.md, Issue 24 at stop 52)"
 )
 
 // TunedOn records, per catalog entry, the workloads its configuration was
@@ -93,7 +102,8 @@ var TunedOn = map[string][]Tuning{
 	// was kept on the trace's tuning part and the agent loop's.
 	"kvrouter-pd": append(slices.Clip(defaultTuning),
 		Tuning{Workload: "mooncake:conversation", Part: workload.PartTune, Note: localPrefillTuningNote}),
-	"true-cache": defaultTuning,
+	"true-cache":      defaultTuning,
+	"kvrouter-stop45": stop45Tuning,
 }
 
 // inSample is what each policy was tuned on within part p: the policies

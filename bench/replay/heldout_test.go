@@ -82,13 +82,17 @@ func TestTuningRecordsCoverTheDefault(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", p.Name, err)
 		}
+		// The default of stops 45-52 was tuned too, and keeps its record.
+		stop45 := scheduler.DefaultCostParams()
+		stop45.DecodeFullShare, stop45.DecodeShareUntilHeld = 0, 0
+		tuned := func(c scheduler.CostParams) bool { return c == scheduler.DefaultCostParams() || c == stop45 }
 		isDefault := false
 		switch x := pol.(type) {
 		case *scheduler.DefaultPolicy:
-			isDefault = x.Cost == scheduler.DefaultCostParams()
+			isDefault = tuned(x.Cost)
 		case *scheduler.Pipeline:
 			if c, ok := x.Scorers[0].Scorer.(scheduler.DefaultCost); ok && len(x.Scorers) == 1 {
-				isDefault = c.Params == scheduler.DefaultCostParams()
+				isDefault = tuned(c.Params)
 			}
 		}
 		if got := len(TunedOn[p.Name]) > 0; got != isDefault {

@@ -88,10 +88,13 @@ var Catalog = []Policy{
 	// The default from stop 37 to stop 44, before the sole-holder credit
 	// and the prefill step term joined it: the evaluation's measure of
 	// what that change did out of sample.
-	{Name: "kvrouter-sole-reported", RouterPolicy: "default", RouterParams: yamlMap("sole_holder_reported_only", "true"), Events: true, About: "the default with the sole-holder credit only for a prefix the engines report, not one in flight (experiment of stop 46)"},
-	{Name: "kvrouter-decode-share", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "1"), Events: true, About: "the default with its decode-block weight scaled by the cached share of the prompts the replica routed lately (experiment of stop 50: failed its first tuning round on the p99 geometric mean)"},
-	{Name: "kvrouter-decode-share-half", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "0.5"), Events: true, About: "the default with its decode-block weight whole from half the routed prompt blocks cached, proportional below (experiment of stop 50)"},
-	{Name: "kvrouter-stop37", RouterPolicy: "default", RouterParams: yamlMap("prefill_step_tokens", "0", "sole_holder_credit", "0"), Events: true, About: "the default of stops 37-44: overlap credit 1.25 rising to 3 with the load, decode-block weight 0.25, no output blocks, no sole-holder credit or prefill step term"},
+	{Name: "kvrouter-sole-reported", RouterPolicy: "default", RouterParams: yamlMap("sole_holder_reported_only", "true", "decode_weight_full_share", "0"), Events: true, About: "the default with the sole-holder credit only for a prefix the engines report, not one in flight (experiment of stop 46)"},
+	{Name: "kvrouter-decode-share", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "1", "decode_weight_share_until_held", "0"), Events: true, About: "the default with its decode-block weight scaled by the cached share of the prompts the replica routed lately (experiment of stop 50: failed its first tuning round on the p99 geometric mean)"},
+	{Name: "kvrouter-decode-share-half", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "0.5", "decode_weight_share_until_held", "0"), Events: true, About: "the default with its decode-block weight whole from half the routed prompt blocks cached, proportional below (experiment of stop 50)"},
+	{Name: "kvrouter-stop37", RouterPolicy: "default", RouterParams: yamlMap("prefill_step_tokens", "0", "sole_holder_credit", "0", "decode_weight_full_share", "0"), Events: true, About: "the default of stops 37-44: overlap credit 1.25 rising to 3 with the load, decode-block weight 0.25, no output blocks, no sole-holder credit or prefill step term"},
+	// The default of stops 45-52, before its decode-block weight followed
+	// the cached share: the evaluation's measure of what that change did.
+	{Name: "kvrouter-stop45", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "0"), Events: true, About: "the default of stops 45-52: the default's weights with a fixed decode-block weight (0.25), not following the cached share"},
 	// Prefill/decode disaggregation (pd.go), on the run's split fleet.
 	{Name: "kvrouter-pd", RouterPolicy: "default", Events: true, PD: true, About: "split fleet: the prefill leg by the default cost (cached prefix against prefill queue), the decode leg by the decode cost (held prefix not transferred, decode load), both fed by KV events"},
 	{Name: "round-robin-pd", RouterPolicy: "round-robin", Events: true, PD: true, NoRouterQueue: true, About: "split fleet, round-robin pairing as the peers' simple proxies run it (vLLM's disaggregation proxy): the next prefill worker and the next decode worker, each in turn, no router queue"},
@@ -219,7 +222,8 @@ func yamlMap(kv ...string) yaml.Node {
 // credit fixed (no load-following credit): the catalog entries that stand
 // for configurations from before it.
 func fixedCredit(kv ...string) yaml.Node {
-	return yamlMap(append(kv, "saturated_credit", "0", "saturation_tokens", "0", "prefill_step_tokens", "0", "sole_holder_credit", "0")...)
+	return yamlMap(append(kv, "saturated_credit", "0", "saturation_tokens", "0", "prefill_step_tokens", "0", "sole_holder_credit", "0",
+		"decode_weight_full_share", "0")...)
 }
 
 // costPipeline is the parameters of a pipeline policy whose one scorer is
@@ -240,7 +244,8 @@ func costPipeline(credit, decodeBlockWeight float64) yaml.Node {
 	cost := mapping(str("prefill_load_scale"), num(1), str("overlap_credit"), num(credit),
 		str("decode_block_weight"), num(decodeBlockWeight), str("decode_active_request_weight"), num(0),
 		str("saturated_credit"), num(0), str("saturation_tokens"), num(0),
-		str("prefill_step_tokens"), num(0), str("sole_holder_credit"), num(0))
+		str("prefill_step_tokens"), num(0), str("sole_holder_credit"), num(0),
+		str("decode_weight_full_share"), num(0), str("decode_weight_share_until_held"), num(0))
 	scorer := mapping(str("name"), str("default-cost"), str("params"), cost)
 	return *mapping(str("scorers"), &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Content: []*yaml.Node{scorer}},
 		str("picker"), mapping(str("name"), str("min")))

@@ -94,7 +94,10 @@ func (o *trueCache) pick(ctx context.Context, p *prepared) *booking {
 	}
 	best, bestCost, ties := "", math.Inf(1), 0
 	bestOverlap := 0
-	cp := scheduler.DefaultCostParams() // the default cost, with true caches
+	// The default cost with true caches, its decode-block weight whole:
+	// the reference has no admission queue or routing history whose
+	// cached share it could follow.
+	cp := scheduler.DefaultCostParams()
 	eligible := func(w string) bool { return !anyFree || !busy(w) }
 	// loadOf is a worker's queued prefill tokens and decode blocks: the
 	// engines' view when it was read, else the bookings.

@@ -73,7 +73,10 @@ import (
 // Context.HeldShare, the share of recent selections whose request had
 // waited in the admission queue: f + (1 − f) · min(1, HeldShare /
 // DecodeShareUntilHeld). Why: at the trace's load 5 no request waited
-// there, at 7.5 some did in every run (stop 52). Both experiments, off.
+// there, at 7.5 some did in every run (stop 52). The default since stop
+// 53: DecodeFullShare 0.5 with DecodeShareUntilHeld 0.004, which passed
+// round 8 on the trace's tuning part ("Issue 24 at stop 52");
+// DecodeShareUntilTokens is an experiment, off.
 //
 // With PrefillStepTokens set, a candidate that already has prefill booked
 // (prefill_booked: active_prefill_tokens > 0) pays that many tokens more,
@@ -290,10 +293,14 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // short requests away from workers with a prefill in flight; neither term
 // alone passed. A decode block weighs a quarter of a
 // prefill block: it costs an engine step far less time (docs/benchmarks.md,
-// "Default policy experiments").
+// "Default policy experiments"). Since stop 53 that weight follows the
+// cached share, whole from half the routed prompt blocks cached, until the
+// admission queue engages (DecodeFullShare 0.5, DecodeShareUntilHeld 0.004:
+// round 8 of "Issue 24 at stop 52", p50 0.87-0.91 and p99 0.89-0.97 of the
+// previous default's on the trace's tuning part).
 func DefaultCostParams() CostParams {
 	return CostParams{PrefillLoadScale: 1, OverlapCredit: 1.25, DecodeBlockWeight: 0.25, SaturatedCredit: 3, SaturationTokens: 32768,
-		PrefillStepTokens: 1024, SoleHolderCredit: 1}
+		PrefillStepTokens: 1024, SoleHolderCredit: 1, DecodeFullShare: 0.5, DecodeShareUntilHeld: 0.004}
 }
 
 // DynamoCostParams are Dynamo's default weights: scale 1, credit 1,

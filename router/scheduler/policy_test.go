@@ -481,16 +481,32 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {prefill_step_tokens: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
 		{doc: "name: default\nparams: {sole_holder_credit: 1.1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.SoleHolderCredit = 1.1 })},
 		{doc: "name: default\nparams: {sole_holder_credit: -1}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
-		{doc: "name: default\nparams: {decode_weight_full_share: 0.5}", name: "default", check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare = 0.5 })},
+		{doc: "name: default", name: "default", check: func(t *testing.T, p Policy) {
+			if c := p.(*DefaultPolicy).Cost; c.DecodeFullShare != 0.5 || c.DecodeShareUntilHeld != 0.004 || c.DecodeShareUntilTokens != 0 {
+				t.Fatalf("the default's cached-share weight %v until held %v until tokens %v, want 0.5, 0.004, 0",
+					c.DecodeFullShare, c.DecodeShareUntilHeld, c.DecodeShareUntilTokens)
+			}
+		}},
+		{doc: "name: default\nparams: {decode_weight_full_share: 1}", name: "default", check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare = 1 })},
+		// 0 turns the cached-share weight off, and with it the admission
+		// queue's end of it, unless that is given too (and then refused).
+		{doc: "name: default\nparams: {decode_weight_full_share: 0}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilHeld = 0, 0 })},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0, decode_weight_share_until_held: 0}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilHeld = 0, 0 })},
 		{doc: "name: default\nparams: {decode_weight_full_share: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:1.5"},
 		{doc: "name: default\nparams: {decode_weight_full_share: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:NaN"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_tokens: 16384}", name: "default",
-			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilTokens = 0.5, 16384 })},
-		{doc: "name: default\nparams: {decode_weight_share_until_tokens: 16384}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
+			check: defaultCostWith(func(c *CostParams) { c.DecodeShareUntilTokens = 16384 })},
+		{doc: "name: default\nparams: {decode_weight_share_until_tokens: 16384}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeShareUntilTokens = 16384 })},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0, decode_weight_share_until_tokens: 16384}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_tokens: -1}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilTokens:-1"},
-		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: 0.02}", name: "default",
-			check: defaultCostWith(func(c *CostParams) { c.DecodeFullShare, c.DecodeShareUntilHeld = 0.5, 0.02 })},
-		{doc: "name: default\nparams: {decode_weight_share_until_held: 0.02}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
+		{doc: "name: default\nparams: {decode_weight_share_until_held: 0.02}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeShareUntilHeld = 0.02 })},
+		{doc: "name: default\nparams: {decode_weight_share_until_held: 0}", name: "default",
+			check: defaultCostWith(func(c *CostParams) { c.DecodeShareUntilHeld = 0 })},
+		{doc: "name: default\nparams: {decode_weight_full_share: 0, decode_weight_share_until_held: 0.02}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:1.5"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:NaN"},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {

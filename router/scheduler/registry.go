@@ -156,9 +156,9 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		PrefillStepTokens         *float64 `yaml:"prefill_step_tokens"`
 		SoleHolderCredit          *float64 `yaml:"sole_holder_credit"`
 		SoleHolderReportedOnly    bool     `yaml:"sole_holder_reported_only"`
-		DecodeFullShare           float64  `yaml:"decode_weight_full_share"`
+		DecodeFullShare           *float64 `yaml:"decode_weight_full_share"`
 		DecodeShareUntilTokens    float64  `yaml:"decode_weight_share_until_tokens"`
-		DecodeShareUntilHeld      float64  `yaml:"decode_weight_share_until_held"`
+		DecodeShareUntilHeld      *float64 `yaml:"decode_weight_share_until_held"`
 		Temperature               float64  `yaml:"temperature"`
 		Seed                      *uint64  `yaml:"seed"`
 		TrackOutputBlocks         *bool    `yaml:"track_output_blocks"`
@@ -211,9 +211,16 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 		p.Cost.SoleHolderCredit = *o.SoleHolderCredit // 0: off
 	}
 	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
-	p.Cost.DecodeFullShare = o.DecodeFullShare // 0: off
+	if o.DecodeFullShare != nil {
+		p.Cost.DecodeFullShare = *o.DecodeFullShare // 0: a fixed decode-block weight
+		if *o.DecodeFullShare == 0 && o.DecodeShareUntilHeld == nil {
+			p.Cost.DecodeShareUntilHeld = 0 // nothing left to end
+		}
+	}
+	if o.DecodeShareUntilHeld != nil {
+		p.Cost.DecodeShareUntilHeld = *o.DecodeShareUntilHeld // 0: not ended by the admission queue
+	}
 	p.Cost.DecodeShareUntilTokens = o.DecodeShareUntilTokens
-	p.Cost.DecodeShareUntilHeld = o.DecodeShareUntilHeld
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
