@@ -467,8 +467,9 @@ func (r *Report) pooledSection(b *strings.Builder) {
 }
 
 // shareSection lists the lowest cached-share estimate each policy's
-// routers reported: a default cost with decode_weight_full_share s runs its
-// decode-block weight whole while the estimate is at least s.
+// routers reported: a default cost with decode_weight_full_share s (0.5 by
+// default) runs its decode-block weight whole while the estimate is at
+// least s.
 func (r *Report) shareSection(b *strings.Builder) {
 	head := false
 	for _, p := range r.Policies {
@@ -479,7 +480,8 @@ func (r *Report) shareSection(b *strings.Builder) {
 			b.WriteString("\n## The routers' cached-share estimate\n\n")
 			b.WriteString("The lowest share of the prompt blocks the replicas routed lately that their chosen worker already held " +
 				"(`kvr_scheduler_cached_share`, sampled every 20 ms, the lowest over the runs). The default cost with " +
-				"`decode_weight_full_share` s runs its decode-block weight whole while the estimate is at least s.\n\n")
+				"`decode_weight_full_share` s (0.5 by default) runs its decode-block weight whole while the estimate is at least s, " +
+				"and below it too while the admission queue held requests lately.\n\n")
 			b.WriteString("| policy | lowest estimate |\n|---|---:|\n")
 			head = true
 		}

@@ -265,8 +265,10 @@ func (cp *CostParams) credits(c *Candidates) (credit, less float64) {
 // as the least-loaded candidate's prefill queue reaches 32,768 tokens (four
 // engine steps of 8,192; CreditAt), a base of 1 instead of 1.25 where at
 // most one candidate holds the prefix (SoleHolderCredit), a prefill step
-// of 1,024 tokens (PrefillStepTokens), decode-block weight 0.25, request
-// weight 0; the default policy books no output blocks (NewDefaultPolicy).
+// of 1,024 tokens (PrefillStepTokens), decode-block weight 0.25 following
+// the cached share (DecodeFullShare 0.5) until the admission queue engages
+// (DecodeShareUntilHeld 0.004), request weight 0; the default policy books
+// no output blocks (NewDefaultPolicy).
 //
 // All were chosen on the tuning parts only (issue 24's held-out protocol),
 // at speed-up 1, by a rule fixed beforehand: the lowest worst ratio of TTFT
