@@ -85,12 +85,12 @@ var Catalog = []Policy{
 	{Name: "kvrouter-c2-dbw1-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "2", "decode_block_weight", "1"), Events: true, About: "overlap credit 2, decode-block weight 1, no output blocks (experiment)"},
 	{Name: "kvrouter-c1.5-dbw0.5-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.5", "decode_block_weight", "0.5"), Events: true, About: "the default from issue 24's first tuning to stop 36: overlap credit 1.5, decode-block weight 0.5, no output blocks"},
 	{Name: "kvrouter-c1.25-dbw0.25-nob", RouterPolicy: "default", RouterParams: fixedCredit("track_output_blocks", "false", "overlap_credit", "1.25", "decode_block_weight", "0.25"), Events: true, About: "the default of stop 36: overlap credit 1.25 fixed (no load-following credit), decode-block weight 0.25, no output blocks"},
-	// The default from stop 37 to stop 44, before the sole-holder credit
-	// and the prefill step term joined it: the evaluation's measure of
-	// what that change did out of sample.
 	{Name: "kvrouter-sole-reported", RouterPolicy: "default", RouterParams: yamlMap("sole_holder_reported_only", "true", "decode_weight_full_share", "0"), Events: true, About: "the default with the sole-holder credit only for a prefix the engines report, not one in flight (experiment of stop 46)"},
 	{Name: "kvrouter-decode-share", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "1", "decode_weight_share_until_held", "0"), Events: true, About: "the default with its decode-block weight scaled by the cached share of the prompts the replica routed lately (experiment of stop 50: failed its first tuning round on the p99 geometric mean)"},
 	{Name: "kvrouter-decode-share-half", RouterPolicy: "default", RouterParams: yamlMap("decode_weight_full_share", "0.5", "decode_weight_share_until_held", "0"), Events: true, About: "the default with its decode-block weight whole from half the routed prompt blocks cached, proportional below (experiment of stop 50)"},
+	// The default from stop 37 to stop 44, before the sole-holder credit
+	// and the prefill step term joined it: the evaluation's measure of
+	// what that change did out of sample.
 	{Name: "kvrouter-stop37", RouterPolicy: "default", RouterParams: yamlMap("prefill_step_tokens", "0", "sole_holder_credit", "0", "decode_weight_full_share", "0"), Events: true, About: "the default of stops 37-44: overlap credit 1.25 rising to 3 with the load, decode-block weight 0.25, no output blocks, no sole-holder credit or prefill step term"},
 	// The default of stops 45-52, before its decode-block weight followed
 	// the cached share: the evaluation's measure of what that change did.

@@ -61,7 +61,7 @@ import (
 // the decode term is what spreads the requests; where long prompts are
 // mostly computed, the prefill queues spread them and the decode term only
 // moves sessions away from their caches (docs/benchmarks.md, "Issue 24 at
-// stop 50"). An experiment, off (0) by default. With
+// stop 50"); 0 turns it off. With
 // DecodeShareUntilTokens set as well, that reduction fades as the
 // least-loaded candidate's prefill queue fills: the factor f becomes
 // f + (1 − f) · min(1, least / DecodeShareUntilTokens), whole once every

@@ -36,7 +36,10 @@
 //     Candidates and Context a policy reads (policy.go); the default policy,
 //     its cost model CostParams and the fused min-cost passes (cost.go),
 //     with the LoRA adapter term: a worker that does not hold the
-//     request's adapter pays its load (adapters.go);
+//     request's adapter pays its load (adapters.go); the scheduler's
+//     running estimates a policy reads in its Context, the cached share of
+//     recent selections and the share that waited in the admission queue,
+//     which the default's decode-block weight follows (cachedshare.go);
 //     softmax sampling, shared by the default policy and the softmax picker
 //     (sampling.go); the llm-d style Pipeline of Filters, weighted Scorers
 //     and a Picker, with the builtin parts (pipeline.go); round-robin,
