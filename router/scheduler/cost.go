@@ -6,6 +6,7 @@ package scheduler
 // sampling.go.
 
 import (
+	"fmt"
 	"math"
 )
 
@@ -103,6 +104,24 @@ type CostParams struct {
 	DecodeFullShare           float64 `yaml:"decode_weight_full_share"`
 	DecodeShareUntilTokens    float64 `yaml:"decode_weight_share_until_tokens"`
 	DecodeShareUntilHeld      float64 `yaml:"decode_weight_share_until_held"`
+}
+
+// validate is the one check of cost weights, for the default policy and
+// the pipelines' default-cost scorer alike: every weight >= 0 (the adapter
+// term's negative means off), the load-following credit's two parameters
+// set together, the cached-share parameters within [0, 1] and its fading
+// only with the share set.
+func (cp *CostParams) validate() error {
+	if cp.PrefillLoadScale < 0 || cp.OverlapCredit < 0 || cp.DecodeBlockWeight < 0 ||
+		cp.DecodeActiveRequestWeight < 0 || cp.SaturatedCredit < 0 || cp.SaturationTokens < 0 || cp.ReportedCredit < 0 ||
+		cp.PrefillStepTokens < 0 || cp.SoleHolderCredit < 0 || !(cp.DecodeFullShare >= 0 && cp.DecodeFullShare <= 1) || // NaN too
+		!(cp.DecodeShareUntilTokens >= 0) || (cp.DecodeShareUntilTokens > 0 && cp.DecodeFullShare == 0) ||
+		!(cp.DecodeShareUntilHeld >= 0 && cp.DecodeShareUntilHeld <= 1) || (cp.DecodeShareUntilHeld > 0 && cp.DecodeFullShare == 0) ||
+		(cp.SaturatedCredit > 0) != (cp.SaturationTokens > 0) {
+		return fmt.Errorf("%w: cost weights must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens and _until_held (at most 1) only with decode_weight_full_share: %+v",
+			ErrInvalidConfig, *cp)
+	}
+	return nil
 }
 
 // at returns the weights for one selection over c: cp itself, or with

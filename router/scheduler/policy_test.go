@@ -509,6 +509,18 @@ func TestRegistryYAML(t *testing.T) {
 		{doc: "name: default\nparams: {decode_weight_full_share: 0, decode_weight_share_until_held: 0.02}", errIs: ErrInvalidConfig, errMatch: "only with decode_weight_full_share"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: 1.5}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:1.5"},
 		{doc: "name: default\nparams: {decode_weight_full_share: 0.5, decode_weight_share_until_held: .nan}", errIs: ErrInvalidConfig, errMatch: "DecodeShareUntilHeld:NaN"},
+		// A pipeline's default-cost scorer takes the same weights under the
+		// same rules as the default policy.
+		{doc: "name: pipeline\nparams: {scorers: [{name: default-cost, params: {overlap_credit: -3}}]}", errIs: ErrInvalidConfig, errMatch: ">= 0"},
+		{doc: "name: pipeline\nparams: {scorers: [{name: default-cost, params: {decode_weight_full_share: 7}}]}", errIs: ErrInvalidConfig, errMatch: "DecodeFullShare:7"},
+		{doc: "name: pipeline\nparams: {scorers: [{name: default-cost, params: {saturation_tokens: 0}}]}", errIs: ErrInvalidConfig, errMatch: "set together"},
+		{doc: "name: pipeline\nparams: {scorers: [{name: default-cost, params: {decode_weight_full_share: 0}}]}", name: "pipeline", check: func(t *testing.T, p Policy) {
+			want := DefaultCostParams()
+			want.DecodeFullShare, want.DecodeShareUntilHeld = 0, 0
+			if got := p.(*Pipeline).Scorers[0].Scorer.(DefaultCost).Params; got != want {
+				t.Fatalf("cost %+v, want %+v", got, want)
+			}
+		}},
 		{doc: "name: default\nparams: {booked_prefix_only_new: true}", name: "default", check: func(t *testing.T, p Policy) {
 			if d := p.(*DefaultPolicy); !d.BookedPrefixOnlyNew || d.NoBookedPrefix {
 				t.Fatalf("%+v", d)

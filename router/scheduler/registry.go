@@ -105,7 +105,11 @@ func NewRegistry() *Registry {
 	r.filters["not-busy"] = func(n *yaml.Node) (Filter, error) { return NotBusyFilter{}, decodeParams(n, &struct{}{}) }
 	r.scorers["default-cost"] = func(n *yaml.Node) (Scorer, error) {
 		s := DefaultCost{Params: DefaultCostParams()}
-		return s, decodeParams(n, &s.Params)
+		if err := decodeParams(n, &s.Params); err != nil {
+			return nil, err
+		}
+		shareOffEndsHeld(n, &s.Params)
+		return s, s.Params.validate()
 	}
 	for name, s := range map[string]Scorer{
 		"active-requests": ActiveRequestsScorer{},
@@ -213,27 +217,38 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	p.Cost.SoleHolderReportedOnly = o.SoleHolderReportedOnly
 	if o.DecodeFullShare != nil {
 		p.Cost.DecodeFullShare = *o.DecodeFullShare // 0: a fixed decode-block weight
-		if *o.DecodeFullShare == 0 && o.DecodeShareUntilHeld == nil {
-			p.Cost.DecodeShareUntilHeld = 0 // nothing left to end
-		}
 	}
 	if o.DecodeShareUntilHeld != nil {
 		p.Cost.DecodeShareUntilHeld = *o.DecodeShareUntilHeld // 0: not ended by the admission queue
 	}
 	p.Cost.DecodeShareUntilTokens = o.DecodeShareUntilTokens
+	shareOffEndsHeld(n, &p.Cost)
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
-	if p.Temperature < 0 || p.Cost.PrefillLoadScale < 0 || p.Cost.OverlapCredit < 0 || p.Cost.DecodeBlockWeight < 0 ||
-		p.Cost.DecodeActiveRequestWeight < 0 || p.Cost.SaturatedCredit < 0 || p.Cost.SaturationTokens < 0 || p.Cost.ReportedCredit < 0 ||
-		p.Cost.PrefillStepTokens < 0 || p.Cost.SoleHolderCredit < 0 || !(p.Cost.DecodeFullShare >= 0 && p.Cost.DecodeFullShare <= 1) || // NaN too
-		!(p.Cost.DecodeShareUntilTokens >= 0) || (p.Cost.DecodeShareUntilTokens > 0 && p.Cost.DecodeFullShare == 0) ||
-		!(p.Cost.DecodeShareUntilHeld >= 0 && p.Cost.DecodeShareUntilHeld <= 1) || (p.Cost.DecodeShareUntilHeld > 0 && p.Cost.DecodeFullShare == 0) ||
-		(p.Cost.SaturatedCredit > 0) != (p.Cost.SaturationTokens > 0) {
-		return nil, fmt.Errorf("%w: default policy parameters must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens and _until_held (at most 1) only with decode_weight_full_share: temperature %v, cost %+v",
-			ErrInvalidConfig, p.Temperature, p.Cost)
+	if !(p.Temperature >= 0) { // NaN too
+		return nil, fmt.Errorf("%w: default policy temperature must be >= 0: %v", ErrInvalidConfig, p.Temperature)
+	}
+	if err := p.Cost.validate(); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// shareOffEndsHeld applies the rule that decode_weight_full_share 0 turns
+// off the admission queue's end of the cached-share reduction as well,
+// unless n, the params mapping, gives decode_weight_share_until_held: the
+// default's 0.004 would otherwise make "off" an invalid configuration.
+func shareOffEndsHeld(n *yaml.Node, cp *CostParams) {
+	if cp.DecodeFullShare != 0 || n == nil || n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "decode_weight_share_until_held" {
+			return
+		}
+	}
+	cp.DecodeShareUntilHeld = 0
 }
 
 func buildPipeline(reg *Registry, n *yaml.Node) (Policy, error) {
