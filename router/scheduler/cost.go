@@ -107,18 +107,19 @@ type CostParams struct {
 }
 
 // validate is the one check of cost weights, for the default policy and
-// the pipelines' default-cost scorer alike: every weight >= 0 (the adapter
-// term's negative means off), the load-following credit's two parameters
-// set together, the cached-share parameters within [0, 1] and its fading
-// only with the share set.
+// the pipelines' default-cost scorer alike: every weight finite and >= 0
+// (the adapter term's negative means off), the load-following credit's two
+// parameters set together, the cached-share parameters within [0, 1] and
+// its fading only with the share set.
 func (cp *CostParams) validate() error {
-	if cp.PrefillLoadScale < 0 || cp.OverlapCredit < 0 || cp.DecodeBlockWeight < 0 ||
-		cp.DecodeActiveRequestWeight < 0 || cp.SaturatedCredit < 0 || cp.SaturationTokens < 0 || cp.ReportedCredit < 0 ||
-		cp.PrefillStepTokens < 0 || cp.SoleHolderCredit < 0 || !(cp.DecodeFullShare >= 0 && cp.DecodeFullShare <= 1) || // NaN too
-		!(cp.DecodeShareUntilTokens >= 0) || (cp.DecodeShareUntilTokens > 0 && cp.DecodeFullShare == 0) ||
+	if !nonNegative(cp.PrefillLoadScale, cp.OverlapCredit, cp.DecodeBlockWeight, cp.DecodeActiveRequestWeight,
+		cp.SaturatedCredit, cp.SaturationTokens, cp.ReportedCredit, cp.PrefillStepTokens, cp.SoleHolderCredit,
+		cp.DecodeShareUntilTokens) || math.IsNaN(cp.AdapterLoadBlocks) || math.IsInf(cp.AdapterLoadBlocks, 0) ||
+		!(cp.DecodeFullShare >= 0 && cp.DecodeFullShare <= 1) || // NaN too
+		(cp.DecodeShareUntilTokens > 0 && cp.DecodeFullShare == 0) ||
 		!(cp.DecodeShareUntilHeld >= 0 && cp.DecodeShareUntilHeld <= 1) || (cp.DecodeShareUntilHeld > 0 && cp.DecodeFullShare == 0) ||
 		(cp.SaturatedCredit > 0) != (cp.SaturationTokens > 0) {
-		return fmt.Errorf("%w: cost weights must be >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens and _until_held (at most 1) only with decode_weight_full_share: %+v",
+		return fmt.Errorf("%w: cost weights must be finite numbers >= 0, saturated_credit and saturation_tokens set together, decode_weight_share_until_tokens and _until_held (at most 1) only with decode_weight_full_share: %+v",
 			ErrInvalidConfig, *cp)
 	}
 	return nil

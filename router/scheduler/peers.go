@@ -73,8 +73,8 @@ func registerPeers(r *Registry) {
 		if err := decodeParams(n, &o); err != nil {
 			return nil, err
 		}
-		if o.PrefixWeight < 0 || o.QueueWeight < 0 || o.KVWeight < 0 || o.SessionWeight < 0 {
-			return nil, fmt.Errorf("%w: llmd weights must be >= 0: %+v", ErrInvalidConfig, o)
+		if !nonNegative(o.PrefixWeight, o.QueueWeight, o.KVWeight, o.SessionWeight) {
+			return nil, fmt.Errorf("%w: llmd weights must be finite numbers >= 0: %+v", ErrInvalidConfig, o)
 		}
 		return newLLMD(o.PrefixWeight, o.QueueWeight, o.KVWeight, o.SessionWeight), nil
 	}
@@ -83,8 +83,8 @@ func registerPeers(r *Registry) {
 		if err := decodeParams(n, p); err != nil {
 			return nil, err
 		}
-		if p.CacheThreshold < 0 || p.BalanceAbs < 0 || p.BalanceRel < 0 {
-			return nil, fmt.Errorf("%w: sglang thresholds must be >= 0: %+v", ErrInvalidConfig, *p)
+		if !nonNegative(p.CacheThreshold, p.BalanceAbs, p.BalanceRel) {
+			return nil, fmt.Errorf("%w: sglang thresholds must be finite numbers >= 0: %+v", ErrInvalidConfig, *p)
 		}
 		return p, nil
 	}
@@ -104,8 +104,8 @@ func registerPeers(r *Registry) {
 		if err := decodeParams(n, &o); err != nil {
 			return nil, err
 		}
-		if !(o.Temperature >= 0) {
-			return nil, fmt.Errorf("%w: dynamo temperature must be >= 0, got %v", ErrInvalidConfig, o.Temperature)
+		if !nonNegative(o.Temperature) {
+			return nil, fmt.Errorf("%w: dynamo temperature must be a finite number >= 0, got %v", ErrInvalidConfig, o.Temperature)
 		}
 		p := NewDynamoPolicy(o.Temperature)
 		p.NoOutputBlocks = !o.TrackOutputBlocks

@@ -572,6 +572,17 @@ params:
 		{doc: "name: default\nparams: [1, 2]", errIs: ErrInvalidConfig},
 		{doc: "name: pipeline\nparams: {scorers: [{name: nope}]}", errIs: ErrUnknownPolicy},
 		{doc: "name: pipeline\nparams: {picker: {name: softmax, params: {temperature: -2}}}", errIs: ErrInvalidConfig},
+		// NaN passes a "< 0" check: each number is refused unless it is
+		// in range, so .nan and .inf in a policy file get an error too.
+		{doc: "name: pipeline\nparams: {picker: {name: softmax, params: {temperature: .nan}}}", errIs: ErrInvalidConfig},
+		{doc: "name: pipeline\nparams: {scorers: [{name: overlap, weight: .nan}]}", errIs: ErrInvalidConfig, errMatch: "weight"},
+		{doc: "name: pipeline\nparams: {scorers: [{name: overlap, weight: .inf}]}", errIs: ErrInvalidConfig, errMatch: "weight"},
+		{doc: "name: llmd\nparams: {queue_weight: .nan}", errIs: ErrInvalidConfig},
+		{doc: "name: llmd\nparams: {prefix_weight: .inf}", errIs: ErrInvalidConfig},
+		{doc: "name: sglang\nparams: {cache_threshold: .nan}", errIs: ErrInvalidConfig},
+		{doc: "name: two-tier\nparams: {balance_rel_threshold: .nan}", errIs: ErrInvalidConfig},
+		{doc: "name: default\nparams: {overlap_credit: .inf}", errIs: ErrInvalidConfig},
+		{doc: "name: default\nparams: {decode_block_weight: .nan}", errIs: ErrInvalidConfig},
 		{doc: "name: [", errIs: ErrInvalidConfig},
 	} {
 		t.Run(tc.doc, func(t *testing.T) {

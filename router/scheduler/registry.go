@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -77,8 +78,8 @@ func NewRegistry() *Registry {
 		if err := decodeParams(n, p); err != nil {
 			return nil, err
 		}
-		if p.CacheThreshold < 0 || p.BalanceAbs < 0 || p.BalanceRel < 0 {
-			return nil, fmt.Errorf("%w: two-tier thresholds must be >= 0: %+v", ErrInvalidConfig, *p)
+		if !nonNegative(p.CacheThreshold, p.BalanceAbs, p.BalanceRel) {
+			return nil, fmt.Errorf("%w: two-tier thresholds must be finite numbers >= 0: %+v", ErrInvalidConfig, *p)
 		}
 		return p, nil
 	}
@@ -137,8 +138,8 @@ func NewRegistry() *Registry {
 		if err := decodeParams(n, &o); err != nil {
 			return nil, err
 		}
-		if o.Temperature < 0 {
-			return nil, fmt.Errorf("%w: softmax temperature %v < 0", ErrInvalidConfig, o.Temperature)
+		if !nonNegative(o.Temperature) {
+			return nil, fmt.Errorf("%w: softmax temperature must be a finite number >= 0, got %v", ErrInvalidConfig, o.Temperature)
 		}
 		return SoftmaxPicker{Temperature: o.Temperature, RespectSoftAffinity: o.RespectSoftAffinity}, nil
 	}
@@ -226,13 +227,24 @@ func buildDefault(_ *Registry, n *yaml.Node) (Policy, error) {
 	if o.Seed != nil {
 		p.SeedValue, p.HasSeed = *o.Seed, true
 	}
-	if !(p.Temperature >= 0) { // NaN too
-		return nil, fmt.Errorf("%w: default policy temperature must be >= 0: %v", ErrInvalidConfig, p.Temperature)
+	if !nonNegative(p.Temperature) {
+		return nil, fmt.Errorf("%w: default policy temperature must be a finite number >= 0, got %v", ErrInvalidConfig, p.Temperature)
 	}
 	if err := p.Cost.validate(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// nonNegative reports whether every v is a finite number >= 0: the check
+// for a weight or threshold, which "v < 0" is not (NaN passes it).
+func nonNegative(vs ...float64) bool {
+	for _, v := range vs {
+		if !(v >= 0) || math.IsInf(v, 1) {
+			return false
+		}
+	}
+	return true
 }
 
 // shareOffEndsHeld applies the rule that decode_weight_full_share 0 turns
@@ -280,6 +292,9 @@ func buildPipeline(reg *Registry, n *yaml.Node) (Policy, error) {
 		w := 1.0
 		if sc.Weight != nil {
 			w = *sc.Weight
+		}
+		if math.IsNaN(w) || math.IsInf(w, 0) {
+			return nil, fmt.Errorf("%w: scorer %q weight must be a finite number, got %v", ErrInvalidConfig, sc.Name, w)
 		}
 		p.Scorers = append(p.Scorers, WeightedScorer{Scorer: s, Weight: w})
 	}
