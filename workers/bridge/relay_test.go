@@ -160,11 +160,20 @@ func TestOverrunResyncs(t *testing.T) {
 	f, e, rl, br := relayed(t, engineOpts{kvBlocks: 48, bufferSteps: 4})
 	rl.setDrop(func(uint64) bool { return true })
 	e.workload(t, 0, 20, 2)
+	// The relay reads asynchronously: under load it may not have seen
+	// (and lost) any of the workload's frames yet.
+	testutil.Eventually(t, 15*time.Second, func() bool { return rl.droppedN() > 0 },
+		func() string { return "the relay to lose the workload's frames" })
 	rl.setDrop(func(uint64) bool { return false })
-	testutil.Eventually(t, 5*time.Second, func() bool {
+	// Generous: one replay request may take up to ReplayTimeout on a
+	// loaded machine before its failure is a resync too.
+	testutil.Eventually(t, 15*time.Second, func() bool {
 		e.workload(t, 0, 1, 4)
 		return counter(br.b, "resyncs_total") > 0
-	}, func() string { return "a resync after the overrun" })
+	}, func() string {
+		return fmt.Sprintf("a resync after the overrun (dropped %d, gaps %v, replays %v)", rl.droppedN(),
+			counter(br.b, "gaps_total"), counter(br.b, "replays_total"))
+	})
 	// Once the events in flight have arrived (the engine is idle), the
 	// index holds no block the engine does not.
 	phantom := 0
