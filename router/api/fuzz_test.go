@@ -27,13 +27,15 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 		`{"model":"m","token_ids":[1],"media":[{"ID":"a","Offset":0}],"media":null}`,
 		`{"model":"m","block_size":16}` + "\x00\x01\x00\x00\x00\x04\x03\x02\x01",
 		`{"model":"m","token_ids":[1]}` + "\x00\x01\x00\x00\x00", `{"model":"m"}` + "\x00\x01",
+		`{"model":"m","block_size":16}` + "\x01\x00\x01\x00\x00\x00\x00\x00\x00",
+		`{"model":"m","block_hashes":[3]}` + "\x01\x01\x00\x00\x00\x00\x00\x00\x00", `{"model":"m"}` + "\x01\x00",
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r RouteRequest
-		body, _, _ := splitTokenTrailer(data) // the JSON, before any token trailer
+		body, _, _, _ := splitTrailer(data) // the JSON, before any binary trailer
 		if !checkDecoded(t, body, DecodeRouteRequest(data, &r)) {
 			return
 		}

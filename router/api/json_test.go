@@ -189,6 +189,58 @@ func TestTokenTrailer(t *testing.T) {
 	}
 }
 
+// The hash trailer's bytes: the JSON without block_hashes, the mark 0x01,
+// then each hash little-endian. Token ids take the trailer when a request
+// has both (the replica refuses such a request, but the encoding keeps
+// it). Either trailer's bytes may hold the other's mark: the first mark in
+// the body ends the JSON. Each malformed trailer is a bad_request on
+// block_hashes.
+func TestHashTrailer(t *testing.T) {
+	body := AppendRouteBody(nil, &RouteRequest{Model: "m", BlockHashes: []uint64{1, 0x0100000000000002}, BlockSize: 16})
+	want := `{"model":"m","block_size":16}` + "\x01" + "\x01\x00\x00\x00\x00\x00\x00\x00" + "\x02\x00\x00\x00\x00\x00\x00\x01"
+	if string(body) != want {
+		t.Fatalf("body %q, want %q", body, want)
+	}
+	both := AppendRouteBody(nil, &RouteRequest{Model: "m", TokenIDs: []uint32{1}, BlockHashes: []uint64{2}})
+	if want := `{"model":"m","block_hashes":[2]}` + "\x00\x01\x00\x00\x00"; string(both) != want {
+		t.Fatalf("both: body %q, want %q", both, want)
+	}
+	defer func(le bool) { littleEndian = le }(littleEndian)
+	for _, le := range []bool{littleEndian, false} {
+		littleEndian = le
+		for _, c := range []struct {
+			body   string
+			hashes []uint64
+			ids    []uint32
+		}{
+			{`{"model":"m","block_hashes":null}` + "\x01\x07\x00\x00\x00\x00\x00\x00\x00", []uint64{7}, nil},
+			{"{\"model\":\"m\"} \n\x01\xff\xff\xff\xff\xff\xff\xff\xff", []uint64{1<<64 - 1}, nil},
+			{`{"model":"m"}` + "\x01", []uint64{}, nil},
+			{`{"model":"m"}` + "\x01\x00\x01\x00\x00\x00\x00\x00\x00", []uint64{1 << 8}, nil},
+			{`{"model":"m","block_hashes":[5]}` + "\x00\x01\x00\x00\x00", []uint64{5}, []uint32{1}},
+		} {
+			r := RouteRequest{BlockHashes: []uint64{9, 9, 9}}
+			if err := DecodeRouteRequest([]byte(c.body), &r); err != nil {
+				t.Fatalf("%q: %v", c.body, err)
+			}
+			if !reflect.DeepEqual(r.BlockHashes, c.hashes) || len(r.TokenIDs) != len(c.ids) || (c.ids != nil && !reflect.DeepEqual(r.TokenIDs, c.ids)) {
+				t.Fatalf("little-endian copy %v: %q: hashes %v ids %v, want %v %v", le, c.body, r.BlockHashes, r.TokenIDs, c.hashes, c.ids)
+			}
+		}
+	}
+	for _, c := range []struct{ name, body string }{
+		{"ragged", `{"model":"m"}` + "\x01\x01\x00\x00\x00"},
+		{"hashes twice", `{"model":"m","block_hashes":[1]}` + "\x01\x01\x00\x00\x00\x00\x00\x00\x00"},
+		{"too many", `{"model":"m"}` + "\x01" + string(make([]byte, 8*(MaxBlockHashes+1)))},
+	} {
+		var r RouteRequest
+		var e *Error
+		if err := DecodeRouteRequest([]byte(c.body), &r); !errors.As(err, &e) || e.Field != "block_hashes" {
+			t.Errorf("%s: %v, want bad_request on block_hashes", c.name, err)
+		}
+	}
+}
+
 func TestErrorEnvelope(t *testing.T) {
 	e := BadField("session_id", "is %d bytes long", 300)
 	b := AppendError(nil, e)
@@ -225,6 +277,27 @@ func BenchmarkDecodeRouteRequest2048(b *testing.B) {
 // request as Client sends it: its token ids in the token trailer.
 func BenchmarkDecodeRouteBody2048(b *testing.B) {
 	benchDecodeRouteRequest(b, AppendRouteBody(nil, request2048()))
+}
+
+// BenchmarkDecodeRouteHashes128 and BenchmarkDecodeRouteHashBody128: a
+// 2,048-token prompt as 128 block hashes, in the JSON and in the hash
+// trailer (as Client sends it).
+func BenchmarkDecodeRouteHashes128(b *testing.B) {
+	benchDecodeRouteRequest(b, AppendRouteRequest(nil, hashes128()))
+}
+
+func BenchmarkDecodeRouteHashBody128(b *testing.B) {
+	benchDecodeRouteRequest(b, AppendRouteBody(nil, hashes128()))
+}
+
+// hashes128 is request2048's prompt as its 128 sequence block hashes.
+func hashes128() *RouteRequest {
+	r := request2048()
+	for _, h := range r.SeqHashes(nil, 16) {
+		r.BlockHashes = append(r.BlockHashes, uint64(h))
+	}
+	r.TokenIDs, r.BlockSize, r.InputTokens = nil, 16, 2048
+	return r
 }
 
 // request2048 is a route request of 2,048 token ids below 128,000.

@@ -26,7 +26,8 @@ type decoder struct {
 	scratch []byte // unescaped string bytes
 	depth   int
 
-	sawTokenIDs bool // the route request's JSON gives token_ids (null is absence)
+	sawTokenIDs    bool // the route request's JSON gives token_ids (null is absence)
+	sawBlockHashes bool // and block_hashes
 }
 
 const maxDepth = 64 // nesting limit when skipping unknown values
@@ -37,66 +38,94 @@ const maxDepth = 64 // nesting limit when skipping unknown values
 // ranges; semantic checks (model known, block size matching) happen in
 // Replica.Route.
 //
-// data may end with the token trailer (AppendRouteBody): a NUL byte, which
-// JSON never contains, ends the JSON and the token ids follow it, four
-// little-endian bytes each. A request gives its token ids one way or the
-// other, not both.
+// data may end with a binary trailer (AppendRouteBody): a mark byte, which
+// JSON never contains, ends the JSON, and the token ids (TokenTrailerMark,
+// four little-endian bytes each) or the block hashes (HashTrailerMark,
+// eight) follow it. A request gives its token ids, and its hashes, one way
+// or the other, not both.
 func DecodeRouteRequest(data []byte, r *RouteRequest) error {
 	if len(data) > MaxRouteBodySize {
 		return BadField("body", "is %d bytes, the limit is %d", len(data), MaxRouteBodySize)
 	}
-	body, trailer, hasTrailer := splitTokenTrailer(data)
+	body, trailer, mark, hasTrailer := splitTrailer(data)
 	d := decoder{buf: body}
 	if e := d.routeRequest(r); e != nil {
 		return e
 	}
-	if hasTrailer {
-		if e := readTokenTrailer(trailer, r, d.sawTokenIDs); e != nil {
-			return e
-		}
+	if !hasTrailer {
+		return nil
+	}
+	var e *Error
+	if mark == TokenTrailerMark {
+		r.TokenIDs, e = readTrailer(trailer, r.TokenIDs, "token_ids", "token", MaxTokens, d.sawTokenIDs)
+	} else {
+		r.BlockHashes, e = readTrailer(trailer, r.BlockHashes, "block_hashes", "hash", MaxBlockHashes, d.sawBlockHashes)
+	}
+	if e != nil {
+		return e
 	}
 	return nil
 }
 
-// TokenTrailerMark is the byte between a route body's JSON and its token
-// trailer (AppendRouteBody).
-const TokenTrailerMark = 0
+// The binary trailers' marks: the byte between a route body's JSON and
+// what follows it in binary (AppendRouteBody; docs/protocol.md "The binary
+// trailers"). JSON text contains neither, so the first of them in a body
+// ends its JSON.
+const (
+	TokenTrailerMark = 0x00 // then each token id as a little-endian uint32
+	HashTrailerMark  = 0x01 // then each block hash as a little-endian uint64
+)
 
-// splitTokenTrailer splits a route body at its first NUL byte, if any.
-func splitTokenTrailer(data []byte) (body, trailer []byte, ok bool) {
+// splitTrailer splits a route body at its first trailer mark, if any. A
+// token trailer's ids and a hash trailer's hashes may hold either mark's
+// byte, so the earlier of the two is the mark.
+func splitTrailer(data []byte) (body, trailer []byte, mark byte, ok bool) {
 	i := bytes.IndexByte(data, TokenTrailerMark)
-	if i < 0 {
-		return data, nil, false
+	head := data
+	if i >= 0 {
+		head = data[:i]
 	}
-	return data[:i], data[i+1:], true
+	if j := bytes.IndexByte(head, HashTrailerMark); j >= 0 {
+		i = j
+	}
+	if i < 0 {
+		return data, nil, 0, false
+	}
+	return data[:i], data[i+1:], data[i], true
 }
 
-// littleEndian reports whether this machine stores a uint32 as the token
-// trailer does.
+// littleEndian reports whether this machine stores integers as the binary
+// trailers do.
 var littleEndian = binary.NativeEndian.Uint32([]byte{1, 0, 0, 0}) == 1
 
-// readTokenTrailer reads the token ids of a trailer into r.
-func readTokenTrailer(trailer []byte, r *RouteRequest, inJSON bool) *Error {
-	switch n := len(trailer) / 4; {
+// readTrailer reads a trailer of little-endian T into dst's memory: the
+// token ids (T uint32) or block hashes (uint64) of field, at most limit of
+// them, and not also given in the JSON (inJSON).
+func readTrailer[T uint32 | uint64](trailer []byte, dst []T, field, what string, limit int, inJSON bool) ([]T, *Error) {
+	size := int(unsafe.Sizeof(T(0)))
+	switch n := len(trailer) / size; {
 	case inJSON:
-		return BadField("token_ids", "is given both in the JSON and in the token trailer")
-	case len(trailer)%4 != 0:
-		return BadField("token_ids", "trailer is %d bytes, not a whole number of 4-byte ids", len(trailer))
-	case n > MaxTokens:
-		return BadField("token_ids", "has more than %d entries", MaxTokens)
+		return dst, BadField(field, "is given both in the JSON and in the %s trailer", what)
+	case len(trailer)%size != 0:
+		return dst, BadField(field, "%s trailer is %d bytes, not a whole number of %d-byte values", what, len(trailer), size)
+	case n > limit:
+		return dst, BadField(field, "has more than %d entries", limit)
 	default:
-		ids := slices.Grow(r.TokenIDs[:0], n)[:n]
+		out := slices.Grow(dst[:0], n)[:n]
 		if littleEndian && n > 0 {
-			// The trailer is the ids' own memory layout here: one copy
-			// instead of a load and store per id.
-			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*n), trailer)
-		} else {
-			for i := range ids {
-				ids[i] = binary.LittleEndian.Uint32(trailer[4*i:])
+			// The trailer is the values' own memory layout here: one copy
+			// instead of a load and store per value.
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), size*n), trailer)
+			return out, nil
+		}
+		for i := range out {
+			if size == 4 {
+				out[i] = T(binary.LittleEndian.Uint32(trailer[4*i:]))
+			} else {
+				out[i] = T(binary.LittleEndian.Uint64(trailer[8*i:]))
 			}
 		}
-		r.TokenIDs = ids
-		return nil
+		return out, nil
 	}
 }
 
@@ -631,6 +660,7 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 			d.sawTokenIDs = true
 			r.TokenIDs, e = d.uint32Array("token_ids", r.TokenIDs[:0], MaxTokens)
 		case "block_hashes":
+			d.sawBlockHashes = true
 			r.BlockHashes = r.BlockHashes[:0]
 			e = d.array("block_hashes", func(i int) *Error {
 				if i >= MaxBlockHashes {

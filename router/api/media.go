@@ -134,9 +134,9 @@ func (c *Client) MaxRouteBody() int {
 // fitRoute returns body (req encoded) when it fits in limit bytes.
 // Otherwise, for a request with token ids and a block size, it encodes
 // req's sequence block hashes in their place (RouteRequest.SeqHashes:
-// exactly what the replica would compute, about a fifth of the bytes at 16
-// tokens a block) with the prompt length as input_tokens, into body's
-// memory. A request that does not fit even so, or that gives no block
+// exactly what the replica would compute; in the hash trailer, an eighth
+// of the token trailer's bytes at 16 tokens a block) with the prompt
+// length as input_tokens, into body's memory. A request that does not fit even so, or that gives no block
 // size to hash at, is a payload_too_large *Error: it is not sent.
 func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 	if len(body) <= limit {
@@ -155,7 +155,7 @@ func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 		short.BlockHashes[i] = uint64(h)
 	}
 	short.InputTokens = len(req.TokenIDs)
-	body = AppendRouteRequest(body[:0], &short)
+	body = AppendRouteBody(body[:0], &short)
 	if len(body) > limit || len(hashes) > MaxBlockHashes {
 		return body, NewError(CodePayloadTooLarge, "the prompt of "+strconv.Itoa(len(req.TokenIDs))+" tokens needs "+
 			strconv.Itoa(len(body))+" bytes even as "+strconv.Itoa(len(hashes))+" block hashes; the NATS server's max_payload allows "+
@@ -165,14 +165,14 @@ func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 }
 
 // MaxPromptTokens is the longest prompt a client can route in a body of
-// at most maxBody bytes, at blockSize tokens a block: as block hashes
-// (at most 21 bytes each in JSON, 20 digits and a comma, after 4 KiB for
-// the other fields) and at most MaxBlockHashes of them. It is the
+// at most maxBody bytes, at blockSize tokens a block: as block hashes (8
+// bytes each in the hash trailer, after 4 KiB for the other fields and the
+// mark) and at most MaxBlockHashes of them. It is the
 // limit docs/gateway.md states and `kvrouter gateway` prints at start.
 func MaxPromptTokens(maxBody, blockSize int) int {
 	if blockSize < 1 {
 		return 0
 	}
-	blocks := min(max(maxBody-4096, 0)/21, MaxBlockHashes)
+	blocks := min(max(maxBody-4097, 0)/8, MaxBlockHashes)
 	return min(blocks*blockSize, MaxTokens)
 }

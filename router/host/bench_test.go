@@ -123,7 +123,8 @@ type bodyForm string
 const (
 	formTokens     bodyForm = "tokens"      // token ids in the token trailer, as api.Client sends them
 	formTokensJSON bodyForm = "tokens-json" // token ids in the JSON, as an HTTP client sends them
-	formHashes     bodyForm = "hashes"      // 128 precomputed block hashes
+	formHashes     bodyForm = "hashes"      // 128 precomputed block hashes in the hash trailer, as api.Client sends them
+	formHashesJSON bodyForm = "hashes-json" // the same hashes in the JSON, as an HTTP client sends them
 )
 
 // benchRequests builds session-less 2,048-token requests in form: half
@@ -145,12 +146,16 @@ func benchRequests(prefixes [][]uint32, n int, form bodyForm) [][]byte {
 			out[i] = api.AppendRouteBody(nil, req)
 		case formTokensJSON:
 			out[i] = api.AppendRouteRequest(nil, req)
-		case formHashes:
+		case formHashes, formHashesJSON:
 			for _, h := range kvevents.SeqHashes(nil, toks, 16, kvevents.HashSeed) {
 				req.BlockHashes = append(req.BlockHashes, uint64(h))
 			}
 			req.TokenIDs, req.BlockSize, req.InputTokens = nil, 16, len(toks)
-			out[i] = api.AppendRouteRequest(nil, req)
+			if form == formHashes {
+				out[i] = api.AppendRouteBody(nil, req)
+			} else {
+				out[i] = api.AppendRouteRequest(nil, req)
+			}
 		default:
 			panic("unknown body form " + form)
 		}
@@ -193,7 +198,7 @@ func BenchmarkRouteNATS(b *testing.B) {
 	for _, c := range []struct {
 		form bodyForm
 		nrep int
-	}{{formTokens, 1}, {formTokens, 2}, {formTokensJSON, 1}, {formHashes, 1}, {formHashes, 2}} {
+	}{{formTokens, 1}, {formTokens, 2}, {formTokensJSON, 1}, {formHashes, 1}, {formHashes, 2}, {formHashesJSON, 1}} {
 		nrep, form := c.nrep, c.form
 		b.Run(fmt.Sprintf("%s/replicas=%d/throughput", form, nrep), func(b *testing.B) {
 			st, prefixes := benchStack(b, 8, nrep)

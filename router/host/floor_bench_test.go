@@ -18,7 +18,7 @@ import (
 // what any replica can reach over NATS with its client on the same cores
 // (issue 29's "why it cannot go").
 func BenchmarkNATSFloor(b *testing.B) {
-	for _, form := range []bodyForm{formTokens, formTokensJSON, formHashes} {
+	for _, form := range []bodyForm{formTokens, formTokensJSON, formHashes, formHashesJSON} {
 		b.Run(string(form), func(b *testing.B) {
 			srv := natstest.Start(b)
 			reqs := benchRequests(benchPrefixes(), 512, form)

@@ -10,17 +10,15 @@ import (
 	"github.com/kvrouter/kvrouter/router/api"
 )
 
-// A route request whose token ids come in the token trailer routes as the
-// same request with them in the JSON, over NATS and over HTTP: same prompt
-// blocks, and the second sees the first's prompt as booked. A malformed
-// trailer is a 400 naming token_ids, and the replica goes on routing.
-func TestTokenTrailerRoutes(t *testing.T) {
+// A route request whose token ids, or block hashes, come in a binary
+// trailer routes as the same request with them in the JSON, over NATS and
+// over HTTP: same prompt blocks, and the second sees the first's prompt as
+// booked. A malformed trailer is a 400 naming the field, and the replica
+// goes on routing.
+func TestBinaryTrailersRoute(t *testing.T) {
 	st := startStack(t, stackOpts{workers: 1, replicas: 1})
 	st.waitWorkers(1)
 	r := st.replicas[0]
-	toks := tokens(21, 64)
-	want := len(toks) / DefaultBlockSize
-	req := &api.RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 4}
 
 	route := func(name string, body []byte, viaHTTP bool) (int, *api.RouteResponse, *api.Error) {
 		t.Helper()
@@ -48,49 +46,68 @@ func TestTokenTrailerRoutes(t *testing.T) {
 		return code, &resp, nil
 	}
 
-	// The JSON form first, until its prompt is recorded (asynchronously)
-	// as cached on the worker it chose: then a route of the same ids finds
-	// every block. Each trailer form is routed once after it, so a full
-	// overlap means it read the very ids the JSON gave.
-	var got api.RouteResponse
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		code, resp, e := route("NATS, JSON", api.AppendRouteRequest(nil, req), false)
-		if e != nil || code != 200 {
-			t.Fatalf("NATS, JSON: %d %v", code, e)
+	for i, form := range []struct {
+		name  string
+		field string
+		mark  byte
+		size  int // bytes a value in the trailer
+	}{{"token ids", "token_ids", api.TokenTrailerMark, 4}, {"block hashes", "block_hashes", api.HashTrailerMark, 8}} {
+		toks := tokens(21+i, 64)
+		want := len(toks) / DefaultBlockSize
+		req := &api.RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 4}
+		if form.mark == api.HashTrailerMark {
+			for _, h := range req.SeqHashes(nil, DefaultBlockSize) {
+				req.BlockHashes = append(req.BlockHashes, uint64(h))
+			}
+			req.TokenIDs, req.BlockSize, req.InputTokens = nil, DefaultBlockSize, len(toks)
 		}
-		got = *resp
-		return resp.PromptBlocks == want && resp.OverlapBlocks == want
-	}, func() string {
-		return fmt.Sprintf("NATS, JSON: overlap %d of %d blocks, want all %d", got.OverlapBlocks, got.PromptBlocks, want)
-	})
-	for _, c := range []struct {
-		name    string
-		viaHTTP bool
-	}{{"NATS, trailer", false}, {"HTTP, trailer", true}} {
-		code, resp, e := route(c.name, api.AppendRouteBody(nil, req), c.viaHTTP)
-		if e != nil || code != 200 {
-			t.Fatalf("%s: %d %v", c.name, code, e)
-		}
-		if resp.PromptBlocks != want || resp.OverlapBlocks != want {
-			t.Fatalf("%s: overlap %d of %d blocks, want all %d", c.name, resp.OverlapBlocks, resp.PromptBlocks, want)
-		}
-	}
 
-	ragged := api.AppendRouteBody(nil, req)
-	ragged = ragged[:len(ragged)-1]
-	twice := append(api.AppendRouteRequest(nil, req), append([]byte{api.TokenTrailerMark}, 1, 0, 0, 0)...)
-	for _, c := range []struct {
-		name string
-		body []byte
-	}{{"ragged trailer", ragged}, {"token ids twice", twice}} {
+		// The JSON form first, until its prompt is recorded
+		// (asynchronously) as cached on the worker it chose: then a route
+		// of the same prompt finds every block. Each trailer form is routed
+		// once after it, so a full overlap means it read the very values
+		// the JSON gave.
+		var got api.RouteResponse
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			code, resp, e := route(form.name+", NATS, JSON", api.AppendRouteRequest(nil, req), false)
+			if e != nil || code != 200 {
+				t.Fatalf("%s, NATS, JSON: %d %v", form.name, code, e)
+			}
+			got = *resp
+			return resp.PromptBlocks == want && resp.OverlapBlocks == want
+		}, func() string {
+			return fmt.Sprintf("%s, NATS, JSON: overlap %d of %d blocks, want all %d", form.name, got.OverlapBlocks, got.PromptBlocks, want)
+		})
+		body := api.AppendRouteBody(nil, req)
+		if m := body[len(body)-1-form.size*(len(req.TokenIDs)+len(req.BlockHashes))]; m != form.mark {
+			t.Fatalf("%s: the body's mark is %#x, want %#x", form.name, m, form.mark)
+		}
 		for _, viaHTTP := range []bool{false, true} {
-			code, _, e := route(c.name, c.body, viaHTTP)
-			if code != 400 || e == nil || e.Field != "token_ids" {
-				t.Fatalf("%s (HTTP %v): %d %+v, want 400 on token_ids", c.name, viaHTTP, code, e)
+			code, resp, e := route(form.name, body, viaHTTP)
+			if e != nil || code != 200 {
+				t.Fatalf("%s (HTTP %v): %d %v", form.name, viaHTTP, code, e)
+			}
+			if resp.PromptBlocks != want || resp.OverlapBlocks != want {
+				t.Fatalf("%s (HTTP %v): overlap %d of %d blocks, want all %d", form.name, viaHTTP, resp.OverlapBlocks, resp.PromptBlocks, want)
 			}
 		}
-	}
-	if _, err := st.client.Route(ctxT(t), req); err != nil {
-		t.Fatalf("after the bad bodies: %v", err)
+
+		ragged := body[:len(body)-1]
+		twice := append(api.AppendRouteRequest(nil, req), form.mark)
+		twice = append(twice, make([]byte, form.size)...)
+		for _, c := range []struct {
+			name string
+			body []byte
+		}{{"ragged trailer", ragged}, {"given twice", twice}} {
+			for _, viaHTTP := range []bool{false, true} {
+				code, _, e := route(c.name, c.body, viaHTTP)
+				if code != 400 || e == nil || e.Field != form.field {
+					t.Fatalf("%s, %s (HTTP %v): %d %+v, want 400 on %s", form.name, c.name, viaHTTP, code, e, form.field)
+				}
+			}
+		}
+		if _, err := st.client.Route(ctxT(t), req); err != nil {
+			t.Fatalf("%s: after the bad bodies: %v", form.name, err)
+		}
 	}
 }

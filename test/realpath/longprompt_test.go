@@ -165,10 +165,14 @@ func TestLongPromptOverAuthNATS(t *testing.T) {
 	t.Logf("%d-token prompt: routed as %d block hashes under max_payload %d, overlap %d blocks = cached %d tokens on %s",
 		n, n/testBlock, nc.MaxPayload(), overlap, cached, second)
 
-	// A quarter past the stated limit: its block hashes (about 20.9 bytes
-	// each on average) no longer fit either.
+	// The longest prompt a request may carry (2 Mi tokens): past the
+	// stated limit, its block hashes (8 bytes each in the hash trailer,
+	// 1 MiB in all) no longer fit under this max_payload either.
 	limit := api.MaxPromptTokens(client.MaxRouteBody(), testBlock)
-	huge := make([]uint32, limit+limit/4)
+	huge := make([]uint32, api.MaxTokens)
+	if len(huge) <= limit || 8*len(huge)/testBlock <= client.MaxRouteBody() {
+		t.Fatalf("a %d-token prompt fits under max_payload %d (limit %d): the test needs one that does not", len(huge), nc.MaxPayload(), limit)
+	}
 	for i := range huge {
 		huge[i] = uint32(i % 97)
 	}
