@@ -18,7 +18,8 @@ import (
 // Client calls the route API over NATS. It is what the demo, the bench
 // harness and the tests use, and a reference for clients in other
 // languages: every call is one NATS request with a JSON body (a route
-// request's token ids follow it in binary: AppendRouteBody); the reply is
+// request's token ids, or block hashes, follow it in binary:
+// AppendRouteBody); the reply is
 // the answer or an error envelope. Safe for concurrent use.
 type Client struct {
 	// NoRouterWait is how long a request that finds no replica subscribed

@@ -26,7 +26,10 @@
 // DecodeJSON, so HTTP and NATS share one decoder, one set of key rules and
 // one set of error texts per message. The hand decoders match keys exactly,
 // where encoding/json folds their case; otherwise both read the same
-// message (fuzzed against encoding/json).
+// message (fuzzed against encoding/json). A route request's token ids, or
+// its block hashes, may follow its JSON in binary (the binary trailers,
+// jsondec.go: a mark byte JSON never contains, then fixed-width
+// little-endian values), which AppendRouteBody writes and Client sends.
 //
 // It does not route, hold state or start anything, and it must not link a
 // NATS server, the OpenTelemetry SDK or Prometheus (deps_test.go): a binary
