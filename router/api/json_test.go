@@ -279,6 +279,18 @@ func BenchmarkDecodeRouteBody2048(b *testing.B) {
 	benchDecodeRouteRequest(b, AppendRouteBody(nil, request2048()))
 }
 
+// BenchmarkAppendRouteBody2048: the client's side of
+// BenchmarkDecodeRouteBody2048, the request encoded with its token trailer.
+func BenchmarkAppendRouteBody2048(b *testing.B) {
+	r := request2048()
+	buf := AppendRouteBody(nil, r)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendRouteBody(buf[:0], r)
+	}
+}
+
 // BenchmarkDecodeRouteHashes128 and BenchmarkDecodeRouteHashBody128: a
 // 2,048-token prompt as 128 block hashes, in the JSON and in the hash
 // trailer (as Client sends it).

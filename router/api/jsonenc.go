@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Hand-written JSON for the route hot path: encoding/json reflects and
@@ -175,21 +176,26 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 func AppendRouteBody(dst []byte, r *RouteRequest) []byte {
 	switch {
 	case len(r.TokenIDs) > 0:
-		dst = appendRouteJSON(dst, r, false, true)
-		dst = slices.Grow(dst, 1+4*len(r.TokenIDs))
-		dst = append(dst, TokenTrailerMark)
-		for _, id := range r.TokenIDs {
-			dst = binary.LittleEndian.AppendUint32(dst, id)
-		}
+		return appendTrailer(appendRouteJSON(dst, r, false, true), TokenTrailerMark, r.TokenIDs)
 	case len(r.BlockHashes) > 0:
-		dst = appendRouteJSON(dst, r, true, false)
-		dst = slices.Grow(dst, 1+8*len(r.BlockHashes))
-		dst = append(dst, HashTrailerMark)
-		for _, h := range r.BlockHashes {
-			dst = binary.LittleEndian.AppendUint64(dst, h)
-		}
+		return appendTrailer(appendRouteJSON(dst, r, true, false), HashTrailerMark, r.BlockHashes)
 	default:
-		dst = appendRouteJSON(dst, r, true, true)
+		return appendRouteJSON(dst, r, true, true)
+	}
+}
+
+// appendTrailer appends a binary trailer: mark, then each value in
+// little-endian, readTrailer's input.
+func appendTrailer[T uint32 | uint64](dst []byte, mark byte, vals []T) []byte {
+	size := int(unsafe.Sizeof(T(0)))
+	dst = slices.Grow(dst, 1+size*len(vals))
+	dst = append(dst, mark)
+	for _, v := range vals {
+		if size == 4 {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+		} else {
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(v))
+		}
 	}
 	return dst
 }
