@@ -117,8 +117,16 @@ func BenchmarkApply(b *testing.B) {
 // loaded before any is written; a removal's block bucket only once its
 // engine bucket named it). It says what four random cache lines per
 // stored block cost on this machine, against which Apply's figure is
-// read (docs/benchmarks/index.md).
+// read (docs/benchmarks/index.md). lines=2 is the same without the engine
+// tables: what a block would cost in memory if removals named sequence
+// hashes, so that the index kept no engine map (the lever docs/benchmarks.md
+// weighs for apply at 1M entries, issue 29).
 func BenchmarkApplyMemoryFloor(b *testing.B) {
+	b.Run("lines=4", func(b *testing.B) { applyMemoryFloor(b, true) })
+	b.Run("lines=2", func(b *testing.B) { applyMemoryFloor(b, false) })
+}
+
+func applyMemoryFloor(b *testing.B, engines bool) {
 	const (
 		workers   = 1000
 		engWords  = 2 * 2048    // one worker's engine table: 2,048 buckets of two words
@@ -143,20 +151,31 @@ func BenchmarkApplyMemoryFloor(b *testing.B) {
 			ctr++
 			h := mix(ctr)
 			eb[i], tb[i] = base+2*(h&engMask), 2*(mix(h)&tableMask)
-			sink += eng[eb[i]] + tab[tb[i]]
+			if engines {
+				sink += eng[eb[i]]
+			}
+			sink += tab[tb[i]]
 		}
 		for i := range perBatch { // then write them
-			eng[eb[i]], eng[eb[i]+1] = tb[i], uint64(n)
+			if engines {
+				eng[eb[i]], eng[eb[i]+1] = tb[i], uint64(n)
+			}
 			tab[tb[i]+1]++
 		}
 		for i := range perBatch { // removals: the engine buckets first
 			ctr++
 			eb[i] = base + 2*(mix(ctr^0x9e3779b97f4a7c15)&engMask)
-			sink += eng[eb[i]]
+			if engines {
+				sink += eng[eb[i]]
+			}
 		}
 		for i := range perBatch { // the block bucket each one names
-			tb[i] = 2 * (mix(eng[eb[i]]) & tableMask)
-			eng[eb[i]] = 0
+			if engines {
+				tb[i] = 2 * (mix(eng[eb[i]]) & tableMask)
+				eng[eb[i]] = 0
+			} else {
+				tb[i] = 2 * (mix(eb[i]) & tableMask) // named by the removal itself
+			}
 			sink += tab[tb[i]]
 		}
 		for i := range perBatch {
