@@ -136,8 +136,9 @@ func (c *Client) MaxRouteBody() int {
 // req's sequence block hashes in their place (RouteRequest.SeqHashes:
 // exactly what the replica would compute; in the hash trailer, an eighth
 // of the token trailer's bytes at 16 tokens a block) with the prompt
-// length as input_tokens, into body's memory. A request that does not fit even so, or that gives no block
-// size to hash at, is a payload_too_large *Error: it is not sent.
+// length as input_tokens, into body's memory. A request that does not fit
+// even so, or that gives no block size to hash at, is a payload_too_large
+// *Error: it is not sent.
 func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 	if len(body) <= limit {
 		return body, nil
