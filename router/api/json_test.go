@@ -28,10 +28,10 @@ func TestDecodeRouteRequest(t *testing.T) {
 	}
 	// block hashes as numbers and quoted decimals
 	r.Reset()
-	if err := DecodeRouteRequest([]byte(`{"model":"m","block_hashes":[18446744073709551615,"42"],"block_size":16}`), &r); err != nil {
+	if err := DecodeRouteRequest([]byte(`{"model":"m","block_hashes":[18446744073709551615,"42",7, "18446744073709551615"],"block_size":16}`), &r); err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(r.BlockHashes, []uint64{18446744073709551615, 42}) {
+	if !reflect.DeepEqual(r.BlockHashes, []uint64{18446744073709551615, 42, 7, 18446744073709551615}) {
 		t.Fatalf("hashes %v", r.BlockHashes)
 	}
 }

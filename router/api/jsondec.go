@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -500,10 +501,11 @@ func (d *decoder) int(field string, max int) (int, *Error) {
 	return int(u), nil
 }
 
-// uint32Array reads an array of integers in [0, 2^32) with a tight loop for
-// the common shape (plain digits, commas, optional spaces); anything else
-// goes through the general path.
-func (d *decoder) uint32Array(field string, dst []uint32, maxLen int) ([]uint32, *Error) {
+// uintArray reads an array of integers in [0, max T] with a tight loop
+// for the common shape (plain digits, commas, optional spaces); anything
+// else goes through the general path, which also reads decimal strings
+// when quoted. Token ids (uint32) and block hashes (uint64) share it.
+func uintArray[T uint32 | uint64](d *decoder, field string, dst []T, maxLen int, quoted bool) ([]T, *Error) {
 	if e := d.expect(field, '['); e != nil {
 		return dst, e
 	}
@@ -511,33 +513,46 @@ func (d *decoder) uint32Array(field string, dst []uint32, maxLen int) ([]uint32,
 		d.pos++
 		return dst, nil
 	}
+	// The fast path's digits: up to 10 for uint32 (checked against the
+	// maximum), up to 19 for uint64 (they cannot overflow) and a 20th
+	// checked on its own. A longer number is left to the general path,
+	// which says what is wrong with it.
+	maxV, fastDigits := uint64(^T(0)), 19
+	if maxV == math.MaxUint32 {
+		fastDigits = 10
+	}
 	buf := d.buf
 	for {
 		if len(dst) >= maxLen {
 			return dst, d.errf(field, "has more than %d entries", maxLen)
 		}
 		// Fast path: plain digits ended by ',' or ']' (what every encoder
-		// writes); anything else (spaces, signs, fractions, errors) goes
-		// through the general path below.
+		// writes); anything else (spaces, signs, fractions, strings,
+		// errors) goes through the general path below.
 		p := d.pos
 		if p < len(buf) {
 			if v := uint64(buf[p] - '0'); v <= 9 {
 				q := p + 1
-				for q < len(buf) {
+				for lim := min(len(buf), p+fastDigits); q < lim; q++ {
 					dg := uint64(buf[q] - '0')
 					if dg > 9 {
 						break
 					}
 					v = v*10 + dg
-					q++
 				}
-				if n := q - p; q < len(buf) && n <= 10 && v <= 1<<32-1 && (n == 1 || buf[p] != '0') {
+				if q == p+19 && q < len(buf) { // a uint64's 20th digit
+					if dg := uint64(buf[q] - '0'); dg <= 9 && v <= (math.MaxUint64-dg)/10 {
+						v = v*10 + dg
+						q++
+					}
+				}
+				if q < len(buf) && v <= maxV && (q-p == 1 || buf[p] != '0') {
 					if c := buf[q]; c == ',' {
-						dst = append(dst, uint32(v))
+						dst = append(dst, T(v))
 						d.pos = q + 1
 						continue
 					} else if c == ']' {
-						dst = append(dst, uint32(v))
+						dst = append(dst, T(v))
 						d.pos = q + 1
 						return dst, nil
 					}
@@ -545,11 +560,11 @@ func (d *decoder) uint32Array(field string, dst []uint32, maxLen int) ([]uint32,
 			}
 		}
 		d.skipWS()
-		u, e := d.uint(field, 1<<32-1, false)
+		u, e := d.uint(field, maxV, quoted)
 		if e != nil {
 			return dst, e
 		}
-		dst = append(dst, uint32(u))
+		dst = append(dst, T(u))
 		switch d.peek() {
 		case ',':
 			d.pos++
@@ -658,18 +673,10 @@ func (d *decoder) routeRequest(r *RouteRequest) *Error {
 			r.Model, e = d.str("model", MaxModelLen)
 		case "token_ids":
 			d.sawTokenIDs = true
-			r.TokenIDs, e = d.uint32Array("token_ids", r.TokenIDs[:0], MaxTokens)
+			r.TokenIDs, e = uintArray(d, "token_ids", r.TokenIDs[:0], MaxTokens, false)
 		case "block_hashes":
 			d.sawBlockHashes = true
-			r.BlockHashes = r.BlockHashes[:0]
-			e = d.array("block_hashes", func(i int) *Error {
-				if i >= MaxBlockHashes {
-					return d.errf("block_hashes", "has more than %d entries", MaxBlockHashes)
-				}
-				v, e := d.uint("block_hashes", 1<<64-1, true)
-				r.BlockHashes = append(r.BlockHashes, v)
-				return e
-			})
+			r.BlockHashes, e = uintArray(d, "block_hashes", r.BlockHashes[:0], MaxBlockHashes, true)
 		case "media":
 			r.Media, e = d.media(r.Media)
 		case "block_size":
