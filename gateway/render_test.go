@@ -192,7 +192,7 @@ func TestRenderProbeStates(t *testing.T) {
 		t.Fatal("want one new probe after renderRetry")
 	}
 	p.done(&tokenizeStatusError{status: http.StatusBadRequest}, now)
-	if !p.use(now) || !p.use(now) {
+	if !p.use(now) || !p.use(now) { // two requests in a row, both use it
 		t.Fatal("an endpoint that answered (even 400) is used by every request")
 	}
 }

@@ -212,7 +212,7 @@ func TestConfigErrors(t *testing.T) {
 
 func TestInflightGate(t *testing.T) {
 	var g inflightGate
-	if !g.enter() || !g.enter() {
+	if !g.enter() || !g.enter() { // two calls enter, the gate counts both
 		t.Fatal("enter refused on an open gate")
 	}
 	done := make(chan struct{})

@@ -72,7 +72,6 @@ type Replica struct {
 
 	state    atomic.Int32
 	ready    chan struct{}
-	readyErr error
 	sem      chan struct{} // bounds route requests in flight (NATS and HTTP)
 	routes   *msgPool      // runs NATS route messages (msgpool.go)
 	fwd      chan struct{} // bounds lifecycle calls forwarded to other replicas

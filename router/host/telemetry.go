@@ -56,7 +56,6 @@ type metrics struct {
 	recCode   map[string][]metric.RecordOption
 	addCode   map[string][]metric.AddOption
 	addOut    map[string][]metric.AddOption
-	noOpts    []metric.RecordOption
 	lcMu      sync.Mutex
 	lcOpts    map[[2]string][]metric.AddOption
 }

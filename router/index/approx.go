@@ -82,11 +82,9 @@ type Approx struct {
 	// lists holds free record lists by capacity class (1<<class hashes),
 	// so that steady-state recording does not allocate.
 	lists   [listClasses][][]kvevents.SeqHash
-	pooled  int // capacity (in hashes) of the lists in the pool
-	entries int // live (block, worker) entries
-	queued  int // hashes in record lists: entries + those of removed workers
-	gone    []kvevents.SeqHash
-	sink    uint64       // folds pre-touched words so the loads stay
+	pooled  int          // capacity (in hashes) of the lists in the pool
+	entries int          // live (block, worker) entries
+	queued  int          // hashes in record lists: entries + those of removed workers
 	first   atomic.Int64 // earliest deadline in the heap, MaxInt64 when empty
 
 	recorded, refreshed, expired, evicted atomic.Uint64

@@ -130,7 +130,6 @@ type engine struct {
 	worker  string
 	sick    atomic.Bool // /health answers 500
 	mute    atomic.Bool // /metrics answers 500
-	reqs    atomic.Int64
 	stopRun context.CancelFunc
 	ran     chan struct{}
 }
