@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -30,15 +31,18 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--epp-addr", fmt.Sprintf("127.0.0.1:%d", p[2]),
 			"--models", "llama", "--log-level", "warn"}
 	})
-	natsPort, eppPort, epp2Port := srv.ports[0], srv.ports[2], srv.ports[3]
-	ectx, stopEPP := context.WithCancel(context.Background())
-	var eppOut, eppErr syncBuf
-	eppDone := make(chan int, 1)
-	go func() {
-		eppDone <- run(ectx, []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
-			"--listen", fmt.Sprintf("127.0.0.1:%d", epp2Port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}, &eppOut, &eppErr)
-	}()
-	for _, port := range []int{eppPort, epp2Port} {
+	natsPort, eppPort := srv.ports[0], srv.ports[2]
+	ep := runOnPort(t, srv.ports[3], func(port int) []string {
+		return []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}
+	}, func(port int) bool { // listening: readiness itself is checked below
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	for _, port := range []int{eppPort, ep.port} {
 		conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -64,12 +68,12 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 		cancel()
 		conn.Close()
 	}
-	stopEPP()
-	if code := <-eppDone; code != 0 {
-		t.Fatalf("epp exit %d: %s", code, eppErr.String())
+	ep.stop()
+	if code := <-ep.done; code != 0 {
+		t.Fatalf("epp exit %d: %s", code, ep.errb)
 	}
 	srv.shutdown(t)
-	if !strings.Contains(eppOut.String(), "kvrouter epp ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
-		t.Fatalf("banners: %q %q", eppOut.String(), srv.out.String())
+	if !strings.Contains(ep.out.String(), "kvrouter epp ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("EPP 127.0.0.1:%d", eppPort)) {
+		t.Fatalf("banners: %q %q", ep.out.String(), srv.out.String())
 	}
 }

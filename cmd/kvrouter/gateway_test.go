@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -49,14 +50,12 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 			"--http-addr", fmt.Sprintf("127.0.0.1:%d", p[1]), "--openai-addr", fmt.Sprintf("127.0.0.1:%d", p[2]),
 			"--openai-pd", "vllm", "--models", "llama", "--log-level", "warn"}
 	})
-	natsPort, oaPort, gwPort := srv.ports[0], srv.ports[2], srv.ports[3]
-	gctx, stopGateway := context.WithCancel(context.Background())
-	var gwOut, gwErr syncBuf
-	gwDone := make(chan int, 1)
-	go func() {
-		gwDone <- run(gctx, []string{"gateway", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
-			"--listen", fmt.Sprintf("127.0.0.1:%d", gwPort), "--models", "llama", "--log-level", "warn"}, &gwOut, &gwErr)
-	}()
+	natsPort, oaPort := srv.ports[0], srv.ports[2]
+	gw := runOnPort(t, srv.ports[3], func(port int) []string {
+		return []string{"gateway", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--models", "llama", "--log-level", "warn"}
+	}, func(port int) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", port), 200) })
+	gwPort := gw.port
 	for _, port := range []int{oaPort, gwPort} {
 		base := fmt.Sprintf("http://127.0.0.1:%d", port)
 		waitHTTP(t, base+"/v1/models", 200, 20*time.Second)
@@ -74,12 +73,37 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 		}
 	}
 	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", gwPort), 200, 5*time.Second)
-	stopGateway()
-	if code := <-gwDone; code != 0 {
-		t.Fatalf("gateway exit %d: %s", code, gwErr.String())
+	gw.stop()
+	if code := <-gw.done; code != 0 {
+		t.Fatalf("gateway exit %d: %s", code, gw.errb)
 	}
 	srv.shutdown(t)
-	if !strings.Contains(gwOut.String(), "gateway ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
-		t.Fatalf("banners: %q %q", gwOut.String(), srv.out.String())
+	if !strings.Contains(gw.out.String(), "gateway ready") || !strings.Contains(srv.out.String(), fmt.Sprintf("OpenAI 127.0.0.1:%d", oaPort)) {
+		t.Fatalf("banners: %q %q", gw.out.String(), srv.out.String())
+	}
+}
+
+// runOnPort gives a command whose port was taken in the meantime another
+// one: the gateway exits with "address already in use" on the taken port
+// and answers on the next.
+func TestRunOnPortTakesAnotherPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a gateway with an embedded NATS server")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	gw := runOnPort(t, port, func(p int) []string {
+		return []string{"gateway", "--embedded-nats", "--listen", fmt.Sprintf("127.0.0.1:%d", p), "--models", "llama", "--log-level", "warn"}
+	}, func(p int) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", p), 200) })
+	if gw.port == port {
+		t.Fatalf("the gateway answered on the taken port %d", port)
+	}
+	gw.stop()
+	if code := <-gw.done; code != 0 {
+		t.Fatalf("gateway exit %d: %s", code, gw.errb)
 	}
 }

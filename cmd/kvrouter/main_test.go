@@ -146,7 +146,9 @@ func (s *served) shutdown(t *testing.T) {
 
 // startServe runs serve with the arguments args gives for n ports (n >= 2:
 // the embedded NATS server's and the HTTP API's, then any the caller
-// needs) and waits until its /readyz answers 200. The ports are released
+// needs) and waits until its /readyz answers 200 and it has printed its
+// ready banner, which comes once every listener is bound (/readyz answers
+// before the --openai-addr and --epp-addr listeners are). The ports are released
 // before serve binds them, and they come from the ephemeral range that
 // other tests' connections draw their local ports from: a port taken
 // meanwhile makes serve exit with "address already in use" (how
@@ -171,13 +173,15 @@ func startServe(t *testing.T, n int, args func(ports []int) []string) *served {
 				return true
 			default:
 			}
-			resp, err := http.Get(s.base + "/readyz")
+			resp, err := probeClient.Get(s.base + "/readyz")
 			if err != nil {
 				return false
 			}
 			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, func() string { return fmt.Sprintf("%s/readyz never answered 200; serve's stderr: %s", s.base, s.errb) })
+			return resp.StatusCode == http.StatusOK && strings.Contains(s.out.String(), " ready: ")
+		}, func() string {
+			return fmt.Sprintf("%s/readyz never answered 200 with serve's ready banner; serve's stdout: %s; stderr: %s", s.base, s.out, s.errb)
+		})
 		if exit < 0 {
 			return s
 		}
@@ -188,6 +192,64 @@ func startServe(t *testing.T, n int, args func(ports []int) []string) *served {
 		}
 		t.Fatalf("serve exited %d before it was ready: %s", exit, s.errb)
 	}
+}
+
+// command is a kvrouter command a test runs beside serve (runOnPort).
+type command struct {
+	port      int
+	out, errb *syncBuf
+	done      chan int // its exit code
+	stop      context.CancelFunc
+}
+
+// runOnPort runs the command args gives for a port, first on port, until
+// ready(port) holds. A port taken since it was released (the command
+// exits with "address already in use") is replaced by a new one, up to
+// three times, as startServe does for serve; any other exit before ready
+// fails the test with the command's stderr.
+func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(port int) bool) *command {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		ctx, stop := context.WithCancel(context.Background())
+		c := &command{port: port, out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
+		a := args(port)
+		go func() { c.done <- run(ctx, a, c.out, c.errb) }()
+		exit := -1
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			select {
+			case exit = <-c.done:
+				return true
+			default:
+			}
+			return ready(port)
+		}, func() string {
+			return fmt.Sprintf("%s on port %d never became ready; its stderr: %s", a[0], port, c.errb)
+		})
+		if exit < 0 {
+			return c
+		}
+		stop()
+		if attempt < 3 && strings.Contains(c.errb.String(), "address already in use") {
+			t.Logf("%s on port %d: the port was taken before it bound it; again on a new port: %s", a[0], port, c.errb)
+			port = testutil.FreePorts(t, 1)
+			continue
+		}
+		t.Fatalf("%s exited %d before it was ready: %s", a[0], exit, c.errb)
+	}
+}
+
+// probeClient is what the helpers that wait for a command's port use: a
+// port another listener took may accept a connection and never answer.
+var probeClient = &http.Client{Timeout: 2 * time.Second}
+
+// answers reports whether GET url answers status.
+func answers(url string, status int) bool {
+	resp, err := probeClient.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == status
 }
 
 // serve with an embedded NATS server and worker --sim in another "process"
@@ -245,7 +307,7 @@ func waitHTTP(t *testing.T, url string, status int, d time.Duration) {
 	t.Helper()
 	var last error
 	testutil.Eventually(t, d, func() bool {
-		resp, err := http.Get(url)
+		resp, err := probeClient.Get(url)
 		if last = err; err != nil {
 			return false
 		}
