@@ -35,10 +35,10 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 	ep := runOnPort(t, srv.ports[3], func(port int) []string {
 		return []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}
-	}, func(port int) bool { // listening: readiness itself is checked below
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	}, func(c *command) bool { // listening: readiness itself is checked below
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.port), time.Second)
 		if err == nil {
-			c.Close()
+			conn.Close()
 		}
 		return err == nil
 	})

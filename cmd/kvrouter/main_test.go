@@ -203,11 +203,11 @@ type command struct {
 }
 
 // runOnPort runs the command args gives for a port, first on port, until
-// ready(port) holds. A port taken since it was released (the command
+// ready holds for it (ready may read its port and its output). A port taken since it was released (the command
 // exits with "address already in use") is replaced by a new one, up to
 // three times, as startServe does for serve; any other exit before ready
 // fails the test with the command's stderr.
-func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(port int) bool) *command {
+func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(c *command) bool) *command {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		ctx, stop := context.WithCancel(context.Background())
@@ -221,7 +221,7 @@ func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(
 				return true
 			default:
 			}
-			return ready(port)
+			return ready(c)
 		}, func() string {
 			return fmt.Sprintf("%s on port %d never became ready; its stderr: %s", a[0], port, c.errb)
 		})

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvrouter/kvrouter/internal/testutil"
 )
 
 func TestExpandNargs(t *testing.T) {
@@ -51,20 +49,13 @@ func TestSimServeLoRAUsageErrors(t *testing.T) {
 // and with VLLM_ALLOW_RUNTIME_LORA_UPDATING one more loads at run time.
 func TestSimServeLoRAAdapters(t *testing.T) {
 	t.Setenv(runtimeLoRAEnv, "True")
-	port := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errOut syncBuf
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"sim", "serve", "base", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	engine := runOnPort(t, freePort(t), func(port int) []string {
+		return []string{"sim", "serve", "base", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--enable-lora", "--lora-modules", "sql=/a/sql", `{"name":"zh","path":"/a/zh","base_model_name":"base"}`,
-			"--max-loras", "2", "--max-cpu-loras", "4", "--lora-load-time", "1s", "--speedup", "100", "--log-level", "error"}, &out, &errOut)
-	}()
-	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "on http://") },
-		func() string {
-			return "the engine did not start; stdout " + out.String() + " stderr " + errOut.String()
-		})
+			"--max-loras", "2", "--max-cpu-loras", "4", "--lora-load-time", "1s", "--speedup", "100", "--log-level", "error"}
+	}, func(c *command) bool { return strings.Contains(c.out.String(), "on http://") })
+	defer engine.stop()
+	port, out := engine.port, engine.out // out: the startup line
 	if !strings.Contains(out.String(), `LoRA adapters ["sql" "zh"], 2 resident at once, runtime loading on`) {
 		t.Errorf("startup line %q", out.String())
 	}
@@ -112,8 +103,8 @@ func TestSimServeLoRAAdapters(t *testing.T) {
 			t.Fatalf("%s: %d %s", m, code, body)
 		}
 	}
-	cancel()
-	if code := <-done; code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut.String())
+	engine.stop()
+	if code := <-engine.done; code != 0 {
+		t.Fatalf("exit %d: %s", code, engine.errb)
 	}
 }
