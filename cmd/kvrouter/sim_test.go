@@ -240,42 +240,14 @@ func TestSimServeRunsAndStopsOnSIGTERM(t *testing.T) {
 func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
 	// The second engine's port (port+1) is not reserved: another test
 	// may take it between freePort and the bind. Such a start fails with
-	// "address already in use" and is tried again on another port.
-	var (
-		port        int
-		cancel      context.CancelFunc
-		out, errOut *syncBuf
-		done        chan int
-	)
-	for try := 0; ; try++ {
-		port = freePort(t)
-		var ctx context.Context
-		ctx, cancel = context.WithCancel(context.Background())
-		t.Cleanup(cancel) // also when Eventually gives up
-		out, errOut, done = new(syncBuf), new(syncBuf), make(chan int, 1)
-		go func(out, errOut *syncBuf, done chan int) {
-			done <- run(ctx, []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
-				"--speedup", "100", "--log-level", "warn"}, out, errOut)
-		}(out, errOut, done)
-		exited := -1
-		testutil.Eventually(t, 30*time.Second, func() bool {
-			select {
-			case exited = <-done:
-				return true
-			default:
-			}
-			return strings.Count(out.String(), "on http://") == 2
-		}, func() string {
-			return "two engines did not start; stdout " + out.String() + " stderr " + errOut.String()
-		})
-		if exited < 0 {
-			break // both engines serve
-		}
-		cancel()
-		if try == 4 || !strings.Contains(errOut.String(), "address already in use") {
-			t.Fatalf("sim serve exited %d before both engines started: %s", exited, errOut.String())
-		}
-	}
+	// "address already in use" and is tried again on another port
+	// (runOnPort).
+	engines := runOnPort(t, freePort(t), func(port int) []string {
+		return []string{"sim", "serve", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--count", "2",
+			"--speedup", "100", "--log-level", "warn"}
+	}, func(c *command) bool { return strings.Count(c.out.String(), "on http://") == 2 })
+	defer engines.stop()
+	port := engines.port
 	client := &http.Client{Timeout: 20 * time.Second}
 	defer client.CloseIdleConnections()
 	cached := func(p int) string {
@@ -301,8 +273,8 @@ func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
 	if got := []string{cached(port), cached(port), cached(port + 1)}; !slices.Equal(got, []string{"0", "64", "0"}) {
 		t.Fatalf("cached tokens on engine 0, engine 0 again, engine 1: %v; want [0 64 0]", got)
 	}
-	cancel()
-	if code := <-done; code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut.String())
+	engines.stop()
+	if code := <-engines.done; code != 0 {
+		t.Fatalf("exit %d: %s", code, engines.errb)
 	}
 }
