@@ -36,13 +36,13 @@ func TestServeEPPAddrAndEPP(t *testing.T) {
 		return []string{"epp", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--metrics-addr", "", "--models", "llama", "--log-level", "warn"}
 	}, func(c *command) bool { // listening: readiness itself is checked below
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.port), time.Second)
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.port()), time.Second)
 		if err == nil {
 			conn.Close()
 		}
 		return err == nil
 	})
-	for _, port := range []int{eppPort, ep.port} {
+	for _, port := range []int{eppPort, ep.port()} {
 		conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)

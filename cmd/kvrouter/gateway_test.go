@@ -54,8 +54,8 @@ func TestServeOpenAIAddrAndGateway(t *testing.T) {
 	gw := runOnPort(t, srv.ports[3], func(port int) []string {
 		return []string{"gateway", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--models", "llama", "--log-level", "warn"}
-	}, func(c *command) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", c.port), 200) })
-	gwPort := gw.port
+	}, func(c *command) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", c.port()), 200) })
+	gwPort := gw.port()
 	for _, port := range []int{oaPort, gwPort} {
 		base := fmt.Sprintf("http://127.0.0.1:%d", port)
 		waitHTTP(t, base+"/v1/models", 200, 20*time.Second)
@@ -98,8 +98,8 @@ func TestRunOnPortTakesAnotherPort(t *testing.T) {
 	port := taken.Addr().(*net.TCPAddr).Port
 	gw := runOnPort(t, port, func(p int) []string {
 		return []string{"gateway", "--embedded-nats", "--listen", fmt.Sprintf("127.0.0.1:%d", p), "--models", "llama", "--log-level", "warn"}
-	}, func(c *command) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", c.port), 200) })
-	if gw.port == port {
+	}, func(c *command) bool { return answers(fmt.Sprintf("http://127.0.0.1:%d/v1/models", c.port()), 200) })
+	if gw.port() == port {
 		t.Fatalf("the gateway answered on the taken port %d", port)
 	}
 	gw.stop()

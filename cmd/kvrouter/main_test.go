@@ -126,13 +126,12 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 
 func freePort(t *testing.T) int { return testutil.FreePorts(t, 1) }
 
-// served is a serve command run in process by startServe.
+// served is a serve command run in process by startServe: its ports[0]
+// is the embedded NATS server's, ports[1] the HTTP API's, then the
+// caller's.
 type served struct {
-	ports     []int  // ports[0] the embedded NATS server's, ports[1] the HTTP API's, then the caller's
-	base      string // the HTTP API: http://127.0.0.1:<ports[1]>
-	out, errb *syncBuf
-	done      chan int // serve's exit code
-	stop      context.CancelFunc
+	*command
+	base string // the HTTP API: http://127.0.0.1:<ports[1]>
 }
 
 // shutdown stops serve and fails the test unless it exited 0.
@@ -146,73 +145,62 @@ func (s *served) shutdown(t *testing.T) {
 
 // startServe runs serve with the arguments args gives for n ports (n >= 2:
 // the embedded NATS server's and the HTTP API's, then any the caller
-// needs) and waits until its /readyz answers 200 and it has printed its
-// ready banner, which comes once every listener is bound (/readyz answers
-// before the --openai-addr and --epp-addr listeners are). The ports are released
-// before serve binds them, and they come from the ephemeral range that
-// other tests' connections draw their local ports from: a port taken
-// meanwhile makes serve exit with "address already in use" (how
-// TestServeEmbeddedAuth failed in CI), and startServe then runs serve
-// again on new ports, up to three times. Any other exit before it is
-// ready fails the test with serve's stderr.
+// needs; runOnPorts, which retries a port taken meanwhile) and waits until
+// its /readyz answers 200 and it has printed its ready banner, which comes
+// once every listener is bound (/readyz answers before the --openai-addr
+// and --epp-addr listeners are).
 func startServe(t *testing.T, n int, args func(ports []int) []string) *served {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
-		ctx, stop := context.WithCancel(context.Background())
-		s := &served{ports: make([]int, n), out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
-		for i, base := 0, testutil.FreePorts(t, n); i < n; i++ {
-			s.ports[i] = base + i
+	c := runOnPorts(t, nil, n, args, func(c *command) bool {
+		resp, err := probeClient.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", c.ports[1]))
+		if err != nil {
+			return false
 		}
-		s.base = fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
-		a := args(s.ports) // on this goroutine: args may set the caller's variables
-		go func() { s.done <- run(ctx, a, s.out, s.errb) }()
-		exit := -1
-		testutil.Eventually(t, 20*time.Second, func() bool {
-			select {
-			case exit = <-s.done:
-				return true
-			default:
-			}
-			resp, err := probeClient.Get(s.base + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK && strings.Contains(s.out.String(), " ready: ")
-		}, func() string {
-			return fmt.Sprintf("%s/readyz never answered 200 with serve's ready banner; serve's stdout: %s; stderr: %s", s.base, s.out, s.errb)
-		})
-		if exit < 0 {
-			return s
-		}
-		stop()
-		if attempt < 3 && strings.Contains(s.errb.String(), "address already in use") {
-			t.Logf("serve on ports %v: a port was taken before serve bound it; again on new ports: %s", s.ports, s.errb)
-			continue
-		}
-		t.Fatalf("serve exited %d before it was ready: %s", exit, s.errb)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && strings.Contains(c.out.String(), " ready: ")
+	})
+	return &served{command: c, base: fmt.Sprintf("http://127.0.0.1:%d", c.ports[1])}
 }
 
-// command is a kvrouter command a test runs beside serve (runOnPort).
+// command is a kvrouter command a test runs in process (runOnPorts).
 type command struct {
-	port      int
+	ports     []int
 	out, errb *syncBuf
 	done      chan int // its exit code
 	stop      context.CancelFunc
 }
 
-// runOnPort runs the command args gives for a port, first on port, until
-// ready holds for it (ready may read its port and its output). A port taken since it was released (the command
-// exits with "address already in use") is replaced by a new one, up to
-// three times, as startServe does for serve; any other exit before ready
-// fails the test with the command's stderr.
+// port is the command's first port.
+func (c *command) port() int { return c.ports[0] }
+
+// runOnPort is runOnPorts for a command on one port, first on port.
 func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(c *command) bool) *command {
 	t.Helper()
+	return runOnPorts(t, []int{port}, 1, func(p []int) []string { return args(p[0]) }, ready)
+}
+
+// runOnPorts runs the command args gives for n consecutive ports (first
+// on ports, or on free ones when ports is nil) until ready holds for it
+// (ready may read its ports and its output). The ports are released
+// before the command binds them, and they come from the ephemeral range
+// that other tests' connections draw their local ports from: a port taken
+// meanwhile makes the command exit with "address already in use" (how
+// TestServeEmbeddedAuth and TestServeOpenAIAddrAndGateway failed in CI),
+// and it runs again on new ports, up to three times. Any other exit before
+// ready fails the test with the command's stderr. args runs on the
+// caller's goroutine, once per attempt.
+func runOnPorts(t *testing.T, ports []int, n int, args func(ports []int) []string, ready func(c *command) bool) *command {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
+		if ports == nil {
+			base := testutil.FreePorts(t, n)
+			for i := range n {
+				ports = append(ports, base+i)
+			}
+		}
 		ctx, stop := context.WithCancel(context.Background())
-		c := &command{port: port, out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
-		a := args(port)
+		c := &command{ports: ports, out: &syncBuf{}, errb: &syncBuf{}, done: make(chan int, 1), stop: stop}
+		a := args(ports)
 		go func() { c.done <- run(ctx, a, c.out, c.errb) }()
 		exit := -1
 		testutil.Eventually(t, 20*time.Second, func() bool {
@@ -223,15 +211,15 @@ func runOnPort(t *testing.T, port int, args func(port int) []string, ready func(
 			}
 			return ready(c)
 		}, func() string {
-			return fmt.Sprintf("%s on port %d never became ready; its stderr: %s", a[0], port, c.errb)
+			return fmt.Sprintf("%s on ports %v never became ready; its stdout: %s; stderr: %s", a[0], ports, c.out, c.errb)
 		})
 		if exit < 0 {
 			return c
 		}
 		stop()
 		if attempt < 3 && strings.Contains(c.errb.String(), "address already in use") {
-			t.Logf("%s on port %d: the port was taken before it bound it; again on a new port: %s", a[0], port, c.errb)
-			port = testutil.FreePorts(t, 1)
+			t.Logf("%s on ports %v: a port was taken before it bound it; again on new ports: %s", a[0], ports, c.errb)
+			ports = nil
 			continue
 		}
 		t.Fatalf("%s exited %d before it was ready: %s", a[0], exit, c.errb)

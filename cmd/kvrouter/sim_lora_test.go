@@ -55,7 +55,7 @@ func TestSimServeLoRAAdapters(t *testing.T) {
 			"--max-loras", "2", "--max-cpu-loras", "4", "--lora-load-time", "1s", "--speedup", "100", "--log-level", "error"}
 	}, func(c *command) bool { return strings.Contains(c.out.String(), "on http://") })
 	defer engine.stop()
-	port, out := engine.port, engine.out // out: the startup line
+	port, out := engine.port(), engine.out // out: the startup line
 	if !strings.Contains(out.String(), `LoRA adapters ["sql" "zh"], 2 resident at once, runtime loading on`) {
 		t.Errorf("startup line %q", out.String())
 	}

@@ -247,7 +247,7 @@ func TestSimServeCountEnginesOnConsecutivePorts(t *testing.T) {
 			"--speedup", "100", "--log-level", "warn"}
 	}, func(c *command) bool { return strings.Count(c.out.String(), "on http://") == 2 })
 	defer engines.stop()
-	port := engines.port
+	port := engines.port()
 	client := &http.Client{Timeout: 20 * time.Second}
 	defer client.CloseIdleConnections()
 	cached := func(p int) string {
