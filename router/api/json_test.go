@@ -304,12 +304,8 @@ func BenchmarkDecodeRouteHashBody128(b *testing.B) {
 
 // hashes128 is request2048's prompt as its 128 sequence block hashes.
 func hashes128() *RouteRequest {
-	r := request2048()
-	for _, h := range r.SeqHashes(nil, 16) {
-		r.BlockHashes = append(r.BlockHashes, uint64(h))
-	}
-	r.TokenIDs, r.BlockSize, r.InputTokens = nil, 16, 2048
-	return r
+	r := request2048().AsBlockHashes(16)
+	return &r
 }
 
 // request2048 is a route request of 2,048 token ids below 128,000.

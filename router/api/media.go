@@ -131,6 +131,22 @@ func (c *Client) MaxRouteBody() int {
 	return min(mp-routeHeadroom, MaxRouteBodySize)
 }
 
+// AsBlockHashes returns r with its token ids replaced by their sequence
+// block hashes at blockSize (SeqHashes: what a replica would compute, with
+// r's adapter, salt and media), its prompt length as input_tokens, and no
+// token ids or media left: the request as block hashes.
+func (r *RouteRequest) AsBlockHashes(blockSize int) RouteRequest {
+	short := *r
+	hashes := r.SeqHashes(nil, blockSize)
+	short.TokenIDs, short.Media = nil, nil
+	short.BlockHashes = make([]uint64, len(hashes))
+	for i, h := range hashes {
+		short.BlockHashes[i] = uint64(h)
+	}
+	short.BlockSize, short.InputTokens = blockSize, len(r.TokenIDs)
+	return short
+}
+
 // fitRoute returns body (req encoded) when it fits in limit bytes.
 // Otherwise, for a request with token ids and a block size, it encodes
 // req's sequence block hashes in their place (RouteRequest.SeqHashes:
@@ -148,18 +164,11 @@ func fitRoute(body []byte, req *RouteRequest, limit int) ([]byte, error) {
 			" bytes, the NATS server's max_payload allows "+strconv.Itoa(limit)+
 			"; give block_size with token_ids so that the client can send block hashes instead", nil)
 	}
-	hashes := req.SeqHashes(nil, req.BlockSize)
-	short := *req
-	short.TokenIDs, short.Media = nil, nil
-	short.BlockHashes = make([]uint64, len(hashes))
-	for i, h := range hashes {
-		short.BlockHashes[i] = uint64(h)
-	}
-	short.InputTokens = len(req.TokenIDs)
+	short := req.AsBlockHashes(req.BlockSize)
 	body = AppendRouteBody(body[:0], &short)
-	if len(body) > limit || len(hashes) > MaxBlockHashes {
+	if n := len(short.BlockHashes); len(body) > limit || n > MaxBlockHashes {
 		return body, NewError(CodePayloadTooLarge, "the prompt of "+strconv.Itoa(len(req.TokenIDs))+" tokens needs "+
-			strconv.Itoa(len(body))+" bytes even as "+strconv.Itoa(len(hashes))+" block hashes; the NATS server's max_payload allows "+
+			strconv.Itoa(len(body))+" bytes even as "+strconv.Itoa(n)+" block hashes; the NATS server's max_payload allows "+
 			strconv.Itoa(limit)+" (raise max_payload, docs/gateway.md \"Long prompts\")", nil)
 	}
 	return body, nil

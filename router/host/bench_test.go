@@ -146,16 +146,12 @@ func benchRequests(prefixes [][]uint32, n int, form bodyForm) [][]byte {
 			out[i] = api.AppendRouteBody(nil, req)
 		case formTokensJSON:
 			out[i] = api.AppendRouteRequest(nil, req)
-		case formHashes, formHashesJSON:
-			for _, h := range kvevents.SeqHashes(nil, toks, 16, kvevents.HashSeed) {
-				req.BlockHashes = append(req.BlockHashes, uint64(h))
-			}
-			req.TokenIDs, req.BlockSize, req.InputTokens = nil, 16, len(toks)
-			if form == formHashes {
-				out[i] = api.AppendRouteBody(nil, req)
-			} else {
-				out[i] = api.AppendRouteRequest(nil, req)
-			}
+		case formHashes:
+			hashed := req.AsBlockHashes(16)
+			out[i] = api.AppendRouteBody(nil, &hashed)
+		case formHashesJSON:
+			hashed := req.AsBlockHashes(16)
+			out[i] = api.AppendRouteRequest(nil, &hashed)
 		default:
 			panic("unknown body form " + form)
 		}

@@ -56,10 +56,8 @@ func TestBinaryTrailersRoute(t *testing.T) {
 		want := len(toks) / DefaultBlockSize
 		req := &api.RouteRequest{Model: testModel, TokenIDs: toks, ExpectedOutputTokens: 4}
 		if form.mark == api.HashTrailerMark {
-			for _, h := range req.SeqHashes(nil, DefaultBlockSize) {
-				req.BlockHashes = append(req.BlockHashes, uint64(h))
-			}
-			req.TokenIDs, req.BlockSize, req.InputTokens = nil, DefaultBlockSize, len(toks)
+			hashed := req.AsBlockHashes(DefaultBlockSize)
+			req = &hashed
 		}
 
 		// The JSON form first, until its prompt is recorded
