@@ -25,8 +25,11 @@
 //     encoded and decoded by hand over internal/msgpack's bounded byte
 //     reader (several times faster than vmihailenco/msgpack's Decoder on the
 //     same batches: BenchmarkMsgpackDecode); every field is documented in
-//     docs/protocol.md. The decoding errors (ErrTruncated, ErrMalformed,
-//     ErrOversized) are named here for every decoder of events.
+//     docs/protocol.md. Version 1 names blocks by engine hash; version 2
+//     (Batch.SeqKeyed) by sequence hash alone, its publisher having counted
+//     engine blocks per sequence hash and tier, so routers keep no engine
+//     map. The decoding errors (ErrTruncated, ErrMalformed, ErrOversized)
+//     are named here for every decoder of events.
 //   - The Publisher (publisher.go): per (worker, rank), batches, numbers
 //     events from 1, publishes in order with a dedup id, retries, and a
 //     bounded buffer that fails loudly (ErrBufferFull) rather than block or

@@ -62,6 +62,12 @@ type PublisherConfig struct {
 	// under-count until the worker stores the blocks again; they never keep
 	// phantom blocks.
 	KeepAfterReject bool
+	// SeqKeyed publishes sequence-keyed batches (Batch.SeqKeyed, wire
+	// version 2): every event must name its blocks by sequence hash only,
+	// and the caller keeps the per-(sequence hash, tier) counts that field
+	// describes. Routers of a release before version 2 refuse such batches,
+	// so routers are upgraded before their publishers turn this on.
+	SeqKeyed bool
 
 	// PublishTimeout bounds one publish attempt (default 5s).
 	PublishTimeout time.Duration
@@ -211,8 +217,11 @@ func (p *Publisher) Emit(ev Event) error {
 	default:
 		return fmt.Errorf("%w: worker %q: event kind %d", ErrInvalidBatch, p.cfg.Worker, ev.Kind)
 	}
-	if len(ev.Blocks) > MaxEventBlocks || len(ev.Removed) > MaxEventBlocks {
+	if len(ev.Blocks) > MaxEventBlocks || len(ev.Removed) > MaxEventBlocks || len(ev.RemovedSeqs) > MaxEventBlocks {
 		return fmt.Errorf("%w: worker %q: event with more than %d blocks", ErrInvalidBatch, p.cfg.Worker, MaxEventBlocks)
+	}
+	if err := checkKeying(&ev, p.cfg.SeqKeyed); err != nil {
+		return fmt.Errorf("worker %q: %w", p.cfg.Worker, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -233,17 +242,17 @@ func (p *Publisher) Emit(ev Event) error {
 	}
 	start := len(p.pending)
 	if marker {
-		p.pending = appendEvent(p.pending, &Event{Kind: KindCleared})
+		p.pending = appendKeyed(p.pending, &Event{Kind: KindCleared}, p.cfg.SeqKeyed)
 		p.ends = append(p.ends, len(p.pending))
 	}
-	p.pending = appendEvent(p.pending, &ev)
+	p.pending = appendKeyed(p.pending, &ev, p.cfg.SeqKeyed)
 	if len(p.pending)-start > p.maxBytes-64 {
 		p.pending = p.pending[:start]
 		if marker {
 			p.ends = p.ends[:len(p.ends)-1]
 		}
 		return fmt.Errorf("%w: worker %q: event of %d blocks does not fit in one message of %d bytes",
-			ErrInvalidBatch, p.cfg.Worker, len(ev.Blocks)+len(ev.Removed), p.maxBytes)
+			ErrInvalidBatch, p.cfg.Worker, len(ev.Blocks)+len(ev.Removed)+len(ev.RemovedSeqs), p.maxBytes)
 	}
 	p.ends = append(p.ends, len(p.pending))
 	if marker {
@@ -402,7 +411,7 @@ func (p *Publisher) run(ctx context.Context) {
 // events follow already encoded.
 func (p *Publisher) appendHeader(dst []byte, firstID uint64, n int) []byte {
 	dst = msgpack.AppendArrayHeader(dst, minBatchArrayLen)
-	dst = msgpack.AppendUint(dst, WireVersion)
+	dst = msgpack.AppendUint(dst, wireVersion(p.cfg.SeqKeyed))
 	dst = msgpack.AppendStr(dst, p.cfg.Model)
 	dst = msgpack.AppendStr(dst, p.cfg.Worker)
 	dst = msgpack.AppendUint(dst, uint64(p.cfg.Rank))

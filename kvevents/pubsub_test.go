@@ -34,6 +34,7 @@ func (r *recSink) ApplyBatch(seq uint64, b *Batch) {
 	for i, e := range b.Events {
 		e.Blocks = append([]StoredBlock(nil), e.Blocks...)
 		e.Removed = append([]EngineHash(nil), e.Removed...)
+		e.RemovedSeqs = append([]SeqHash(nil), e.RemovedSeqs...)
 		cp.Events[i] = e
 	}
 	r.mu.Lock()
@@ -237,6 +238,63 @@ func TestPublishSubscribeEndToEnd(t *testing.T) {
 	}
 	if sub.LastSeq() != st.Batches {
 		t.Fatalf("LastSeq %d, batches %d", sub.LastSeq(), st.Batches)
+	}
+}
+
+// A sequence-keyed publisher's batches arrive as version 2, with the
+// resync marker and every event in its keying; it refuses engine hashes.
+func TestPublishSubscribeSeqKeyed(t *testing.T) {
+	e := newEnv(t)
+	pub, err := NewPublisher(e.js, PublisherConfig{Model: "m", Worker: "w", SeqKeyed: true, MaxBatchEvents: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Event{
+		{Kind: KindStored, Tier: TierHost, Blocks: []StoredBlock{{Seq: 10}, {Seq: 11}}},
+		{Kind: KindRemoved, RemovedSeqs: []SeqHash{10}},
+		{Kind: KindCleared},
+	}
+	for _, ev := range want {
+		if err := pub.Emit(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []Event{
+		{Kind: KindStored, Blocks: []StoredBlock{{Engine: 1, Seq: 10}}},
+		{Kind: KindStored, HasParent: true, Blocks: []StoredBlock{{Seq: 10}}},
+		{Kind: KindRemoved, Removed: []EngineHash{1}},
+	} {
+		if err := pub.Emit(bad); !errors.Is(err, ErrInvalidBatch) {
+			t.Fatalf("Emit(%+v) = %v, want ErrInvalidBatch", bad, err)
+		}
+	}
+	if err := pub.Flush(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	sink := &recSink{}
+	sub := e.startSub(t, SubscriberConfig{Sink: sink})
+	waitCaughtUp(t, sub)
+	_, got := sink.events()
+	if !batchEqual(&Batch{Events: got}, &Batch{Events: want}) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	_, _, batches := sink.snapshot()
+	for _, b := range batches {
+		if !b.SeqKeyed {
+			t.Fatalf("batch %+v is not sequence-keyed", b)
+		}
+	}
+	if err := pub.Close(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// An engine-keyed publisher refuses sequence-hash removals.
+	eng, err := NewPublisher(e.js, PublisherConfig{Model: "m", Worker: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close(e.ctx)
+	if err := eng.Emit(Event{Kind: KindRemoved, RemovedSeqs: []SeqHash{1}}); !errors.Is(err, ErrInvalidBatch) {
+		t.Fatalf("engine-keyed Emit of RemovedSeqs: %v, want ErrInvalidBatch", err)
 	}
 }
 

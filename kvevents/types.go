@@ -71,8 +71,10 @@ type Event struct {
 	HasParent bool
 	Blocks    []StoredBlock
 
-	// Removed: engine hashes of the blocks that left.
+	// Removed: engine hashes of the blocks that left (an engine-keyed batch).
 	Removed []EngineHash
+	// RemovedSeqs: sequence hashes of the blocks that left (a SeqKeyed batch).
+	RemovedSeqs []SeqHash
 }
 
 // Batch is what one publisher sends in one message: consecutive events of
@@ -84,6 +86,16 @@ type Batch struct {
 	Epoch        uint64 // random at each worker process start; a change means an empty cache
 	FirstEventID uint64 // ids are per (worker, rank), start at 1, consecutive
 	Events       []Event
+
+	// SeqKeyed says the publisher names blocks by sequence hash alone: its
+	// Stored events carry no engine hashes (StoredBlock.Engine is 0, no
+	// Parent) and its removals are RemovedSeqs. The publisher keeps the
+	// engine → sequence map itself and counts each (sequence hash, tier)'s
+	// engine blocks, so a Stored names a block new to its tier and a
+	// Removed one the tier no longer holds. A router then needs no map per
+	// worker (the cost of applying an engine-keyed batch; docs/protocol.md,
+	// "Sequence-keyed batches"). Encoded as wire version 2.
+	SeqKeyed bool
 }
 
 // Key returns the (worker, rank) the batch belongs to.

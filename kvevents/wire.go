@@ -8,11 +8,17 @@ import (
 	"github.com/kvrouter/kvrouter/internal/msgpack"
 )
 
-// WireVersion is the version field every encoded Batch starts with. A
-// decoder rejects other versions with ErrUnsupportedVersion. Fields added
-// later inside version 1 are appended at the end of an array and skipped by
-// older decoders; only an incompatible change bumps the version.
-const WireVersion = 1
+// WireVersion is the version field an engine-keyed Batch starts with, and
+// WireVersionSeqKeyed a Batch.SeqKeyed one's. A decoder rejects other
+// versions with ErrUnsupportedVersion, so a router built before version 2
+// refuses a sequence-keyed batch rather than keep blocks whose removals it
+// could not read. Fields added later inside a version are appended at the
+// end of an array and skipped by older decoders; only an incompatible
+// change bumps the version.
+const (
+	WireVersion         = 1
+	WireVersionSeqKeyed = 2
+)
 
 // Limits that bound what one encoded batch may carry. The decoder enforces
 // them before allocating, so a hostile message cannot make it allocate more
@@ -25,6 +31,8 @@ const (
 	minBatchArrayLen  = 7       // [version, model, worker, rank, epoch, first id, events]
 	minStoredArrayLen = 4       // [kind, tier, parent, blocks]
 	minRemovedArrayLn = 3       // [kind, tier, hashes]
+	// a sequence-keyed stored or removed event: [kind, tier, seqs]
+	minSeqEventArrayLen = 3
 )
 
 // Decoding errors. Every decoder error, ours and kvevents/vllm's, wraps
@@ -43,7 +51,8 @@ var (
 )
 
 var (
-	// ErrUnsupportedVersion: the batch's version field is not WireVersion.
+	// ErrUnsupportedVersion: the batch's version field is neither WireVersion
+	// nor WireVersionSeqKeyed.
 	ErrUnsupportedVersion = errors.New("kvevents: unsupported wire version")
 	// ErrInvalidBatch: a Batch or Event that cannot be encoded as given.
 	ErrInvalidBatch = errors.New("kvevents: invalid batch")
@@ -57,15 +66,23 @@ var (
 //	removed = [2, tier, [engine...]]
 //	cleared = [3]
 //
+// and for a SeqKeyed batch
+//
+//	batch   = [2, model, worker, rank, epoch, first_event_id, [event...]]
+//	stored  = [1, tier, [seq...]]
+//	removed = [2, tier, [seq...]]
+//	cleared = [3]
+//
 // Integers use msgpack's smallest form. It fails with ErrInvalidBatch for an
-// unknown event kind, a zero FirstEventID, no events, or a count or name over
-// the limits above.
+// unknown event kind, a zero FirstEventID, no events, a count or name over
+// the limits above, or an event of the other keying (engine hashes in a
+// SeqKeyed batch, RemovedSeqs in an engine-keyed one).
 func AppendBatch(dst []byte, b *Batch) ([]byte, error) {
 	if err := validateBatch(b); err != nil {
 		return dst, err
 	}
 	dst = msgpack.AppendArrayHeader(dst, minBatchArrayLen)
-	dst = msgpack.AppendUint(dst, WireVersion)
+	dst = msgpack.AppendUint(dst, wireVersion(b.SeqKeyed))
 	dst = msgpack.AppendStr(dst, b.Model)
 	dst = msgpack.AppendStr(dst, b.Worker)
 	dst = msgpack.AppendUint(dst, uint64(b.Rank))
@@ -73,7 +90,7 @@ func AppendBatch(dst []byte, b *Batch) ([]byte, error) {
 	dst = msgpack.AppendUint(dst, b.FirstEventID)
 	dst = msgpack.AppendArrayHeader(dst, len(b.Events))
 	for i := range b.Events {
-		dst = appendEvent(dst, &b.Events[i])
+		dst = appendKeyed(dst, &b.Events[i], b.SeqKeyed)
 	}
 	return dst, nil
 }
@@ -98,11 +115,50 @@ func validateBatch(b *Batch) error {
 		default:
 			return fmt.Errorf("%w: worker %q event %d: kind %d", ErrInvalidBatch, b.Worker, i, ev.Kind)
 		}
-		if len(ev.Blocks) > MaxEventBlocks || len(ev.Removed) > MaxEventBlocks {
+		if len(ev.Blocks) > MaxEventBlocks || len(ev.Removed) > MaxEventBlocks || len(ev.RemovedSeqs) > MaxEventBlocks {
 			return fmt.Errorf("%w: worker %q event %d: more than %d blocks", ErrInvalidBatch, b.Worker, i, MaxEventBlocks)
+		}
+		if err := checkKeying(&b.Events[i], b.SeqKeyed); err != nil {
+			return fmt.Errorf("worker %q event %d: %w", b.Worker, i, err)
 		}
 	}
 	return nil
+}
+
+// checkKeying refuses an event that names blocks the way the other keying
+// does: its hashes would be lost or misread on the wire.
+func checkKeying(ev *Event, seqKeyed bool) error {
+	if !seqKeyed {
+		if len(ev.RemovedSeqs) > 0 {
+			return fmt.Errorf("%w: sequence-hash removals in an engine-keyed batch", ErrInvalidBatch)
+		}
+		return nil
+	}
+	if len(ev.Removed) > 0 || ev.HasParent {
+		return fmt.Errorf("%w: engine hashes in a sequence-keyed batch", ErrInvalidBatch)
+	}
+	for _, bl := range ev.Blocks {
+		if bl.Engine != 0 {
+			return fmt.Errorf("%w: engine hash %#x in a sequence-keyed batch", ErrInvalidBatch, uint64(bl.Engine))
+		}
+	}
+	return nil
+}
+
+// wireVersion is the version a batch of this keying is encoded as.
+func wireVersion(seqKeyed bool) uint64 {
+	if seqKeyed {
+		return WireVersionSeqKeyed
+	}
+	return WireVersion
+}
+
+// appendKeyed appends ev encoded for a batch of the given keying.
+func appendKeyed(dst []byte, ev *Event, seqKeyed bool) []byte {
+	if seqKeyed {
+		return appendSeqEvent(dst, ev)
+	}
+	return appendEvent(dst, ev)
 }
 
 func appendEvent(dst []byte, ev *Event) []byte {
@@ -133,6 +189,29 @@ func appendEvent(dst []byte, ev *Event) []byte {
 	return dst
 }
 
+// appendSeqEvent is appendEvent for a SeqKeyed batch.
+func appendSeqEvent(dst []byte, ev *Event) []byte {
+	switch ev.Kind {
+	case KindStored:
+		dst = append(dst, 0x93, byte(KindStored))
+		dst = msgpack.AppendUint(dst, uint64(ev.Tier))
+		dst = msgpack.AppendArrayHeader(dst, len(ev.Blocks))
+		for _, bl := range ev.Blocks {
+			dst = msgpack.AppendUint(dst, uint64(bl.Seq))
+		}
+	case KindRemoved:
+		dst = append(dst, 0x93, byte(KindRemoved))
+		dst = msgpack.AppendUint(dst, uint64(ev.Tier))
+		dst = msgpack.AppendArrayHeader(dst, len(ev.RemovedSeqs))
+		for _, h := range ev.RemovedSeqs {
+			dst = msgpack.AppendUint(dst, uint64(h))
+		}
+	default:
+		dst = append(dst, 0x91, byte(KindCleared))
+	}
+	return dst
+}
+
 // DecodeBatch decodes one encoded batch into b with freshly allocated
 // slices that the caller may keep. For a hot loop use a BatchDecoder.
 func DecodeBatch(data []byte, b *Batch) error {
@@ -158,6 +237,7 @@ type BatchDecoder struct {
 	events []Event
 	blocks []StoredBlock
 	hashes []EngineHash
+	seqs   []SeqHash
 	names  map[string]string
 }
 
@@ -197,9 +277,10 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 	if err != nil {
 		return b, err
 	}
-	if ver != WireVersion {
-		return b, fmt.Errorf("%w: version %d, want %d", ErrUnsupportedVersion, ver, WireVersion)
+	if ver != WireVersion && ver != WireVersionSeqKeyed {
+		return b, fmt.Errorf("%w: version %d, want %d or %d", ErrUnsupportedVersion, ver, WireVersion, WireVersionSeqKeyed)
 	}
+	b.SeqKeyed = ver == WireVersionSeqKeyed
 	if n < minBatchArrayLen {
 		return b, fmt.Errorf("%w: batch array of %d elements, want at least %d", ErrMalformed, n, minBatchArrayLen)
 	}
@@ -233,11 +314,10 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 		return b, fmt.Errorf("%w: worker %q: event ids overflow from %d", ErrMalformed, b.Worker, b.FirstEventID)
 	}
 	events := d.events[:0]
-	blocks := d.blocks[:0]
-	hashes := d.hashes[:0]
+	bufs := eventBufs{blocks: d.blocks[:0], hashes: d.hashes[:0], seqs: d.seqs[:0], seqKeyed: b.SeqKeyed}
 	for i := 0; i < ne; i++ {
 		var ev Event
-		if ev, blocks, hashes, err = decodeEvent(&r, blocks, hashes); err != nil {
+		if ev, err = bufs.decodeEvent(&r); err != nil {
 			return b, fmt.Errorf("worker %q event %d: %w", b.Worker, i, err)
 		}
 		events = append(events, ev)
@@ -251,7 +331,7 @@ func (d *BatchDecoder) decode(data []byte) (Batch, error) {
 	if r.Remaining() != 0 {
 		return b, fmt.Errorf("%w: %d trailing bytes after the batch", ErrMalformed, r.Remaining())
 	}
-	d.events, d.blocks, d.hashes = events, blocks, hashes
+	d.events, d.blocks, d.hashes, d.seqs = events, bufs.blocks, bufs.hashes, bufs.seqs
 	b.Events = events
 	return b, nil
 }
@@ -279,118 +359,172 @@ func (d *BatchDecoder) name(r *msgpack.Reader, what string) (string, error) {
 	return s, nil
 }
 
-// decodeEvent decodes one event, appending its blocks to blocks (or its
-// removed hashes to hashes) and returning the event with subslices of them.
-// An unknown kind is kept as an Event with only Kind set, so event ids stay
-// aligned with positions; sinks ignore kinds they do not know. Fields a
-// later minor revision appends to the event array are skipped.
-func decodeEvent(r *msgpack.Reader, blocks []StoredBlock, hashes []EngineHash) (Event, []StoredBlock, []EngineHash, error) {
+// eventBufs holds the slices one batch's events are decoded into: each
+// event's Blocks, Removed or RemovedSeqs is a subslice of them.
+type eventBufs struct {
+	blocks   []StoredBlock
+	hashes   []EngineHash
+	seqs     []SeqHash
+	seqKeyed bool // the batch is wire version 2
+}
+
+// decodeEvent decodes one event. An unknown kind is kept as an Event with
+// only Kind set, so event ids stay aligned with positions; sinks ignore
+// kinds they do not know. Fields a later minor revision appends to the
+// event array are skipped.
+func (d *eventBufs) decodeEvent(r *msgpack.Reader) (Event, error) {
 	var ev Event
 	n, err := r.ArrayLen()
 	if err != nil {
-		return ev, blocks, hashes, err
+		return ev, err
 	}
 	if n < 1 {
-		return ev, blocks, hashes, fmt.Errorf("%w: empty event array", ErrMalformed)
+		return ev, fmt.Errorf("%w: empty event array", ErrMalformed)
 	}
 	kind, err := r.Uint()
 	if err != nil {
-		return ev, blocks, hashes, err
+		return ev, err
 	}
 	if kind > math.MaxUint8 {
-		return ev, blocks, hashes, fmt.Errorf("%w: event kind %d", ErrMalformed, kind)
+		return ev, fmt.Errorf("%w: event kind %d", ErrMalformed, kind)
 	}
 	ev.Kind = EventKind(kind)
 	used := 1
-	switch ev.Kind {
-	case KindStored:
+	switch {
+	case ev.Kind != KindStored && ev.Kind != KindRemoved:
+	case d.seqKeyed:
+		if n < minSeqEventArrayLen {
+			return ev, fmt.Errorf("%w: %s event of %d elements, want %d", ErrMalformed, ev.Kind, n, minSeqEventArrayLen)
+		}
+		err = d.seqEvent(r, &ev)
+		used = minSeqEventArrayLen
+	case ev.Kind == KindStored:
 		if n < minStoredArrayLen {
-			return ev, blocks, hashes, fmt.Errorf("%w: stored event of %d elements, want %d", ErrMalformed, n, minStoredArrayLen)
+			return ev, fmt.Errorf("%w: stored event of %d elements, want %d", ErrMalformed, n, minStoredArrayLen)
 		}
-		blocks, err = decodeStored(r, &ev, blocks)
+		err = d.stored(r, &ev)
 		used = minStoredArrayLen
-	case KindRemoved:
+	default:
 		if n < minRemovedArrayLn {
-			return ev, blocks, hashes, fmt.Errorf("%w: removed event of %d elements, want %d", ErrMalformed, n, minRemovedArrayLn)
+			return ev, fmt.Errorf("%w: removed event of %d elements, want %d", ErrMalformed, n, minRemovedArrayLn)
 		}
-		hashes, err = decodeRemoved(r, &ev, hashes)
+		err = d.removed(r, &ev)
 		used = minRemovedArrayLn
 	}
 	if err != nil {
-		return ev, blocks, hashes, err
+		return ev, err
 	}
 	for ; used < n; used++ {
 		if err := r.Skip(); err != nil {
-			return ev, blocks, hashes, err
+			return ev, err
 		}
 	}
-	return ev, blocks, hashes, nil
+	return ev, nil
 }
 
-// decodeStored reads a stored event's tier, parent and block pairs after
-// its kind, appending the blocks to blocks.
-func decodeStored(r *msgpack.Reader, ev *Event, blocks []StoredBlock) ([]StoredBlock, error) {
+// stored reads an engine-keyed stored event's tier, parent and block pairs
+// after its kind.
+func (d *eventBufs) stored(r *msgpack.Reader, ev *Event) error {
 	var err error
 	if ev.Tier, err = readTier(r); err != nil {
-		return blocks, err
+		return err
 	}
 	if !r.NextIsNil() {
 		p, err := r.Uint()
 		if err != nil {
-			return blocks, err
+			return err
 		}
 		ev.Parent, ev.HasParent = EngineHash(p), true
 	}
 	m, err := r.ArrayLen()
 	if err != nil {
-		return blocks, err
+		return err
 	}
 	if m%2 != 0 {
-		return blocks, fmt.Errorf("%w: stored event with odd block array length %d", ErrMalformed, m)
+		return fmt.Errorf("%w: stored event with odd block array length %d", ErrMalformed, m)
 	}
 	if m/2 > MaxEventBlocks {
-		return blocks, fmt.Errorf("%w: %d blocks, limit %d", ErrOversized, m/2, MaxEventBlocks)
+		return fmt.Errorf("%w: %d blocks, limit %d", ErrOversized, m/2, MaxEventBlocks)
 	}
-	start := len(blocks)
+	start := len(d.blocks)
 	for j := 0; j < m/2; j++ {
 		e, err := r.Uint()
 		if err != nil {
-			return blocks, err
+			return err
 		}
 		s, err := r.Uint()
 		if err != nil {
-			return blocks, err
+			return err
 		}
-		blocks = append(blocks, StoredBlock{Engine: EngineHash(e), Seq: SeqHash(s)})
+		d.blocks = append(d.blocks, StoredBlock{Engine: EngineHash(e), Seq: SeqHash(s)})
 	}
-	ev.Blocks = blocks[start:len(blocks):len(blocks)]
-	return blocks, nil
+	ev.Blocks = d.blocks[start:len(d.blocks):len(d.blocks)]
+	return nil
 }
 
-// decodeRemoved reads a removed event's tier and engine hashes after its
-// kind, appending the hashes to hashes.
-func decodeRemoved(r *msgpack.Reader, ev *Event, hashes []EngineHash) ([]EngineHash, error) {
+// removed reads an engine-keyed removed event's tier and engine hashes
+// after its kind.
+func (d *eventBufs) removed(r *msgpack.Reader, ev *Event) error {
 	var err error
 	if ev.Tier, err = readTier(r); err != nil {
-		return hashes, err
+		return err
 	}
 	m, err := r.ArrayLen()
 	if err != nil {
-		return hashes, err
+		return err
 	}
 	if m > MaxEventBlocks {
-		return hashes, fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
+		return fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
 	}
-	start := len(hashes)
+	start := len(d.hashes)
 	for j := 0; j < m; j++ {
 		h, err := r.Uint()
 		if err != nil {
-			return hashes, err
+			return err
 		}
-		hashes = append(hashes, EngineHash(h))
+		d.hashes = append(d.hashes, EngineHash(h))
 	}
-	ev.Removed = hashes[start:len(hashes):len(hashes)]
-	return hashes, nil
+	ev.Removed = d.hashes[start:len(d.hashes):len(d.hashes)]
+	return nil
+}
+
+// seqEvent reads a sequence-keyed stored or removed event's tier and
+// sequence hashes after its kind: stored ones become Blocks (Engine 0),
+// removed ones RemovedSeqs.
+func (d *eventBufs) seqEvent(r *msgpack.Reader, ev *Event) error {
+	var err error
+	if ev.Tier, err = readTier(r); err != nil {
+		return err
+	}
+	m, err := r.ArrayLen()
+	if err != nil {
+		return err
+	}
+	if m > MaxEventBlocks {
+		return fmt.Errorf("%w: %d %s hashes, limit %d", ErrOversized, m, ev.Kind, MaxEventBlocks)
+	}
+	if ev.Kind == KindStored {
+		start := len(d.blocks)
+		for j := 0; j < m; j++ {
+			s, err := r.Uint()
+			if err != nil {
+				return err
+			}
+			d.blocks = append(d.blocks, StoredBlock{Seq: SeqHash(s)})
+		}
+		ev.Blocks = d.blocks[start:len(d.blocks):len(d.blocks)]
+		return nil
+	}
+	start := len(d.seqs)
+	for j := 0; j < m; j++ {
+		s, err := r.Uint()
+		if err != nil {
+			return err
+		}
+		d.seqs = append(d.seqs, SeqHash(s))
+	}
+	ev.RemovedSeqs = d.seqs[start:len(d.seqs):len(d.seqs)]
+	return nil
 }
 
 func readTier(r *msgpack.Reader) (Tier, error) {

@@ -34,18 +34,45 @@ const goldenBatchHex = "97" + "01" + "a56c6c616d61" + "a27731" + "01" + "cf01234
 	"9302" + "00" + "91" + "cf0123456789abcdef" +
 	"9103"
 
+// sampleSeqBatch is a sequence-keyed batch (wire version 2).
+func sampleSeqBatch() *Batch {
+	return &Batch{
+		Model: "llama", Worker: "w1", Rank: 1, Epoch: 0x0123456789abcdef, FirstEventID: 42, SeqKeyed: true,
+		Events: []Event{
+			{Kind: KindStored, Tier: TierDevice, Blocks: []StoredBlock{{Seq: 0x070bdbe0426ed786}, {Seq: 8}}},
+			{Kind: KindRemoved, Tier: TierHost, RemovedSeqs: []SeqHash{0xc7084a6d8efef81c}},
+			{Kind: KindCleared},
+		},
+	}
+}
+
+// goldenSeqBatchHex is the encoding of sampleSeqBatch (docs/protocol.md).
+const goldenSeqBatchHex = "97" + "02" + "a56c6c616d61" + "a27731" + "01" + "cf0123456789abcdef" + "2a" + "93" +
+	"9301" + "00" + "92" + "cf070bdbe0426ed786" + "08" +
+	"9302" + "01" + "91" + "cfc7084a6d8efef81c" +
+	"9103"
+
 func TestBatchGoldenEncoding(t *testing.T) {
-	got, err := AppendBatch(nil, sampleBatch())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hex.EncodeToString(got) != goldenBatchHex {
-		t.Fatalf("encoding changed:\n got %x\nwant %s", got, goldenBatchHex)
-	}
-	// The layout is plain msgpack: a generic decoder reads it too.
-	var generic []any
-	if err := msgpack.Unmarshal(got, &generic); err != nil || len(generic) != 7 {
-		t.Fatalf("generic msgpack decode: %v, %v", generic, err)
+	for _, tt := range []struct {
+		name string
+		b    *Batch
+		want string
+	}{
+		{"engine-keyed", sampleBatch(), goldenBatchHex},
+		{"sequence-keyed", sampleSeqBatch(), goldenSeqBatchHex},
+	} {
+		got, err := AppendBatch(nil, tt.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hex.EncodeToString(got) != tt.want {
+			t.Fatalf("%s: encoding changed:\n got %x\nwant %s", tt.name, got, tt.want)
+		}
+		// The layout is plain msgpack: a generic decoder reads it too.
+		var generic []any
+		if err := msgpack.Unmarshal(got, &generic); err != nil || len(generic) != 7 {
+			t.Fatalf("%s: generic msgpack decode: %v, %v", tt.name, generic, err)
+		}
 	}
 }
 
@@ -60,7 +87,9 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 	tests := []*Batch{
 		sampleBatch(),
+		sampleSeqBatch(),
 		{Model: "", Worker: "", Epoch: 0, FirstEventID: 1, Events: []Event{{Kind: KindCleared}}},
+		{Worker: "w", FirstEventID: 1, SeqKeyed: true, Events: []Event{{Kind: KindCleared}, {Kind: KindStored}, {Kind: KindRemoved, Tier: TierDisk}}},
 		{Model: "m", Worker: "w", Rank: 1 << 31, Epoch: ^uint64(0), FirstEventID: ^uint64(0) - 1,
 			Events: []Event{{Kind: KindRemoved, Tier: TierExternal, Removed: []EngineHash{0, 1, 127, 128, 255, 256, 65535, 65536, 1 << 32}}}},
 		big,
@@ -89,13 +118,16 @@ func TestBatchRoundTrip(t *testing.T) {
 // batchEqual compares batches treating nil and empty slices alike.
 func batchEqual(a, b *Batch) bool {
 	if a.Model != b.Model || a.Worker != b.Worker || a.Rank != b.Rank || a.Epoch != b.Epoch ||
-		a.FirstEventID != b.FirstEventID || len(a.Events) != len(b.Events) {
+		a.FirstEventID != b.FirstEventID || a.SeqKeyed != b.SeqKeyed || len(a.Events) != len(b.Events) {
 		return false
 	}
 	for i := range a.Events {
 		x, y := a.Events[i], b.Events[i]
 		if x.Kind != y.Kind || x.Tier != y.Tier || x.HasParent != y.HasParent || x.Parent != y.Parent ||
-			len(x.Blocks) != len(y.Blocks) || len(x.Removed) != len(y.Removed) {
+			len(x.Blocks) != len(y.Blocks) || len(x.Removed) != len(y.Removed) || len(x.RemovedSeqs) != len(y.RemovedSeqs) {
+			return false
+		}
+		if len(x.RemovedSeqs) > 0 && !reflect.DeepEqual(x.RemovedSeqs, y.RemovedSeqs) {
 			return false
 		}
 		if len(x.Blocks) > 0 && !reflect.DeepEqual(x.Blocks, y.Blocks) {
@@ -115,6 +147,14 @@ func TestAppendBatchRejects(t *testing.T) {
 		"bad kind":     {Worker: "w", FirstEventID: 1, Events: []Event{{Kind: 9}}},
 		"ids overflow": {Worker: "w", FirstEventID: ^uint64(0), Events: []Event{{Kind: KindCleared}}},
 		"long name":    {Worker: string(make([]byte, MaxNameBytes+1)), FirstEventID: 1, Events: []Event{{Kind: KindCleared}}},
+		"seq removals in an engine-keyed batch": {Worker: "w", FirstEventID: 1,
+			Events: []Event{{Kind: KindRemoved, RemovedSeqs: []SeqHash{1}}}},
+		"engine removals in a sequence-keyed batch": {Worker: "w", FirstEventID: 1, SeqKeyed: true,
+			Events: []Event{{Kind: KindRemoved, Removed: []EngineHash{1}}}},
+		"engine hash in a sequence-keyed batch": {Worker: "w", FirstEventID: 1, SeqKeyed: true,
+			Events: []Event{{Kind: KindStored, Blocks: []StoredBlock{{Engine: 1, Seq: 2}}}}},
+		"parent in a sequence-keyed batch": {Worker: "w", FirstEventID: 1, SeqKeyed: true,
+			Events: []Event{{Kind: KindStored, HasParent: true, Blocks: []StoredBlock{{Seq: 2}}}}},
 	}
 	for name, b := range tests {
 		if _, err := AppendBatch(nil, b); !errors.Is(err, ErrInvalidBatch) {
@@ -124,15 +164,17 @@ func TestAppendBatchRejects(t *testing.T) {
 }
 
 func TestDecodeBatchTruncated(t *testing.T) {
-	enc, _ := AppendBatch(nil, sampleBatch())
-	for n := 0; n < len(enc); n++ {
-		var b Batch
-		err := DecodeBatch(enc[:n], &b)
-		if err == nil {
-			t.Fatalf("prefix of %d/%d bytes decoded without error", n, len(enc))
-		}
-		if !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrMalformed) {
-			t.Fatalf("prefix %d: error %v is neither ErrTruncated nor ErrMalformed", n, err)
+	for _, in := range []*Batch{sampleBatch(), sampleSeqBatch()} {
+		enc, _ := AppendBatch(nil, in)
+		for n := 0; n < len(enc); n++ {
+			var b Batch
+			err := DecodeBatch(enc[:n], &b)
+			if err == nil {
+				t.Fatalf("prefix of %d/%d bytes decoded without error", n, len(enc))
+			}
+			if !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrMalformed) {
+				t.Fatalf("prefix %d: error %v is neither ErrTruncated nor ErrMalformed", n, err)
+			}
 		}
 	}
 }
@@ -152,7 +194,11 @@ func TestDecodeBatchRejects(t *testing.T) {
 	}{
 		{"empty", nil, ErrTruncated},
 		{"not an array", h("a3616263"), ErrMalformed},
-		{"version 2", h("9702a0a0000001919103"), ErrUnsupportedVersion},
+		{"version 3", h("9703a0a0000001919103"), ErrUnsupportedVersion},
+		{"version 0", h("9700a0a0000001919103"), ErrUnsupportedVersion},
+		{"short sequence-keyed stored", h("9702a0a0000001919201" + "00"), ErrMalformed},
+		{"sequence-keyed stored with a parent", h("9702a0a000000191940100c0" + "90"), ErrMalformed},
+		{"sequence-keyed removal of a string", h("9702a0a0000001919302" + "0091a161"), ErrMalformed},
 		{"short batch array", h("9601a0a0000001"), ErrMalformed},
 		{"no events", h("9701a0a000000190"), ErrMalformed},
 		{"first id 0", h("9701a0a0000000919103"), ErrMalformed},
@@ -219,6 +265,8 @@ func TestBatchDecoderZeroAlloc(t *testing.T) {
 
 func FuzzDecodeBatch(f *testing.F) {
 	enc, _ := AppendBatch(nil, sampleBatch())
+	f.Add(enc)
+	enc, _ = AppendBatch(nil, sampleSeqBatch())
 	f.Add(enc)
 	f.Add([]byte{})
 	if b, err := hex.DecodeString("9701a0a0000001919103"); err == nil {
