@@ -25,17 +25,19 @@ func engOf(ns, i uint64) kvevents.EngineHash {
 // new blocks (a chain continuing the worker's conversation) and, once the
 // worker holds `window` batches, removes the 16 blocks stored `window`
 // batches earlier. In steady state the index holds nw*window*16 entries.
+// Sequence-keyed batches (kvevents.Batch.SeqKeyed) name the same blocks by
+// sequence hash alone.
 type applyWorkload struct {
 	batches []kvevents.Batch
 	warm    int // batches to apply before timing (fills the window)
 }
 
-func newApplyWorkload(prefix string, nw, window, rounds int, shared bool) *applyWorkload {
+func newApplyWorkload(prefix string, nw, window, rounds int, shared, seqKeyed bool) *applyWorkload {
 	const per = 16
 	wl := &applyWorkload{warm: nw * window}
 	for r := 0; r < rounds; r++ {
 		for w := 0; w < nw; w++ {
-			b := kvevents.Batch{Worker: fmt.Sprintf("%s-%04d", prefix, w), Epoch: 1}
+			b := kvevents.Batch{Worker: fmt.Sprintf("%s-%04d", prefix, w), Epoch: 1, SeqKeyed: seqKeyed}
 			st := kvevents.Event{Kind: kvevents.KindStored}
 			for j := 0; j < per; j++ {
 				n := uint64(r*per + j)
@@ -45,8 +47,11 @@ func newApplyWorkload(prefix string, nw, window, rounds int, shared bool) *apply
 					ns = uint64(w / 8)
 				}
 				st.Blocks = append(st.Blocks, kvevents.StoredBlock{Engine: engOf(ns, n), Seq: seqOf(ns, n)})
+				if seqKeyed {
+					st.Blocks[j].Engine = 0
+				}
 			}
-			if r > 0 {
+			if r > 0 && !seqKeyed {
 				st.HasParent, st.Parent = true, engOf(uint64(w), uint64(r*per-1))
 			}
 			b.Events = append(b.Events, st)
@@ -60,7 +65,11 @@ func newApplyWorkload(prefix string, nw, window, rounds int, shared bool) *apply
 					if shared {
 						ns = uint64(w / 8)
 					}
-					rm.Removed = append(rm.Removed, engOf(ns, n))
+					if seqKeyed {
+						rm.RemovedSeqs = append(rm.RemovedSeqs, seqOf(ns, n))
+					} else {
+						rm.Removed = append(rm.Removed, engOf(ns, n))
+					}
 				}
 				b.Events = append(b.Events, rm)
 			}
@@ -74,19 +83,24 @@ func newApplyWorkload(prefix string, nw, window, rounds int, shared bool) *apply
 // workers in steady state (about 1M entries: each worker keeps 1,024
 // blocks). One op = one batch storing 16 blocks and removing 16; the
 // stored-blocks/s metric counts stored blocks only, with the removal
-// time included.
+// time included. The seq-keyed cases apply the same blocks as
+// sequence-keyed batches (what kvrouter bridge publishes): no engine map.
 func BenchmarkApply(b *testing.B) {
 	for _, sc := range []struct {
-		name   string
-		window int
-		shared bool
+		name     string
+		window   int
+		shared   bool
+		seqKeyed bool
 	}{
-		{"entries=64k/unique", 4, false},
-		{"entries=1M/unique", 64, false},
-		{"entries=1M/shared8", 64, true},
+		{"entries=64k/unique", 4, false, false},
+		{"entries=1M/unique", 64, false, false},
+		{"entries=1M/shared8", 64, true, false},
+		{"entries=64k/unique/seq-keyed", 4, false, true},
+		{"entries=1M/unique/seq-keyed", 64, false, true},
+		{"entries=1M/shared8/seq-keyed", 64, true, true},
 	} {
 		b.Run(sc.name, func(b *testing.B) {
-			wl := newApplyWorkload("worker", 1000, sc.window, 2*sc.window, sc.shared)
+			wl := newApplyWorkload("worker", 1000, sc.window, 2*sc.window, sc.shared, sc.seqKeyed)
 			x := New(Config{})
 			warmApply(x, wl)
 			runtime.LockOSThread()
@@ -188,6 +202,43 @@ func applyMemoryFloor(b *testing.B, engines bool) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/stored-block")
 	if sink == 1 {
 		b.Log(sink) // keeps the loads
+	}
+}
+
+// BenchmarkClearWorker is what a sequence-keyed worker pays for having no
+// engine map: clearing it (an engine restart, a resync, its removal)
+// walks the block table. At 1M entries over 1,000 workers, one op clears
+// one worker's 1,024 blocks and stores them again (one batch).
+func BenchmarkClearWorker(b *testing.B) {
+	for _, keying := range []struct {
+		name     string
+		seqKeyed bool
+	}{{"engine-keyed", false}, {"seq-keyed", true}} {
+		b.Run("entries=1M/"+keying.name, func(b *testing.B) {
+			const window = 64
+			wl := newApplyWorkload("worker", 1000, window, window, false, keying.seqKeyed)
+			x := New(Config{})
+			warmApply(x, wl)
+			// One batch per worker storing everything it holds.
+			refill := make([]kvevents.Batch, 1000)
+			for i := range refill {
+				refill[i] = kvevents.Batch{Worker: fmt.Sprintf("worker-%04d", i), Epoch: 1, SeqKeyed: keying.seqKeyed,
+					Events: []kvevents.Event{{Kind: kvevents.KindStored}}}
+				for r := 0; r < window; r++ {
+					refill[i].Events[0].Blocks = append(refill[i].Events[0].Blocks, wl.batches[r*1000+i].Events[0].Blocks...)
+				}
+			}
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				bt := &refill[n%len(refill)]
+				x.ClearWorker(bt.Key())
+				x.ApplyBatch(uint64(n), bt)
+			}
+			b.StopTimer()
+			if got := x.Stats().Entries; got != 1000*window*16 {
+				b.Fatalf("%d entries after the clears, want %d", got, 1000*window*16)
+			}
+		})
 	}
 }
 
@@ -309,7 +360,7 @@ func BenchmarkLookup(b *testing.B) {
 func BenchmarkLookupParallel(b *testing.B) {
 	f := getLookupFixture()
 	p := f.prompts["hit8"][0]
-	wl := newApplyWorkload("applier", 200, 8, 16, false)
+	wl := newApplyWorkload("applier", 200, 8, 16, false, false)
 	x := f.x
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

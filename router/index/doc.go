@@ -8,11 +8,15 @@
 //     Removed and Cleared events per (worker, rank) as a kvevents.Sink
 //     (ApplyBatch, Resync) and a kvevents.CursorSource; ClearWorker,
 //     RemoveWorker and LoadWorker (bulk load) for lifecycle and resync.
-//     Blocks are keyed by sequence hash (which names the whole prefix);
-//     Removed events name engine hashes, resolved through a per-worker
-//     engine → sequence map (engmap.go). Only Config.Tier (default device)
-//     is indexed. Duplicate stores and unknown removals are counted and
-//     harmless, which makes replaying events idempotent.
+//     Blocks are keyed by sequence hash (which names the whole prefix).
+//     An engine-keyed worker's Removed events name engine hashes, resolved
+//     through its engine → sequence map (engmap.go); a sequence-keyed
+//     worker's (kvevents.Batch.SeqKeyed, seqkeyed.go) name sequence hashes
+//     and need no map, which halves the cost of a block at 1M entries, at
+//     the price of a table walk to clear or dump such a worker. A worker
+//     whose batches change keying is cleared first. Only Config.Tier
+//     (default device) is indexed. Duplicate stores and unknown removals
+//     are counted and harmless, which makes replaying events idempotent.
 //   - Lookup (lookup.go): per worker, the number of contiguous leading
 //     blocks held, plus the longest; stops when no candidate is left,
 //     optionally when one is left (EarlyExit), honours an allowed set, and

@@ -117,6 +117,10 @@ type gen struct {
 	ranks int
 	salt  map[string]uint64 // workers whose engine ids are not content hashes
 	model string
+	// seqKeyed: workers whose batches are sequence-keyed (one in three
+	// when withSeqKeyed); one batch in 40 of any worker uses the other
+	// keying, as a bridge restarted with the other setting would.
+	seqKeyed map[string]bool
 }
 
 func newGen(rng *rand.Rand, u *universe, names []string, ranks int) *gen {
@@ -124,6 +128,17 @@ func newGen(rng *rand.Rand, u *universe, names []string, ranks int) *gen {
 	for _, n := range names {
 		if rng.IntN(4) == 0 {
 			g.salt[n] = rng.Uint64() | 1
+		}
+	}
+	return g
+}
+
+// withSeqKeyed makes about a third of g's workers sequence-keyed.
+func (g *gen) withSeqKeyed() *gen {
+	g.seqKeyed = map[string]bool{}
+	for _, n := range g.names {
+		if g.rng.IntN(3) == 0 {
+			g.seqKeyed[n] = true
 		}
 	}
 	return g
@@ -195,6 +210,14 @@ func (g *gen) removeEvent(k workerref.Target, ref *refModel) kvevents.Event {
 
 func (g *gen) batch(k workerref.Target, ref *refModel) *kvevents.Batch {
 	b := &kvevents.Batch{Model: g.model, Worker: k.Worker, Rank: k.Rank, Epoch: 1}
+	if g.seqKeyed != nil {
+		b.SeqKeyed = g.seqKeyed[k.Worker] != (g.rng.IntN(40) == 0)
+	}
+	defer func() {
+		if b.SeqKeyed {
+			seqKey(b)
+		}
+	}()
 	for n := 1 + g.rng.IntN(3); n > 0; n-- {
 		var ev kvevents.Event
 		switch r := g.rng.IntN(100); {
@@ -213,6 +236,24 @@ func (g *gen) batch(k workerref.Target, ref *refModel) *kvevents.Batch {
 		b.Events = append(b.Events, ev)
 	}
 	return b
+}
+
+// seqKey rewrites b's events as a sequence-keyed publisher sends them:
+// blocks named by sequence hash only, removals as sequence hashes (the
+// reference keeps a sequence-keyed worker's blocks under their sequence
+// hash as engine hash, so removeEvent's picks are sequence hashes).
+func seqKey(b *kvevents.Batch) {
+	for i := range b.Events {
+		ev := &b.Events[i]
+		ev.Parent, ev.HasParent = 0, false
+		for j := range ev.Blocks {
+			ev.Blocks[j].Engine = 0
+		}
+		for _, e := range ev.Removed {
+			ev.RemovedSeqs = append(ev.RemovedSeqs, kvevents.SeqHash(e))
+		}
+		ev.Removed = nil
+	}
 }
 
 func (g *gen) op(ref *refModel) op {

@@ -82,10 +82,14 @@ type slotTable struct {
 }
 
 // worker is the per-(worker, rank) state the write path needs: the engine
-// hash → sequence hash map used to resolve removals. Guarded by Index.wmu.
+// hash → sequence hash map used to resolve removals, for an engine-keyed
+// worker. Guarded by Index.wmu.
 type worker struct {
 	key  workerref.Target
 	slot uint32
+	// seqKeyed: its batches name blocks by sequence hash
+	// (kvevents.Batch.SeqKeyed; seqkeyed.go), and engines stays empty.
+	seqKeyed bool
 
 	engines engMap // engine hash -> sequence hash
 	// multi counts extra engine hashes mapping to a sequence hash the
@@ -103,7 +107,7 @@ type worker struct {
 type counters struct {
 	batches, events, stored, dupStores, removed, unknownRemovals, cleared, orphanStores,
 	rebound, ignoredTier, refused, foreignModel, badEvents, badBatches, resyncs,
-	workersRemoved atomic.Uint64
+	workersRemoved, rekeyed atomic.Uint64
 }
 
 // New returns an empty index.
@@ -307,6 +311,7 @@ func (x *Index) ApplyBatch(streamSeq uint64, b *kvevents.Batch) {
 		return
 	}
 	var c batchCounts
+	x.setKeying(w, b.SeqKeyed, &c)
 	for i := range b.Events {
 		x.applyEvent(w, &b.Events[i], &c)
 	}
@@ -341,6 +346,14 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 			c.tier++
 			return
 		}
+		if w.seqKeyed {
+			for blks := ev.Blocks; len(blks) > 0; {
+				n := min(len(blks), touchChunk)
+				x.seqStoreChunk(w, blks[:n], c)
+				blks = blks[n:]
+			}
+			return
+		}
 		if ev.HasParent {
 			if _, ok := w.engines.get(uint64(ev.Parent)); !ok {
 				// The blocks are still indexed: their sequence hashes
@@ -357,6 +370,14 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 	case kvevents.KindRemoved:
 		if ev.Tier != x.cfg.Tier {
 			c.tier++
+			return
+		}
+		if w.seqKeyed {
+			for rm := ev.RemovedSeqs; len(rm) > 0; {
+				n := min(len(rm), touchChunk)
+				x.seqRemoveChunk(w, rm[:n], c)
+				rm = rm[n:]
+			}
 			return
 		}
 		for rm := ev.Removed; len(rm) > 0; {
@@ -506,6 +527,10 @@ func (x *Index) dropRef(w *worker, seq kvevents.SeqHash, h uint64, c *batchCount
 }
 
 func (x *Index) clearLocked(w *worker, c *batchCounts) {
+	if w.seqKeyed {
+		x.clearSeqKeyed(w, c)
+		return
+	}
 	if w.engines.len() == 0 {
 		return
 	}
@@ -585,11 +610,15 @@ func (x *Index) removeKey(k workerref.Target) {
 // LoadWorker replaces everything held for k with blocks, for example a
 // dump fetched from the worker after a resync. It is one ordered write of
 // k: concurrent lookups may see the old blocks, none, or the new ones.
+// The blocks are engine-keyed (each names its engine hash); the worker's
+// later batches may be of either keying.
 func (x *Index) LoadWorker(k workerref.Target, blocks []kvevents.StoredBlock) {
-	x.loadWorker(k, kvevents.Cursor{}, blocks)
+	x.loadWorker(k, kvevents.Cursor{}, blocks, false)
 }
 
-func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kvevents.StoredBlock) bool {
+// loadWorker replaces k's blocks; seqKeyed says blocks name sequence
+// hashes only (a snapshot of a sequence-keyed worker).
+func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kvevents.StoredBlock, seqKeyed bool) bool {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	w := x.worker(k, true)
@@ -599,12 +628,17 @@ func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kve
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	if len(blocks) > 0 {
+	w.seqKeyed = seqKeyed
+	if len(blocks) > 0 && !seqKeyed {
 		w.engines.init(len(blocks))
 	}
 	for len(blocks) > 0 {
 		n := min(len(blocks), touchChunk)
-		x.storeChunk(w, blocks[:n], &c)
+		if seqKeyed {
+			x.seqStoreChunk(w, blocks[:n], &c)
+		} else {
+			x.storeChunk(w, blocks[:n], &c)
+		}
 		blocks = blocks[n:]
 	}
 	w.cursor = cur

@@ -13,7 +13,8 @@ import (
 
 // TestPropertyAgainstReference drives the index and the naive reference
 // with the same random operations (stores with parents, removals, clears,
-// other tiers, resyncs, worker removal, bulk loads) over many workers, and
+// other tiers, resyncs, worker removal, bulk loads) over many workers, a
+// third of them sequence-keyed and some switching keying, and
 // requires identical answers to random queries. Two writer goroutines own
 // disjoint halves of the workers; reader goroutines look up concurrently
 // the whole time and check that every answer is well formed. Exact
@@ -57,8 +58,8 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 		ref *refModel
 	}
 	writers := []*writer{
-		{g: newGen(rand.New(rand.NewPCG(seed, 1)), u, names[:nNames/2], ranks), ref: newRef()},
-		{g: newGen(rand.New(rand.NewPCG(seed, 2)), u, names[nNames/2:], ranks), ref: newRef()},
+		{g: newGen(rand.New(rand.NewPCG(seed, 1)), u, names[:nNames/2], ranks).withSeqKeyed(), ref: newRef()},
+		{g: newGen(rand.New(rand.NewPCG(seed, 2)), u, names[nNames/2:], ranks).withSeqKeyed(), ref: newRef()},
 	}
 	refs := []*refModel{writers[0].ref, writers[1].ref}
 
@@ -139,7 +140,8 @@ func runProperty(t *testing.T, seed uint64, nNames, ranks, nodes, phases, opsPer
 	}
 	st := x.Stats()
 	if st.Entries == 0 || st.BigSets == 0 && nNames > 20 || st.DuplicateStores == 0 || st.UnknownRemovals == 0 ||
-		st.IgnoredTier == 0 || st.WorkersRemoved == 0 || st.OrphanStores == 0 || st.ReboundEngineHashes == 0 {
+		st.IgnoredTier == 0 || st.WorkersRemoved == 0 || st.OrphanStores == 0 || st.ReboundEngineHashes == 0 ||
+		st.Rekeyed == 0 {
 		t.Errorf("workload did not exercise every path: %+v", st)
 	}
 	if lookups.Load() == 0 {

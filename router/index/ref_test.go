@@ -11,17 +11,21 @@ import (
 
 // refModel is the naive reference: per (worker, rank), a map of engine
 // hash to sequence hash; a worker holds a block if any of its engine
-// hashes maps to it (held counts those engine hashes per block).
+// hashes maps to it (held counts those engine hashes per block). A
+// sequence-keyed worker's blocks are kept under their sequence hash as
+// engine hash, which makes a store a set add and a removal a set removal.
 type refModel struct {
-	tier    kvevents.Tier
-	workers map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
-	held    map[workerref.Target]map[kvevents.SeqHash]int
+	tier     kvevents.Tier
+	workers  map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
+	held     map[workerref.Target]map[kvevents.SeqHash]int
+	seqKeyed map[workerref.Target]bool
 }
 
 func newRef() *refModel {
 	return &refModel{
-		workers: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{},
-		held:    map[workerref.Target]map[kvevents.SeqHash]int{},
+		workers:  map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{},
+		held:     map[workerref.Target]map[kvevents.SeqHash]int{},
+		seqKeyed: map[workerref.Target]bool{},
 	}
 }
 
@@ -52,6 +56,10 @@ func (m *refModel) ensure(k workerref.Target) {
 func (m *refModel) apply(b *kvevents.Batch) {
 	k := b.Key()
 	m.ensure(k)
+	if m.seqKeyed[k] != b.SeqKeyed { // a change of keying clears
+		m.clearKey(k)
+		m.seqKeyed[k] = b.SeqKeyed
+	}
 	for _, ev := range b.Events {
 		switch ev.Kind {
 		case kvevents.KindStored:
@@ -59,10 +67,19 @@ func (m *refModel) apply(b *kvevents.Batch) {
 				continue
 			}
 			for _, blk := range ev.Blocks {
+				if b.SeqKeyed {
+					blk.Engine = kvevents.EngineHash(blk.Seq)
+				}
 				m.set(k, blk.Engine, blk.Seq)
 			}
 		case kvevents.KindRemoved:
 			if ev.Tier != m.tier {
+				continue
+			}
+			if b.SeqKeyed {
+				for _, s := range ev.RemovedSeqs {
+					m.del(k, kvevents.EngineHash(s))
+				}
 				continue
 			}
 			for _, e := range ev.Removed {
@@ -86,6 +103,7 @@ func (m *refModel) removeWorker(name string) {
 		if k.Worker == name {
 			delete(m.workers, k)
 			delete(m.held, k)
+			delete(m.seqKeyed, k)
 		}
 	}
 }
@@ -93,6 +111,7 @@ func (m *refModel) removeWorker(name string) {
 func (m *refModel) load(k workerref.Target, blocks []kvevents.StoredBlock) {
 	m.workers[k] = nil
 	m.ensure(k)
+	m.seqKeyed[k] = false
 	for _, b := range blocks {
 		m.set(k, b.Engine, b.Seq)
 	}
@@ -142,8 +161,11 @@ func (m *refModel) lookup(hashes []kvevents.SeqHash, opt LookupOptions) (map[wor
 func (m *refModel) dump() []WorkerDump {
 	var out []WorkerDump
 	for k, ws := range m.workers {
-		d := WorkerDump{Key: k}
+		d := WorkerDump{Key: k, SeqKeyed: m.seqKeyed[k]}
 		for e, s := range ws {
+			if d.SeqKeyed {
+				e = 0
+			}
 			d.Blocks = append(d.Blocks, kvevents.StoredBlock{Engine: e, Seq: s})
 		}
 		slices.SortFunc(d.Blocks, cmpBlock)
@@ -248,6 +270,17 @@ func checkInvariants(t testing.TB, x *Index) {
 			t.Fatalf("slot %d of %v names %v", w.slot, k, info)
 		}
 		refs := map[kvevents.SeqHash]uint32{}
+		if w.seqKeyed {
+			// The table is the only record of a sequence-keyed worker.
+			if w.engines.len() != 0 || w.multi != nil {
+				t.Fatalf("sequence-keyed %v has %d engine hashes, multi %v", k, w.engines.len(), w.multi)
+			}
+			for s, slots := range table {
+				if slices.Contains(slots, w.slot) {
+					refs[s] = 1
+				}
+			}
+		}
 		w.engines.each(func(_, s uint64) { refs[kvevents.SeqHash(s)]++ })
 		for s, n := range refs {
 			if n > 1 && w.multi[s] != n-1 {
@@ -275,7 +308,7 @@ func checkInvariants(t testing.TB, x *Index) {
 			if w == nil {
 				t.Fatalf("block %x holds slot %d that no worker owns", s, sl)
 			}
-			found := false
+			found := w.seqKeyed // counted from the table above
 			w.engines.each(func(_, v uint64) { found = found || kvevents.SeqHash(v) == s })
 			if !found {
 				t.Fatalf("block %x holds slot %d of %v, which does not hold it", s, sl, w.key)

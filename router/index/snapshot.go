@@ -10,12 +10,14 @@ import (
 	"github.com/kvrouter/kvrouter/workerref"
 )
 
-// Snapshot format, version 1 (all integers little-endian; "uvarint" is
-// encoding/binary's unsigned varint). Documented in
-// docs/protocol.md.
+// Snapshot format, versions 1 and 2 (all integers little-endian; "uvarint"
+// is encoding/binary's unsigned varint). Documented in docs/protocol.md.
+// Version 2 adds the keying byte; it is written only when some worker is
+// sequence-keyed, so a snapshot of engine-keyed workers stays readable by
+// a build that reads version 1 only.
 //
 //	magic      4 bytes  "KVRI"
-//	version    u16      1
+//	version    u16      1 or 2
 //	flags      u16      0 (reserved; must be 0)
 //	streamSeq  u64      every event at or below it is reflected
 //	model      uvarint length + bytes
@@ -25,12 +27,17 @@ import (
 //	  rank        uvarint (< 2^32)
 //	  epoch       u64      the worker's cursor: epoch of its last batch
 //	  nextEventID u64      and the id of the next event expected (0 = none)
+//	  keying      u8       version 2 only: 0 engine-keyed, 1 sequence-keyed
 //	  blocks      uvarint count, then count × (engine u64, seq u64),
-//	              strictly increasing by engine hash
+//	              strictly increasing by engine hash; sequence-keyed:
+//	              count × seq u64, strictly increasing
 //	crc        u32      CRC-32C (Castagnoli) of every byte before it
 const (
-	snapshotMagic   = "KVRI"
-	snapshotVersion = 1
+	snapshotMagic = "KVRI"
+	// snapshotVersion is the version written when no worker is
+	// sequence-keyed, snapshotVersionKeyed the one written otherwise.
+	snapshotVersion      = 1
+	snapshotVersionKeyed = 2
 	// MaxWorkerNameLen bounds a worker name in a snapshot.
 	MaxWorkerNameLen = 1024
 	// MaxModelNameLen bounds the model name in a snapshot.
@@ -72,15 +79,22 @@ func (x *Index) Snapshot() *Snapshot {
 	return &Snapshot{StreamSeq: seq, Model: x.cfg.Model, Tier: x.cfg.Tier, Workers: x.Dump()}
 }
 
-// MarshalBinary encodes s in the version 1 format.
+// MarshalBinary encodes s: version 1 when every worker is engine-keyed,
+// else version 2.
 func (s *Snapshot) MarshalBinary() ([]byte, error) {
+	version := uint16(snapshotVersion)
+	for i := range s.Workers {
+		if s.Workers[i].SeqKeyed {
+			version = snapshotVersionKeyed
+		}
+	}
 	size := snapshotHeaderLen + binary.MaxVarintLen64 + len(s.Model) + 1 + binary.MaxVarintLen64 + 4
 	for i := range s.Workers {
 		size += 3*binary.MaxVarintLen64 + len(s.Workers[i].Key.Worker) + 16 + 16*len(s.Workers[i].Blocks)
 	}
 	b := make([]byte, 0, size)
 	b = append(b, snapshotMagic...)
-	b = binary.LittleEndian.AppendUint16(b, snapshotVersion)
+	b = binary.LittleEndian.AppendUint16(b, version)
 	b = binary.LittleEndian.AppendUint16(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, s.StreamSeq)
 	if len(s.Model) > MaxModelNameLen {
@@ -105,12 +119,24 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(w.Key.Rank))
 		b = binary.LittleEndian.AppendUint64(b, w.Cursor.Epoch)
 		b = binary.LittleEndian.AppendUint64(b, w.Cursor.NextID)
+		if version == snapshotVersionKeyed {
+			b = append(b, keyingByte(w.SeqKeyed))
+		}
 		blocks := w.Blocks
 		if !slices.IsSortedFunc(blocks, cmpBlock) {
 			blocks = slices.Clone(blocks)
 			slices.SortFunc(blocks, cmpBlock)
 		}
 		b = binary.AppendUvarint(b, uint64(len(blocks)))
+		if w.SeqKeyed {
+			for j, blk := range blocks {
+				if blk.Engine != 0 || (j > 0 && blocks[j-1].Seq == blk.Seq) {
+					return nil, fmt.Errorf("index: sequence-keyed worker %v: block %x with engine hash %x or repeated", w.Key, blk.Seq, blk.Engine)
+				}
+				b = binary.LittleEndian.AppendUint64(b, uint64(blk.Seq))
+			}
+			continue
+		}
 		for j, blk := range blocks {
 			if j > 0 && blocks[j-1].Engine == blk.Engine {
 				return nil, fmt.Errorf("index: worker %v: engine hash %x appears twice", w.Key, blk.Engine)
@@ -122,10 +148,18 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
+func keyingByte(seqKeyed bool) byte {
+	if seqKeyed {
+		return 1
+	}
+	return 0
+}
+
 // snapReader is a bounds-checked cursor over snapshot bytes.
 type snapReader struct {
-	b   []byte
-	off int
+	b       []byte
+	off     int
+	version uint16
 }
 
 func corrupt(format string, args ...any) error {
@@ -174,7 +208,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &snapReader{b: body, off: 8} // after magic, version and flags
+	r := &snapReader{b: body, off: 8, version: binary.LittleEndian.Uint16(data[4:])} // after magic, version and flags
 	s := &Snapshot{}
 	if err := r.header(s); err != nil {
 		return nil, err
@@ -203,6 +237,10 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	if r.left() != 0 {
 		return nil, corrupt("%d trailing bytes", r.left())
 	}
+	if r.version == snapshotVersionKeyed && !slices.ContainsFunc(s.Workers, func(w WorkerDump) bool { return w.SeqKeyed }) {
+		// MarshalBinary writes version 1 then: one state, one encoding.
+		return nil, corrupt("version %d without a sequence-keyed worker", r.version)
+	}
 	return s, nil
 }
 
@@ -215,8 +253,8 @@ func snapshotBody(data []byte) ([]byte, error) {
 	if string(data[:4]) != snapshotMagic {
 		return nil, corrupt("bad magic %q", data[:4])
 	}
-	if v := binary.LittleEndian.Uint16(data[4:]); v != snapshotVersion {
-		return nil, fmt.Errorf("%w: version %d (this build reads %d)", ErrSnapshotVersion, v, snapshotVersion)
+	if v := binary.LittleEndian.Uint16(data[4:]); v != snapshotVersion && v != snapshotVersionKeyed {
+		return nil, fmt.Errorf("%w: version %d (this build reads %d and %d)", ErrSnapshotVersion, v, snapshotVersion, snapshotVersionKeyed)
 	}
 	body := data[:len(data)-4]
 	if want, got := binary.LittleEndian.Uint32(data[len(data)-4:]), crc32.Checksum(body, castagnoli); want != got {
@@ -279,9 +317,25 @@ func (r *snapReader) workerState(w *WorkerDump) error {
 	if w.Cursor.NextID, err = r.u64("next event id"); err != nil {
 		return err
 	}
+	if r.version == snapshotVersionKeyed {
+		if r.left() < 1 {
+			return corrupt("worker %v: keying missing", w.Key)
+		}
+		switch r.b[r.off] {
+		case 0:
+		case 1:
+			w.SeqKeyed = true
+		default:
+			return corrupt("worker %v: keying %d", w.Key, r.b[r.off])
+		}
+		r.off++
+	}
 	nb, err := r.uvarint("block count")
 	if err != nil {
 		return err
+	}
+	if w.SeqKeyed {
+		return r.seqBlocks(w, nb)
 	}
 	if nb > uint64(r.left()/16) {
 		return corrupt("worker %v: block count %d cannot fit in %d bytes", w.Key, nb, r.left())
@@ -295,6 +349,24 @@ func (r *snapReader) workerState(w *WorkerDump) error {
 			return corrupt("worker %v: engine hash %x out of order", w.Key, e)
 		}
 		w.Blocks[j] = kvevents.StoredBlock{Engine: kvevents.EngineHash(e), Seq: kvevents.SeqHash(sq)}
+	}
+	return nil
+}
+
+// seqBlocks reads a sequence-keyed worker's nb sequence hashes, strictly
+// increasing.
+func (r *snapReader) seqBlocks(w *WorkerDump, nb uint64) error {
+	if nb > uint64(r.left()/8) {
+		return corrupt("worker %v: block count %d cannot fit in %d bytes", w.Key, nb, r.left())
+	}
+	w.Blocks = make([]kvevents.StoredBlock, nb)
+	for j := range w.Blocks {
+		sq := binary.LittleEndian.Uint64(r.b[r.off:])
+		r.off += 8
+		if j > 0 && sq <= uint64(w.Blocks[j-1].Seq) {
+			return corrupt("worker %v: sequence hash %x out of order", w.Key, sq)
+		}
+		w.Blocks[j] = kvevents.StoredBlock{Seq: kvevents.SeqHash(sq)}
 	}
 	return nil
 }
@@ -318,7 +390,7 @@ func (x *Index) Restore(s *Snapshot) error {
 	}
 	for i := range s.Workers {
 		w := &s.Workers[i]
-		x.loadWorker(w.Key, w.Cursor, w.Blocks)
+		x.loadWorker(w.Key, w.Cursor, w.Blocks, w.SeqKeyed)
 	}
 	x.noteSeq(s.StreamSeq)
 	return nil

@@ -34,9 +34,9 @@ type Stats struct {
 	Batches             uint64 // batches applied
 	Events              uint64 // events seen in applied batches
 	Stored              uint64 // blocks stored
-	DuplicateStores     uint64 // stores of a block the worker already held under the same engine hash
+	DuplicateStores     uint64 // stores of a block the worker already held (under the same engine hash, when engine-keyed)
 	Removed             uint64 // blocks removed
-	UnknownRemovals     uint64 // removals of engine hashes the worker did not hold
+	UnknownRemovals     uint64 // removals of engine (or, sequence-keyed, sequence) hashes the worker did not hold
 	Cleared             uint64 // Cleared events
 	OrphanStores        uint64 // stores whose parent the worker did not hold (indexed anyway)
 	ReboundEngineHashes uint64 // stores that reused an engine hash for other content
@@ -47,6 +47,7 @@ type Stats struct {
 	BadBatches          uint64 // nil batches or batches without a worker
 	Resyncs             uint64 // resync signals handled
 	WorkersRemoved      uint64 // (worker, rank) keys removed
+	Rekeyed             uint64 // workers cleared because their batches changed keying (kvevents.Batch.SeqKeyed)
 }
 
 // Stats returns counts and a memory estimate. It takes the write lock for
@@ -92,6 +93,7 @@ func (x *Index) Stats() Stats {
 	s.BadBatches = c.badBatches.Load()
 	s.Resyncs = c.resyncs.Load()
 	s.WorkersRemoved = c.workersRemoved.Load()
+	s.Rekeyed = c.rekeyed.Load()
 	return s
 }
 
@@ -99,21 +101,27 @@ func (x *Index) Stats() Stats {
 type WorkerDump struct {
 	Key    workerref.Target
 	Cursor kvevents.Cursor // zero when its batches carried no event ids
-	// Blocks sorted by engine hash, then sequence hash.
+	// Blocks sorted by engine hash, then sequence hash. A sequence-keyed
+	// worker's blocks have Engine 0, so they are sorted by sequence hash.
 	Blocks []kvevents.StoredBlock
+	// SeqKeyed: the worker's batches name blocks by sequence hash
+	// (kvevents.Batch.SeqKeyed).
+	SeqKeyed bool
 }
 
 // Dump returns every worker's blocks, sorted by key. It takes the write
-// lock once per worker, not for the whole walk, so event application goes
-// on meanwhile: each worker is consistent, the whole is exact only if no
-// batch is applied during the call. Two indexes with equal dumps answer
-// every lookup alike.
+// lock once per engine-keyed worker, not for the whole walk, so event
+// application goes on meanwhile, and once for all sequence-keyed workers,
+// whose blocks one walk of the block table finds: each worker is
+// consistent, the whole is exact only if no batch is applied during the
+// call. Two indexes with equal dumps answer every lookup alike.
 func (x *Index) Dump() []WorkerDump {
 	out := make([]WorkerDump, 0, len(x.Workers()))
+	out = x.dumpSeqKeyed(out)
 	for _, k := range x.Workers() {
 		x.wmu.Lock()
 		w := x.workers[k]
-		if w == nil {
+		if w == nil || w.seqKeyed {
 			x.wmu.Unlock()
 			continue
 		}
@@ -129,15 +137,39 @@ func (x *Index) Dump() []WorkerDump {
 	return out
 }
 
+// dumpSeqKeyed appends the dumps of every sequence-keyed worker to out.
+func (x *Index) dumpSeqKeyed(out []WorkerDump) []WorkerDump {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	ws := make(map[uint32]*WorkerDump)
+	for _, w := range x.workers {
+		if w.seqKeyed {
+			ws[w.slot] = &WorkerDump{Key: w.key, Cursor: w.cursor, SeqKeyed: true}
+		}
+	}
+	if len(ws) == 0 {
+		return out
+	}
+	x.seqDumps(ws)
+	for _, d := range ws {
+		out = append(out, *d)
+	}
+	return out
+}
+
 // WorkerBlocks returns how many blocks the index holds for k: the length
-// of k's Dump().Blocks (one per engine hash, so content stored under two
-// engine hashes counts twice), or 0 when k is unknown. The count is kept
+// of k's Dump().Blocks (for an engine-keyed worker one per engine hash, so
+// content stored under two engine hashes counts twice), or 0 when k is
+// unknown. The count is kept
 // as events apply, so this is one writer-lock acquisition and a map
 // lookup, not a walk: cheap enough for every status request.
 func (x *Index) WorkerBlocks(k workerref.Target) int {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	if w := x.workers[k]; w != nil {
+		if w.seqKeyed {
+			return w.entries
+		}
 		return w.engines.len()
 	}
 	return 0

@@ -404,6 +404,28 @@ func (sh *shard) freeBigAt(idx uint32, old *bigSet) {
 	sh.freeBig = append(sh.freeBig, idx)
 }
 
+// appendKeysOf appends every live key whose set holds slot: forEach for
+// one slot, without decoding the sets that do not hold it. Index.wmu held.
+func (sh *shard) appendKeysOf(dst []uint64, slot uint32) []uint64 {
+	t := sh.tab.Load()
+	arr := sh.bigs.Load()
+	for i := uint64(0); i <= t.mask; i++ {
+		v := t.s[2*i+1].Load()
+		switch {
+		case v == 0 || v == deadVal:
+			continue
+		case v&bigFlag == 0:
+			if !inlineHas(v, slot) {
+				continue
+			}
+		case !arr.p[uint32(v)].Load().has(slot):
+			continue
+		}
+		dst = append(dst, t.s[2*i].Load())
+	}
+	return dst
+}
+
 // forEach calls fn for every live key and its member slots. Index.wmu
 // held by the caller (used by invariant checks and dumps).
 func (sh *shard) forEach(fn func(key uint64, slots []uint32)) {
