@@ -45,6 +45,9 @@ func (m *Mirror) apply(k workerref.Target, ev *kvevents.Event) {
 				delete(c.engine, e)
 			}
 		}
+		for _, s := range ev.RemovedSeqs { // a sequence-keyed emitter
+			delete(c.seqs, s)
+		}
 	case kvevents.KindCleared:
 		clear(c.seqs)
 		clear(c.engine)

@@ -222,7 +222,7 @@ func (in *eventIntake) expireLocked(now time.Time) {
 func batchBlocks(b *kvevents.Batch) int {
 	n := 0
 	for i := range b.Events {
-		n += len(b.Events[i].Blocks) + len(b.Events[i].Removed)
+		n += len(b.Events[i].Blocks) + len(b.Events[i].Removed) + len(b.Events[i].RemovedSeqs)
 	}
 	return n
 }
@@ -234,6 +234,7 @@ func copyBatch(b *kvevents.Batch) kvevents.Batch {
 	for i, e := range b.Events {
 		e.Blocks = append([]kvevents.StoredBlock(nil), e.Blocks...)
 		e.Removed = append([]kvevents.EngineHash(nil), e.Removed...)
+		e.RemovedSeqs = append([]kvevents.SeqHash(nil), e.RemovedSeqs...)
 		cp.Events[i] = e
 	}
 	return cp

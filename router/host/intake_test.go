@@ -76,6 +76,43 @@ func TestEventsHeldUntilRegistration(t *testing.T) {
 	}
 }
 
+// Sequence-keyed batches (kvrouter bridge's) are held the same way, their
+// removals copied with them: the subscriber reuses its buffers, so a held
+// removal that aliased them would name the next batch's blocks.
+func TestSeqKeyedEventsHeldUntilRegistration(t *testing.T) {
+	st := startStack(t, stackOpts{replicas: 1})
+	r := st.replicas[0]
+	publish := func(first uint64, ev kvevents.Event) {
+		t.Helper()
+		b := &kvevents.Batch{Model: testModel, Worker: "late", Epoch: 1, FirstEventID: first, SeqKeyed: true,
+			Events: []kvevents.Event{ev}}
+		data, err := kvevents.AppendBatch(nil, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.js.Publish(ctxT(t), kvevents.EventSubject("", testModel, "late"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := kvevents.Event{Kind: kvevents.KindStored}
+	for i := 1; i <= 10; i++ {
+		stored.Blocks = append(stored.Blocks, kvevents.StoredBlock{Seq: kvevents.SeqHash(i)})
+	}
+	publish(1, stored)
+	publish(2, kvevents.Event{Kind: kvevents.KindRemoved, RemovedSeqs: []kvevents.SeqHash{1, 2, 3}})
+	publish(3, kvevents.Event{Kind: kvevents.KindRemoved, RemovedSeqs: []kvevents.SeqHash{4, 5}})
+	st.caughtUp(r)
+	if n := r.intake.hold.held.Load(); n != 3 {
+		t.Fatalf("%d batches held before the registration, want 3", n)
+	}
+	st.register("late", 4096)
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.intake.hold.released.Load() == 3 },
+		func() string { return fmt.Sprintf("%d of 3 held batches released", r.intake.hold.released.Load()) })
+	if got := blocksOf(r, "late"); got != 5 {
+		t.Fatalf("late holds %d blocks, want 5 (10 stored, 5 removed)", got)
+	}
+}
+
 // A worker that leaves the registry leaves the index and the next
 // snapshot.
 func TestDepartedWorkerLeavesIndexAndSnapshot(t *testing.T) {
