@@ -211,7 +211,9 @@ func (s *Stack) startFleet(ctx context.Context, nc *nats.Conn, js jetstream.JetS
 	}
 	var publish func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error)
 	if cfg.Policy.Events {
-		publish = sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: s.opt.Prefix, Model: cfg.Model})
+		// Sequence-keyed, as kvrouter bridge publishes: the routers keep no
+		// engine map (docs/protocol.md, "Sequence-keyed batches").
+		publish = sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: s.opt.Prefix, Model: cfg.Model, SeqKeyed: true})
 	}
 	mirror := s.mirror
 	var newEmitter func(worker string, rank uint32, epoch uint64) (sim.EventEmitter, error)

@@ -25,6 +25,18 @@ import (
 // engine's block cache through the publisher, JetStream and the subscriber
 // into the index, loses and invents nothing.
 func TestIndexConvergesToEngineCaches(t *testing.T) {
+	for _, seqKeyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("seq-keyed=%v", seqKeyed), func(t *testing.T) { testIndexConverges(t, seqKeyed) })
+	}
+}
+
+// flusher is what the test needs of an engine's emitter: a
+// kvevents.Publisher, or sim's sequence-keyed wrapper of one.
+type flusher interface {
+	Flush(ctx context.Context) error
+}
+
+func testIndexConverges(t *testing.T, seqKeyed bool) {
 	s := natstest.Start(t)
 	_, js := natstest.JetStream(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -33,10 +45,10 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	newPublisher := sim.PublisherFactory(js, kvevents.PublisherConfig{Model: "m", MaxBatchEvents: 4, MaxDelay: time.Millisecond, Logger: quiet})
+	newPublisher := sim.PublisherFactory(js, kvevents.PublisherConfig{Model: "m", MaxBatchEvents: 4, MaxDelay: time.Millisecond, Logger: quiet, SeqKeyed: seqKeyed})
 
 	var mu sync.Mutex
-	live := map[workerref.Target]*kvevents.Publisher{} // the current epoch's publisher per (worker, rank)
+	live := map[workerref.Target]flusher{} // the current epoch's publisher per (worker, rank)
 	var engines []*sim.Engine
 	for i := range 3 {
 		name := fmt.Sprintf("w%d", i)
@@ -47,7 +59,7 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 				em, err := newPublisher(name, rank, epoch)
 				if err == nil {
 					mu.Lock()
-					live[workerref.Target{Worker: name, Rank: rank}] = em.(*kvevents.Publisher)
+					live[workerref.Target{Worker: name, Rank: rank}] = em.(flusher)
 					mu.Unlock()
 				}
 				return em, err
@@ -82,7 +94,7 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 	converged := func(when string) {
 		t.Helper()
 		mu.Lock()
-		pubs := make([]*kvevents.Publisher, 0, len(live))
+		pubs := make([]flusher, 0, len(live))
 		for _, p := range live {
 			pubs = append(pubs, p)
 		}
@@ -175,5 +187,10 @@ func TestIndexConvergesToEngineCaches(t *testing.T) {
 	}
 	if removed == 0 {
 		t.Fatal("the workload never evicted: the test would not exercise Removed")
+	}
+	for _, d := range idx.Dump() {
+		if d.SeqKeyed != seqKeyed {
+			t.Fatalf("%v indexed with SeqKeyed %v, published with %v", d.Key, d.SeqKeyed, seqKeyed)
+		}
 	}
 }

@@ -273,7 +273,9 @@ func (f *Fleet) Dump() map[workerref.Target][]kvevents.SeqHash {
 // PublisherFactory returns a NewEmitter for FleetConfig that makes one
 // kvevents.Publisher per (worker, rank, epoch): base gives Prefix, Model and
 // the batching settings; Worker, Rank and Epoch are set per call. The event
-// stream must exist (kvevents.EnsureStream). For a single Engine, wrap it:
+// stream must exist (kvevents.EnsureStream). With base.SeqKeyed the engine's
+// events are published sequence-keyed (seqKeyedEmitter). For a single
+// Engine, wrap it:
 //
 //	mk := PublisherFactory(js, base)
 //	cfg.NewEmitter = func(rank uint32, epoch uint64) (EventEmitter, error) { return mk(cfg.Worker, rank, epoch) }
@@ -285,6 +287,43 @@ func PublisherFactory(js jetstream.JetStream, base kvevents.PublisherConfig) fun
 		if err != nil {
 			return nil, err
 		}
+		if pc.SeqKeyed {
+			return &seqKeyedEmitter{Publisher: p, salt: engineSalt(worker, rank)}, nil
+		}
 		return p, nil
 	}
+}
+
+// seqKeyedEmitter publishes a simulated engine's events sequence-keyed
+// (kvevents.Batch.SeqKeyed). No counting is needed: the engine's block id
+// is its sequence hash xor a per-rank salt, so each sequence hash is one
+// engine block, stored and removed once. Emit rewrites each event into
+// buffers the publisher copies from; the mutex keeps them one caller's.
+type seqKeyedEmitter struct {
+	*kvevents.Publisher
+	salt   uint64
+	mu     sync.Mutex
+	blocks []kvevents.StoredBlock
+	seqs   []kvevents.SeqHash
+}
+
+func (e *seqKeyedEmitter) Emit(ev kvevents.Event) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ev.Parent, ev.HasParent = 0, false
+	if len(ev.Blocks) > 0 {
+		e.blocks = e.blocks[:0]
+		for _, b := range ev.Blocks {
+			e.blocks = append(e.blocks, kvevents.StoredBlock{Seq: b.Seq})
+		}
+		ev.Blocks = e.blocks
+	}
+	if len(ev.Removed) > 0 {
+		e.seqs = e.seqs[:0]
+		for _, h := range ev.Removed {
+			e.seqs = append(e.seqs, kvevents.SeqHash(uint64(h)^e.salt))
+		}
+		ev.Removed, ev.RemovedSeqs = nil, e.seqs
+	}
+	return e.Publisher.Emit(ev)
 }
