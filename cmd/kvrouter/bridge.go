@@ -99,6 +99,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		healthFail = c.integer("health-failures", bridge.DefaultHealthFailures, "failed /health checks in a row that make the worker unavailable")
 		replayTO   = c.duration("replay-timeout", bridge.DefaultReplayTimeout, "longest wait for one replay answer (then the rank is resynced)")
 		httpAddr   = c.str("http-addr", ":9090", "listen address of the bridge's /healthz, /readyz and /metrics (\"\" = none)")
+		engKeyed   = c.boolean("engine-keyed", false, "publish engine-keyed event batches (wire version 1) instead of sequence-keyed ones (version 2): only while some routers of --model run a release from before sequence-keyed batches, which refuse version 2; upgrade the routers first, then drop this flag")
 	)
 	pd := addBridgePDFlags(c)
 	ws := addWorkerSideFlags(c, 500*time.Microsecond, "the engine's requests in flight")
@@ -126,7 +127,7 @@ func runBridge(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		DataParallelSize: *dp, DPPortOffset: *dpOffset, EngineFormat: *format, BlockSize: *blockSize,
 		RouterBlockSize: *routerBS, KVBlocks: *kvBlocks, MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs,
 		MetricsInterval: *interval, StaleIntervals: *stale, HealthInterval: *health, HealthFailures: *healthFail, ReplayTimeout: *replayTO,
-		Prefix: *ws.prefix, Events: kvevents.PublisherConfig{MaxDelay: *ws.maxDelay},
+		Prefix: *ws.prefix, Events: kvevents.PublisherConfig{MaxDelay: *ws.maxDelay}, EngineKeyed: *engKeyed,
 		Registry:  ws.registry(log),
 		DrainWait: *ws.drain, Logger: log,
 	}

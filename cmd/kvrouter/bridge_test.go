@@ -31,7 +31,7 @@ func TestBridgeHelpDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	for _, name := range []string{"engine-url", "kv-events", "kv-replay", "topic", "model", "worker-id", "data-parallel-size",
-		"dp-port-offset", "engine-format", "block-size", "router-block-size", "metrics-interval", "http-addr", "nats-url"} {
+		"dp-port-offset", "engine-format", "block-size", "router-block-size", "metrics-interval", "http-addr", "nats-url", "engine-keyed"} {
 		if !regexp.MustCompile(`(?m)^  --` + regexp.QuoteMeta(name) + `\b`).MatchString(out.String()) {
 			t.Errorf("help lacks --%s", name)
 		}

@@ -13,6 +13,12 @@
 //     kvevents.SeqHashes and chaining children onto their parents'
 //     sequence hashes; what it cannot convert it skips and counts
 //     (ErrUnknownParent, ErrBlockSizeMismatch, ErrTokenCount, ErrBadMedia).
+//     By default its events are engine-keyed (routers map engine hashes to
+//     sequence hashes per worker); with ConverterConfig.SeqKeyed
+//     (convert_seq.go) it keeps that map itself, counts the engine blocks
+//     of each (sequence hash, tier), and returns sequence-keyed events for
+//     a kvevents.Batch.SeqKeyed publisher: a Stored only of blocks new to
+//     their tier, a Removed only of those the tier no longer holds.
 //   - Multimodal extra keys (media.go): the (identifier, offset) pairs
 //     vLLM publishes per block in extra_keys, decoded into Event.Media,
 //     mixed into the blocks' hashes by the converter
@@ -32,5 +38,6 @@
 // equal); docs/protocol.md ("vLLM interop") is the format's reference.
 //
 // Where to start reading: Event and Batch in decode.go, then DecodeBatch
-// and decoder.event; then Converter.Convert in convert.go.
+// and decoder.event; then Converter.Convert in convert.go, and
+// convertSeq in convert_seq.go for the sequence-keyed mode.
 package vllm

@@ -238,19 +238,14 @@ func (b *Bridge) openRanks() error {
 		if err != nil {
 			return err
 		}
-		cc := vllm.ConverterConfig{BlockSize: b.blockSize}
+		cc, pc := b.cfg.rankEvents(b.blockSize, uint32(i))
 		conv, err := vllm.NewConverter(cc)
 		if err != nil {
-			return err
+			return fmt.Errorf("bridge: rank %d: %w", i, err)
 		}
 		sub, err := vllmzmq.NewSubscriber(vllmzmq.SubscriberConfig{Endpoint: events, Topic: b.cfg.Topic, Logger: b.cfg.Logger})
 		if err != nil {
 			return fmt.Errorf("bridge: rank %d: %w", i, err)
-		}
-		pc := b.cfg.Events
-		pc.Prefix, pc.Model, pc.Worker, pc.Rank, pc.Epoch = b.cfg.Prefix, b.cfg.Model, b.cfg.WorkerID, uint32(i), 0
-		if pc.Logger == nil {
-			pc.Logger = b.cfg.Logger
 		}
 		pub, err := kvevents.NewPublisher(b.js, pc)
 		if err != nil {

@@ -17,11 +17,22 @@ import (
 
 // After a workload with evictions, the mirror (what every router index
 // holds) equals the engine's true cache, and the worker is registered with
-// the engine's URL, its rank, block size and capacity.
+// the engine's URL, its rank, block size and capacity: with the default
+// sequence-keyed batches and with engine-keyed ones (--engine-keyed).
 func TestIndexEqualsEngineCache(t *testing.T) {
+	for _, engineKeyed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "seq-keyed", true: "engine-keyed"}[engineKeyed], func(t *testing.T) {
+			testIndexEqualsEngineCache(t, engineKeyed)
+		})
+	}
+}
+
+func testIndexEqualsEngineCache(t *testing.T, engineKeyed bool) {
 	f := newFleet(t)
 	e := startEngine(t, "w1", engineOpts{kvBlocks: 48})
-	br := runBridge(t, f, bridgeCfg(e, "w1"))
+	cfg := bridgeCfg(e, "w1")
+	cfg.EngineKeyed = engineKeyed
+	br := runBridge(t, f, cfg)
 	waitRegistered(t, f, "w1")
 	info, _ := registered(t, f.js, "w1")
 	if info.Endpoint != e.srv.URL || info.BlockSize != testBlock || info.KVBlocks != 48 ||
@@ -33,6 +44,9 @@ func TestIndexEqualsEngineCache(t *testing.T) {
 		t.Fatalf("the workload evicted nothing (%+v): the test would not cover removals", st)
 	}
 	converged(t, f, e, "w1")
+	if n := f.mirror.seqKeyed.Load(); (n == 0) != engineKeyed {
+		t.Fatalf("engine-keyed %v, but %d sequence-keyed batches arrived", engineKeyed, n)
+	}
 	if err := br.halt(t); err != nil {
 		t.Fatalf("drain: %v", err)
 	}

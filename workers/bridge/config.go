@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/kvevents/vllm"
 	"github.com/kvrouter/kvrouter/kvevents/vllmzmq"
 	"github.com/kvrouter/kvrouter/workers"
 )
@@ -97,11 +98,19 @@ type Config struct {
 	HealthFailures  int           // consecutive failed checks that make the worker unavailable (default 3); one success makes it healthy
 	ReplayTimeout   time.Duration // bound on one replay request (default 5s)
 
-	Prefix    string                   // NATS subject prefix (default kvevents.DefaultPrefix)
-	Events    kvevents.PublisherConfig // batching knobs; Model, Worker, Rank and Prefix are set by the bridge
-	Registry  workers.RegistryConfig
-	DrainWait time.Duration // longest flush of events at drain (default 10s)
-	Logger    *slog.Logger  // nil = slog.Default()
+	Prefix string // NATS subject prefix (default kvevents.DefaultPrefix)
+	// Events are the publishers' batching knobs; Model, Worker, Rank,
+	// Prefix, Epoch and SeqKeyed are set by the bridge.
+	Events kvevents.PublisherConfig
+	// EngineKeyed publishes engine-keyed batches (wire version 1), which
+	// routers of a release before sequence-keyed batches need: they refuse
+	// version 2. By default the bridge publishes sequence-keyed batches
+	// (kvevents.Batch.SeqKeyed): it maps engine hashes to sequence hashes
+	// itself, so routers apply plain set adds and removes.
+	EngineKeyed bool
+	Registry    workers.RegistryConfig
+	DrainWait   time.Duration // longest flush of events at drain (default 10s)
+	Logger      *slog.Logger  // nil = slog.Default()
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -193,6 +202,19 @@ func (c Config) endpoints(r int) (events, replay string, err error) {
 		return "", "", fmt.Errorf("%w: kv replay endpoint for rank %d: %w", ErrConfig, r, err)
 	}
 	return events, replay, nil
+}
+
+// rankEvents returns rank's converter and publisher configs. Both take
+// their keying from EngineKeyed: a publisher refuses every event of a
+// converter keyed the other way.
+func (c Config) rankEvents(blockSize int, rank uint32) (vllm.ConverterConfig, kvevents.PublisherConfig) {
+	seqKeyed := !c.EngineKeyed
+	pc := c.Events
+	pc.Prefix, pc.Model, pc.Worker, pc.Rank, pc.Epoch, pc.SeqKeyed = c.Prefix, c.Model, c.WorkerID, rank, 0, seqKeyed
+	if pc.Logger == nil {
+		pc.Logger = c.Logger
+	}
+	return vllm.ConverterConfig{BlockSize: blockSize, SeqKeyed: seqKeyed}, pc
 }
 
 // endpoint is the worker's registered endpoint: EngineURL, or its scheme

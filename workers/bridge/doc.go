@@ -9,7 +9,8 @@
 //     (salvage.go splits a batch that did not decode into single events
 //     with internal/msgpack's Reader and decodes those one by one),
 //     converted with a vllm.Converter and published with a
-//     kvevents.Publisher. Sequence tracking: replay from the engine's replay
+//     kvevents.Publisher, both sequence-keyed unless Config.EngineKeyed
+//     (Config.rankEvents keeps them alike). Sequence tracking: replay from the engine's replay
 //     socket at start and on every gap; a resync (KindCleared, then what the
 //     engine still reports) when the replay is late, absent or fails, and
 //     at each dropped event that may have removed blocks (one that does not

@@ -173,12 +173,17 @@ func firstSeq(res vllmzmq.ReplayResult) string {
 // the same content for the engine's life, so a later child of a block
 // stored before the loss still gets its true sequence hashes, and routers
 // learn it although its parent, still cached but never announced again,
-// stays unknown to them until the engine stores it anew.
+// stays unknown to them until the engine stores it anew. A sequence-keyed
+// converter is told (RoutersCleared): its counts of what routers hold
+// restart from zero, or a block whose removal was lost would count as
+// held and its next store never be announced.
 func (r *rank) resync(reason string) {
 	r.b.met.resyncs.WithLabelValues(r.label, reason).Inc()
 	if reason == reasonRestart {
 		r.conv, _ = vllm.NewConverter(r.conv0) // the config was checked at start
 		r.b.adapters.restarted()
+	} else {
+		r.conv.RoutersCleared()
 	}
 	r.emit(kvevents.Event{Kind: kvevents.KindCleared})
 }
@@ -260,7 +265,7 @@ func (r *rank) emit(ev kvevents.Event) {
 		r.log.Warn("event not published", "err", err)
 		return
 	}
-	r.b.met.blocks.WithLabelValues(r.label).Add(float64(len(ev.Blocks) + len(ev.Removed)))
+	r.b.met.blocks.WithLabelValues(r.label).Add(float64(len(ev.Blocks) + len(ev.Removed) + len(ev.RemovedSeqs)))
 }
 
 func decodeCause(err error) string {

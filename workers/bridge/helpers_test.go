@@ -56,7 +56,8 @@ func newFleet(t testing.TB) *fleet {
 	if _, err := kvevents.EnsureStream(ctx, js, kvevents.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	m := &mirror{blocks: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{}}
+	m := &mirror{blocks: map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash{},
+		seqBlocks: map[workerref.Target]map[kvevents.SeqHash]uint8{}}
 	sub, err := kvevents.NewSubscriber(js, kvevents.SubscriberConfig{Sink: m, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -69,17 +70,26 @@ func newFleet(t testing.TB) *fleet {
 }
 
 // mirror holds what a router index would: per rank, engine hash -> sequence
-// hash, applying events as they come and dropping a rank on Resync.
+// hash from engine-keyed batches, and sequence hash -> tier bits from
+// sequence-keyed ones, applying events as they come and dropping a rank on
+// Resync.
 type mirror struct {
-	mu      sync.Mutex
-	blocks  map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
-	resyncs atomic.Int64
+	mu        sync.Mutex
+	blocks    map[workerref.Target]map[kvevents.EngineHash]kvevents.SeqHash
+	seqBlocks map[workerref.Target]map[kvevents.SeqHash]uint8
+	seqKeyed  atomic.Int64 // sequence-keyed batches applied
+	resyncs   atomic.Int64
 }
 
 func (m *mirror) ApplyBatch(_ uint64, b *kvevents.Batch) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := b.Key()
+	if b.SeqKeyed {
+		m.seqKeyed.Add(1)
+		m.applySeqKeyed(k, b)
+		return
+	}
 	set := m.blocks[k]
 	if set == nil {
 		set = map[kvevents.EngineHash]kvevents.SeqHash{}
@@ -101,19 +111,51 @@ func (m *mirror) ApplyBatch(_ uint64, b *kvevents.Batch) {
 	}
 }
 
+// applySeqKeyed applies a sequence-keyed batch: set adds and removes per
+// tier, no engine hashes.
+func (m *mirror) applySeqKeyed(k workerref.Target, b *kvevents.Batch) {
+	set := m.seqBlocks[k]
+	if set == nil {
+		set = map[kvevents.SeqHash]uint8{}
+		m.seqBlocks[k] = set
+	}
+	for _, ev := range b.Events {
+		bit := uint8(1) << min(ev.Tier, 7)
+		switch ev.Kind {
+		case kvevents.KindStored:
+			for _, sb := range ev.Blocks {
+				set[sb.Seq] |= bit
+			}
+		case kvevents.KindRemoved:
+			for _, s := range ev.RemovedSeqs {
+				if set[s] &^= bit; set[s] == 0 {
+					delete(set, s)
+				}
+			}
+		case kvevents.KindCleared:
+			clear(set)
+		}
+	}
+}
+
 func (m *mirror) Resync(sig kvevents.Signal) {
 	m.resyncs.Add(1)
 	m.mu.Lock()
 	clear(m.blocks[sig.Key()])
+	clear(m.seqBlocks[sig.Key()])
 	m.mu.Unlock()
 }
 
-// seqs returns the sorted sequence hashes the mirror holds for k.
+// seqs returns the sorted sequence hashes the mirror holds for k (on any
+// tier).
 func (m *mirror) seqs(k workerref.Target) []kvevents.SeqHash {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]kvevents.SeqHash, 0, len(m.blocks[k]))
+	out := make([]kvevents.SeqHash, 0, len(m.blocks[k])+len(m.seqBlocks[k]))
 	for _, s := range m.blocks[k] {
+		out = append(out, s)
+	}
+	for s := range m.seqBlocks[k] {
 		out = append(out, s)
 	}
 	slices.Sort(out)

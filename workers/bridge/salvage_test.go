@@ -39,12 +39,12 @@ func encode(t testing.TB, v any) []byte {
 func testRank(t *testing.T, f *fleet, worker string) *rank {
 	t.Helper()
 	b := &Bridge{cfg: Config{ReplayTimeout: time.Second}, met: newMetrics(false), log: quiet}
-	pub, err := kvevents.NewPublisher(f.js, kvevents.PublisherConfig{Model: testModel, Worker: worker, MaxDelay: time.Millisecond})
+	cc, pc := Config{Model: testModel, WorkerID: worker, Events: kvevents.PublisherConfig{MaxDelay: time.Millisecond}}.rankEvents(testBlock, 0)
+	pub, err := kvevents.NewPublisher(f.js, pc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close(t.Context()) })
-	cc := vllm.ConverterConfig{BlockSize: testBlock}
 	conv, _ := vllm.NewConverter(cc)
 	return &rank{b: b, label: "0", pub: pub, conv: conv, conv0: cc, log: quiet, synced: true}
 }
