@@ -40,6 +40,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		maxSeqs    = c.integer("max-seqs", sim.DefaultMaxSeqs, "running requests per rank")
 		speedup    = c.float("speedup", sim.DefaultSpeedup, "model time runs this many times faster than the wall clock")
 		loadEvery  = c.duration("load-interval", workers.DefaultLoadInterval, "period of load reports on <prefix>.load.<model>.<id>")
+		engKeyed   = c.boolean("engine-keyed", false, "publish engine-keyed event batches (wire version 1) instead of sequence-keyed ones (version 2): only while some routers of --model run a release from before sequence-keyed batches, which refuse version 2")
 	)
 	ws := addWorkerSideFlags(c, 5*time.Millisecond, "in-flight requests")
 	if err := c.parse(args); err != nil {
@@ -68,7 +69,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		IDPrefix: *idPrefix,
 		Engine: sim.Config{Model: *model, Prefix: *ws.prefix, Ranks: *ranks, BlockSize: *blockSize, KVBlocks: *kvBlocks,
 			MaxBatchedTokens: *maxBatched, MaxSeqs: *maxSeqs, Speedup: *speedup},
-		NewEmitter:   sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: *ws.prefix, Model: *model, MaxDelay: *ws.maxDelay}),
+		NewEmitter:   sim.PublisherFactory(js, kvevents.PublisherConfig{Prefix: *ws.prefix, Model: *model, MaxDelay: *ws.maxDelay, SeqKeyed: !*engKeyed}),
 		Registry:     ws.registry(log),
 		LoadInterval: *loadEvery,
 		Drain:        workers.DrainConfig{MaxWait: *ws.drain},
