@@ -454,3 +454,45 @@ func TestSeqKeyedAllocs(t *testing.T) {
 		t.Fatalf("last event %+v", out[0])
 	}
 }
+
+// BenchmarkConvertChurn is the converter's steady state at 32,768 tracked
+// engine blocks: one op converts a BlockStored of 16 new blocks (16 tokens
+// each, hashed) and a BlockRemoved of the 16 stored 2,048 ops earlier. The
+// seq-keyed case is what the bridge pays, once per engine, for routers to
+// keep no engine map: the per-(sequence hash, tier) counts.
+func BenchmarkConvertChurn(b *testing.B) {
+	const per, window, rounds = 16, 2048, 4096
+	batches := make([]Batch, rounds)
+	for r := range batches {
+		st := Event{Kind: kvevents.KindStored, BlockSize: 16, TokenIDs: make([]uint32, per*16)}
+		for j := range per {
+			st.BlockHashes = append(st.BlockHashes, kvevents.EngineHash(uint64(r*per+j+1)*0x9e3779b97f4a7c15))
+		}
+		for i := range st.TokenIDs {
+			st.TokenIDs[i] = uint32(r*7919+i) % 151000
+		}
+		rm := Event{Kind: kvevents.KindRemoved}
+		for j := range per {
+			rm.BlockHashes = append(rm.BlockHashes, kvevents.EngineHash(uint64(((r-window+rounds)%rounds)*per+j+1)*0x9e3779b97f4a7c15))
+		}
+		batches[r].Events = []Event{st, rm}
+	}
+	for _, seqKeyed := range []bool{false, true} {
+		b.Run(fmt.Sprintf("seq-keyed=%v", seqKeyed), func(b *testing.B) {
+			conv, _ := NewConverter(ConverterConfig{BlockSize: 16, SeqKeyed: seqKeyed})
+			var out []kvevents.Event
+			for r := range rounds {
+				out, _ = conv.Convert(&batches[r], out[:0])
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				var err error
+				if out, err = conv.Convert(&batches[n%rounds], out[:0]); err != nil || len(out) != 2 {
+					b.Fatalf("%d events, %v", len(out), err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*per), "ns/stored-block")
+		})
+	}
+}
