@@ -133,11 +133,13 @@ func newGen(rng *rand.Rand, u *universe, names []string, ranks int) *gen {
 	return g
 }
 
-// withSeqKeyed makes about a third of g's workers sequence-keyed.
-func (g *gen) withSeqKeyed() *gen {
+// withSeqKeyed makes about a third of g's workers sequence-keyed, or
+// every one of them when all is set (the block tables are then roomy,
+// except while a batch of the other keying has made one engine-keyed).
+func (g *gen) withSeqKeyed(all ...bool) *gen {
 	g.seqKeyed = map[string]bool{}
 	for _, n := range g.names {
-		if g.rng.IntN(3) == 0 {
+		if g.rng.IntN(3) == 0 || len(all) > 0 && all[0] {
 			g.seqKeyed[n] = true
 		}
 	}

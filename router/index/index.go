@@ -70,6 +70,10 @@ type Index struct {
 	entries   atomic.Int64
 	streamSeq atomic.Uint64
 	ctr       counters
+	// engineKeyed counts the workers that are not sequence-keyed (a new
+	// worker is, until its first batch says otherwise); while it is 0 the
+	// block tables keep more headroom (capFor).
+	engineKeyed int
 }
 
 type slotInfo struct {
@@ -132,6 +136,7 @@ func New(cfg Config) *Index {
 	}
 	for i := range x.shards {
 		x.shards[i].init()
+		x.shards[i].roomy = true // no worker yet: none is engine-keyed
 	}
 	x.slots.Store(&slotTable{})
 	return x
@@ -216,6 +221,7 @@ func (x *Index) worker(k workerref.Target, create bool) *worker {
 	}
 	w = &worker{key: k, slot: slot, limit: x.limitOf(k.Worker)}
 	x.workers[k] = w
+	x.countKeying(1)
 	return w
 }
 
@@ -601,6 +607,9 @@ func (x *Index) removeKey(k workerref.Target) {
 	var c batchCounts
 	x.clearLocked(w, &c)
 	delete(x.workers, k)
+	if !w.seqKeyed {
+		x.countKeying(-1)
+	}
 	// Every entry of the slot is gone, so it can be handed out again.
 	x.free = append(x.free, w.slot)
 	x.flush(&c)
@@ -628,7 +637,7 @@ func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kve
 	}
 	var c batchCounts
 	x.clearLocked(w, &c)
-	w.seqKeyed = seqKeyed
+	x.setSeqKeyed(w, seqKeyed)
 	if len(blocks) > 0 && !seqKeyed {
 		w.engines.init(len(blocks))
 	}

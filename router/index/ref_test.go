@@ -300,6 +300,20 @@ func checkInvariants(t testing.TB, x *Index) {
 		}
 		entries += int64(len(refs))
 	}
+	engineKeyed := 0
+	for _, w := range x.workers {
+		if !w.seqKeyed {
+			engineKeyed++
+		}
+	}
+	if engineKeyed != x.engineKeyed {
+		t.Fatalf("%d engine-keyed workers, counted %d", engineKeyed, x.engineKeyed)
+	}
+	for i := range x.shards {
+		if x.shards[i].roomy != (engineKeyed == 0) {
+			t.Fatalf("shard %d roomy %v with %d engine-keyed workers", i, x.shards[i].roomy, engineKeyed)
+		}
+	}
 	var inTable int64
 	for s, slots := range table {
 		for _, sl := range slots {

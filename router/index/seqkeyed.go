@@ -110,7 +110,34 @@ func (x *Index) setKeying(w *worker, seqKeyed bool, c *batchCounts) {
 		x.clearLocked(w, c)
 		x.ctr.rekeyed.Add(1)
 	}
+	x.setSeqKeyed(w, seqKeyed)
+}
+
+// setSeqKeyed sets w's keying and keeps Index.engineKeyed in step.
+func (x *Index) setSeqKeyed(w *worker, seqKeyed bool) {
+	switch {
+	case w.seqKeyed == seqKeyed:
+		return
+	case seqKeyed:
+		x.countKeying(-1)
+	default:
+		x.countKeying(1)
+	}
 	w.seqKeyed = seqKeyed
+}
+
+// countKeying adds delta to the engine-keyed workers and, when that makes
+// every worker sequence-keyed or ends it, switches the block tables'
+// headroom rule (capFor). The tables take the new rule at their next
+// rebuild. wmu is held.
+func (x *Index) countKeying(delta int) {
+	was := x.engineKeyed == 0
+	x.engineKeyed += delta
+	if now := x.engineKeyed == 0; now != was {
+		for i := range x.shards {
+			x.shards[i].roomy = now
+		}
+	}
 }
 
 // seqDumps fills the blocks of every sequence-keyed worker in ws (keyed by

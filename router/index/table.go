@@ -117,10 +117,16 @@ func buildTable(c int, src *table) *table {
 }
 
 // capFor returns the capacity for n live entries: load at most 1/2 after a
-// rebuild, so the next rebuild is at least cap/4 inserts or deaths away.
-func capFor(n int) int {
+// rebuild, so the next rebuild is at least cap/4 inserts or deaths away;
+// roomy, at most 2/5, so a table churning at a steady size is rebuilt less
+// often (each rebuild reads the whole table). A growing table doubles
+// either way, so its load just after growth, on which IndexBytesPerEntry's
+// bound rests, is 3/8 under both rules. The index is roomy only while
+// every worker is sequence-keyed (Index.countKeying): their entries cost
+// no engine map, so the headroom fits in the memory that map took.
+func capFor(n int, roomy bool) int {
 	c := minTableCap
-	for c < 2*n {
+	for (!roomy && c < 2*n) || (roomy && 2*c < 5*n) {
 		c <<= 1
 	}
 	return c
@@ -170,7 +176,8 @@ type shard struct {
 	freeBig []uint32 // free indices in bigs
 	nbig    int      // live big sets
 	bigMem  int      // bytes held by live big sets
-	_       [64 - 16 - 24 - 16]byte
+	roomy   bool     // capFor's headroom rule
+	_       [64 - 16 - 24 - 16 - 1]byte
 }
 
 func (sh *shard) init() {
@@ -265,7 +272,7 @@ func (sh *shard) add(key, h uint64, slot uint32) bool {
 	i, found := t.slot(key, h)
 	if !found {
 		if (t.used+1)*4 > int(t.mask+1)*3 {
-			t = sh.rebuild(capFor(t.live + 1))
+			t = sh.rebuild(capFor(t.live+1, sh.roomy))
 			i, _ = t.slot(key, h)
 		}
 		t.s[2*i].Store(key)
@@ -331,7 +338,7 @@ func (sh *shard) remove(key, h uint64, slot uint32) bool {
 		}
 		t.s[2*i+1].Store(nv)
 		if c := int(t.mask + 1); c > minTableCap && t.live*8 < c {
-			sh.rebuild(capFor(t.live))
+			sh.rebuild(capFor(t.live, sh.roomy))
 		}
 		return true
 	}
