@@ -65,7 +65,9 @@
 //
 // Memory. Stats reports entries, blocks, workers and an estimate of the
 // bytes held (36 to 67 bytes per (block, worker) entry, measured by
-// BenchmarkMemoryPerEntry). Config.MaxEntries caps the entries: past it,
+// BenchmarkMemoryPerEntry; a sequence-keyed worker's entries have no
+// engine map, and while every worker is sequence-keyed the block tables
+// keep more headroom, capFor). Config.MaxEntries caps the entries: past it,
 // new stores are refused and counted (the index under-reports, never
 // over-reports, a worker's cache); removals go on. Config.MaxEntriesPerWorker
 // and SetWorkerLimit (a replica sets it from the worker's registered size)
