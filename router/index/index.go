@@ -578,17 +578,24 @@ func (x *Index) clearWorker(k workerref.Target, forgetCursor bool) {
 	x.flush(&c)
 }
 
-// RemoveWorker forgets every rank of worker (it left the fleet): their
+// RemoveWorker forgets every rank of the worker name (it left the fleet): their
 // blocks leave the index, their slots become reusable and the worker's
 // SetWorkerLimit is forgotten.
-func (x *Index) RemoveWorker(worker string) {
+func (x *Index) RemoveWorker(name string) {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
-	delete(x.limits, worker)
-	for k := range x.workers {
-		if k.Worker == worker {
-			x.removeKey(k)
+	delete(x.limits, name)
+	var ranks []*worker
+	for k, w := range x.workers {
+		if k.Worker == name {
+			ranks = append(ranks, w)
 		}
+	}
+	var c batchCounts
+	x.clearSeqKeyedAll(ranks, &c) // one table walk for all its sequence-keyed ranks
+	x.flush(&c)
+	for _, w := range ranks {
+		x.removeKey(w.key)
 	}
 }
 

@@ -98,6 +98,36 @@ func (x *Index) clearSeqKeyed(w *worker, c *batchCounts) {
 	}
 }
 
+// clearSeqKeyedAll clears several sequence-keyed workers (the ranks of one
+// worker leaving) with one walk of the table instead of one each. wmu is
+// held.
+func (x *Index) clearSeqKeyedAll(ws []*worker, c *batchCounts) {
+	keys := make(map[uint32]*[]kvevents.SeqHash, len(ws))
+	bySlot := make(map[uint32]*worker, len(ws))
+	for _, w := range ws {
+		if w.seqKeyed && w.entries > 0 {
+			keys[w.slot] = new([]kvevents.SeqHash)
+			bySlot[w.slot] = w
+		}
+	}
+	if len(keys) < 2 {
+		for _, w := range bySlot {
+			x.clearSeqKeyed(w, c)
+		}
+		return
+	}
+	x.seqKeys(keys)
+	for slot, seqs := range keys {
+		w := bySlot[slot]
+		for _, s := range *seqs {
+			if x.removeEntry(s, slot) {
+				w.entries--
+				c.delta--
+			}
+		}
+	}
+}
+
 // setKeying puts w in the keying its latest batch uses. A worker whose
 // publisher changed keying (a bridge restarted with the other setting)
 // is cleared first, as on a resync: its old blocks are named the other
