@@ -248,7 +248,8 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 	f.Add(mp(f, []any{0.0, []any{storedMap(kv{"extra_keys", []any{[]any{[]any{"img", 2}}, []any{[]any{"img", -2}}}})}, 0}))
 	var vb Batch
 	conv, _ := NewConverter(ConverterConfig{BlockSize: 4, MaxTracked: 1024})
-	var out []kvevents.Event
+	seqConv, _ := NewConverter(ConverterConfig{BlockSize: 4, MaxTracked: 1024, SeqKeyed: true})
+	var out, seqOut []kvevents.Event
 	f.Fuzz(func(t *testing.T, data []byte) {
 		err := DecodeBatch(data, &vb)
 		if err != nil {
@@ -265,6 +266,18 @@ func FuzzDecodeVLLMBatch(f *testing.F) {
 		for _, ev := range out {
 			if ev.Kind == kvevents.KindStored && len(ev.Blocks) > len(vb.tokens) {
 				t.Fatalf("stored event with %d blocks from %d tokens", len(ev.Blocks), len(vb.tokens))
+			}
+		}
+		// The sequence-keyed converter fails alike and its events make a
+		// valid sequence-keyed batch.
+		var seqErr error
+		seqOut, seqErr = seqConv.Convert(&vb, seqOut[:0])
+		if (seqErr == nil) != (err == nil) {
+			t.Fatalf("engine-keyed convert error %v, sequence-keyed %v", err, seqErr)
+		}
+		if len(seqOut) > 0 {
+			if _, err := kvevents.AppendBatch(nil, &kvevents.Batch{Worker: "w", FirstEventID: 1, SeqKeyed: true, Events: seqOut}); err != nil {
+				t.Fatalf("sequence-keyed events do not encode: %v", err)
 			}
 		}
 	})
