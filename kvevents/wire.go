@@ -477,15 +477,23 @@ func (d *eventBufs) removed(r *msgpack.Reader, ev *Event) error {
 		return fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
 	}
 	start := len(d.hashes)
-	for j := 0; j < m; j++ {
-		h, err := r.Uint()
-		if err != nil {
-			return err
-		}
-		d.hashes = append(d.hashes, EngineHash(h))
+	if d.hashes, err = appendUints(r, d.hashes, m); err != nil {
+		return err
 	}
 	ev.Removed = d.hashes[start:len(d.hashes):len(d.hashes)]
 	return nil
+}
+
+// appendUints reads m unsigned integers into dst.
+func appendUints[T ~uint64](r *msgpack.Reader, dst []T, m int) ([]T, error) {
+	for j := 0; j < m; j++ {
+		v, err := r.Uint()
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, T(v))
+	}
+	return dst, nil
 }
 
 // seqEvent reads a sequence-keyed stored or removed event's tier and
@@ -516,12 +524,8 @@ func (d *eventBufs) seqEvent(r *msgpack.Reader, ev *Event) error {
 		return nil
 	}
 	start := len(d.seqs)
-	for j := 0; j < m; j++ {
-		s, err := r.Uint()
-		if err != nil {
-			return err
-		}
-		d.seqs = append(d.seqs, SeqHash(s))
+	if d.seqs, err = appendUints(r, d.seqs, m); err != nil {
+		return err
 	}
 	ev.RemovedSeqs = d.seqs[start:len(d.seqs):len(d.seqs)]
 	return nil

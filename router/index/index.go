@@ -353,11 +353,7 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 			return
 		}
 		if w.seqKeyed {
-			for blks := ev.Blocks; len(blks) > 0; {
-				n := min(len(blks), touchChunk)
-				x.seqStoreChunk(w, blks[:n], c)
-				blks = blks[n:]
-			}
+			inChunks(ev.Blocks, func(b []kvevents.StoredBlock) { x.seqStoreChunk(w, b, c) })
 			return
 		}
 		if ev.HasParent {
@@ -368,29 +364,17 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 				c.orphan++
 			}
 		}
-		for blks := ev.Blocks; len(blks) > 0; {
-			n := min(len(blks), touchChunk)
-			x.storeChunk(w, blks[:n], c)
-			blks = blks[n:]
-		}
+		inChunks(ev.Blocks, func(b []kvevents.StoredBlock) { x.storeChunk(w, b, c) })
 	case kvevents.KindRemoved:
 		if ev.Tier != x.cfg.Tier {
 			c.tier++
 			return
 		}
 		if w.seqKeyed {
-			for rm := ev.RemovedSeqs; len(rm) > 0; {
-				n := min(len(rm), touchChunk)
-				x.seqRemoveChunk(w, rm[:n], c)
-				rm = rm[n:]
-			}
+			inChunks(ev.RemovedSeqs, func(s []kvevents.SeqHash) { x.seqRemoveChunk(w, s, c) })
 			return
 		}
-		for rm := ev.Removed; len(rm) > 0; {
-			n := min(len(rm), touchChunk)
-			x.removeChunk(w, rm[:n], c)
-			rm = rm[n:]
-		}
+		inChunks(ev.Removed, func(e []kvevents.EngineHash) { x.removeChunk(w, e, c) })
 	case kvevents.KindCleared:
 		// Cleared means every block of the rank left the cache, all tiers
 		// (the event wire format carries no tier for it), so it applies
@@ -404,6 +388,15 @@ func (x *Index) applyEvent(w *worker, ev *kvevents.Event, c *batchCounts) {
 
 // touchChunk is how many blocks of an event are pre-touched at once.
 const touchChunk = 32
+
+// inChunks calls fn on s in pieces of at most touchChunk.
+func inChunks[T any](s []T, fn func([]T)) {
+	for len(s) > 0 {
+		n := min(len(s), touchChunk)
+		fn(s[:n])
+		s = s[n:]
+	}
+}
 
 // storeChunk stores up to touchChunk blocks. It first loads the
 // engine-map and block-table buckets of every block: those loads do not
@@ -648,14 +641,10 @@ func (x *Index) loadWorker(k workerref.Target, cur kvevents.Cursor, blocks []kve
 	if len(blocks) > 0 && !seqKeyed {
 		w.engines.init(len(blocks))
 	}
-	for len(blocks) > 0 {
-		n := min(len(blocks), touchChunk)
-		if seqKeyed {
-			x.seqStoreChunk(w, blocks[:n], &c)
-		} else {
-			x.storeChunk(w, blocks[:n], &c)
-		}
-		blocks = blocks[n:]
+	if seqKeyed {
+		inChunks(blocks, func(b []kvevents.StoredBlock) { x.seqStoreChunk(w, b, &c) })
+	} else {
+		inChunks(blocks, func(b []kvevents.StoredBlock) { x.storeChunk(w, b, &c) })
 	}
 	w.cursor = cur
 	x.flush(&c)
