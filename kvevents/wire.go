@@ -465,16 +465,9 @@ func (d *eventBufs) stored(r *msgpack.Reader, ev *Event) error {
 // removed reads an engine-keyed removed event's tier and engine hashes
 // after its kind.
 func (d *eventBufs) removed(r *msgpack.Reader, ev *Event) error {
-	var err error
-	if ev.Tier, err = readTier(r); err != nil {
-		return err
-	}
-	m, err := r.ArrayLen()
+	m, err := tierAndCount(r, ev)
 	if err != nil {
 		return err
-	}
-	if m > MaxEventBlocks {
-		return fmt.Errorf("%w: %d removed hashes, limit %d", ErrOversized, m, MaxEventBlocks)
 	}
 	start := len(d.hashes)
 	if d.hashes, err = appendUints(r, d.hashes, m); err != nil {
@@ -482,6 +475,23 @@ func (d *eventBufs) removed(r *msgpack.Reader, ev *Event) error {
 	}
 	ev.Removed = d.hashes[start:len(d.hashes):len(d.hashes)]
 	return nil
+}
+
+// tierAndCount reads an event's tier into ev and the length of the hash
+// array that follows it, within MaxEventBlocks.
+func tierAndCount(r *msgpack.Reader, ev *Event) (int, error) {
+	var err error
+	if ev.Tier, err = readTier(r); err != nil {
+		return 0, err
+	}
+	m, err := r.ArrayLen()
+	if err != nil {
+		return 0, err
+	}
+	if m > MaxEventBlocks {
+		return 0, fmt.Errorf("%w: %d %s hashes, limit %d", ErrOversized, m, ev.Kind, MaxEventBlocks)
+	}
+	return m, nil
 }
 
 // appendUints reads m unsigned integers into dst.
@@ -500,16 +510,9 @@ func appendUints[T ~uint64](r *msgpack.Reader, dst []T, m int) ([]T, error) {
 // sequence hashes after its kind: stored ones become Blocks (Engine 0),
 // removed ones RemovedSeqs.
 func (d *eventBufs) seqEvent(r *msgpack.Reader, ev *Event) error {
-	var err error
-	if ev.Tier, err = readTier(r); err != nil {
-		return err
-	}
-	m, err := r.ArrayLen()
+	m, err := tierAndCount(r, ev)
 	if err != nil {
 		return err
-	}
-	if m > MaxEventBlocks {
-		return fmt.Errorf("%w: %d %s hashes, limit %d", ErrOversized, m, ev.Kind, MaxEventBlocks)
 	}
 	if ev.Kind == KindStored {
 		start := len(d.blocks)

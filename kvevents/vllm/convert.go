@@ -176,54 +176,63 @@ func (c *Converter) Tracked() int { return len(c.known) }
 // Removed and RemovedSeqs slices alias the converter's and vb's buffers:
 // they are valid until the next Convert or the next decode into vb.
 func (c *Converter) Convert(vb *Batch, dst []kvevents.Event) ([]kvevents.Event, error) {
-	if c.cfg.SeqKeyed {
-		return c.convertSeq(vb, dst)
-	}
 	var first error
-	fail := func(i int, err error) {
-		if first == nil {
-			first = fmt.Errorf("vLLM event %d: %w", i, err)
-		}
-	}
-	blocks := c.blocks[:0]
+	n0 := len(dst)
+	c.blocks, c.removed = c.blocks[:0], c.removed[:0]
 	for i := range vb.Events {
 		ev := &vb.Events[i]
 		if c.skip(ev) {
 			continue
 		}
-		switch ev.Kind {
-		case kvevents.KindCleared:
-			clear(c.known)
+		var err error
+		switch {
+		case ev.Kind == kvevents.KindCleared:
+			c.forget()
 			c.stats.Clears++
 			dst = append(dst, kvevents.Event{Kind: kvevents.KindCleared, Tier: ev.Tier})
-		case kvevents.KindRemoved:
-			bit := tierBit(ev.Tier)
-			for _, h := range ev.BlockHashes {
-				if e, ok := c.known[h]; ok {
-					if e.tiers &^= bit; e.tiers == 0 {
-						delete(c.known, h)
-					} else {
-						c.known[h] = e
-					}
-				}
-			}
-			c.stats.RemovedBlocks += uint64(len(ev.BlockHashes))
-			dst = append(dst, kvevents.Event{Kind: kvevents.KindRemoved, Tier: ev.Tier, Removed: ev.BlockHashes})
-		case kvevents.KindStored:
-			var err error
-			var out kvevents.Event
-			if out, blocks, err = c.stored(ev, blocks); err != nil {
-				fail(i, err)
-				continue
-			}
-			dst = append(dst, out)
-		default:
-			continue
+		case ev.Kind == kvevents.KindRemoved && c.cfg.SeqKeyed:
+			dst = c.removedSeq(ev, dst)
+		case ev.Kind == kvevents.KindRemoved:
+			dst = c.removedEngine(ev, dst)
+		case ev.Kind == kvevents.KindStored && c.cfg.SeqKeyed:
+			dst, err = c.storedSeq(ev, dst)
+		case ev.Kind == kvevents.KindStored:
+			dst, err = c.storedEngine(ev, dst)
 		}
-		c.stats.Events++
+		if err != nil && first == nil {
+			first = fmt.Errorf("vLLM event %d: %w", i, err)
+		}
 	}
-	c.blocks = blocks
+	c.stats.Events += uint64(len(dst) - n0)
 	return dst, first
+}
+
+// removedEngine converts one BlockRemoved for an engine-keyed batch: the
+// tier leaves each known block (forgotten once no tier holds it), and the
+// engine hashes go on for routers to resolve.
+func (c *Converter) removedEngine(ev *Event, dst []kvevents.Event) []kvevents.Event {
+	bit := tierBit(ev.Tier)
+	for _, h := range ev.BlockHashes {
+		if e, ok := c.known[h]; ok {
+			if e.tiers &^= bit; e.tiers == 0 {
+				delete(c.known, h)
+			} else {
+				c.known[h] = e
+			}
+		}
+	}
+	c.stats.RemovedBlocks += uint64(len(ev.BlockHashes))
+	return append(dst, kvevents.Event{Kind: kvevents.KindRemoved, Tier: ev.Tier, Removed: ev.BlockHashes})
+}
+
+// storedEngine converts one BlockStored for an engine-keyed batch.
+func (c *Converter) storedEngine(ev *Event, dst []kvevents.Event) ([]kvevents.Event, error) {
+	out, blocks, err := c.stored(ev, c.blocks)
+	c.blocks = blocks
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, out), nil
 }
 
 // skip reports (and counts) an event the converter does not convert:

@@ -1,10 +1,6 @@
 package vllm
 
-import (
-	"fmt"
-
-	"github.com/kvrouter/kvrouter/kvevents"
-)
+import "github.com/kvrouter/kvrouter/kvevents"
 
 // This file is the converter's sequence-keyed mode
 // (ConverterConfig.SeqKeyed): the engine -> sequence map and the per
@@ -14,34 +10,6 @@ import (
 // Invariant: for every (s, t), counts[{s, t}] is the number of known
 // entries with seq s and tier bit t, and routers hold (s, t) exactly when
 // it is >= 1 (since the last KindCleared they were sent).
-
-// convertSeq is Convert in SeqKeyed mode.
-func (c *Converter) convertSeq(vb *Batch, dst []kvevents.Event) ([]kvevents.Event, error) {
-	var first error
-	n0 := len(dst)
-	c.blocks, c.removed = c.blocks[:0], c.removed[:0]
-	for i := range vb.Events {
-		ev := &vb.Events[i]
-		if c.skip(ev) {
-			continue
-		}
-		switch ev.Kind {
-		case kvevents.KindCleared:
-			c.forget()
-			c.stats.Clears++
-			dst = append(dst, kvevents.Event{Kind: kvevents.KindCleared, Tier: ev.Tier})
-		case kvevents.KindRemoved:
-			dst = c.removedSeq(ev, dst)
-		case kvevents.KindStored:
-			var err error
-			if dst, err = c.storedSeq(ev, dst); err != nil && first == nil {
-				first = fmt.Errorf("vLLM event %d: %w", i, err)
-			}
-		}
-	}
-	c.stats.Events += uint64(len(dst) - n0)
-	return dst, first
-}
 
 // RoutersCleared tells a SeqKeyed converter that its caller made routers
 // drop every block of the engine (a KindCleared of its own, as the bridge
@@ -68,7 +36,8 @@ func (c *Converter) RoutersCleared() {
 	}
 }
 
-// forget drops every block and count: after it routers hold nothing.
+// forget drops every block and count (none in engine-keyed mode): after
+// it routers hold nothing.
 func (c *Converter) forget() {
 	clear(c.known)
 	clear(c.counts)

@@ -174,10 +174,8 @@ func (x *Index) countKeying(delta int) {
 // slot) with one walk, sorted by sequence hash. wmu is held.
 func (x *Index) seqDumps(ws map[uint32]*WorkerDump) {
 	want := make(map[uint32]*[]kvevents.SeqHash, len(ws))
-	keys := make([][]kvevents.SeqHash, 0, len(ws))
 	for slot := range ws {
-		keys = append(keys, nil)
-		want[slot] = &keys[len(keys)-1]
+		want[slot] = new([]kvevents.SeqHash)
 	}
 	x.seqKeys(want)
 	for slot, d := range ws {
